@@ -1,0 +1,39 @@
+"""The ``gpufleet`` command. Each area registers its commands from its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from gpufleet import __version__
+
+app = typer.Typer(
+    name="gpufleet",
+    help="gpufleet: one control plane for a shared GPU cluster.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpufleet {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """gpufleet: one control plane for a shared GPU cluster."""
+
+
+from gpufleet.cli import sim_cmds  # noqa: E402
+
+sim_cmds.register(app)
+
+
+def main() -> None:
+    app()

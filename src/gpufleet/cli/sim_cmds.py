@@ -1,0 +1,209 @@
+"""``gpufleet simulate`` and ``gpufleet trace synth``."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gpufleet.scheduler import POLICIES
+from gpufleet.sim.engine import FleetSpec, SimConfig
+from gpufleet.sim.trace import TraceError, TraceLoad
+from gpufleet.timefmt import format_duration, parse_duration
+
+FORMATS = ("gpufleet", "philly", "helios", "alibaba", "sacct")
+console = Console(stderr=True)
+out = Console()
+
+
+def sample_trace() -> Path:
+    """The bundled slice of the Philly trace (see gpufleet/data/README.md)."""
+    return Path(str(resources.files("gpufleet") / "data" / "philly-sample.csv"))
+
+
+def _duration(value: str, what: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=what) from None
+
+
+def load(path: Path, fmt: str) -> TraceLoad:
+    from gpufleet.sim.loaders import load_trace
+
+    try:
+        return load_trace(path, fmt)
+    except TraceError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def simulate(
+    trace: Path | None = typer.Option(None, "--trace", help="Trace file to replay.", dir_okay=False),
+    sample: bool = typer.Option(
+        False, "--sample", help="Replay the bundled Philly sample instead of --trace."
+    ),
+    fmt: str = typer.Option("gpufleet", "--format", help=f"Trace format: {', '.join(FORMATS)}."),
+    nodes: int = typer.Option(50, "--nodes", min=1, help="Servers in the simulated fleet."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="GPUs per server."),
+    nodes_per_leaf: int = typer.Option(8, "--nodes-per-leaf", min=1, help="Servers under one leaf switch."),
+    policy: str = typer.Option(
+        "fifo,backfill,sjf,las,srtf-oracle,fairshare,default",
+        "--policy",
+        help=f"Comma-separated policies: {', '.join(POLICIES)}.",
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the summary as JSON here."),
+    report: Path | None = typer.Option(
+        None, "--report", help="Write report.md and PNG plots to this folder."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed for failure injection."),
+    max_jobs: int | None = typer.Option(None, "--max-jobs", min=1, help="Replay only the first N jobs."),
+    restart_overhead: str = typer.Option(
+        "60s", "--restart-overhead", help="Cost of each restart after a preemption or failure."
+    ),
+    sched_interval: str = typer.Option("10s", "--sched-interval", help="Scheduling loop period."),
+    gpu_failures: float = typer.Option(
+        0.0, "--gpu-failures-per-day", min=0, help="GPU failures per GPU-day."
+    ),
+    node_failures: float = typer.Option(
+        0.0, "--node-failures-per-day", min=0, help="Node failures per node-day."
+    ),
+    repair: str = typer.Option("4h", "--repair-time", help="Time to repair a failed GPU or node."),
+    default_limit: str = typer.Option(
+        "4h", "--default-time-limit", help="Assumed run time of jobs without a limit (estimates, backfill)."
+    ),
+) -> None:
+    """Replay a job trace through the scheduling core under each policy and compare them."""
+    if sample:
+        trace, fmt = sample_trace(), "philly"
+    if trace is None:
+        raise typer.BadParameter("give --trace FILE or --sample", param_hint="--trace")
+    if fmt not in FORMATS:
+        raise typer.BadParameter(
+            f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}", param_hint="--format"
+        )
+    names = [p.strip() for p in policy.split(",") if p.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise typer.BadParameter(
+            f"unknown policy {unknown}; choose from {', '.join(POLICIES)}", param_hint="--policy"
+        )
+    config = SimConfig(
+        restart_overhead_s=_duration(restart_overhead, "--restart-overhead"),
+        sched_interval_s=_duration(sched_interval, "--sched-interval"),
+        gpu_failures_per_gpu_day=gpu_failures,
+        node_failures_per_node_day=node_failures,
+        repair_s=_duration(repair, "--repair-time"),
+        seed=seed,
+    )
+    fleet = FleetSpec(nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=nodes_per_leaf)
+    loaded = load(trace, fmt)
+    for problem in loaded.problems[:10]:
+        console.print(f"[yellow]skipped[/yellow] {trace}:{problem}")
+    if len(loaded.problems) > 10:
+        console.print(f"[yellow]skipped {len(loaded.problems) - 10} more rows[/yellow]")
+    jobs = loaded.jobs[:max_jobs] if max_jobs else loaded.jobs
+    if not jobs:
+        console.print("[red]error:[/red] the trace has no usable jobs")
+        raise typer.Exit(2)
+
+    from gpufleet.sim.runner import compare_policies
+
+    with Progress(
+        TextColumn("{task.description:>12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        tasks = {n: bar.add_task(n, total=len(jobs)) for n in names}
+        comparison = compare_policies(
+            jobs,
+            fleet,
+            names,
+            config,
+            policy_params={"default_time_limit_s": _duration(default_limit, "--default-time-limit")},
+            progress=lambda name, n: bar.update(tasks[name], completed=n),
+        )
+    summary = comparison.summary
+    table = Table(
+        title=f"{summary['jobs']} jobs, {fleet.nodes}x{fleet.gpus_per_node} GPUs, "
+        f"offered load {summary['offered_load']:.2f}"
+    )
+    for col in (
+        "policy",
+        "avg JCT",
+        "p50 JCT",
+        "p99 JCT",
+        "avg queue",
+        "p99 queue",
+        "util",
+        "frag",
+        "preempt",
+        "sim s",
+    ):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, m in summary["policies"].items():
+        table.add_row(
+            name,
+            format_duration(m["avg_jct_s"]),
+            format_duration(m["p50_jct_s"]),
+            format_duration(m["p99_jct_s"]),
+            format_duration(m["avg_queue_s"]),
+            format_duration(m["p99_queue_s"]),
+            f"{m['utilization']:.1%}",
+            f"{m['fragmentation']:.2f}",
+            str(int(m["preemptions"])),
+            f"{m['sim_wall_s']:.1f}",
+        )
+    out.print(table)
+    bound = summary["bounds"]
+    out.print(
+        f"bounds: avg JCT >= {format_duration(bound['avg_jct_lower_s'])}, "
+        f"utilisation <= {bound['utilization_upper']:.1%}; "
+        f"rejected (too large for the fleet): {summary['rejected']}"
+    )
+    if json_out is not None:
+        json_out.write_text(json.dumps(summary, indent=2))
+        out.print(f"summary: {json_out}")
+    if report is not None:
+        from gpufleet.sim.report import write_report
+
+        path = write_report(comparison, report, title=f"gpufleet simulation of {trace.name}")
+        out.print(f"report: {path}")
+
+
+trace_app = typer.Typer(help="Make and inspect job traces.", no_args_is_help=True)
+
+
+@trace_app.command("synth")
+def synth(
+    jobs: int = typer.Option(..., "--jobs", min=1, help="Number of jobs."),
+    seed: int = typer.Option(..., "--seed", help="Random seed (same seed, same trace)."),
+    out_file: Path = typer.Option(..., "--out", help="CSV file to write (gpufleet format).", dir_okay=False),
+    load_: float = typer.Option(0.9, "--load", min=0.01, help="Offered load relative to the fleet."),
+    nodes: int = typer.Option(50, "--nodes", min=1, help="Fleet size the load refers to."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="GPUs per node."),
+) -> None:
+    """Write a seeded synthetic trace: heavy-tailed durations, power-of-two gangs, diurnal arrivals."""
+    from gpufleet.sim.loaders.gpufleet_csv import write_gpufleet_csv
+    from gpufleet.sim.runner import offered_load
+    from gpufleet.sim.synth import synthesize
+
+    made = synthesize(jobs=jobs, seed=seed, load=load_, nodes=nodes, gpus_per_node=gpus_per_node)
+    write_gpufleet_csv(out_file, made)
+    out.print(
+        f"wrote {len(made)} jobs to {out_file} "
+        f"(offered load {offered_load(made, nodes * gpus_per_node):.2f} on {nodes}x{gpus_per_node} GPUs)"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate)
+    app.add_typer(trace_app, name="trace")

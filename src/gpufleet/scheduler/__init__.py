@@ -1,0 +1,45 @@
+"""gpufleet's pure scheduling core: ``plan(snapshot, policy) -> Plan``.
+
+No I/O, no clock, no global state. The server and the simulator both call ``plan``.
+"""
+
+from gpufleet.scheduler.core import gpu_type_matches, plan
+from gpufleet.scheduler.model import (
+    Fleet,
+    Gpu,
+    JobRequest,
+    Node,
+    NodeGpus,
+    PendingStatus,
+    Placement,
+    Plan,
+    Preemption,
+    Quota,
+    RunningJob,
+    Snapshot,
+    Start,
+    Status,
+)
+from gpufleet.scheduler.policies import POLICIES, Policy, make_policy
+
+__all__ = [
+    "POLICIES",
+    "Fleet",
+    "Gpu",
+    "JobRequest",
+    "Node",
+    "NodeGpus",
+    "PendingStatus",
+    "Placement",
+    "Plan",
+    "Policy",
+    "Preemption",
+    "Quota",
+    "RunningJob",
+    "Snapshot",
+    "Start",
+    "Status",
+    "gpu_type_matches",
+    "make_policy",
+    "plan",
+]

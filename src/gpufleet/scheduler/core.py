@@ -1,0 +1,392 @@
+"""``plan(snapshot, policy) -> Plan``: the one scheduling pass that the server and the
+simulator both call.
+
+Pipeline (each step a small method of ``_Pass``)::
+
+    snapshot --index--> capacity --order--> for each waiting job:
+        options (group, shape)   Unschedulable reasons are data, not exceptions
+        quota filter             team hard limits
+        place                    topology-aware best fit (placement.py)
+        | backfill guard         EASY: do not delay the reserved head job
+        | preempt                lower-key victims, fewest needed
+    --> explain: queue positions, estimated starts (estimate.py), reasons, fragmentation
+
+Pure: no clock, no I/O, no randomness; ties are broken by the snapshot's own order, so
+the same snapshot gives the same plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.scheduler.capacity import Capacity, FleetIndex, GroupKey, fleet_index
+from gpufleet.scheduler.estimate import Estimator, release_events
+from gpufleet.scheduler.model import (
+    JobRequest,
+    PendingStatus,
+    Placement,
+    Plan,
+    Preemption,
+    RunningJob,
+    Snapshot,
+    Start,
+    Status,
+)
+from gpufleet.scheduler.placement import (
+    NodeCounts,
+    Shape,
+    choose_nodes,
+    commit,
+    describe_shape,
+    job_shape,
+)
+from gpufleet.scheduler.policies import Policy, make_policy
+from gpufleet.scheduler.policies.base import Context, Key
+
+Options = list[tuple[GroupKey, Shape]]
+
+
+def plan(snapshot: Snapshot, policy: Policy | str, *, explain: bool = True) -> Plan:
+    """Decide what starts now, what is preempted and, with ``explain``, where every
+    waiting job stands (position, estimated start, reason). The simulator passes
+    ``explain=False`` because it needs only the decisions."""
+    if isinstance(policy, str):
+        policy = make_policy(policy)
+    return _Pass(snapshot, policy, explain).run()
+
+
+def gpu_type_matches(wanted: str, model: str) -> bool:
+    """``--gpu-type H100`` matches "H100", "H100-80GB" and "NVIDIA H100 80GB HBM3"."""
+    w = wanted.lower().replace("-", " ").split()
+    m = model.lower().replace("-", " ").split()
+    return any(m[i : i + len(w)] == w for i in range(len(m) - len(w) + 1))
+
+
+def job_options(index: FleetIndex, job: JobRequest) -> Options | str:
+    """The groups (pool, GPU model) where ``job`` could ever run, each with the job's
+    per-node shape there; or, if there is none, why (an UnschedulableAndUnresolvable
+    reason: unknown pool, no such GPU model, more GPUs than the pool has)."""
+    groups = [g for k, g in sorted(index.groups.items()) if k[0] == job.pool]
+    if not groups:
+        if job.pool in {n.pool for n in index.fleet.nodes}:
+            return f"no schedulable node with healthy GPUs in pool {job.pool}"
+        return f"unknown pool {job.pool}"
+    if job.gpu_type:
+        groups = [g for g in groups if gpu_type_matches(job.gpu_type, g.key[1])]
+        if not groups:
+            return f"no schedulable {job.gpu_type} GPUs in pool {job.pool}"
+    out: Options = []
+    why = ""
+    for g in groups:
+        shape = job_shape(job, g.size)
+        if isinstance(shape, str):
+            why = shape
+        elif all(g.capacity_ge[c] >= i + 1 for i, c in enumerate(shape)):
+            out.append((g.key, shape))
+        else:
+            why = f"needs {describe_shape(shape)}, pool {job.pool} has {g.capacity} {g.key[1]} GPUs"
+    return out if out else why
+
+
+@dataclass(slots=True)
+class _Wait:
+    status: Status
+    code: str
+    detail: str = ""
+    options: Options | None = None
+
+
+@dataclass(slots=True)
+class _Shadow:
+    """EASY backfill's reservation for the first blocked job."""
+
+    job_id: str
+    time: float
+    spare: dict[int, int]  # node -> GPUs free at `time` that the reserved job leaves over
+    view: Capacity  # counts now, capped by `spare`: what a long backfill job may use
+
+
+class _Pass:
+    def __init__(self, snapshot: Snapshot, policy: Policy, explain: bool) -> None:
+        self.snap = snapshot
+        self.policy = policy
+        self.explain = explain
+        self.now = snapshot.now
+        self.index: FleetIndex = fleet_index(snapshot.fleet)
+        self.cap = Capacity.build(self.index, snapshot.running)
+        self.ctx = Context.of(snapshot)
+        self.team_gpus = self.ctx.team_gpus  # live during the pass; policies read it
+        self.starts: list[Start] = []
+        self.started: dict[str, JobRequest] = {}
+        self.preemptions: list[Preemption] = []
+        self.waits: dict[str, _Wait] = {}
+        self.options_cache: dict[tuple[object, ...], Options | str] = {}
+        self.shadow: _Shadow | None = None
+        self.strict_blocker: str | None = None
+        self.alive = {rj.job.id: rj for rj in snapshot.running}
+        self.victims: list[tuple[Key, RunningJob]] | None = None
+        self.hopeless: dict[tuple[object, ...], Key] = {}
+
+    # -- the pass -------------------------------------------------------------------
+    def run(self) -> Plan:
+        ordered = self.policy.order(self.snap.pending, self.ctx)
+        for key, job in ordered:
+            if (
+                not self.explain
+                and not self.policy.preemptive
+                and (self.strict_blocker is not None or self.cap.total_free == 0)
+            ):
+                break
+            self.consider(key, job)
+        pending = self.explain_waits(ordered) if self.explain else ()
+        return Plan(
+            policy=self.policy.name,
+            starts=tuple(self.starts),
+            preemptions=tuple(self.preemptions),
+            pending=pending,
+            fragmentation=self.fragmentation(ordered),
+            free_gpus=self.cap.total_free,
+        )
+
+    def consider(self, key: Key, job: JobRequest) -> None:
+        opts = self.options(job)
+        if isinstance(opts, str):
+            self.waits[job.id] = _Wait(Status.UNRESOLVABLE, "Unschedulable", opts)
+            return
+        quota = self.ctx.quotas.get(job.team)
+        if quota is not None and quota.limit is not None:
+            held = self.team_gpus.get(job.team, 0)
+            if held + job.gpus > quota.limit:
+                self.waits[job.id] = _Wait(
+                    Status.UNSCHEDULABLE,
+                    "QuotaLimit",
+                    f"team {job.team} holds {held} of its {quota.limit}-GPU limit, job needs {job.gpus}",
+                    opts,
+                )
+                return
+        if self.strict_blocker is not None:
+            self.waits[job.id] = _Wait(
+                Status.UNSCHEDULABLE, "Priority", f"strict order: behind job {self.strict_blocker}", opts
+            )
+            return
+        placement = self.place(job, opts)
+        if placement is None and self.policy.preemptive:
+            placement = self.preempt_for(key, job, opts)
+        if placement is not None:
+            self.record_start(job, placement)
+            return
+        if self.shadow is not None and self.cap_fits(opts):
+            self.waits[job.id] = _Wait(
+                Status.UNSCHEDULABLE,
+                "Priority",
+                f"would delay job {self.shadow.job_id}, reserved to start first",
+                opts,
+            )
+            return
+        self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, "Resources", options=opts)
+        if self.policy.backfill == "none":
+            self.strict_blocker = job.id
+        elif self.policy.backfill == "easy" and self.shadow is None:
+            self.reserve(job, opts)
+
+    def record_start(self, job: JobRequest, placement: Placement) -> None:
+        self.starts.append(Start(job_id=job.id, placement=placement))
+        self.started[job.id] = job
+        self.team_gpus[job.team] = self.team_gpus.get(job.team, 0) + job.gpus
+
+    # -- options: where a job could ever run ------------------------------------------
+    def options(self, job: JobRequest) -> Options | str:
+        ck = (job.gpus, job.gpus_per_node, job.nodes, job.gpu_type, job.pool)
+        hit = self.options_cache.get(ck)
+        if hit is None:
+            hit = self.options_cache[ck] = self._options(job)
+        return hit
+
+    def _options(self, job: JobRequest) -> Options | str:
+        return job_options(self.index, job)
+
+    # -- placement ------------------------------------------------------------------
+    def place(self, job: JobRequest, opts: Options) -> Placement | None:
+        shadow = self.shadow
+        if shadow is not None and self.now + self.policy.limit(job) > shadow.time:
+            return self._place_long_backfill(opts, shadow)
+        for gk, shape in opts:
+            counts = choose_nodes(self.cap, gk, shape)
+            if counts is not None:
+                return self._take(counts)
+        return None
+
+    def _place_long_backfill(self, opts: Options, shadow: _Shadow) -> Placement | None:
+        for gk, shape in opts:
+            counts = choose_nodes(shadow.view, gk, shape)
+            if counts is not None:
+                for nid, c in counts:
+                    if nid in shadow.spare:
+                        shadow.spare[nid] -= c
+                return self._take(counts)
+        return None
+
+    def _take(self, counts: NodeCounts) -> Placement:
+        placement = commit(self.cap, counts)
+        shadow = self.shadow
+        if shadow is not None:
+            for nid, _ in counts:
+                free = self.cap.free[nid]
+                shadow.view.set_free(nid, min(free, shadow.spare.get(nid, free)))
+        return placement
+
+    def cap_fits(self, opts: Options) -> bool:
+        return any(self.cap.groups[gk].fits(shape) for gk, shape in opts)
+
+    # -- EASY backfill ----------------------------------------------------------------
+    def reserve(self, job: JobRequest, opts: Options) -> None:
+        est = self.estimator()
+        booked = est.earliest(opts)
+        if booked is None:
+            return
+        gk, shape = booked
+        counts = choose_nodes(est.cap, gk, shape)
+        assert counts is not None
+        at_shadow = est.cap.free
+        spare = {nid: at_shadow[nid] for nid in self.index.groups[gk].nodes}
+        for nid, c in counts:
+            spare[nid] -= c
+        view = self.cap.counts_copy()
+        for nid, s in spare.items():
+            view.set_free(nid, min(self.cap.free[nid], s))
+        self.shadow = _Shadow(job_id=job.id, time=est.t, spare=spare, view=view)
+
+    def estimator(self) -> Estimator:
+        running = [rj for jid, rj in self.alive.items()]
+        events = release_events(self.cap, running, self.started.values(), self.starts, self.policy, self.now)
+        return Estimator(self.cap.counts_copy(), events, self.now)
+
+    # -- preemption -------------------------------------------------------------------
+    def preempt_for(self, key: Key, job: JobRequest, opts: Options) -> Placement | None:
+        if self.victims is None:
+            ranked = [(self.policy.key(rj.job, rj, self.ctx), rj) for rj in self.snap.running]
+            ranked.sort(key=lambda kr: (kr[0], kr[1].started_at), reverse=True)
+            self.victims = ranked
+        if not self.victims or not self.victims[0][0] > key:
+            return None
+        scope = self.policy.victim_scope(job)
+        for gk, shape in opts:
+            memo = (gk, shape, scope)
+            if memo in self.hopeless and not key < self.hopeless[memo]:
+                continue
+            placement = self._preempt_in_group(key, job, gk, shape)
+            if placement is not None:
+                return placement
+            self.hopeless[memo] = key
+        return None
+
+    def _preempt_in_group(self, key: Key, job: JobRequest, gk: GroupKey, shape: Shape) -> Placement | None:
+        cap, id_of, nodes = self.cap, self.index.id_of, self.index.nodes
+        group = cap.groups[gk]
+        need = sum(shape)
+        chosen: list[tuple[RunningJob, list[tuple[int, tuple[int, ...]]]]] = []
+        gain = 0
+        assert self.victims is not None
+        for vkey, rj in self.victims:
+            if not vkey > key:
+                break
+            if rj.job.id not in self.alive or not rj.job.preemptible:
+                continue
+            parts = [(id_of[p.node], p.gpus) for p in rj.placement if p.node in id_of]
+            parts = [(nid, gs) for nid, gs in parts if nodes[nid].group == gk]
+            if not parts or not self.policy.can_preempt(job, key, rj, vkey, self.ctx):
+                continue
+            chosen.append((rj, parts))
+            gain += sum(cap.countable(nid, gs) for nid, gs in parts)
+        if group.total + gain < need:
+            return None
+        released: list[tuple[RunningJob, list[tuple[int, tuple[int, ...]]]]] = []
+        for victim in chosen:
+            self._release(victim[1])
+            released.append(victim)
+            if group.fits(shape):
+                break
+        if not group.fits(shape):
+            for _, parts in released:
+                self._retake(parts)
+            return None
+        # Keep the victims that turned out not to be needed (best-ranked first).
+        for victim in list(reversed(released[:-1])):
+            self._retake(victim[1])
+            if group.fits(shape):
+                released.remove(victim)
+            else:
+                self._release(victim[1])
+        counts = choose_nodes(cap, gk, shape)
+        assert counts is not None
+        for rj, _ in released:
+            del self.alive[rj.job.id]
+            self.team_gpus[rj.job.team] = self.team_gpus.get(rj.job.team, 0) - rj.job.gpus
+            self.preemptions.append(
+                Preemption(
+                    job_id=rj.job.id, by=job.id, reason=f"preempted for job {job.id} ({self.policy.name})"
+                )
+            )
+        return self._take(counts)
+
+    def _release(self, parts: list[tuple[int, tuple[int, ...]]]) -> None:
+        for nid, gs in parts:
+            self.cap.give(nid, self.cap.countable(nid, gs), gs)
+
+    def _retake(self, parts: list[tuple[int, tuple[int, ...]]]) -> None:
+        for nid, gs in parts:
+            self.cap.take(nid, self.cap.countable(nid, gs), gs)
+
+    # -- explanations -----------------------------------------------------------------
+    def explain_waits(self, ordered: list[tuple[Key, JobRequest]]) -> tuple[PendingStatus, ...]:
+        est = self.estimator()
+        out: list[PendingStatus] = []
+        for _, job in ordered:
+            wait = self.waits.get(job.id)
+            if wait is None:
+                continue  # started
+            eta: float | None = None
+            if wait.options is not None:
+                booked = est.earliest(wait.options)
+                if booked is not None:
+                    eta = est.t
+                    est.book(booked[0], booked[1], self.policy.limit(job))
+            out.append(
+                PendingStatus(
+                    job_id=job.id,
+                    position=len(out) + 1,
+                    estimated_start=eta,
+                    status=wait.status,
+                    reason=self.reason(wait),
+                )
+            )
+        return tuple(out)
+
+    def reason(self, wait: _Wait) -> str:
+        if wait.code != "Resources" or wait.options is None:
+            return f"{wait.code}: {wait.detail}"
+        gk, shape = wait.options[0]
+        groups = [self.cap.groups[k] for k, _ in wait.options]
+        block = max(g.largest_block() for g in groups)
+        free = sum(g.total for g in groups)
+        model = gk[1] if len(groups) == 1 else "eligible"
+        return (
+            f"Resources: needs {describe_shape(shape)}, largest free block {block}, {free} {model} GPUs free"
+        )
+
+    def fragmentation(self, ordered: list[tuple[Key, JobRequest]]) -> float:
+        """Share of free GPUs (in the groups the head waiting job may use) that sit on
+        nodes with too few free GPUs for one of its per-node parts. 0 when nothing waits
+        for resources or nothing is free."""
+        for _, job in ordered:
+            wait = self.waits.get(job.id)
+            if wait is None or wait.options is None or wait.status is not Status.UNSCHEDULABLE:
+                continue
+            free = usable = 0
+            for gk, shape in wait.options:
+                group = self.cap.groups[gk]
+                free += group.total
+                smallest = shape[-1]
+                usable += sum(f * len(group.by_free[f]) for f in range(smallest, group.info.size + 1))
+            return 0.0 if free == 0 else 1.0 - usable / free
+        return 0.0

@@ -1,0 +1,83 @@
+"""Estimated start times: play the future forward on GPU counts.
+
+Running jobs end at their time limit (Slurm's assumption; a job past its limit is
+assumed to end now). Waiting jobs are then booked one after another in queue order,
+each at the earliest moment its shape fits, never earlier than the job before it
+(so an estimate is a promise in queue order, not a backfill guess). Every booking is
+a heap push, so estimating 10,000 waiting jobs costs O(n log n).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from gpufleet.scheduler.capacity import Capacity, GroupKey
+from gpufleet.scheduler.model import JobRequest, RunningJob, Start
+from gpufleet.scheduler.placement import Shape, choose_nodes
+from gpufleet.scheduler.policies.base import Policy
+
+Event = tuple[float, int, int, int]  # (time, seq, node id, GPUs)
+
+
+def release_events(
+    cap: Capacity,
+    running: Iterable[RunningJob],
+    started: Iterable[JobRequest],
+    starts: Iterable[Start],
+    policy: Policy,
+    now: float,
+) -> list[Event]:
+    """When the GPUs held now come free, assuming every job runs to its time limit."""
+    id_of = cap.index.id_of
+    events: list[Event] = []
+    for rj in running:
+        end = max(now, rj.started_at + policy.limit(rj.job))
+        for part in rj.placement:
+            nid = id_of.get(part.node)
+            if nid is not None:
+                n = cap.countable(nid, part.gpus)
+                if n:
+                    events.append((end, len(events), nid, n))
+    for job, start in zip(started, starts, strict=True):
+        end = now + policy.limit(job)
+        for part in start.placement:
+            events.append((end, len(events), id_of[part.node], len(part.gpus)))
+    heapq.heapify(events)
+    return events
+
+
+class Estimator:
+    """A count-only copy of the capacity moving forward in time."""
+
+    def __init__(self, cap: Capacity, events: list[Event], now: float) -> None:
+        self.cap = cap
+        self.events = events
+        self.t = now
+        self.seq = len(events)
+
+    def earliest(self, options: list[tuple[GroupKey, Shape]]) -> tuple[GroupKey, Shape] | None:
+        """Advance the clock until one of ``options`` fits; None if it never will."""
+        groups = self.cap.groups
+        events = self.events
+        while True:
+            for gk, shape in options:
+                if groups[gk].fits(shape):
+                    return gk, shape
+            if not events:
+                return None
+            t = events[0][0]
+            while events and events[0][0] <= t:
+                _, _, nid, n = heapq.heappop(events)
+                self.cap.give(nid, n)
+            if t > self.t:
+                self.t = t
+
+    def book(self, gk: GroupKey, shape: Shape, duration: float) -> None:
+        counts = choose_nodes(self.cap, gk, shape)
+        assert counts is not None
+        end = self.t + duration
+        for nid, c in counts:
+            self.cap.take(nid, c)
+            heapq.heappush(self.events, (end, self.seq, nid, c))
+            self.seq += 1

@@ -1,0 +1,187 @@
+"""The scheduler's vocabulary: an immutable snapshot in, a Plan out.
+
+Everything here is a frozen, keyword-only dataclass. The server builds a Snapshot from
+SQL, the simulator from its virtual world; neither may hand the core anything mutable.
+Times are seconds (floats) on whatever clock the caller uses: the core never reads one.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gpu:
+    """One GPU of a node. ``nvlink_domain`` groups GPUs joined by NVLink/NVSwitch."""
+
+    index: int
+    model: str
+    memory_mb: int = 81_920
+    healthy: bool = True
+    nvlink_domain: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """A GPU server. All its GPUs are of one model (as in real servers).
+
+    ``schedulable`` is False when the node is cordoned, draining or not ready: its
+    running jobs stay, but nothing new lands on it.
+    """
+
+    name: str
+    gpus: tuple[Gpu, ...]
+    leaf: str = "leaf-0"
+    rack: str = "rack-0"
+    pool: str = "default"
+    schedulable: bool = True
+
+    def __post_init__(self) -> None:
+        models = {g.model for g in self.gpus}
+        if len(models) > 1:
+            raise ValueError(f"node {self.name} mixes GPU models {sorted(models)}")
+        indices = [g.index for g in self.gpus]
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"node {self.name} has duplicate GPU indices")
+
+    @property
+    def model(self) -> str:
+        return self.gpus[0].model if self.gpus else ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fleet:
+    """All nodes, in a stable order (the order breaks placement ties)."""
+
+    nodes: tuple[Node, ...]
+
+    def __post_init__(self) -> None:
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            raise ValueError("node names must be unique")
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRequest:
+    """A job as the scheduler sees it.
+
+    Shape: ``gpus`` in total; ``gpus_per_node`` or ``nodes`` pin the split (0 = the
+    scheduler decides: one node when it fits, else whole nodes, fewest first).
+    ``attained_service_s`` is GPU-seconds received *before* the current run (for a
+    running job the core adds the time since ``RunningJob.started_at``);
+    ``executed_s`` likewise in wall seconds. ``pending_since`` is when the job last
+    entered the queue (submit, or its last preemption/requeue).
+    ``oracle_remaining_s`` is known only inside the simulator and only the
+    ``srtf-oracle`` reference policy may read it.
+    """
+
+    id: str
+    gpus: int
+    submit_time: float
+    user: str = ""
+    team: str = ""
+    priority: int = 0
+    gpus_per_node: int = 0
+    nodes: int = 0
+    gpu_type: str | None = None
+    pool: str = "default"
+    time_limit_s: float | None = None
+    attained_service_s: float = 0.0
+    executed_s: float = 0.0
+    pending_since: float | None = None
+    preemptible: bool = True
+    oracle_remaining_s: float | None = None
+
+    @property
+    def queued_since(self) -> float:
+        return self.submit_time if self.pending_since is None else self.pending_since
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeGpus:
+    """The GPUs a job holds on one node."""
+
+    node: str
+    gpus: tuple[int, ...]
+
+
+Placement = tuple[NodeGpus, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunningJob:
+    job: JobRequest
+    placement: Placement
+    started_at: float
+
+    def attained_service_s(self, now: float) -> float:
+        return self.job.attained_service_s + self.job.gpus * max(0.0, now - self.started_at)
+
+    def executed_s(self, now: float) -> float:
+        return self.job.executed_s + max(0.0, now - self.started_at)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quota:
+    """A team's share. ``gpus`` is the nominal (guaranteed) amount and the weight for
+    fair share; ``limit`` is a hard cap (None: the team may borrow idle GPUs)."""
+
+    team: str
+    gpus: int
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    now: float
+    fleet: Fleet
+    running: tuple[RunningJob, ...] = ()
+    pending: tuple[JobRequest, ...] = ()
+    quotas: tuple[Quota, ...] = ()
+
+
+class Status(enum.Enum):
+    """Why a job did not start, in the Kubernetes scheduler framework's terms."""
+
+    UNSCHEDULABLE = "Unschedulable"  # may start later, when something changes
+    UNRESOLVABLE = "UnschedulableAndUnresolvable"  # can never run on this fleet as asked
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Start:
+    job_id: str
+    placement: Placement
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preemption:
+    job_id: str
+    by: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingStatus:
+    """A waiting job's place in line. ``reason`` starts with a Slurm-style code
+    (Resources, Priority, QuotaLimit, Unschedulable) followed by the detail."""
+
+    job_id: str
+    position: int
+    estimated_start: float | None
+    status: Status
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    policy: str
+    starts: tuple[Start, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    pending: tuple[PendingStatus, ...] = ()
+    fragmentation: float = 0.0
+    free_gpus: int = 0

@@ -1,0 +1,122 @@
+"""Topology-aware gang placement: which nodes, then which GPUs.
+
+Rules, in order of importance:
+
+1. Gang: all of a job's GPUs or none, all of one GPU model and pool (one group).
+2. Fewest nodes: a job that fits on one node gets one node; a wider job takes whole
+   nodes (``job_shape``), unless it pinned ``gpus_per_node`` or ``nodes``.
+3. Locality: a multi-node gang goes under one leaf switch if any leaf can hold it, else
+   inside one rack, else over the fewest leaves. Inside a node, one NVLink domain.
+4. Best fit: among equally local choices, the nodes whose free GPUs the job fills most
+   completely, so that whole nodes stay whole for the next wide job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpufleet.scheduler.capacity import Capacity, GroupFree, GroupKey
+from gpufleet.scheduler.model import JobRequest, NodeGpus, Placement
+
+Shape = tuple[int, ...]  # GPUs per node, sorted descending
+NodeCounts = list[tuple[int, int]]  # (node id, GPUs)
+
+
+def job_shape(job: JobRequest, node_size: int) -> Shape | str:
+    """The per-node split of ``job`` on nodes of ``node_size`` GPUs, or why it has none."""
+    gpus = job.gpus
+    if gpus <= 0:
+        return f"asks for {gpus} GPUs"
+    if job.gpus_per_node:
+        per = job.gpus_per_node
+        if gpus % per:
+            return f"{gpus} GPUs do not split into {per} per node"
+        if job.nodes and job.nodes * per != gpus:
+            return f"{job.nodes} nodes x {per} GPUs is not {gpus} GPUs"
+    elif job.nodes:
+        if gpus % job.nodes:
+            return f"{gpus} GPUs do not split evenly over {job.nodes} nodes"
+        per = gpus // job.nodes
+    elif gpus <= node_size:
+        return (gpus,)
+    else:
+        full, rest = divmod(gpus, node_size)
+        return (node_size,) * full + ((rest,) if rest else ())
+    if per > node_size:
+        return f"{per} GPUs per node, but nodes have at most {node_size}"
+    return (per,) * (gpus // per)
+
+
+def describe_shape(shape: Shape) -> str:
+    total = sum(shape)
+    if len(shape) == 1:
+        return f"{total} GPUs on 1 node"
+    if len(set(shape)) == 1:
+        return f"{total} GPUs on {len(shape)} nodes ({shape[0]} per node)"
+    return f"{total} GPUs on {len(shape)} nodes ({'+'.join(map(str, shape))})"
+
+
+def choose_nodes(cap: Capacity, key: GroupKey, shape: Shape) -> NodeCounts | None:
+    """Nodes (and GPU counts) for ``shape`` in group ``key``; None if it does not fit."""
+    group = cap.groups[key]
+    if not group.fits(shape):
+        return None
+    if len(shape) == 1:
+        nid = group.best_fit_node(shape[0])
+        return None if nid is None else [(nid, shape[0])]
+    return _choose_multi(cap, group, shape)
+
+
+def _choose_multi(cap: Capacity, group: GroupFree, shape: Shape) -> NodeCounts | None:
+    nodes = cap.index.nodes
+    by_leaf: dict[str, list[tuple[int, int]]] = {}
+    by_rack: dict[str, list[tuple[int, int]]] = {}
+    everything: list[tuple[int, int]] = []
+    for free, nid in group.candidates(shape[-1]):
+        by_leaf.setdefault(nodes[nid].leaf, []).append((free, nid))
+        by_rack.setdefault(nodes[nid].rack, []).append((free, nid))
+        everything.append((free, nid))
+    for domains in (by_leaf, by_rack):
+        best: tuple[int, str, NodeCounts] | None = None
+        for name, cands in domains.items():
+            got = _assign(shape, cands)
+            if got is not None and (best is None or (got[0], name) < best[:2]):
+                best = (got[0], name, got[1])
+        if best is not None:
+            return best[2]
+    # No single leaf or rack holds it: fill from the roomiest leaves first.
+    room = {leaf: sum(f for f, _ in cands) for leaf, cands in by_leaf.items()}
+    everything.sort(key=lambda fn: (-room[nodes[fn[1]].leaf], nodes[fn[1]].leaf, fn[0], fn[1]))
+    got = _assign(shape, everything, best_fit=False)
+    return None if got is None else got[1]
+
+
+def _assign(
+    shape: Shape, cands: list[tuple[int, int]], *, best_fit: bool = True
+) -> tuple[int, NodeCounts] | None:
+    """Give each per-node count (largest first) the tightest unused candidate.
+
+    Returns (left-over free GPUs on the chosen nodes, assignment) or None.
+    """
+    if len(cands) < len(shape):
+        return None
+    pool = sorted(cands) if best_fit else list(cands)
+    used = [False] * len(pool)
+    out: NodeCounts = []
+    waste = 0
+    for c in shape:
+        for i, (free, nid) in enumerate(pool):
+            if not used[i] and free >= c:
+                used[i] = True
+                out.append((nid, c))
+                waste += free - c
+                break
+        else:
+            return None
+    return waste, out
+
+
+def commit(cap: Capacity, counts: Iterable[tuple[int, int]]) -> Placement:
+    """Take the GPUs for a chosen set of nodes; returns the exact placement."""
+    names = cap.index.nodes
+    return tuple(NodeGpus(node=names[nid].name, gpus=cap.take(nid, c)) for nid, c in counts)

@@ -1,0 +1,21 @@
+"""The trace-driven simulator: replays job traces through the unchanged scheduling core."""
+
+from gpufleet.sim.engine import FleetSpec, JobOutcome, SimConfig, SimResult, Simulator
+from gpufleet.sim.runner import Comparison, bounds, compare_policies, offered_load
+from gpufleet.sim.trace import TraceError, TraceJob, TraceLoad, TraceProblem
+
+__all__ = [
+    "Comparison",
+    "FleetSpec",
+    "JobOutcome",
+    "SimConfig",
+    "SimResult",
+    "Simulator",
+    "TraceError",
+    "TraceJob",
+    "TraceLoad",
+    "TraceProblem",
+    "bounds",
+    "compare_policies",
+    "offered_load",
+]

@@ -1,0 +1,443 @@
+"""Discrete-event simulation in virtual time over the unchanged scheduling core.
+
+Events: arrivals (from the trace), completions, GPU and node failures and repairs
+(seeded Poisson injection), and scheduling passes. Passes run the way the server's loop
+does: after something changed, at the next multiple of ``sched_interval_s``; preemptive
+policies also get a pass every ``preempt_interval_s`` while jobs wait, because their
+priorities change as service accrues.
+
+Job model: a job needs ``duration_s`` of run time on its GPUs. Preemption is graceful
+(the job checkpoints, keeps its progress and pays ``restart_overhead_s`` when it runs
+again). A failure is not: the job keeps only the progress up to its last periodic
+checkpoint (every ``checkpoint_interval_s`` of run time) and also pays the restart
+overhead. A job whose run time would pass its time limit is stopped there (TIMEOUT).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from gpufleet.scheduler import Fleet, Gpu, JobRequest, Node, Placement, Policy, RunningJob, Snapshot, plan
+from gpufleet.scheduler.capacity import fleet_index
+from gpufleet.scheduler.core import job_options
+from gpufleet.sim.trace import TraceJob
+
+FINISH, FAIL, REPAIR, PASS = 0, 1, 2, 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetSpec:
+    nodes: int = 50
+    gpus_per_node: int = 8
+    nodes_per_leaf: int = 10
+    leaves_per_rack: int = 1
+    gpu_model: str = "H100-80GB"
+    nvlink_domains: int = 1
+
+    def build(self) -> Fleet:
+        per_domain = max(1, self.gpus_per_node // max(1, self.nvlink_domains))
+        gpus = tuple(
+            Gpu(index=i, model=self.gpu_model, nvlink_domain=i // per_domain)
+            for i in range(self.gpus_per_node)
+        )
+        return Fleet(
+            nodes=tuple(
+                Node(
+                    name=f"node-{i:04d}",
+                    gpus=gpus,
+                    leaf=f"leaf-{i // self.nodes_per_leaf:03d}",
+                    rack=f"rack-{i // (self.nodes_per_leaf * self.leaves_per_rack):03d}",
+                )
+                for i in range(self.nodes)
+            )
+        )
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "gpus": self.nodes * self.gpus_per_node,
+            "nodes_per_leaf": self.nodes_per_leaf,
+            "gpu_model": self.gpu_model,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    restart_overhead_s: float = 60.0
+    sched_interval_s: float = 10.0
+    preempt_interval_s: float = 300.0
+    checkpoint_interval_s: float = 3600.0
+    gpu_failures_per_gpu_day: float = 0.0
+    node_failures_per_node_day: float = 0.0
+    repair_s: float = 4 * 3600.0
+    seed: int = 0
+    sample_interval_s: float = 900.0
+
+
+@dataclass(slots=True)
+class _Job:
+    trace: TraceJob
+    request: JobRequest
+    remaining_s: float
+    attained_gpu_s: float = 0.0
+    executed_s: float = 0.0
+    queue_s: float = 0.0
+    pending_since: float = 0.0
+    started_at: float = 0.0
+    overhead_s: float = 0.0  # paid at the start of the current attempt
+    needs_restart: bool = False
+    running: RunningJob | None = None
+    version: int = 0
+    first_start: float | None = None
+    finish: float | None = None
+    timed_out: bool = False
+    preemptions: int = 0
+    failures: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobOutcome:
+    job_id: str
+    submit_s: float
+    first_start_s: float
+    finish_s: float
+    duration_s: float
+    gpus: int
+    queue_s: float
+    preemptions: int
+    failures: int
+    timed_out: bool
+
+    @property
+    def jct_s(self) -> float:
+        return self.finish_s - self.submit_s
+
+
+@dataclass(slots=True, kw_only=True)
+class SimResult:
+    policy: str
+    outcomes: list[JobOutcome]
+    rejected: list[tuple[str, str]]
+    preemptions: int
+    failures_injected: int
+    busy_gpu_s: float
+    fleet_gpus: int
+    fragmentation: float
+    wall_s: float
+    passes: int
+    timeline: dict[str, list[float]] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        jct = np.array([o.jct_s for o in self.outcomes]) if self.outcomes else np.zeros(1)
+        queue = np.array([o.queue_s for o in self.outcomes]) if self.outcomes else np.zeros(1)
+        start = min((o.submit_s for o in self.outcomes), default=0.0)
+        end = max((o.finish_s for o in self.outcomes), default=0.0)
+        makespan = max(0.0, end - start)
+        return {
+            "avg_jct_s": float(jct.mean()),
+            "p50_jct_s": float(np.percentile(jct, 50)),
+            "p99_jct_s": float(np.percentile(jct, 99)),
+            "avg_queue_s": float(queue.mean()),
+            "p99_queue_s": float(np.percentile(queue, 99)),
+            "makespan_s": makespan,
+            "utilization": self.busy_gpu_s / (self.fleet_gpus * makespan) if makespan > 0 else 0.0,
+            "fragmentation": self.fragmentation,
+            "preemptions": float(self.preemptions),
+            "sim_wall_s": self.wall_s,
+        }
+
+
+class Simulator:
+    """Replays ``jobs`` (sorted by submit time) on ``fleet`` under ``policy``."""
+
+    def __init__(self, jobs: Sequence[TraceJob], fleet: Fleet, policy: Policy, config: SimConfig) -> None:
+        self.trace = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+        self.fleet = fleet
+        self.healthy_fleet = fleet  # without outages: decides what can ever run
+        self.policy = policy
+        self.cfg = config
+        self.rng = np.random.default_rng(config.seed)
+        self.events: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.pending: dict[str, _Job] = {}
+        self.running: dict[str, _Job] = {}
+        self.done: list[_Job] = []
+        self.rejected: list[tuple[str, str]] = []
+        self.gpu_owner: dict[tuple[str, int], str] = {}
+        self.down_gpus: dict[tuple[str, int], int] = {}  # (node, gpu) -> outages in force
+        self.next_pass: float | None = None
+        self.preemptions = 0
+        self.failures = 0
+        self.busy = 0  # GPUs allocated now
+        self.busy_gpu_s = 0.0
+        self.frag_area = 0.0
+        self.last_frag = 0.0
+        self.last_t = 0.0
+        self.passes = 0
+        self.timeline: dict[str, list[float]] = {"t": [], "busy_gpus": [], "pending_jobs": []}
+        self.next_sample = 0.0
+
+    # -- event plumbing ---------------------------------------------------------------
+    def push(self, t: float, kind: int, data: object) -> None:
+        heapq.heappush(self.events, (t, kind, self.seq, data))
+        self.seq += 1
+
+    def want_pass(self, t: float) -> None:
+        step = self.cfg.sched_interval_s
+        at = math.ceil(t / step) * step if step > 0 else t
+        if self.next_pass is None or at < self.next_pass:
+            self.next_pass = at
+            self.push(at, PASS, at)
+
+    def advance(self, t: float) -> None:
+        dt = t - self.last_t
+        if dt > 0:
+            self.busy_gpu_s += self.busy * dt
+            self.frag_area += self.last_frag * dt
+            self.last_t = t
+        self.now = t
+
+    # -- main loop --------------------------------------------------------------------
+    def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
+        wall = time.perf_counter()
+        self.schedule_failures()
+        arrivals = self.trace
+        i = 0
+        while i < len(arrivals) or self.events:
+            next_event = self.events[0][0] if self.events else math.inf
+            if i < len(arrivals) and arrivals[i].submit_s < next_event:
+                tj = arrivals[i]
+                i += 1
+                self.advance(tj.submit_s)
+                self.arrive(tj)
+                if progress is not None and i % 1000 == 0:
+                    progress(i)
+                continue
+            t, kind, _, data = heapq.heappop(self.events)
+            self.advance(t)
+            if kind == FINISH:
+                self.finish(data)  # type: ignore[arg-type]
+            elif kind == PASS:
+                if data == self.next_pass:
+                    self.next_pass = None
+                    self.schedule_pass()
+            elif kind == FAIL:
+                self.fail(data)  # type: ignore[arg-type]
+            elif kind == REPAIR:
+                self.repair(data)  # type: ignore[arg-type]
+            if not self.pending and not self.running and i >= len(arrivals):
+                break  # only future failures remain
+        if progress is not None:
+            progress(len(arrivals))
+        return self.result(time.perf_counter() - wall)
+
+    def arrive(self, tj: TraceJob) -> None:
+        req = JobRequest(
+            id=tj.job_id,
+            user=tj.user,
+            team=tj.team,
+            gpus=tj.gpus,
+            gpus_per_node=tj.gpus_per_node,
+            gpu_type=tj.gpu_type,
+            priority=tj.priority,
+            time_limit_s=tj.time_limit_s,
+            submit_time=tj.submit_s,
+            oracle_remaining_s=tj.duration_s,
+        )
+        why = job_options(fleet_index(self.healthy_fleet), req)
+        if isinstance(why, str):
+            self.rejected.append((tj.job_id, why))
+            return
+        self.pending[tj.job_id] = _Job(
+            trace=tj, request=req, remaining_s=tj.duration_s, pending_since=tj.submit_s
+        )
+        self.want_pass(self.now)
+
+    def schedule_pass(self) -> None:
+        snap = Snapshot(
+            now=self.now,
+            fleet=self.fleet,
+            running=tuple(j.running for j in self.running.values() if j.running is not None),
+            pending=tuple(j.request for j in self.pending.values()),
+        )
+        result = plan(snap, self.policy, explain=False)
+        self.passes += 1
+        self.last_frag = result.fragmentation
+        for pre in result.preemptions:
+            self.stop(self.running[pre.job_id], preempted=True)
+        for start in result.starts:
+            self.start(self.pending.pop(start.job_id), start.placement)
+        if self.now >= self.next_sample:
+            self.timeline["t"].append(self.now)
+            self.timeline["busy_gpus"].append(float(self.busy))
+            self.timeline["pending_jobs"].append(float(len(self.pending)))
+            self.next_sample = self.now + self.cfg.sample_interval_s
+        if self.pending and self.policy.preemptive:
+            self.want_pass(self.now + self.cfg.preempt_interval_s)
+
+    # -- job transitions --------------------------------------------------------------
+    def start(self, job: _Job, placement: Placement) -> None:
+        for part in placement:
+            for g in part.gpus:
+                key = (part.node, g)
+                if key in self.gpu_owner or key in self.down_gpus:
+                    raise AssertionError(f"GPU {key} given to {job.trace.job_id} while taken or down")
+                self.gpu_owner[key] = job.trace.job_id
+        job.queue_s += self.now - job.pending_since
+        job.started_at = self.now
+        job.overhead_s = self.cfg.restart_overhead_s if job.needs_restart else 0.0
+        if job.first_start is None:
+            job.first_start = self.now
+        job.running = RunningJob(job=job.request, placement=placement, started_at=self.now)
+        run_for = job.remaining_s
+        limit = job.trace.time_limit_s
+        job.timed_out = False
+        if limit is not None and job.executed_s + run_for > limit:
+            run_for = max(0.0, limit - job.executed_s)
+            job.timed_out = True
+        job.version += 1
+        self.running[job.trace.job_id] = job
+        self.busy += job.trace.gpus
+        self.push(self.now + job.overhead_s + run_for, FINISH, (job.trace.job_id, job.version))
+
+    def release(self, job: _Job) -> None:
+        assert job.running is not None
+        for part in job.running.placement:
+            for g in part.gpus:
+                del self.gpu_owner[(part.node, g)]
+        self.busy -= job.trace.gpus
+        del self.running[job.trace.job_id]
+        ran = self.now - job.started_at
+        job.executed_s += max(0.0, ran - job.overhead_s)
+        job.attained_gpu_s += ran * job.trace.gpus
+        job.running = None
+        job.version += 1
+
+    def finish(self, data: tuple[str, int]) -> None:
+        job_id, version = data
+        job = self.running.get(job_id)
+        if job is None or job.version != version:
+            return  # stale: the job was preempted or failed meanwhile
+        self.release(job)
+        job.remaining_s = 0.0
+        job.finish = self.now
+        self.done.append(job)
+        self.want_pass(self.now)
+
+    def stop(self, job: _Job, *, preempted: bool) -> None:
+        """Take a running job off its GPUs and put it back in the queue."""
+        progress = max(0.0, self.now - job.started_at - job.overhead_s)
+        if not preempted:
+            interval = self.cfg.checkpoint_interval_s
+            progress = math.floor(progress / interval) * interval if interval > 0 else 0.0
+        self.release(job)
+        job.remaining_s = max(0.0, job.remaining_s - progress)
+        job.needs_restart = True
+        job.pending_since = self.now
+        if preempted:
+            job.preemptions += 1
+            self.preemptions += 1
+        else:
+            job.failures += 1
+        job.request = replace(
+            job.request,
+            attained_service_s=job.attained_gpu_s,
+            executed_s=job.executed_s,
+            pending_since=self.now,
+            oracle_remaining_s=job.remaining_s,
+        )
+        self.pending[job.trace.job_id] = job
+        self.want_pass(self.now)
+
+    # -- failures ---------------------------------------------------------------------
+    def schedule_failures(self) -> None:
+        if self.cfg.gpu_failures_per_gpu_day > 0:
+            self.next_failure("gpu")
+        if self.cfg.node_failures_per_node_day > 0:
+            self.next_failure("node")
+
+    def next_failure(self, what: str) -> None:
+        if what == "gpu":
+            rate = self.cfg.gpu_failures_per_gpu_day * self.fleet.gpu_count / 86_400.0
+        else:
+            rate = self.cfg.node_failures_per_node_day * len(self.fleet.nodes) / 86_400.0
+        self.push(self.now + float(self.rng.exponential(1.0 / rate)), FAIL, what)
+
+    def fail(self, what: str) -> None:
+        if not self.pending and not self.running:
+            return  # the trace is over: stop injecting
+        node = self.fleet.nodes[int(self.rng.integers(len(self.fleet.nodes)))]
+        if what == "gpu":
+            hit = [(node.name, int(self.rng.integers(len(node.gpus))))]
+        else:
+            hit = [(node.name, g.index) for g in node.gpus]
+        self.failures += 1
+        victims = {self.gpu_owner[k] for k in hit if k in self.gpu_owner}
+        for job_id in sorted(victims):
+            self.stop(self.running[job_id], preempted=False)
+        for k in hit:
+            self.down_gpus[k] = self.down_gpus.get(k, 0) + 1
+        self.rebuild_fleet()
+        self.push(self.now + self.cfg.repair_s, REPAIR, hit)
+        self.next_failure(what)
+        self.want_pass(self.now)
+
+    def repair(self, hit: list[tuple[str, int]]) -> None:
+        for k in hit:
+            self.down_gpus[k] -= 1
+            if not self.down_gpus[k]:
+                del self.down_gpus[k]
+        self.rebuild_fleet()
+        self.want_pass(self.now)
+
+    def rebuild_fleet(self) -> None:
+        down = self.down_gpus
+        self.fleet = Fleet(
+            nodes=tuple(
+                replace(n, gpus=tuple(replace(g, healthy=(n.name, g.index) not in down) for g in n.gpus))
+                if any((n.name, g.index) in down for g in n.gpus)
+                else n
+                for n in self.healthy_fleet.nodes
+            )
+        )
+
+    # -- results ----------------------------------------------------------------------
+    def result(self, wall_s: float) -> SimResult:
+        end = self.now
+        makespan = max(end - (self.trace[0].submit_s if self.trace else 0.0), 1e-9)
+        outcomes = [
+            JobOutcome(
+                job_id=j.trace.job_id,
+                submit_s=j.trace.submit_s,
+                first_start_s=j.first_start if j.first_start is not None else j.trace.submit_s,
+                finish_s=j.finish if j.finish is not None else end,
+                duration_s=j.trace.duration_s,
+                gpus=j.trace.gpus,
+                queue_s=j.queue_s,
+                preemptions=j.preemptions,
+                failures=j.failures,
+                timed_out=j.timed_out,
+            )
+            for j in self.done
+        ]
+        return SimResult(
+            policy=self.policy.name,
+            outcomes=outcomes,
+            rejected=self.rejected,
+            preemptions=self.preemptions,
+            failures_injected=self.failures,
+            busy_gpu_s=self.busy_gpu_s,
+            fleet_gpus=self.healthy_fleet.gpu_count,
+            fragmentation=self.frag_area / makespan,
+            wall_s=wall_s,
+            passes=self.passes,
+            timeline=self.timeline,
+        )
