@@ -193,8 +193,8 @@ def synth(
 ) -> None:
     """Write a seeded synthetic trace: heavy-tailed durations, power-of-two gangs, diurnal arrivals."""
     from gpufleet.sim.loaders.gpufleet_csv import write_gpufleet_csv
-    from gpufleet.sim.runner import offered_load
     from gpufleet.sim.synth import synthesize
+    from gpufleet.sim.trace import offered_load
 
     made = synthesize(jobs=jobs, seed=seed, load=load_, nodes=nodes, gpus_per_node=gpus_per_node)
     write_gpufleet_csv(out_file, made)

@@ -1,8 +1,8 @@
 """The trace-driven simulator: replays job traces through the unchanged scheduling core."""
 
 from gpufleet.sim.engine import FleetSpec, JobOutcome, SimConfig, SimResult, Simulator
-from gpufleet.sim.runner import Comparison, bounds, compare_policies, offered_load
-from gpufleet.sim.trace import TraceError, TraceJob, TraceLoad, TraceProblem
+from gpufleet.sim.runner import Comparison, bounds, compare_policies
+from gpufleet.sim.trace import TraceError, TraceJob, TraceLoad, TraceProblem, offered_load
 
 __all__ = [
     "Comparison",

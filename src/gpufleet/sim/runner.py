@@ -8,16 +8,7 @@ from typing import Any
 
 from gpufleet.scheduler import make_policy
 from gpufleet.sim.engine import FleetSpec, SimConfig, SimResult, Simulator
-from gpufleet.sim.trace import TraceJob
-
-
-def offered_load(jobs: Sequence[TraceJob], fleet_gpus: int) -> float:
-    """GPU-seconds asked for over GPU-seconds the fleet offers while jobs arrive."""
-    if not jobs or fleet_gpus <= 0:
-        return 0.0
-    span = max(j.submit_s for j in jobs) - min(j.submit_s for j in jobs)
-    work = sum(j.duration_s * j.gpus for j in jobs)
-    return work / (fleet_gpus * span) if span > 0 else float("inf")
+from gpufleet.sim.trace import TraceJob, offered_load
 
 
 def bounds(jobs: Sequence[TraceJob], fleet_gpus: int) -> dict[str, float]:

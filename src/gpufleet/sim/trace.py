@@ -5,7 +5,8 @@ failing: a site's own export is never perfectly clean.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,3 +52,13 @@ class TraceError(Exception):
 
 
 Loader = Callable[[Path], TraceLoad]
+
+
+def offered_load(jobs: Sequence[TraceJob], fleet_gpus: int) -> float:
+    """GPU-seconds asked for, over the GPU-seconds the fleet has between the first and the
+    last submit. 0.0 for no jobs or no fleet; infinite when all jobs arrive at once."""
+    if not jobs or fleet_gpus <= 0:
+        return 0.0
+    work = sum(job.gpus * job.duration_s for job in jobs)
+    span = max(job.submit_s for job in jobs) - min(job.submit_s for job in jobs)
+    return work / (fleet_gpus * span) if span > 0 else math.inf

@@ -46,6 +46,19 @@ class DefaultPolicy(Policy):
     min_run_s: float = 600.0
     starve_factor: float = 4.0
     starve_min_s: float = 6 * 3600.0
+    fresh_job_s: float = 1_800.0
+    use_limits: bool = True
+    width_aware: bool = True
+
+    def expected_remaining(self, job: JobRequest, running: RunningJob | None, now: float) -> float:
+        """GPU-seconds the job probably still needs. With a time limit: what is left of
+        it (users pad limits, but short limits still mean short jobs). Without: its
+        attained service (heavy tails: a job tends to run as long again as it already
+        has), but never less than a typical fresh job of its width."""
+        if self.use_limits and job.time_limit_s is not None:
+            return max(0.0, job.time_limit_s - executed(job, running, now)) * job.gpus
+        got = attained(job, running, now)
+        return max(got, job.gpus * self.fresh_job_s) if self.width_aware else got
 
     def level(self, service_gpu_s: float) -> int:
         if service_gpu_s < self.first_level_gpu_s:
@@ -60,12 +73,8 @@ class DefaultPolicy(Policy):
             waited = now - job.queued_since
             if waited >= max(self.starve_min_s, self.starve_factor * job.executed_s):
                 starving = -1
-        level = self.level(attained(job, running, now))
-        if job.time_limit_s is not None:
-            left = max(0.0, job.time_limit_s - executed(job, running, now)) * job.gpus
-        else:
-            left = math.inf
-        return (-job.priority, starving, level, left, job.submit_time, job.id)
+        level = self.level(self.expected_remaining(job, running, now))
+        return (-job.priority, starving, level, job.submit_time, job.id)
 
     def can_preempt(
         self, job: JobRequest, job_key: Key, victim: RunningJob, victim_key: Key, ctx: Context
