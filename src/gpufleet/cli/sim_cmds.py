@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from gpufleet.timefmt import format_duration, parse_duration
 
 FORMATS = ("gpufleet", "philly", "helios", "alibaba", "sacct")
 console = Console(stderr=True)
-out = Console()
+# Tables stay readable when piped or captured (Rich would fall back to 80 columns).
+out = Console() if sys.stdout.isatty() else Console(width=140)
 
 
 def sample_trace() -> Path:
@@ -79,14 +81,15 @@ def simulate(
     ),
 ) -> None:
     """Replay a job trace through the scheduling core under each policy and compare them."""
-    if sample:
-        trace, fmt = sample_trace(), "philly"
-    if trace is None:
-        raise typer.BadParameter("give --trace FILE or --sample", param_hint="--trace")
     if fmt not in FORMATS:
         raise typer.BadParameter(
             f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}", param_hint="--format"
         )
+    if sample == (trace is not None):
+        raise typer.BadParameter("give either --trace FILE or --sample", param_hint="--trace")
+    if sample:
+        trace, fmt = sample_trace(), "philly"
+    assert trace is not None
     names = [p.strip() for p in policy.split(",") if p.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if unknown or not names:

@@ -17,7 +17,7 @@ the same snapshot gives the same plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpufleet.scheduler.capacity import Capacity, FleetIndex, GroupKey, fleet_index
 from gpufleet.scheduler.estimate import Estimator, release_events
@@ -97,6 +97,14 @@ class _Wait:
 
 
 @dataclass(slots=True)
+class _Victim:
+    key: Key
+    job: RunningJob
+    parts: dict[GroupKey, list[tuple[int, tuple[int, ...]]]]  # GPUs it holds, per group
+    cum_gpus: dict[GroupKey, int] = field(default_factory=dict)  # preemptible GPUs up to here
+
+
+@dataclass(slots=True)
 class _Shadow:
     """EASY backfill's reservation for the first blocked job."""
 
@@ -124,7 +132,8 @@ class _Pass:
         self.shadow: _Shadow | None = None
         self.strict_blocker: str | None = None
         self.alive = {rj.job.id: rj for rj in snapshot.running}
-        self.victims: list[tuple[Key, RunningJob]] | None = None
+        self.victims: list[_Victim] | None = None
+        self.victim_front = 0
         self.hopeless: dict[tuple[object, ...], Key] = {}
 
     # -- the pass -------------------------------------------------------------------
@@ -263,11 +272,8 @@ class _Pass:
 
     # -- preemption -------------------------------------------------------------------
     def preempt_for(self, key: Key, job: JobRequest, opts: Options) -> Placement | None:
-        if self.victims is None:
-            ranked = [(self.policy.key(rj.job, rj, self.ctx), rj) for rj in self.snap.running]
-            ranked.sort(key=lambda kr: (kr[0], kr[1].started_at), reverse=True)
-            self.victims = ranked
-        if not self.victims or not self.victims[0][0] > key:
+        victims = self.victims if self.victims is not None else self._rank_victims()
+        if not victims or not victims[0].key > key:
             return None
         scope = self.policy.victim_scope(job)
         for gk, shape in opts:
@@ -280,30 +286,67 @@ class _Pass:
             self.hopeless[memo] = key
         return None
 
+    def _rank_victims(self) -> list[_Victim]:
+        """Running jobs, worst-ranked first, with their GPUs per group and, per group,
+        a running total of preemptible GPUs (an upper bound on what preemption frees)."""
+        id_of, nodes, cap = self.index.id_of, self.index.nodes, self.cap
+        ranked: list[_Victim] = []
+        for rj in self.snap.running:
+            by_group: dict[GroupKey, list[tuple[int, tuple[int, ...]]]] = {}
+            for part in rj.placement:
+                nid = id_of.get(part.node)
+                gk = nodes[nid].group if nid is not None else None
+                if nid is not None and gk is not None:
+                    by_group.setdefault(gk, []).append((nid, part.gpus))
+            ranked.append(_Victim(key=self.policy.key(rj.job, rj, self.ctx), job=rj, parts=by_group))
+        ranked.sort(key=lambda v: (v.key, v.job.started_at), reverse=True)
+        totals: dict[GroupKey, int] = {}
+        for v in ranked:
+            if v.job.job.preemptible:
+                for gk, parts in v.parts.items():
+                    totals[gk] = totals.get(gk, 0) + sum(cap.countable(nid, gs) for nid, gs in parts)
+            v.cum_gpus = dict(totals)
+        self.victims = ranked
+        return ranked
+
+    def _victim_bound(self, key: Key, gk: GroupKey) -> int:
+        """GPUs in group ``gk`` held by preemptible jobs ranked below ``key``."""
+        victims = self.victims
+        assert victims is not None
+        lo, hi = 0, len(victims)
+        while lo < hi:  # keys are non-increasing: find the first one not above `key`
+            mid = (lo + hi) // 2
+            if victims[mid].key > key:
+                lo = mid + 1
+            else:
+                hi = mid
+        return victims[lo - 1].cum_gpus.get(gk, 0) if lo else 0
+
     def _preempt_in_group(self, key: Key, job: JobRequest, gk: GroupKey, shape: Shape) -> Placement | None:
-        cap, id_of, nodes = self.cap, self.index.id_of, self.index.nodes
+        """Release the worst-ranked eligible victims until ``shape`` fits, give back the
+        ones that turn out not to be needed, then place. Leaves no trace on failure."""
+        cap = self.cap
         group = cap.groups[gk]
-        need = sum(shape)
-        chosen: list[tuple[RunningJob, list[tuple[int, tuple[int, ...]]]]] = []
-        gain = 0
-        assert self.victims is not None
-        for vkey, rj in self.victims:
-            if not vkey > key:
-                break
-            if rj.job.id not in self.alive or not rj.job.preemptible:
-                continue
-            parts = [(id_of[p.node], p.gpus) for p in rj.placement if p.node in id_of]
-            parts = [(nid, gs) for nid, gs in parts if nodes[nid].group == gk]
-            if not parts or not self.policy.can_preempt(job, key, rj, vkey, self.ctx):
-                continue
-            chosen.append((rj, parts))
-            gain += sum(cap.countable(nid, gs) for nid, gs in parts)
-        if group.total + gain < need:
+        if group.total + self._victim_bound(key, gk) < sum(shape):
             return None
+        victims = self.victims
+        assert victims is not None
         released: list[tuple[RunningJob, list[tuple[int, tuple[int, ...]]]]] = []
-        for victim in chosen:
-            self._release(victim[1])
-            released.append(victim)
+        for i in range(self.victim_front, len(victims)):
+            v = victims[i]
+            if not v.key > key:
+                break
+            if v.job.job.id not in self.alive:
+                if i == self.victim_front:
+                    self.victim_front += 1  # preempted earlier in this pass: skip for good
+                continue
+            parts = v.parts.get(gk)
+            if not parts or not v.job.job.preemptible:
+                continue
+            if not self.policy.can_preempt(job, key, v.job, v.key, self.ctx):
+                continue
+            self._release(parts)
+            released.append((v.job, parts))
             if group.fits(shape):
                 break
         if not group.fits(shape):

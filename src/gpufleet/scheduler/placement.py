@@ -68,23 +68,30 @@ def choose_nodes(cap: Capacity, key: GroupKey, shape: Shape) -> NodeCounts | Non
 
 
 def _choose_multi(cap: Capacity, group: GroupFree, shape: Shape) -> NodeCounts | None:
+    """Scan nodes tightest-first; the first leaf that collects a gang wins (so the gang
+    gets one leaf, on the fullest nodes that can hold it). Only when no leaf can hold it:
+    the rack with the least waste, else the roomiest leaves first."""
     nodes = cap.index.nodes
     by_leaf: dict[str, list[tuple[int, int]]] = {}
-    by_rack: dict[str, list[tuple[int, int]]] = {}
     everything: list[tuple[int, int]] = []
     for free, nid in group.candidates(shape[-1]):
-        by_leaf.setdefault(nodes[nid].leaf, []).append((free, nid))
-        by_rack.setdefault(nodes[nid].rack, []).append((free, nid))
+        cands = by_leaf.setdefault(nodes[nid].leaf, [])
+        cands.append((free, nid))
         everything.append((free, nid))
-    for domains in (by_leaf, by_rack):
-        best: tuple[int, str, NodeCounts] | None = None
-        for name, cands in domains.items():
+        if len(cands) >= len(shape):
             got = _assign(shape, cands)
-            if got is not None and (best is None or (got[0], name) < best[:2]):
-                best = (got[0], name, got[1])
-        if best is not None:
-            return best[2]
-    # No single leaf or rack holds it: fill from the roomiest leaves first.
+            if got is not None:
+                return got[1]
+    by_rack: dict[str, list[tuple[int, int]]] = {}
+    for free, nid in everything:
+        by_rack.setdefault(nodes[nid].rack, []).append((free, nid))
+    best: tuple[int, str, NodeCounts] | None = None
+    for name, cands in sorted(by_rack.items()):
+        got = _assign(shape, cands)
+        if got is not None and (best is None or got[0] < best[0]):
+            best = (got[0], name, got[1])
+    if best is not None:
+        return best[2]
     room = {leaf: sum(f for f, _ in cands) for leaf, cands in by_leaf.items()}
     everything.sort(key=lambda fn: (-room[nodes[fn[1]].leaf], nodes[fn[1]].leaf, fn[0], fn[1]))
     got = _assign(shape, everything, best_fit=False)

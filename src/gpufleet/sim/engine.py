@@ -157,7 +157,15 @@ class SimResult:
 class Simulator:
     """Replays ``jobs`` (sorted by submit time) on ``fleet`` under ``policy``."""
 
-    def __init__(self, jobs: Sequence[TraceJob], fleet: Fleet, policy: Policy, config: SimConfig) -> None:
+    def __init__(
+        self,
+        jobs: Sequence[TraceJob],
+        fleet: Fleet,
+        policy: Policy,
+        config: SimConfig,
+        *,
+        record: bool = False,
+    ) -> None:
         self.trace = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
         self.fleet = fleet
         self.healthy_fleet = fleet  # without outages: decides what can ever run
@@ -184,6 +192,8 @@ class Simulator:
         self.passes = 0
         self.timeline: dict[str, list[float]] = {"t": [], "busy_gpus": [], "pending_jobs": []}
         self.next_sample = 0.0
+        self.record = record
+        self.log: list[tuple[float, str, str, Placement]] = []  # (t, start|stop, job, GPUs)
 
     # -- event plumbing ---------------------------------------------------------------
     def push(self, t: float, kind: int, data: object) -> None:
@@ -291,6 +301,8 @@ class Simulator:
                 if key in self.gpu_owner or key in self.down_gpus:
                     raise AssertionError(f"GPU {key} given to {job.trace.job_id} while taken or down")
                 self.gpu_owner[key] = job.trace.job_id
+        if self.record:
+            self.log.append((self.now, "start", job.trace.job_id, placement))
         job.queue_s += self.now - job.pending_since
         job.started_at = self.now
         job.overhead_s = self.cfg.restart_overhead_s if job.needs_restart else 0.0
@@ -310,6 +322,8 @@ class Simulator:
 
     def release(self, job: _Job) -> None:
         assert job.running is not None
+        if self.record:
+            self.log.append((self.now, "stop", job.trace.job_id, job.running.placement))
         for part in job.running.placement:
             for g in part.gpus:
                 del self.gpu_owner[(part.node, g)]

@@ -1,0 +1,105 @@
+"""Simulator invariants under every policy, failures, time limits and overheads."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.scheduler import POLICIES, make_policy
+from gpufleet.sim import FleetSpec, SimConfig, SimResult, Simulator, TraceJob
+from gpufleet.sim.synth import synthesize
+
+FLEET = FleetSpec(nodes=4, gpus_per_node=8, nodes_per_leaf=2)
+
+
+def small_trace(n: int = 300, seed: int = 3) -> list[TraceJob]:
+    return synthesize(jobs=n, seed=seed, load=1.1, nodes=FLEET.nodes, gpus_per_node=FLEET.gpus_per_node)
+
+
+def run(policy: str, jobs: list[TraceJob], **cfg: float) -> tuple[Simulator, SimResult]:
+    sim = Simulator(jobs, FLEET.build(), make_policy(policy), SimConfig(**cfg), record=True)  # type: ignore[arg-type]
+    return sim, sim.run()
+
+
+def assert_no_gpu_shared(sim: Simulator) -> None:
+    """Replay the start/stop log: a GPU is never held by two jobs, a job never runs twice."""
+    owner: dict[tuple[str, int], str] = {}
+    live: set[str] = set()
+    for _, what, job_id, placement in sim.log:
+        gpus = [(p.node, g) for p in placement for g in p.gpus]
+        if what == "start":
+            assert job_id not in live, f"{job_id} started twice"
+            live.add(job_id)
+            for key in gpus:
+                assert key not in owner, f"GPU {key} given to {job_id} while {owner.get(key)} holds it"
+                owner[key] = job_id
+        else:
+            live.remove(job_id)
+            for key in gpus:
+                assert owner.pop(key) == job_id
+    assert not live and not owner
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_job_finishes_once_and_no_gpu_is_shared(policy: str) -> None:
+    jobs = small_trace()
+    sim, result = run(policy, jobs)
+    assert sorted(o.job_id for o in result.outcomes) == sorted(j.job_id for j in jobs)
+    by_id = {j.job_id: j for j in jobs}
+    for o in result.outcomes:
+        assert o.jct_s >= by_id[o.job_id].duration_s - 1e-6
+        assert 0 <= o.queue_s <= o.jct_s + 1e-6
+        assert o.first_start_s >= o.submit_s
+    assert_no_gpu_shared(sim)
+    m = result.metrics()
+    assert 0 < m["utilization"] <= 1
+    assert 0 <= m["fragmentation"] <= 1
+    if not make_policy(policy).preemptive:
+        assert m["preemptions"] == 0
+
+
+def test_failures_requeue_jobs_and_nothing_is_lost() -> None:
+    jobs = small_trace()
+    sim, result = run(
+        "default", jobs, gpu_failures_per_gpu_day=0.5, node_failures_per_node_day=0.1, repair_s=3600, seed=7
+    )
+    assert result.failures_injected > 10
+    assert sum(o.failures for o in result.outcomes) > 0
+    assert len(result.outcomes) == len(jobs)
+    assert_no_gpu_shared(sim)
+
+
+def test_same_seed_same_result() -> None:
+    jobs = small_trace(150)
+    _, a = run("default", jobs, gpu_failures_per_gpu_day=0.5, seed=11)
+    _, b = run("default", jobs, gpu_failures_per_gpu_day=0.5, seed=11)
+    _, c = run("default", jobs, gpu_failures_per_gpu_day=0.5, seed=12)
+    assert a.outcomes == b.outcomes
+    assert a.outcomes != c.outcomes
+
+
+def test_preempted_jobs_pay_the_restart_overhead() -> None:
+    jobs = small_trace()
+    _, result = run("las", jobs, restart_overhead_s=500)
+    hit = [o for o in result.outcomes if o.preemptions]
+    assert hit, "the trace should cause preemptions under las"
+    for o in hit:
+        assert o.jct_s >= o.duration_s + 500 * o.preemptions - 1e-6
+
+
+def test_time_limit_stops_a_job_and_too_big_jobs_are_rejected() -> None:
+    jobs = [
+        TraceJob(job_id="long", user="u", team="t", submit_s=0, duration_s=5000, gpus=1, time_limit_s=1000),
+        TraceJob(job_id="huge", user="u", team="t", submit_s=0, duration_s=10, gpus=64),
+    ]
+    _, result = run("fifo", jobs)
+    (long,) = result.outcomes
+    assert long.timed_out and long.finish_s == pytest.approx(1000, abs=11)
+    assert [r[0] for r in result.rejected] == ["huge"]
+    assert "needs 64 GPUs on 8 nodes" in result.rejected[0][1]
+
+
+def test_oracle_bound_beats_fifo() -> None:
+    jobs = small_trace(400)
+    fifo = run("fifo", jobs)[1].metrics()
+    oracle = run("srtf-oracle", jobs)[1].metrics()
+    assert oracle["avg_jct_s"] < fifo["avg_jct_s"]

@@ -1,0 +1,76 @@
+"""``gpufleet trace synth`` and ``gpufleet simulate`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+METRICS = {
+    "avg_jct_s",
+    "p50_jct_s",
+    "p99_jct_s",
+    "avg_queue_s",
+    "p99_queue_s",
+    "makespan_s",
+    "utilization",
+    "fragmentation",
+    "preemptions",
+    "sim_wall_s",
+}
+
+
+def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpufleet", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_synth_then_simulate_writes_json_and_report(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    made = gpufleet("trace", "synth", "--jobs", "300", "--seed", "5", "--out", str(trace), "--nodes", "4")
+    assert made.returncode == 0, made.stderr
+    assert "wrote 300 jobs" in made.stdout
+    assert trace.read_text().splitlines()[0] == (
+        "job_id,user,team,submit_s,duration_s,gpus,gpus_per_node,time_limit_s,priority,gpu_type"
+    )
+
+    out = tmp_path / "summary.json"
+    report = tmp_path / "report"
+    ran = gpufleet(
+        "simulate", "--trace", str(trace), "--format", "gpufleet", "--nodes", "4", "--policy", "fifo,default",
+        "--json", str(out), "--report", str(report), "--seed", "1",
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    summary = json.loads(out.read_text())
+    assert summary["jobs"] == 300
+    assert summary["fleet"]["gpus"] == 32
+    assert set(summary["bounds"]) == {"avg_jct_lower_s", "utilization_upper"}
+    assert set(summary["policies"]) == {"fifo", "default"}
+    for metrics in summary["policies"].values():
+        assert set(metrics) == METRICS
+        assert metrics["avg_jct_s"] >= summary["bounds"]["avg_jct_lower_s"]
+    assert {p.name for p in report.iterdir()} == {"report.md", "jct_cdf.png", "utilization.png", "queue.png"}
+    assert "| default |" in (report / "report.md").read_text()
+    for png in report.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_max_jobs_on_the_bundled_sample(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    ran = gpufleet("simulate", "--sample", "--max-jobs", "200", "--policy", "backfill", "--json", str(out))
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(out.read_text())["jobs"] == 200
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
+    missing = gpufleet("simulate", "--trace", str(tmp_path / "nope.csv"))
+    assert missing.returncode == 2
+    assert "nope.csv" in missing.stderr and "Traceback" not in missing.stderr
+    bad_policy = gpufleet("simulate", "--sample", "--policy", "magic")
+    assert bad_policy.returncode == 2 and "unknown policy" in bad_policy.stderr
+    bad_format = gpufleet("simulate", "--format", "xml", "--trace", "x")
+    assert bad_format.returncode == 2 and "unknown format" in bad_format.stderr
+    both = gpufleet("simulate", "--sample", "--trace", "x")
+    assert both.returncode == 2 and "either --trace FILE or --sample" in both.stderr
