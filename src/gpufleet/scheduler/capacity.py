@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from gpufleet.scheduler.model import Fleet, RunningJob
 
 GroupKey = tuple[str, str]  # (pool, GPU model)
+Holdings = dict[GroupKey, list[tuple[int, tuple[int, ...]]]]  # group -> [(node id, GPU indices)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,8 @@ class NodeInfo:
     name: str
     group: GroupKey | None  # None: not schedulable (cordoned, not ready)
     healthy: tuple[int, ...]  # GPU indices that may be allocated
+    healthy_set: frozenset[int]
+    all_healthy: bool
     domain_of: dict[int, int]
     leaf: str
     rack: str
@@ -58,6 +61,8 @@ class FleetIndex:
                     name=node.name,
                     group=key,
                     healthy=healthy,
+                    healthy_set=frozenset(healthy),
+                    all_healthy=len(healthy) == len(node.gpus),
                     domain_of={g.index: g.nvlink_domain for g in node.gpus},
                     leaf=node.leaf,
                     rack=node.rack,
@@ -77,8 +82,34 @@ class FleetIndex:
                 capacity=sum(sizes),
                 capacity_ge=tuple(sum(1 for s in sizes if s >= f) for f in range(size + 1)),
             )
+        self.base_free = [len(n.healthy) if n.group is not None else 0 for n in self.nodes]
+        self._holdings: dict[int, tuple[RunningJob, Holdings, dict[GroupKey, int]]] = {}
         self.pools = {k[0] for k in self.groups}
         self.models = {k[1] for k in self.groups}
+
+    def holdings(self, rj: RunningJob) -> tuple[Holdings, dict[GroupKey, int]]:
+        """A running job's GPUs per schedulable group (node ids, indices) and how many of
+        them count as capacity. Memoised per RunningJob object: it is immutable and the
+        index belongs to one fleet."""
+        hit = self._holdings.get(id(rj))
+        if hit is not None and hit[0] is rj:
+            return hit[1], hit[2]
+        parts: Holdings = {}
+        count: dict[GroupKey, int] = {}
+        for part in rj.placement:
+            nid = self.id_of.get(part.node)
+            if nid is None:
+                continue
+            info = self.nodes[nid]
+            if info.group is None:
+                continue
+            parts.setdefault(info.group, []).append((nid, part.gpus))
+            n = len(part.gpus) if info.all_healthy else sum(1 for g in part.gpus if g in info.healthy_set)
+            count[info.group] = count.get(info.group, 0) + n
+        if len(self._holdings) > 100_000:
+            self._holdings.clear()
+        self._holdings[id(rj)] = (rj, parts, count)
+        return parts, count
 
 
 _INDEX_CACHE: dict[int, tuple[Fleet, FleetIndex]] = {}
@@ -185,13 +216,18 @@ class Capacity:
             for part in rj.placement:
                 nid = id_of.get(part.node)
                 if nid is not None:
-                    used.setdefault(nid, set()).update(part.gpus)
-        free = [0] * len(index.nodes)
-        for info in index.nodes:
-            if info.group is None:
-                continue
-            taken = used.get(info.id)
-            free[info.id] = len(info.healthy) - (sum(1 for g in info.healthy if g in taken) if taken else 0)
+                    taken = used.get(nid)
+                    if taken is None:
+                        used[nid] = set(part.gpus)
+                    else:
+                        taken.update(part.gpus)
+        free = list(index.base_free)
+        nodes = index.nodes
+        for nid, taken in used.items():
+            info = nodes[nid]
+            if info.group is not None:
+                n = len(taken) if info.all_healthy else len(taken & info.healthy_set)
+                free[nid] = max(0, len(info.healthy) - n)
         return cls(index, free, used)
 
     def counts_copy(self) -> Capacity:
@@ -235,7 +271,9 @@ class Capacity:
         info = self.index.nodes[nid]
         if info.group is None:
             return 0
-        return sum(1 for g in gpus if g in info.domain_of and g in set(info.healthy))
+        if info.all_healthy:
+            return len(gpus)
+        return sum(1 for g in gpus if g in info.healthy_set)
 
 
 def pick_gpus(available: Sequence[int], count: int, domain_of: dict[int, int]) -> tuple[int, ...]:

@@ -17,9 +17,9 @@ the same snapshot gives the same plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from gpufleet.scheduler.capacity import Capacity, FleetIndex, GroupKey, fleet_index
+from gpufleet.scheduler.capacity import Capacity, FleetIndex, GroupKey, Holdings, fleet_index
 from gpufleet.scheduler.estimate import Estimator, release_events
 from gpufleet.scheduler.model import (
     JobRequest,
@@ -96,12 +96,18 @@ class _Wait:
     options: Options | None = None
 
 
-@dataclass(slots=True)
 class _Victim:
-    key: Key
-    job: RunningJob
-    parts: dict[GroupKey, list[tuple[int, tuple[int, ...]]]]  # GPUs it holds, per group
-    cum_gpus: dict[GroupKey, int] = field(default_factory=dict)  # preemptible GPUs up to here
+    __slots__ = ("cum_gpus", "job", "key", "parts")
+
+    def __init__(self, key: Key, job: RunningJob, parts: Holdings, gpus: dict[GroupKey, int]) -> None:
+        self.key = key
+        self.job = job
+        self.parts = parts  # GPUs it holds, per group
+        self.cum_gpus = gpus  # first its own countable GPUs, then cumulative (see _rank_victims)
+
+
+def _victim_order(v: _Victim) -> tuple[Key, float]:
+    return (v.key, v.job.started_at)
 
 
 @dataclass(slots=True)
@@ -123,7 +129,6 @@ class _Pass:
         self.index: FleetIndex = fleet_index(snapshot.fleet)
         self.cap = Capacity.build(self.index, snapshot.running)
         self.ctx = Context.of(snapshot)
-        self.team_gpus = self.ctx.team_gpus  # live during the pass; policies read it
         self.starts: list[Start] = []
         self.started: dict[str, JobRequest] = {}
         self.preemptions: list[Preemption] = []
@@ -134,10 +139,13 @@ class _Pass:
         self.alive = {rj.job.id: rj for rj in snapshot.running}
         self.victims: list[_Victim] | None = None
         self.victim_front = 0
+        self.worst_key: Key | None = None
         self.hopeless: dict[tuple[object, ...], Key] = {}
 
     # -- the pass -------------------------------------------------------------------
     def run(self) -> Plan:
+        if not self.explain and not self.policy.preemptive and self.cap.total_free == 0:
+            return Plan(policy=self.policy.name)  # nothing can start: skip ordering the queue
         ordered = self.policy.order(self.snap.pending, self.ctx)
         for key, job in ordered:
             if (
@@ -164,7 +172,7 @@ class _Pass:
             return
         quota = self.ctx.quotas.get(job.team)
         if quota is not None and quota.limit is not None:
-            held = self.team_gpus.get(job.team, 0)
+            held = self.ctx.team_gpus.get(job.team, 0)
             if held + job.gpus > quota.limit:
                 self.waits[job.id] = _Wait(
                     Status.UNSCHEDULABLE,
@@ -201,7 +209,7 @@ class _Pass:
     def record_start(self, job: JobRequest, placement: Placement) -> None:
         self.starts.append(Start(job_id=job.id, placement=placement))
         self.started[job.id] = job
-        self.team_gpus[job.team] = self.team_gpus.get(job.team, 0) + job.gpus
+        self.ctx.add_team_gpus(job.team, job.gpus)
 
     # -- options: where a job could ever run ------------------------------------------
     def options(self, job: JobRequest) -> Options | str:
@@ -272,6 +280,16 @@ class _Pass:
 
     # -- preemption -------------------------------------------------------------------
     def preempt_for(self, key: Key, job: JobRequest, opts: Options) -> Placement | None:
+        if self.victims is None:
+            if self.worst_key is None:
+                # Cheap first: no preemptible running job ranks below this one -> none can
+                # for any later job either (they come in key order). Rank fully only if needed.
+                keys = [
+                    self.policy.key(rj.job, rj, self.ctx) for rj in self.snap.running if rj.job.preemptible
+                ]
+                self.worst_key = max(keys) if keys else ()
+            if not self.worst_key > key:
+                return None
         victims = self.victims if self.victims is not None else self._rank_victims()
         if not victims or not victims[0].key > key:
             return None
@@ -287,24 +305,20 @@ class _Pass:
         return None
 
     def _rank_victims(self) -> list[_Victim]:
-        """Running jobs, worst-ranked first, with their GPUs per group and, per group,
-        a running total of preemptible GPUs (an upper bound on what preemption frees)."""
-        id_of, nodes, cap = self.index.id_of, self.index.nodes, self.cap
+        """Preemptible running jobs, worst-ranked first, with their GPUs per group and,
+        per group, a running total of their GPUs (an upper bound on what preemption of
+        everything ranked below a job can free)."""
+        holdings = self.index.holdings
         ranked: list[_Victim] = []
         for rj in self.snap.running:
-            by_group: dict[GroupKey, list[tuple[int, tuple[int, ...]]]] = {}
-            for part in rj.placement:
-                nid = id_of.get(part.node)
-                gk = nodes[nid].group if nid is not None else None
-                if nid is not None and gk is not None:
-                    by_group.setdefault(gk, []).append((nid, part.gpus))
-            ranked.append(_Victim(key=self.policy.key(rj.job, rj, self.ctx), job=rj, parts=by_group))
-        ranked.sort(key=lambda v: (v.key, v.job.started_at), reverse=True)
+            if rj.job.preemptible:
+                parts, count = holdings(rj)
+                ranked.append(_Victim(self.policy.key(rj.job, rj, self.ctx), rj, parts, count))
+        ranked.sort(key=_victim_order, reverse=True)
         totals: dict[GroupKey, int] = {}
         for v in ranked:
-            if v.job.job.preemptible:
-                for gk, parts in v.parts.items():
-                    totals[gk] = totals.get(gk, 0) + sum(cap.countable(nid, gs) for nid, gs in parts)
+            for gk, n in v.cum_gpus.items():
+                totals[gk] = totals.get(gk, 0) + n
             v.cum_gpus = dict(totals)
         self.victims = ranked
         return ranked
@@ -364,7 +378,7 @@ class _Pass:
         assert counts is not None
         for rj, _ in released:
             del self.alive[rj.job.id]
-            self.team_gpus[rj.job.team] = self.team_gpus.get(rj.job.team, 0) - rj.job.gpus
+            self.ctx.add_team_gpus(rj.job.team, -rj.job.gpus)
             self.preemptions.append(
                 Preemption(
                     job_id=rj.job.id, by=job.id, reason=f"preempted for job {job.id} ({self.policy.name})"

@@ -193,6 +193,9 @@ class Simulator:
         self.timeline: dict[str, list[float]] = {"t": [], "busy_gpus": [], "pending_jobs": []}
         self.next_sample = 0.0
         self.record = record
+        self.dirty = True  # pending or running changed since the last snapshot
+        self.running_view: tuple[RunningJob, ...] = ()
+        self.pending_view: tuple[JobRequest, ...] = ()
         self.log: list[tuple[float, str, str, Placement]] = []  # (t, start|stop, job, GPUs)
 
     # -- event plumbing ---------------------------------------------------------------
@@ -266,18 +269,18 @@ class Simulator:
         if isinstance(why, str):
             self.rejected.append((tj.job_id, why))
             return
+        self.dirty = True
         self.pending[tj.job_id] = _Job(
             trace=tj, request=req, remaining_s=tj.duration_s, pending_since=tj.submit_s
         )
         self.want_pass(self.now)
 
     def schedule_pass(self) -> None:
-        snap = Snapshot(
-            now=self.now,
-            fleet=self.fleet,
-            running=tuple(j.running for j in self.running.values() if j.running is not None),
-            pending=tuple(j.request for j in self.pending.values()),
-        )
+        if self.dirty:
+            self.running_view = tuple(j.running for j in self.running.values() if j.running is not None)
+            self.pending_view = tuple(j.request for j in self.pending.values())
+            self.dirty = False
+        snap = Snapshot(now=self.now, fleet=self.fleet, running=self.running_view, pending=self.pending_view)
         result = plan(snap, self.policy, explain=False)
         self.passes += 1
         self.last_frag = result.fragmentation
@@ -316,6 +319,7 @@ class Simulator:
             run_for = max(0.0, limit - job.executed_s)
             job.timed_out = True
         job.version += 1
+        self.dirty = True
         self.running[job.trace.job_id] = job
         self.busy += job.trace.gpus
         self.push(self.now + job.overhead_s + run_for, FINISH, (job.trace.job_id, job.version))
@@ -328,6 +332,7 @@ class Simulator:
             for g in part.gpus:
                 del self.gpu_owner[(part.node, g)]
         self.busy -= job.trace.gpus
+        self.dirty = True
         del self.running[job.trace.job_id]
         ran = self.now - job.started_at
         job.executed_s += max(0.0, ran - job.overhead_s)

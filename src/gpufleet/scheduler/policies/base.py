@@ -15,7 +15,7 @@ fills its extension points, as a Kubernetes scheduler plugin does:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from gpufleet.scheduler.model import JobRequest, Quota, RunningJob, Snapshot
@@ -24,21 +24,36 @@ BackfillMode = Literal["none", "greedy", "easy"]
 Key = tuple[Any, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Context:
     """What a policy may look at besides the job: the clock of the snapshot, quotas
-    and the GPUs each team holds."""
+    and the GPUs each team holds (computed on first use; the core keeps it current
+    during a pass as it starts and preempts jobs)."""
 
-    now: float
-    quotas: dict[str, Quota]
-    team_gpus: dict[str, int]
+    __slots__ = ("_running", "_team_gpus", "now", "quotas")
+
+    def __init__(self, *, now: float, quotas: dict[str, Quota], running: Sequence[RunningJob] = ()) -> None:
+        self.now = now
+        self.quotas = quotas
+        self._running = running
+        self._team_gpus: dict[str, int] | None = None
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> Context:
-        team_gpus: dict[str, int] = {}
-        for rj in snapshot.running:
-            team_gpus[rj.job.team] = team_gpus.get(rj.job.team, 0) + rj.job.gpus
-        return cls(now=snapshot.now, quotas={q.team: q for q in snapshot.quotas}, team_gpus=team_gpus)
+        return cls(now=snapshot.now, quotas={q.team: q for q in snapshot.quotas}, running=snapshot.running)
+
+    @property
+    def team_gpus(self) -> dict[str, int]:
+        if self._team_gpus is None:
+            held: dict[str, int] = {}
+            for rj in self._running:
+                held[rj.job.team] = held.get(rj.job.team, 0) + rj.job.gpus
+            self._team_gpus = held
+        return self._team_gpus
+
+    def add_team_gpus(self, team: str, delta: int) -> None:
+        """Keep the per-team totals current during a pass (no-op until first used)."""
+        if self._team_gpus is not None:
+            self._team_gpus[team] = self._team_gpus.get(team, 0) + delta
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +70,15 @@ class Policy:
     """Assumed run time of a job that gave no time limit (Slurm's DefaultTime): used
     for estimated start times and backfill, never to stop a job."""
 
+    _memo: dict[int, tuple[Key, JobRequest]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    @property
+    def static_pending_keys(self) -> bool:
+        """True when a waiting job's key depends on the job alone (not on time or load)."""
+        return True
+
     def limit(self, job: JobRequest) -> float:
         return job.time_limit_s if job.time_limit_s is not None else self.default_time_limit_s
 
@@ -62,7 +86,22 @@ class Policy:
         return (-job.priority, job.submit_time, job.id)
 
     def order(self, pending: Sequence[JobRequest], ctx: Context) -> list[tuple[Key, JobRequest]]:
-        keyed = [(self.key(j, None, ctx), j) for j in pending]
+        """Waiting jobs in the order to consider them, each with its key."""
+        if not self.static_pending_keys:
+            keyed = [(self.key(j, None, ctx), j) for j in pending]
+        else:
+            # A waiting job's key never changes, and callers (the simulator, the server
+            # between passes) hand in the same JobRequest objects pass after pass: memoise
+            # by identity. The memo holds the job, so an id cannot be reused while cached.
+            memo = self._memo
+            if len(memo) > 400_000:
+                memo.clear()
+            keyed = []
+            for j in pending:
+                hit = memo.get(id(j))
+                if hit is None or hit[1] is not j:
+                    hit = memo[id(j)] = (self.key(j, None, ctx), j)
+                keyed.append(hit)
         keyed.sort(key=_first)
         return keyed
 

@@ -24,8 +24,11 @@ Design, and why:
 
 from __future__ import annotations
 
+import bisect
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import ClassVar
 
 from gpufleet.scheduler.model import JobRequest, RunningJob
@@ -49,38 +52,110 @@ class DefaultPolicy(Policy):
     fresh_job_s: float = 1_800.0
     use_limits: bool = True
     width_aware: bool = True
+    tie_break: str = "submit"
+    _run_memo: dict[int, tuple[RunningJob, Key, float]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    @cached_property
+    def boundaries(self) -> tuple[float, ...]:
+        """Service (GPU-seconds) at which level 1, 2, ... begins."""
+        return tuple(self.first_level_gpu_s * self.level_growth**k for k in range(self.max_level))
+
+    def level(self, service_gpu_s: float) -> int:
+        return bisect.bisect_right(self.boundaries, service_gpu_s)
 
     def expected_remaining(self, job: JobRequest, running: RunningJob | None, now: float) -> float:
         """GPU-seconds the job probably still needs. With a time limit: what is left of
         it (users pad limits, but short limits still mean short jobs). Without: its
         attained service (heavy tails: a job tends to run as long again as it already
         has), but never less than a typical fresh job of its width."""
-        if self.use_limits and job.time_limit_s is not None:
-            return max(0.0, job.time_limit_s - executed(job, running, now)) * job.gpus
-        got = attained(job, running, now)
-        return max(got, job.gpus * self.fresh_job_s) if self.width_aware else got
+        return self._remaining(job, running, now)[0]
 
-    def level(self, service_gpu_s: float) -> int:
-        if service_gpu_s < self.first_level_gpu_s:
-            return 0
-        n = 1 + int(math.log(service_gpu_s / self.first_level_gpu_s, self.level_growth))
-        return min(n, self.max_level)
+    def _remaining(
+        self, job: JobRequest, running: RunningJob | None, now: float
+    ) -> tuple[float, float, float]:
+        """(value, rate of change per second while running, time the formula changes)."""
+        g = job.gpus
+        if self.use_limits and job.time_limit_s is not None:
+            left = max(0.0, job.time_limit_s - executed(job, running, now)) * g
+            return left, (-g if running is not None and left > 0 else 0.0), math.inf
+        got = attained(job, running, now)
+        floor = g * self.fresh_job_s if self.width_aware else 0.0
+        if got >= floor:
+            return got, (g if running is not None else 0.0), math.inf
+        switch = now + (floor - got) / g if running is not None else math.inf
+        return floor, 0.0, switch
+
+    def _level_until(self, job: JobRequest, running: RunningJob | None, now: float) -> tuple[int, float]:
+        """The job's level now, and a time before which it certainly stays the same."""
+        value, rate, switch = self._remaining(job, running, now)
+        level = self.level(value)
+        bounds = self.boundaries
+        until = switch
+        if rate > 0 and level < len(bounds):
+            until = min(until, now + (bounds[level] - value) / rate)
+        elif rate < 0 and level > 0:
+            until = min(until, now + (value - bounds[level - 1]) / -rate)
+        # Stay clear of the boundary itself, where rounding could tip a fresh computation.
+        return level, (until - 1e-3 if until != math.inf else until)
+
+    def starving(self, job: JobRequest, running: RunningJob | None, now: float) -> bool:
+        """Waiting too long for its size, or started because it was: a job promoted
+        past the queue keeps that standing until it ends, so it is not preempted again
+        by the next short job (which would only reset its wait)."""
+        waited = (running.started_at if running is not None else now) - job.queued_since
+        return waited >= max(self.starve_min_s, self.starve_factor * job.executed_s)
 
     def key(self, job: JobRequest, running: RunningJob | None, ctx: Context) -> Key:
         now = ctx.now
-        starving = 0
-        if running is None:
-            waited = now - job.queued_since
-            if waited >= max(self.starve_min_s, self.starve_factor * job.executed_s):
-                starving = -1
-        level = self.level(self.expected_remaining(job, running, now))
-        return (-job.priority, starving, level, job.submit_time, job.id)
+        if running is not None:
+            hit = self._run_memo.get(id(running))
+            if hit is not None and hit[0] is running and now < hit[2]:
+                return hit[1]
+        level, until = self._level_until(job, running, now)
+        starving = -1 if self.starving(job, running, now) else 0
+        tie = job.gpus if self.tie_break == "width" else 0
+        key = (-job.priority, starving, level, tie, job.submit_time, job.id)
+        if running is not None:
+            # A running job's key changes only when its level does: memoise until then.
+            memo = self._run_memo
+            if len(memo) > 200_000:
+                memo.clear()
+            memo[id(running)] = (running, key, until)
+        return key
+
+    def order(self, pending: Sequence[JobRequest], ctx: Context) -> list[tuple[Key, JobRequest]]:
+        """As ``key`` for waiting jobs, but with everything except the starvation flag
+        memoised per job object (a waiting job's level does not change while it waits)."""
+        now = ctx.now
+        memo = self._memo
+        if len(memo) > 400_000:
+            memo.clear()
+        keyed: list[tuple[Key, JobRequest]] = []
+        for j in pending:
+            hit = memo.get(id(j))
+            if hit is None or hit[1] is not j:
+                due = j.queued_since + max(self.starve_min_s, self.starve_factor * j.executed_s)
+                level = self.level(self._remaining(j, None, now)[0])
+                tie = j.gpus if self.tie_break == "width" else 0
+                hit = memo[id(j)] = ((-j.priority, due, level, tie, j.submit_time, j.id), j)
+            prio, due, level, tie, submit, jid = hit[0]
+            keyed.append(((prio, -1 if now >= due else 0, level, tie, submit, jid), j))
+        keyed.sort(key=_first)
+        return keyed
 
     def can_preempt(
         self, job: JobRequest, job_key: Key, victim: RunningJob, victim_key: Key, ctx: Context
     ) -> bool:
-        if victim_key[:2] != job_key[:2]:
-            return bool(victim_key[:2] > job_key[:2])
-        if ctx.now - victim.started_at < self.min_run_s:
-            return False
+        if victim_key[0] != job_key[0]:
+            return bool(victim_key[0] > job_key[0])  # user priority first
+        if victim_key[1] < 0 or ctx.now - victim.started_at < self.min_run_s:
+            return False  # promoted starving jobs and fresh starts are protected
+        if job_key[1] < 0:
+            return True
         return bool(victim_key[2] >= job_key[2] + self.preempt_gap)
+
+
+def _first(item: tuple[Key, JobRequest]) -> Key:
+    return item[0]

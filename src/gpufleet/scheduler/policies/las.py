@@ -40,6 +40,10 @@ class LasPolicy(Policy):
     starve_factor: float = 0.0  # 0 disables promotion (Tiresias' default build)
     starve_min_s: float = 3_600.0
 
+    @property
+    def static_pending_keys(self) -> bool:
+        return self.starve_factor <= 0  # promotion depends on the clock
+
     def starving(self, job: JobRequest, running: RunningJob | None, now: float) -> bool:
         if running is not None or self.starve_factor <= 0:
             return False
