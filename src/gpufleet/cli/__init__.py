@@ -34,6 +34,10 @@ from gpufleet.cli import sim_cmds  # noqa: E402
 
 sim_cmds.register(app)
 
+from gpufleet.cli import api_cmds  # noqa: E402
+
+api_cmds.register(app)
+
 
 def main() -> None:
     app()

@@ -1,0 +1,519 @@
+"""The user, operator and admin commands that talk to a gpufleet server, plus
+``gpufleet server`` and ``gpufleet db upgrade``.
+
+Errors are one line on stderr: exit 2 for bad input (the server's 400/422, a bad
+option), 1 for everything else (unreachable server, 401, 403, 404, 409).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpufleet.cli import sbatch
+from gpufleet.client import ClientError, Connection, GpufleetClient, save_connection
+from gpufleet.timefmt import format_duration, parse_duration
+
+jobs_app = typer.Typer(help="Jobs: list and show.", no_args_is_help=True)
+admin_app = typer.Typer(help="Users, teams, quotas, pools (admins).", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+tokens_app = typer.Typer(help="Your API tokens.", no_args_is_help=True)
+
+JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"gpufleet: error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def _client() -> Iterator[GpufleetClient]:
+    try:
+        with GpufleetClient.from_env() as c:
+            yield c
+    except ClientError as exc:
+        raise _fail(exc.message, 2 if exc.status in (400, 413, 422) else 1) from None
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for r in cells:
+        typer.echo("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _eta(at: float | None) -> str:
+    if at is None:
+        return "-"
+    delta = at - time.time()
+    return "now" if delta <= 1 else "in " + format_duration(delta)
+
+
+# -- server side ----------------------------------------------------------------------------
+
+
+def server(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535),
+    database_url: str | None = typer.Option(
+        None, "--database-url", help="SQLAlchemy URL (default: SQLite in the user data dir)."
+    ),
+    policy: str = typer.Option("default", "--policy", help="Scheduling policy."),
+    node_timeout: str = typer.Option("60s", "--node-timeout", help="A node unseen this long is NotReady."),
+) -> None:
+    """Run the control plane (API under /v1, scheduling loop)."""
+    from gpufleet.scheduler import POLICIES
+    from gpufleet.server import ServerConfig, StartupError, run
+    from gpufleet.server.db import default_database_url
+
+    if policy not in POLICIES:
+        raise _fail(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}", 2)
+    try:
+        timeout_s = parse_duration(node_timeout)
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from None
+    config = ServerConfig(
+        database_url=database_url or default_database_url(),
+        policy=policy,
+        node_timeout_s=timeout_s,
+        admin_token=os.environ.get("GPUFLEET_ADMIN_TOKEN") or None,
+    )
+    try:
+        run(config, host=host, port=port)
+    except StartupError as exc:
+        raise _fail(str(exc)) from None
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    database_url: str | None = typer.Option(None, "--database-url", help="SQLAlchemy URL."),
+) -> None:
+    """Create or migrate the schema to this gpufleet's version."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gpufleet.server import db
+
+    url = database_url or db.default_database_url()
+    try:
+        db.upgrade(url)
+    except SQLAlchemyError as exc:
+        raise _fail(f"cannot upgrade {url}: {str(exc).splitlines()[0]}") from None
+    typer.echo(f"database at revision {db.head_revision()}")
+
+
+def login(
+    url: str = typer.Argument(..., help="Server URL, e.g. http://127.0.0.1:8080"),
+    token: str = typer.Option(..., "--token", help="Your API token."),
+) -> None:
+    """Check the token against the server and save url+token (mode 0600)."""
+    try:
+        with GpufleetClient(url, token) as c:
+            me = c.whoami()
+    except ClientError as exc:
+        raise _fail(exc.message) from None
+    path = save_connection(Connection(url=url, token=token))
+    typer.echo(f"logged in as {me.name} ({me.role}); saved to {path}")
+
+
+# -- jobs -----------------------------------------------------------------------------------
+
+
+def _script_mode(args: list[str]) -> tuple[sbatch.SbatchOptions, list[str]] | None:
+    """``submit job.sh [args]``: the script's directives and ``bash -c TEXT job.sh args``
+    (the text travels with the job, as Slurm stores the batch script)."""
+    if not args:
+        return None
+    path = Path(args[0])
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not (text.startswith("#!") or "#SBATCH" in text):
+        return None
+    return sbatch.parse_script(text), ["bash", "-c", text, path.name, *args[1:]]
+
+
+def submit(
+    args: list[str] = typer.Argument(..., help="-- COMMAND... or a #SBATCH script [ARGS]"),
+    gpus: int | None = typer.Option(None, "--gpus", help="GPUs in total (default 1)."),
+    nodes: int | None = typer.Option(None, "--nodes", "-N"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
+    gpu_type: str | None = typer.Option(None, "--gpu-type"),
+    time_limit: str | None = typer.Option(None, "--time", "-t", help="2h, 90m, D-HH:MM:SS; bare = minutes"),
+    name: str | None = typer.Option(None, "--name", "-J"),
+    team: str | None = typer.Option(None, "--team"),
+    priority: int | None = typer.Option(None, "--priority"),
+    image: str | None = typer.Option(None, "--image"),
+    pool: str | None = typer.Option(None, "--pool", "--partition", "-p"),
+    requeue: bool | None = typer.Option(None, "--requeue/--no-requeue"),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Submit a job; prints its id. Options override #SBATCH directives."""
+    script = _script_mode(args)
+    opts, command = script if script is not None else (sbatch.SbatchOptions(), args)
+    for w in opts.warnings:
+        typer.echo(f"gpufleet: warning: {w}", err=True)
+    limit_s: float | None = opts.time_limit_s
+    if time_limit is not None:
+        try:
+            limit_s = parse_duration(time_limit, bare_unit_s=60)
+        except ValueError as exc:
+            raise _fail(f"--time: {exc}", 2) from None
+    merged = sbatch.SbatchOptions(
+        gpus=gpus if gpus is not None else opts.gpus,
+        gpus_per_node=gpus_per_node if gpus_per_node is not None else opts.gpus_per_node,
+        nodes=nodes if nodes is not None else opts.nodes,
+    )
+    spec: dict[str, Any] = {
+        "command": command,
+        "gpus": sbatch.total_gpus(merged),
+        "gpus_per_node": merged.gpus_per_node or 0,
+        "nodes": merged.nodes or 0,
+        "gpu_type": gpu_type or opts.gpu_type,
+        "name": name or opts.name or "",
+        "team": team,
+        "priority": priority or 0,
+        "image": image,
+        "pool": pool or opts.pool or "default",
+        "requeue": requeue if requeue is not None else (opts.requeue if opts.requeue is not None else True),
+        "time_limit": limit_s,
+        "output": opts.output,
+        "error": opts.error,
+    }
+    with _client() as c:
+        job = c.submit(spec)
+    if json_out:
+        _json(job.model_dump())
+    else:
+        typer.echo(job.id)
+
+
+def queue(
+    all_users: bool = typer.Option(False, "--all", help="Include finished jobs."),
+    user: str | None = typer.Option(None, "--user", "-u"),
+    pool: str | None = typer.Option(None, "--pool", "-p"),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Waiting and running jobs, like squeue."""
+    states = None if all_users else ["PENDING", "HELD", "SCHEDULED", "RUNNING"]
+    with _client() as c:
+        items = c.all_jobs(states=states, user=user, pool=pool)
+    if json_out:
+        _json([j.model_dump() for j in items])
+        return
+    rows = []
+    for j in items:
+        where = " ".join(f"{a.node}:{','.join(map(str, a.gpus))}" for a in j.allocation)
+        rows.append(
+            (
+                j.id,
+                j.name[:20],
+                j.user,
+                j.state,
+                j.gpus,
+                j.queue_position,
+                _eta(j.estimated_start),
+                where or j.wait_reason or "",
+            )
+        )
+    _table(("JOBID", "NAME", "USER", "STATE", "GPUS", "POS", "ETA", "NODES/REASON"), rows)
+
+
+@jobs_app.command("list")
+def jobs_list(
+    state: list[str] = typer.Option([], "--state", "-s", help="Filter; repeat or comma-separate."),
+    user: str | None = typer.Option(None, "--user", "-u"),
+    team: str | None = typer.Option(None, "--team"),
+    pool: str | None = typer.Option(None, "--pool", "-p"),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """List jobs (yours, or everyone's for operators)."""
+    with _client() as c:
+        items = c.all_jobs(states=state or None, user=user, team=team, pool=pool)
+    if json_out:
+        _json([j.model_dump() for j in items])
+        return
+    _table(
+        ("JOBID", "NAME", "USER", "TEAM", "POOL", "STATE", "GPUS", "EXIT"),
+        [(j.id, j.name[:20], j.user, j.team, j.pool, j.state, j.gpus, j.exit_code) for j in items],
+    )
+
+
+@jobs_app.command("show")
+def jobs_show(job_id: int = typer.Argument(...), json_out: bool = JSON_OPT) -> None:
+    """A job with its allocation, queue position and event history."""
+    with _client() as c:
+        j = c.job(job_id)
+    if json_out:
+        _json(j.model_dump())
+        return
+    fields = [
+        ("id", j.id),
+        ("name", j.name),
+        ("user", j.user),
+        ("team", j.team),
+        ("pool", j.pool),
+        ("state", j.state),
+        ("gpus", j.gpus),
+        ("priority", j.priority),
+        ("time limit", None if j.time_limit_s is None else format_duration(j.time_limit_s)),
+        ("command", " ".join(j.command)[:200]),
+        ("allocation", " ".join(f"{a.node}:{a.gpus}" for a in j.allocation) or None),
+        ("position", j.queue_position),
+        ("estimated start", _eta(j.estimated_start)),
+        ("reason", j.wait_reason),
+        ("exit code", j.exit_code),
+    ]
+    for k, v in fields:
+        typer.echo(f"{k:>16}: {'-' if v is None else v}")
+    typer.echo("events:")
+    for e in j.events:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
+        typer.echo(f"  {at}  {e.from_state or '-':>9} -> {e.to_state:<9} {e.actor}: {e.reason}")
+
+
+def _each(ids: list[int], act: Callable[[GpufleetClient, int], Any], verb: str) -> None:
+    failed = 0
+    try:
+        with GpufleetClient.from_env() as c:
+            for jid in ids:
+                try:
+                    j = act(c, jid)
+                    typer.echo(f"{verb} {jid} ({j.state})")
+                except ClientError as exc:
+                    if exc.status is None:
+                        raise
+                    failed += 1
+                    typer.echo(f"gpufleet: error: job {jid}: {exc.message}", err=True)
+    except ClientError as exc:
+        raise _fail(exc.message) from None
+    if failed:
+        raise typer.Exit(1)
+
+
+def cancel(job_ids: list[int] = typer.Argument(...)) -> None:
+    """Cancel jobs (scancel)."""
+    _each(job_ids, GpufleetClient.cancel, "cancelled")
+
+
+def hold(job_ids: list[int] = typer.Argument(...)) -> None:
+    """Hold pending jobs (scontrol hold)."""
+    _each(job_ids, GpufleetClient.hold, "held")
+
+
+def release(job_ids: list[int] = typer.Argument(...)) -> None:
+    """Release held jobs (scontrol release)."""
+    _each(job_ids, GpufleetClient.release, "released")
+
+
+def nodes(
+    name: str | None = typer.Argument(None, help="Show one node in detail."),
+    pool: str | None = typer.Option(None, "--pool", "-p"),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Nodes and their GPUs, like sinfo."""
+    with _client() as c:
+        items = [c.node(name)] if name else c.nodes(pool=pool)
+    if json_out:
+        _json([n.model_dump() for n in items])
+        return
+    _table(
+        ("NODE", "POOL", "STATE", "FREE", "USED", "TOTAL", "MODEL"),
+        [
+            (
+                n.name,
+                n.pool,
+                n.state + (",cordoned" if n.cordoned else ""),
+                n.gpus_free,
+                n.gpus_used,
+                n.gpus_total,
+                n.model,
+            )
+            for n in items
+        ],
+    )
+    if name:
+        for g in items[0].gpus:
+            typer.echo(
+                f"  gpu{g.index} {g.model} {g.uuid} nvlink={g.nvlink_domain} "
+                f"{'ok' if g.healthy else 'UNHEALTHY'} job={g.job_id or '-'}"
+            )
+
+
+# -- admin ----------------------------------------------------------------------------------
+
+
+@admin_app.command("create-user")
+def create_user(
+    name: str = typer.Argument(...),
+    team: list[str] = typer.Option([], "--team", help="Team(s) to join; repeat."),
+    role: str = typer.Option("user", "--role", help="admin, operator or user."),
+    database_url: str | None = typer.Option(
+        None, "--database-url", help="Write the database directly instead of calling the API."
+    ),
+) -> None:
+    """Create a user and print their token (shown only once)."""
+    if role not in ("admin", "operator", "user"):
+        raise _fail(f"--role: {role!r} is not one of admin, operator, user", 2)
+    if database_url is not None:
+        from gpufleet.server.direct import create_user_direct
+        from gpufleet.server.problems import Failure
+
+        made = create_user_direct(database_url=database_url, name=name, role=role, teams=team)
+        if isinstance(made, Failure):
+            raise _fail(f"cannot create user: {made.detail}")
+        typer.echo(made)
+        return
+    with _client() as c:
+        typer.echo(c.create_user(name, role=role, teams=team).token)
+
+
+@admin_app.command("create-team")
+def create_team(name: str = typer.Argument(...)) -> None:
+    """Create a team."""
+    with _client() as c:
+        typer.echo(f"team {c.create_team(name).name} created")
+
+
+@admin_app.command("add-member")
+def add_member(team: str = typer.Argument(...), user: str = typer.Argument(...)) -> None:
+    """Add a user to a team."""
+    with _client() as c:
+        t = c.add_member(team, user)
+    typer.echo(f"team {t.name}: {', '.join(t.members)}")
+
+
+@admin_app.command("set-quota")
+def set_quota(
+    team: str = typer.Argument(...),
+    gpus: int = typer.Option(..., "--gpus", min=0, help="Nominal share (fair-share weight)."),
+    limit: int | None = typer.Option(None, "--limit", min=0, help="Hard cap (default: none)."),
+) -> None:
+    """Set a team's quota."""
+    with _client() as c:
+        t = c.set_quota(team, gpus=gpus, limit=limit)
+    typer.echo(f"team {t.name}: {t.quota_gpus} GPUs nominal, limit {t.quota_limit or 'none'}")
+
+
+@admin_app.command("create-pool")
+def create_pool(
+    name: str = typer.Argument(...),
+    cpu_only: bool = typer.Option(False, "--cpu-only", help="A pool for 0-GPU jobs."),
+    description: str = typer.Option("", "--description"),
+) -> None:
+    """Create a pool (partition)."""
+    with _client() as c:
+        p = c.create_pool(name, gpu=not cpu_only, description=description)
+    typer.echo(f"pool {p.name} created ({'GPU' if p.gpu else 'CPU-only'})")
+
+
+@admin_app.command("delete-pool")
+def delete_pool(name: str = typer.Argument(...)) -> None:
+    """Delete an unused pool."""
+    with _client() as c:
+        typer.echo(f"pool {c.delete_pool(name).name} deleted")
+
+
+@admin_app.command("users")
+def list_users(json_out: bool = JSON_OPT) -> None:
+    """List users."""
+    with _client() as c:
+        items = c.users()
+    if json_out:
+        _json([u.model_dump() for u in items])
+    else:
+        _table(("USER", "ROLE", "TEAMS"), [(u.name, u.role, ",".join(u.teams)) for u in items])
+
+
+@admin_app.command("teams")
+def list_teams(json_out: bool = JSON_OPT) -> None:
+    """List teams and quotas."""
+    with _client() as c:
+        items = c.teams()
+    if json_out:
+        _json([t.model_dump() for t in items])
+    else:
+        _table(
+            ("TEAM", "QUOTA", "LIMIT", "MEMBERS"),
+            [(t.name, t.quota_gpus, t.quota_limit, ",".join(t.members)) for t in items],
+        )
+
+
+@admin_app.command("pools")
+def list_pools(json_out: bool = JSON_OPT) -> None:
+    """List pools."""
+    with _client() as c:
+        items = c.pools()
+    if json_out:
+        _json([p.model_dump() for p in items])
+    else:
+        _table(
+            ("POOL", "KIND", "NODES", "DESCRIPTION"),
+            [(p.name, "gpu" if p.gpu else "cpu", p.nodes, p.description) for p in items],
+        )
+
+
+@tokens_app.command("list")
+def tokens_list(
+    user: str | None = typer.Option(None, "--user", help="Admins: another user's tokens."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """List tokens (only a hint of each is shown)."""
+    with _client() as c:
+        items = c.tokens(user=user)
+    if json_out:
+        _json([t.model_dump() for t in items])
+    else:
+        _table(
+            ("ID", "USER", "NAME", "HINT", "REVOKED"),
+            [(t.id, t.user, t.name, "..." + t.hint, t.revoked) for t in items],
+        )
+
+
+@tokens_app.command("create")
+def tokens_create(
+    name: str = typer.Option("cli", "--name"),
+    user: str | None = typer.Option(None, "--user", help="Admins: for another user."),
+) -> None:
+    """Create a token; printed once."""
+    with _client() as c:
+        typer.echo(c.create_token(name=name, user=user).token)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: int = typer.Argument(...)) -> None:
+    """Revoke a token."""
+    with _client() as c:
+        typer.echo(f"token {c.revoke_token(token_id).id} revoked")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("server")(server)
+    app.command("login")(login)
+    app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
+    app.command("queue")(queue)
+    app.command("cancel")(cancel)
+    app.command("hold")(hold)
+    app.command("release")(release)
+    app.command("nodes")(nodes)
+    app.add_typer(jobs_app, name="jobs")
+    app.add_typer(admin_app, name="admin")
+    app.add_typer(db_app, name="db")
+    app.add_typer(tokens_app, name="tokens")
+
+
+__all__ = ["register"]

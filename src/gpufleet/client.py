@@ -1,0 +1,250 @@
+"""``GpufleetClient``: the typed HTTP client of the gpufleet API (used by the CLI).
+
+Exceptions: every failure is a ``ClientError`` with a one-line ``message`` and, when the
+server answered, its HTTP ``status`` and problem ``detail``. httpx errors never leak.
+Connection settings: ``GPUFLEET_URL`` / ``GPUFLEET_TOKEN``, else the file written by
+``gpufleet login`` (``<user config dir>/gpufleet/config.json``, mode 0600).
+Pass ``transport=`` (e.g. ``httpx.MockTransport``) to test without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import platformdirs
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from gpufleet.server.schemas import (
+    JobDetail,
+    JobPage,
+    NodeOut,
+    PoolOut,
+    SyncReply,
+    TeamOut,
+    TokenCreated,
+    TokenOut,
+    UserCreated,
+    UserOut,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ClientError(Exception):
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def config_path() -> Path:
+    return Path(platformdirs.user_config_dir("gpufleet")) / "config.json"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Connection:
+    url: str
+    token: str | None
+
+
+def load_connection() -> Connection:
+    saved: dict[str, Any] = {}
+    path = config_path()
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ClientError(f"cannot read {path}: {exc}") from exc
+    url = os.environ.get("GPUFLEET_URL") or saved.get("url") or "http://127.0.0.1:8080"
+    token = os.environ.get("GPUFLEET_TOKEN") or saved.get("token")
+    return Connection(url=str(url), token=None if token is None else str(token))
+
+
+def save_connection(conn: Connection) -> Path:
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"url": conn.url, "token": conn.token}, f)
+    os.chmod(path, 0o600)
+    return path
+
+
+class GpufleetClient:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url + "/v1", headers=headers, timeout=timeout, transport=transport
+        )
+
+    @classmethod
+    def from_env(cls) -> GpufleetClient:
+        conn = load_connection()
+        return cls(conn.url, conn.token)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> GpufleetClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport --------------------------------------------------------------------------
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            resp = self._http.request(method, path, **kw)
+        except httpx.TimeoutException as exc:
+            raise ClientError(f"server {self.url} did not answer in time") from exc
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach server {self.url} ({exc.__class__.__name__}: {exc})") from exc
+        if resp.status_code >= 400:
+            raise ClientError(_problem_line(resp), status=resp.status_code)
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise ClientError(f"server {self.url} sent a non-JSON answer ({resp.status_code})") from exc
+
+    def _get(self, model: type[M], method: str, path: str, **kw: Any) -> M:
+        try:
+            return model.model_validate(self.request(method, path, **kw))
+        except ValidationError as exc:
+            raise ClientError(f"unexpected answer from {path}: {exc.error_count()} schema errors") from exc
+
+    def _list(self, model: type[M], path: str, **kw: Any) -> list[M]:
+        try:
+            return TypeAdapter(list[model]).validate_python(self.request("GET", path, **kw))  # type: ignore[valid-type]
+        except ValidationError as exc:
+            raise ClientError(f"unexpected answer from {path}: {exc.error_count()} schema errors") from exc
+
+    # -- jobs -------------------------------------------------------------------------------
+    def submit(self, spec: dict[str, Any]) -> JobDetail:
+        return self._get(JobDetail, "POST", "/jobs", json=spec)
+
+    def jobs(
+        self,
+        *,
+        states: list[str] | None = None,
+        user: str | None = None,
+        team: str | None = None,
+        pool: str | None = None,
+        limit: int = 1000,
+        cursor: str | None = None,
+    ) -> JobPage:
+        params: dict[str, Any] = {"limit": limit}
+        if states:
+            params["state"] = ",".join(states)
+        for k, v in (("user", user), ("team", team), ("pool", pool), ("cursor", cursor)):
+            if v is not None:
+                params[k] = v
+        return self._get(JobPage, "GET", "/jobs", params=params)
+
+    def all_jobs(self, **filters: Any) -> list[Any]:
+        out: list[Any] = []
+        cursor: str | None = None
+        while True:
+            page = self.jobs(cursor=cursor, **filters)
+            out += page.items
+            if page.next_cursor is None:
+                return out
+            cursor = page.next_cursor
+
+    def job(self, job_id: int) -> JobDetail:
+        return self._get(JobDetail, "GET", f"/jobs/{job_id}")
+
+    def cancel(self, job_id: int) -> JobDetail:
+        return self._get(JobDetail, "POST", f"/jobs/{job_id}/cancel")
+
+    def hold(self, job_id: int) -> JobDetail:
+        return self._get(JobDetail, "POST", f"/jobs/{job_id}/hold")
+
+    def release(self, job_id: int) -> JobDetail:
+        return self._get(JobDetail, "POST", f"/jobs/{job_id}/release")
+
+    def set_priority(self, job_id: int, priority: int) -> JobDetail:
+        return self._get(JobDetail, "PUT", f"/jobs/{job_id}/priority", json={"priority": priority})
+
+    # -- nodes ------------------------------------------------------------------------------
+    def nodes(self, *, pool: str | None = None) -> list[NodeOut]:
+        return self._list(NodeOut, "/nodes", params={} if pool is None else {"pool": pool})
+
+    def node(self, name: str) -> NodeOut:
+        return self._get(NodeOut, "GET", f"/nodes/{name}")
+
+    def put_node(self, name: str, spec: dict[str, Any]) -> NodeOut:
+        return self._get(NodeOut, "PUT", f"/nodes/{name}", json=spec)
+
+    def sync_node(self, name: str, body: dict[str, Any]) -> SyncReply:
+        return self._get(SyncReply, "POST", f"/nodes/{name}/sync", json=body)
+
+    # -- accounts and pools -------------------------------------------------------------------
+    def whoami(self) -> UserOut:
+        return self._get(UserOut, "GET", "/users/me")
+
+    def users(self) -> list[UserOut]:
+        return self._list(UserOut, "/users")
+
+    def create_user(self, name: str, *, role: str, teams: list[str]) -> UserCreated:
+        return self._get(UserCreated, "POST", "/users", json={"name": name, "role": role, "teams": teams})
+
+    def teams(self) -> list[TeamOut]:
+        return self._list(TeamOut, "/teams")
+
+    def create_team(self, name: str) -> TeamOut:
+        return self._get(TeamOut, "POST", "/teams", json={"name": name})
+
+    def add_member(self, team: str, user: str) -> TeamOut:
+        return self._get(TeamOut, "POST", f"/teams/{team}/members", json={"user": user})
+
+    def set_quota(self, team: str, *, gpus: int, limit: int | None) -> TeamOut:
+        return self._get(TeamOut, "PUT", f"/teams/{team}/quota", json={"gpus": gpus, "limit": limit})
+
+    def pools(self) -> list[PoolOut]:
+        return self._list(PoolOut, "/pools")
+
+    def create_pool(self, name: str, *, gpu: bool, description: str = "") -> PoolOut:
+        return self._get(
+            PoolOut, "POST", "/pools", json={"name": name, "gpu": gpu, "description": description}
+        )
+
+    def delete_pool(self, name: str) -> PoolOut:
+        return self._get(PoolOut, "DELETE", f"/pools/{name}")
+
+    def tokens(self, *, user: str | None = None) -> list[TokenOut]:
+        return self._list(TokenOut, "/tokens", params={} if user is None else {"user": user})
+
+    def create_token(self, *, name: str, user: str | None = None) -> TokenCreated:
+        return self._get(TokenCreated, "POST", "/tokens", json={"name": name, "user": user})
+
+    def revoke_token(self, token_id: int) -> TokenOut:
+        return self._get(TokenOut, "DELETE", f"/tokens/{token_id}")
+
+
+def _problem_line(resp: httpx.Response) -> str:
+    detail = ""
+    try:
+        body = resp.json()
+        if isinstance(body, dict):
+            detail = str(body.get("detail") or body.get("title") or "")
+    except ValueError:
+        detail = resp.text.strip().splitlines()[0][:200] if resp.text.strip() else ""
+    prefix = {
+        401: "not authenticated (check GPUFLEET_TOKEN or run `gpufleet login`)",
+        403: "forbidden",
+        404: "not found",
+    }.get(resp.status_code, f"server said {resp.status_code} {resp.reason_phrase}")
+    return f"{prefix}: {detail}" if detail else prefix

@@ -1,0 +1,39 @@
+"""gpufleet's control-plane server: REST API (``/v1``), state in SQL, control loops.
+
+Public surface: ``create_app``, ``ServerConfig``, ``StartupError``, ``run``. Imported
+lazily so that ``gpufleet.server.schemas`` (used by the client) stays light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpufleet.server.app import StartupError, create_app
+    from gpufleet.server.config import ServerConfig
+
+
+def run(config: ServerConfig, *, host: str, port: int) -> None:
+    """Serve until interrupted: uvicorn, one process; API handlers run in its thread
+    pool, the scheduling loop in its own thread. Raises StartupError on a bad schema."""
+    import uvicorn
+
+    from gpufleet.server.app import create_app
+
+    app = create_app(config)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("StartupError", "create_app"):
+        from gpufleet.server import app
+
+        return getattr(app, name)
+    if name == "ServerConfig":
+        from gpufleet.server.config import ServerConfig
+
+        return ServerConfig
+    raise AttributeError(name)
+
+
+__all__ = ["ServerConfig", "StartupError", "create_app", "run"]

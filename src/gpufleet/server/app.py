@@ -1,0 +1,128 @@
+"""The FastAPI application and how it starts.
+
+``create_app`` wires the parts (database, clock, scheduling loop, caches) and mounts the
+routers under ``/v1``; ``prepare`` refuses a database whose schema is not this package's
+head revision and creates the first admin on an empty one.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+from sqlalchemy.exc import SQLAlchemyError
+
+from gpufleet import __version__
+from gpufleet.scheduler import make_policy
+from gpufleet.server import db as dbmod
+from gpufleet.server.clock import Clock, SystemClock
+from gpufleet.server.config import ServerConfig
+from gpufleet.server.deps import Parts, PartsDep
+from gpufleet.server.problems import BodyLimitMiddleware, ProblemError, install_handlers
+from gpufleet.server.routers import accounts, jobs, nodes
+from gpufleet.server.scheduling import SchedulerLoop
+from gpufleet.server.schemas import Health
+from gpufleet.server.services.accounts import TokenCache, bootstrap_admin
+from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.writer import GroupCommitWriter
+
+
+class StartupError(Exception):
+    """The server cannot start (the message says why and what to do)."""
+
+
+def prepare(config: ServerConfig, *, clock: Clock) -> dbmod.Database:
+    """Connect, check the schema revision, create the first admin if the DB is empty."""
+    db = dbmod.Database.connect(config.database_url)
+    try:
+        problem = dbmod.schema_problem(db.engine, config.database_url)
+    except SQLAlchemyError as exc:
+        db.dispose()
+        first = str(exc).splitlines()[0]
+        raise StartupError(f"cannot reach database: {first}") from exc
+    if problem is not None:
+        db.dispose()
+        raise StartupError(problem)
+    token = bootstrap_admin(db=db, now=clock.now(), token=config.admin_token)
+    if token is not None:
+        print(
+            "gpufleet: created user 'admin' with token (shown only once):\n"
+            f"  {token}\n"
+            "  (set GPUFLEET_ADMIN_TOKEN before the first start to choose it)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return db
+
+
+def _health_router() -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/healthz", response_model=Health)
+    def healthz() -> Health:
+        return Health(status="ok")
+
+    @router.get("/readyz", response_model=Health, responses={503: {"description": "not ready"}})
+    def readyz(parts: PartsDep) -> Health:
+        try:
+            problem = dbmod.schema_problem(parts.db.engine, parts.db.url)
+        except SQLAlchemyError as exc:
+            raise ProblemError(503, f"database unreachable: {exc.__class__.__name__}") from exc
+        if problem is not None:
+            raise ProblemError(503, problem)
+        return Health(status="ready")
+
+    return router
+
+
+def create_app(
+    config: ServerConfig, *, clock: Clock | None = None, db: dbmod.Database | None = None
+) -> FastAPI:
+    clock = clock or SystemClock()
+    database = db if db is not None else prepare(config, clock=clock)
+    loop = SchedulerLoop(
+        db=database,
+        policy=make_policy(config.policy),
+        clock=clock,
+        node_timeout_s=config.node_timeout_s,
+        interval_s=config.schedule_interval_s,
+    )
+    writer = GroupCommitWriter(database)
+    parts = Parts(
+        config=config,
+        db=database,
+        clock=clock,
+        scheduler=loop,
+        fleets=FleetCache(),
+        tokens=TokenCache(),
+        writer=writer,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop.start()
+        try:
+            yield
+        finally:
+            loop.stop()
+            writer.close()
+            database.dispose()
+
+    app = FastAPI(
+        title="gpufleet",
+        version=__version__,
+        description="One control plane for a shared GPU cluster. Errors are RFC 9457 problem+json.",
+        lifespan=lifespan,
+    )
+    app.state.parts = parts
+    install_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    v1 = APIRouter(prefix="/v1")
+    v1.include_router(_health_router())
+    v1.include_router(jobs.router)
+    v1.include_router(nodes.router)
+    v1.include_router(accounts.router)
+    app.include_router(v1)
+    return app

@@ -1,0 +1,160 @@
+"""Engines, transactions and schema migrations.
+
+SQLite (the default) runs in WAL mode with ``synchronous=FULL`` (a 201 means the row
+is on disk) and a busy timeout. Write transactions on SQLite start with
+``BEGIN IMMEDIATE`` so two writers never deadlock on a lock upgrade; reads stay
+``BEGIN`` (deferred) and run concurrently with the writer. PostgreSQL needs neither:
+concurrent writers are serialised by compare-and-set updates (see ``scheduling.py``).
+
+The Alembic environment ships inside the package (``gpufleet/server/migrations``) and is
+configured here in code, so no ``alembic.ini`` is needed at runtime.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+BUSY_TIMEOUT_MS = 10_000
+
+
+def default_database_url() -> str:
+    """``GPUFLEET_DATABASE_URL`` or a SQLite file in the user's data directory."""
+    env = os.environ.get("GPUFLEET_DATABASE_URL")
+    if env:
+        return env
+    path = Path(platformdirs.user_data_dir("gpufleet")) / "gpufleet.db"
+    return f"sqlite:///{path}"
+
+
+def _is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def make_engine(url: str) -> Engine:
+    if not _is_sqlite(url):
+        return create_engine(url, pool_size=16, max_overflow=16, pool_pre_ping=True)
+    db = make_url(url).database
+    if db and db != ":memory:":
+        Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        url,
+        connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
+        pool_size=16,
+        max_overflow=16,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see "begin" below)
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        immediate = conn.get_execution_options().get("sqlite_immediate", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Database:
+    """The one seam to the SQL store: short transactions as context managers."""
+
+    url: str
+    engine: Engine
+    _read: sessionmaker[Session]
+    _write: sessionmaker[Session]
+
+    @classmethod
+    def connect(cls, url: str) -> Database:
+        engine = make_engine(url)
+        write_engine = engine.execution_options(sqlite_immediate=True)
+        return cls(
+            url=url,
+            engine=engine,
+            _read=sessionmaker(engine, expire_on_commit=False),
+            _write=sessionmaker(write_engine, expire_on_commit=False),
+        )
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._read() as s, s.begin():
+            yield s
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """One transaction: committed on normal exit, rolled back on any exception."""
+        with self._write() as s, s.begin():
+            yield s
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+# -- migrations -----------------------------------------------------------------------------
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", "gpufleet.server:migrations")
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def head_revision() -> str:
+    heads = ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads()
+    return heads[0]
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            cfg = alembic_config(url)
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+    finally:
+        engine.dispose()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def schema_problem(engine: Engine, url: str) -> str | None:
+    """None when the database is at the package's head revision, else why not."""
+    current = current_revision(engine)
+    head = head_revision()
+    if current == head:
+        return None
+    where = make_url(url).render_as_string(hide_password=True)
+    if current is None:
+        return f"database {where} is not initialised: run `gpufleet db upgrade --database-url {where}`"
+    script = ScriptDirectory.from_config(alembic_config(url))
+    known = {rev.revision for rev in script.walk_revisions()}
+    if current not in known:
+        return (
+            f"database {where} has schema revision {current}, newer than this gpufleet "
+            f"(head {head}): upgrade gpufleet"
+        )
+    return f"database {where} is at revision {current}, not {head}: run `gpufleet db upgrade`"

@@ -1,0 +1,60 @@
+"""Request-scoped dependencies: the server's parts and the calling principal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from gpufleet.server.clock import Clock
+from gpufleet.server.config import ServerConfig
+from gpufleet.server.db import Database
+from gpufleet.server.problems import ProblemError
+from gpufleet.server.scheduling import SchedulerLoop
+from gpufleet.server.services.accounts import Principal, TokenCache, authenticate
+from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.writer import Writer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parts:
+    """What routers hand to services, built once per app."""
+
+    config: ServerConfig
+    db: Database
+    clock: Clock
+    scheduler: SchedulerLoop
+    fleets: FleetCache
+    tokens: TokenCache
+    writer: Writer
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def live_since(self) -> float:
+        return self.clock.now() - self.config.node_timeout_s
+
+
+def get_parts(request: Request) -> Parts:
+    parts: Parts = request.app.state.parts
+    return parts
+
+
+def get_principal(
+    parts: Annotated[Parts, Depends(get_parts)],
+    authorization: Annotated[str | None, Header()] = None,
+) -> Principal:
+    if not authorization:
+        raise ProblemError(401, "missing bearer token (Authorization: Bearer <token>)", title="Unauthorized")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ProblemError(401, "expected 'Authorization: Bearer <token>'", title="Unauthorized")
+    who = authenticate(db=parts.db, token=token.strip(), cache=parts.tokens)
+    if who is None:
+        raise ProblemError(401, "invalid or revoked token", title="Unauthorized")
+    return who
+
+
+PartsDep = Annotated[Parts, Depends(get_parts)]
+Me = Annotated[Principal, Depends(get_principal)]

@@ -1,0 +1,1 @@
+"""Alembic migrations, shipped with the package (configured in ``gpufleet.server.db``)."""

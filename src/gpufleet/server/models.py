@@ -1,0 +1,135 @@
+"""SQLAlchemy models: the durable state. Times are UNIX seconds (float) from the
+server's clock, so the scheduler core gets them as they are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Team(Base):
+    __tablename__ = "teams"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    quota_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    quota_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class Membership(Base):
+    __tablename__ = "memberships"
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), primary_key=True)
+
+
+class Token(Base):
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    hint: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Pool(Base):
+    __tablename__ = "pools"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    gpu: Mapped[bool] = mapped_column(Boolean, default=True)
+    description: Mapped[str] = mapped_column(String(256), default="")
+
+
+class NodeRow(Base):
+    __tablename__ = "nodes"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    pool: Mapped[str] = mapped_column(ForeignKey("pools.name"), index=True)
+    leaf: Mapped[str] = mapped_column(String(64), default="leaf-0")
+    rack: Mapped[str] = mapped_column(String(64), default="rack-0")
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class GpuRow(Base):
+    __tablename__ = "gpus"
+    node: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(64), default="")
+    model: Mapped[str] = mapped_column(String(64))
+    memory_mb: Mapped[int] = mapped_column(Integer)
+    nvlink_domain: Mapped[int] = mapped_column(Integer, default=0)
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_state_id", "state", "id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id"))
+    pool: Mapped[str] = mapped_column(ForeignKey("pools.name"))
+    gpus: Mapped[int] = mapped_column(Integer)
+    gpus_per_node: Mapped[int] = mapped_column(Integer, default=0)
+    nodes: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    time_limit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    command: Mapped[list[str]] = mapped_column(JSON)
+    env: Mapped[dict[str, Any]] = mapped_column(JSON)
+    image: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    requeue: Mapped[bool] = mapped_column(Boolean, default=True)
+    output: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    error: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    submit_time: Mapped[float] = mapped_column(Float)
+    pending_since: Mapped[float] = mapped_column(Float)
+    scheduled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    attained_service_s: Mapped[float] = mapped_column(Float, default=0.0)
+    executed_s: Mapped[float] = mapped_column(Float, default=0.0)
+    stopping_on: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # The last scheduling pass's view of a waiting job (PendingStatus).
+    queue_position: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    estimated_start: Mapped[float | None] = mapped_column(Float, nullable=True)
+    wait_reason: Mapped[str | None] = mapped_column(String(512), nullable=True)
+
+
+class Allocation(Base):
+    """GPUs held by a SCHEDULED/RUNNING job. ``gpu_index`` is NULL for a CPU-only job.
+    The unique (node, gpu_index) constraint makes a double allocation impossible."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (UniqueConstraint("node", "gpu_index", name="uq_allocations_gpu"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    node: Mapped[str] = mapped_column(String(128), index=True)
+    gpu_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str] = mapped_column(String(64))
+    from_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(512), default="")

@@ -1,0 +1,180 @@
+"""RFC 9457 problem details for every error the API returns.
+
+Services return expected failures as values (``Failure``); routers turn them into a
+``ProblemError`` with ``unwrap``; the handlers here render that, FastAPI's validation
+errors, Starlette's 404/405 and anything else as ``application/problem+json``.
+An unexpected exception is a 500 whose detail says nothing internal.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("gpufleet.server")
+PROBLEM_JSON = "application/problem+json"
+T = TypeVar("T")
+
+
+class Kind(enum.Enum):
+    """Kinds of expected failure a service may return."""
+
+    INVALID = 422
+    FORBIDDEN = 403
+    NOT_FOUND = 404
+    CONFLICT = 409
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failure:
+    kind: Kind
+    detail: str
+
+
+def invalid(detail: str) -> Failure:
+    return Failure(kind=Kind.INVALID, detail=detail)
+
+
+def forbidden(detail: str) -> Failure:
+    return Failure(kind=Kind.FORBIDDEN, detail=detail)
+
+
+def not_found(detail: str) -> Failure:
+    return Failure(kind=Kind.NOT_FOUND, detail=detail)
+
+
+def conflict(detail: str) -> Failure:
+    return Failure(kind=Kind.CONFLICT, detail=detail)
+
+
+class ProblemError(Exception):
+    def __init__(
+        self, status: int, detail: str, *, title: str | None = None, errors: list[Any] | None = None
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.title = title or HTTPStatus(status).phrase
+        self.errors = errors
+
+
+def unwrap(result: T | Failure) -> T:
+    """A service result, or the problem that its Failure means."""
+    if isinstance(result, Failure):
+        raise ProblemError(result.kind.value, result.detail)
+    return result
+
+
+def problem_response(
+    request: Request | None,
+    status: int,
+    detail: str,
+    *,
+    title: str | None = None,
+    errors: list[Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": "about:blank",
+        "title": title or HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+        "instance": request.url.path if request is not None else None,
+    }
+    if errors is not None:
+        body["errors"] = jsonable_encoder(errors)
+    return JSONResponse(
+        body, status_code=status, media_type=PROBLEM_JSON, headers=dict(headers) if headers else None
+    )
+
+
+def _where(loc: Any) -> str:
+    parts = [str(p) for p in loc if p != "body"] if isinstance(loc, list | tuple) else []
+    return ".".join(parts) or "body"
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ProblemError)
+    async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
+        return problem_response(request, exc.status, exc.detail, title=exc.title, errors=exc.errors)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        if any(e["type"] == "json_invalid" for e in errors):
+            return problem_response(request, 400, "request body is not valid JSON", errors=errors)
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        detail = f"{_where(first['loc'])}: {first['msg']}{more}"
+        return problem_response(request, 422, detail, title="Invalid request", errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no such resource: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            detail = f"method {request.method} is not allowed on {request.url.path}"
+        return problem_response(request, exc.status_code, detail, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem_response(request, 500, "internal server error (logged on the server)")
+
+
+class BodyLimitMiddleware:
+    """Rejects request bodies above ``max_bytes`` with 413, by Content-Length when given
+    and by counting the streamed bytes otherwise."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await self._reject(scope, receive, send)
+                return
+        seen = 0
+
+        async def counting() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return msg
+
+        try:
+            await self.app(scope, counting, send)
+        except _TooLarge:
+            await self._reject(scope, receive, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        detail = f"request body larger than {self.max_bytes} bytes"
+        body = {"type": "about:blank", "title": "Content Too Large", "status": 413}
+        body |= {"detail": detail, "instance": scope.get("path")}
+        await JSONResponse(body, status_code=413, media_type=PROBLEM_JSON)(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass

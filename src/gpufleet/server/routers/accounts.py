@@ -1,0 +1,112 @@
+"""Users, teams, quotas, tokens and pools."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.problems import unwrap
+from gpufleet.server.schemas import (
+    MemberIn,
+    PoolIn,
+    PoolOut,
+    PoolPatch,
+    QuotaIn,
+    TeamIn,
+    TeamOut,
+    TokenCreated,
+    TokenIn,
+    TokenOut,
+    UserCreated,
+    UserIn,
+    UserOut,
+)
+from gpufleet.server.services import accounts, pools
+
+router = APIRouter()
+
+
+@router.get("/users/me", response_model=UserOut, tags=["users"])
+def whoami(parts: PartsDep, me: Me) -> UserOut:
+    return accounts.whoami(db=parts.db, actor=me)
+
+
+@router.get("/users", response_model=list[UserOut], tags=["users"])
+def list_users(parts: PartsDep, me: Me) -> list[UserOut]:
+    return unwrap(accounts.list_users(db=parts.db, actor=me))
+
+
+@router.post("/users", status_code=201, response_model=UserCreated, tags=["users"])
+def create_user(spec: UserIn, parts: PartsDep, me: Me) -> UserCreated:
+    return unwrap(accounts.create_user(db=parts.db, actor=me, spec=spec, now=parts.now()))
+
+
+@router.get("/teams", response_model=list[TeamOut], tags=["teams"])
+def list_teams(parts: PartsDep, me: Me) -> list[TeamOut]:
+    return accounts.list_teams(db=parts.db, actor=me)
+
+
+@router.post("/teams", status_code=201, response_model=TeamOut, tags=["teams"])
+def create_team(spec: TeamIn, parts: PartsDep, me: Me) -> TeamOut:
+    return unwrap(accounts.create_team(db=parts.db, actor=me, name=spec.name))
+
+
+@router.get("/teams/{name}", response_model=TeamOut, tags=["teams"])
+def get_team(name: str, parts: PartsDep, me: Me) -> TeamOut:
+    return unwrap(accounts.get_team(db=parts.db, actor=me, name=name))
+
+
+@router.post("/teams/{name}/members", response_model=TeamOut, tags=["teams"])
+def add_member(name: str, spec: MemberIn, parts: PartsDep, me: Me) -> TeamOut:
+    return unwrap(accounts.add_member(db=parts.db, actor=me, team=name, user=spec.user))
+
+
+@router.put("/teams/{name}/quota", response_model=TeamOut, tags=["teams"])
+def set_quota(name: str, spec: QuotaIn, parts: PartsDep, me: Me) -> TeamOut:
+    out = unwrap(accounts.set_quota(db=parts.db, actor=me, team=name, quota=spec))
+    parts.scheduler.wake()
+    return out
+
+
+@router.get("/tokens", response_model=list[TokenOut], tags=["tokens"])
+def list_tokens(parts: PartsDep, me: Me, user: str | None = None) -> list[TokenOut]:
+    return unwrap(accounts.list_tokens(db=parts.db, actor=me, user=user))
+
+
+@router.post("/tokens", status_code=201, response_model=TokenCreated, tags=["tokens"])
+def create_token(spec: TokenIn, parts: PartsDep, me: Me) -> TokenCreated:
+    return unwrap(
+        accounts.create_token(db=parts.db, actor=me, name=spec.name, user=spec.user, now=parts.now())
+    )
+
+
+@router.delete("/tokens/{token_id}", response_model=TokenOut, tags=["tokens"])
+def revoke_token(token_id: int, parts: PartsDep, me: Me) -> TokenOut:
+    return unwrap(
+        accounts.revoke_token(db=parts.db, actor=me, token_id=token_id, now=parts.now(), cache=parts.tokens)
+    )
+
+
+@router.get("/pools", response_model=list[PoolOut], tags=["pools"])
+def list_pools(parts: PartsDep, me: Me) -> list[PoolOut]:
+    return pools.list_pools(db=parts.db, actor=me)
+
+
+@router.post("/pools", status_code=201, response_model=PoolOut, tags=["pools"])
+def create_pool(spec: PoolIn, parts: PartsDep, me: Me) -> PoolOut:
+    return unwrap(pools.create_pool(db=parts.db, actor=me, spec=spec))
+
+
+@router.get("/pools/{name}", response_model=PoolOut, tags=["pools"])
+def get_pool(name: str, parts: PartsDep, me: Me) -> PoolOut:
+    return unwrap(pools.get_pool(db=parts.db, actor=me, name=name))
+
+
+@router.patch("/pools/{name}", response_model=PoolOut, tags=["pools"])
+def update_pool(name: str, spec: PoolPatch, parts: PartsDep, me: Me) -> PoolOut:
+    return unwrap(pools.update_pool(db=parts.db, actor=me, name=name, patch=spec))
+
+
+@router.delete("/pools/{name}", response_model=PoolOut, tags=["pools"])
+def delete_pool(name: str, parts: PartsDep, me: Me) -> PoolOut:
+    return unwrap(pools.delete_pool(db=parts.db, actor=me, name=name))

@@ -1,0 +1,256 @@
+"""The API's request and response bodies. Requests forbid unknown fields, so a typo is
+a 422 instead of a silently ignored option."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+Role = Literal["admin", "operator", "user"]
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Reply(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+# -- jobs ---------------------------------------------------------------------------------
+
+
+class JobSubmit(Request):
+    command: list[Annotated[str, StringConstraints(max_length=65_536)]] = Field(min_length=1, max_length=4096)
+    name: Annotated[str, StringConstraints(max_length=128)] = ""
+    gpus: int = Field(default=1, ge=0, le=100_000)
+    gpus_per_node: int = Field(default=0, ge=0, le=1024)
+    nodes: int = Field(default=0, ge=0, le=10_000)
+    gpu_type: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    team: Name | None = None
+    pool: Name = "default"
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    time_limit: str | float | None = Field(
+        default=None, description="seconds, or a duration such as 90s, 30m, 2h, 1-00:00:00"
+    )
+    image: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    env: dict[str, Annotated[str, StringConstraints(max_length=65_536)]] = Field(default_factory=dict)
+    requeue: bool = True
+    output: Annotated[str, StringConstraints(max_length=512)] | None = None
+    error: Annotated[str, StringConstraints(max_length=512)] | None = None
+
+
+class PriorityChange(Request):
+    priority: int = Field(ge=-1000, le=1000)
+
+
+class JobEventOut(Reply):
+    at: float
+    actor: str
+    from_state: str | None
+    to_state: str
+    reason: str
+
+
+class AllocationOut(Reply):
+    node: str
+    gpus: list[int]
+
+
+class JobOut(Reply):
+    id: int
+    name: str
+    user: str
+    team: str
+    pool: str
+    state: str
+    gpus: int
+    gpus_per_node: int
+    nodes: int
+    gpu_type: str | None
+    priority: int
+    time_limit_s: float | None
+    command: list[str]
+    image: str | None
+    requeue: bool
+    submit_time: float
+    scheduled_at: float | None
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    attained_service_s: float
+    queue_position: int | None
+    estimated_start: float | None
+    wait_reason: str | None
+    allocation: list[AllocationOut]
+
+
+class JobDetail(JobOut):
+    env: dict[str, str]
+    output: str | None
+    error: str | None
+    events: list[JobEventOut]
+
+
+class JobPage(Reply):
+    items: list[JobOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
+    total: int | None = None
+
+
+# -- nodes --------------------------------------------------------------------------------
+
+
+class GpuIn(Request):
+    index: int = Field(ge=0, le=1023)
+    uuid: Annotated[str, StringConstraints(max_length=64)] = ""
+    model: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    memory_mb: int = Field(default=81_920, ge=0)
+    nvlink_domain: int = Field(default=0, ge=0)
+    healthy: bool = True
+
+
+class NodePut(Request):
+    pool: Name = "default"
+    leaf: Name = "leaf-0"
+    rack: Name = "rack-0"
+    cordoned: bool = False
+    gpus: list[GpuIn] = Field(default_factory=list, max_length=1024)
+
+
+class ObservedJob(Request):
+    job_id: int
+    state: Literal["running", "exited"]
+    exit_code: int | None = None
+
+
+class NodeSync(Request):
+    gpus: list[GpuIn] | None = Field(default=None, max_length=1024)
+    telemetry: dict[str, object] | None = None
+    jobs: list[ObservedJob] = Field(default_factory=list, max_length=10_000)
+
+
+class DesiredJob(Reply):
+    job_id: int
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    image: str | None
+    gpus: list[int]
+    time_limit_s: float | None
+    deadline: float | None
+    user: str
+    output: str | None
+    error: str | None
+
+
+class SyncReply(Reply):
+    node: str
+    jobs: list[DesiredJob]
+
+
+class GpuOut(Reply):
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int
+    nvlink_domain: int
+    healthy: bool
+    job_id: int | None
+
+
+class NodeOut(Reply):
+    name: str
+    pool: str
+    leaf: str
+    rack: str
+    state: Literal["Ready", "NotReady"]
+    cordoned: bool
+    last_seen: float | None
+    model: str
+    gpus_total: int
+    gpus_used: int
+    gpus_free: int
+    gpus: list[GpuOut]
+
+
+# -- pools, users, teams, tokens ---------------------------------------------------------
+
+
+class PoolIn(Request):
+    name: Name
+    gpu: bool = Field(default=True, description="false: a CPU-only pool, for 0-GPU jobs")
+    description: Annotated[str, StringConstraints(max_length=256)] = ""
+
+
+class PoolPatch(Request):
+    description: Annotated[str, StringConstraints(max_length=256)] | None = None
+
+
+class PoolOut(Reply):
+    name: str
+    gpu: bool
+    description: str
+    nodes: int
+
+
+class UserIn(Request):
+    name: Name
+    role: Role = "user"
+    teams: list[Name] = Field(default_factory=list, max_length=64)
+
+
+class UserOut(Reply):
+    id: int
+    name: str
+    role: Role
+    teams: list[str]
+
+
+class UserCreated(UserOut):
+    token: str = Field(description="shown only once")
+
+
+class TeamIn(Request):
+    name: Name
+
+
+class MemberIn(Request):
+    user: Name
+
+
+class QuotaIn(Request):
+    gpus: int = Field(ge=0, le=1_000_000)
+    limit: int | None = Field(default=None, ge=0, le=1_000_000)
+
+
+class TeamOut(Reply):
+    name: str
+    members: list[str]
+    quota_gpus: int | None
+    quota_limit: int | None
+
+
+class TokenIn(Request):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64)] = "cli"
+    user: Name | None = Field(default=None, description="admins only: create for another user")
+
+
+class TokenOut(Reply):
+    id: int
+    user: str
+    name: str
+    hint: str
+    created_at: float
+    revoked: bool
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="shown only once")
+
+
+class Health(Reply):
+    status: str
+    detail: str = ""

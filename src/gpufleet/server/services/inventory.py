@@ -1,0 +1,110 @@
+"""Nodes and GPUs as the scheduler core sees them (``gpufleet.scheduler.Fleet``).
+
+Two views: ``registered`` (every node of a pool as if all were up: the capacity a job
+could ever get, used to reject impossible jobs at submit) and ``live_fleet`` (what may
+take new work now: Ready, not cordoned, healthy GPUs).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpufleet.scheduler import Fleet, Gpu, Node
+from gpufleet.server.models import GpuRow, NodeRow
+
+NodeKey = tuple[tuple[object, ...], ...]
+
+
+def _rows(s: Session, pool: str | None) -> tuple[NodeKey, NodeKey]:
+    """Plain tuples (no ORM objects: this runs on every scheduling pass)."""
+    q = select(
+        NodeRow.name, NodeRow.pool, NodeRow.leaf, NodeRow.rack, NodeRow.cordoned, NodeRow.last_seen
+    ).order_by(NodeRow.name)
+    gq = select(
+        GpuRow.node, GpuRow.index, GpuRow.model, GpuRow.memory_mb, GpuRow.nvlink_domain, GpuRow.healthy
+    ).order_by(GpuRow.node, GpuRow.index)
+    if pool is not None:
+        q = q.where(NodeRow.pool == pool)
+        gq = gq.join(NodeRow, NodeRow.name == GpuRow.node).where(NodeRow.pool == pool)
+    return tuple(tuple(r) for r in s.execute(q)), tuple(tuple(r) for r in s.execute(gq))
+
+
+def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> Fleet:
+    per: dict[object, list[Gpu]] = {}
+    for node, index, model, memory_mb, domain, healthy in gpus:
+        per.setdefault(node, []).append(
+            Gpu(
+                index=int(index),  # type: ignore[call-overload]
+                model=str(model),
+                memory_mb=int(memory_mb),  # type: ignore[call-overload]
+                nvlink_domain=int(domain),  # type: ignore[call-overload]
+                healthy=bool(healthy) or live_since is None,
+            )
+        )
+    out: list[Node] = []
+    for name, pool, leaf, rack, cordoned, last_seen in nodes:
+        live = live_since is None or (
+            not cordoned and last_seen is not None and float(last_seen) >= live_since  # type: ignore[arg-type]
+        )
+        out.append(
+            Node(
+                name=str(name),
+                gpus=tuple(per.get(name, ())),
+                leaf=str(leaf),
+                rack=str(rack),
+                pool=str(pool),
+                schedulable=live,
+            )
+        )
+    return Fleet(nodes=tuple(out))
+
+
+@dataclass(slots=True)
+class LiveFleet:
+    """The scheduling loop's fleet. The same ``Fleet`` object is returned while nothing
+    in it changed, so the core's per-Fleet index (``fleet_index``) stays memoised."""
+
+    _key: tuple[object, ...] | None = None
+    _fleet: Fleet | None = None
+
+    def load(self, s: Session, *, live_since: float) -> Fleet:
+        nodes, gpus = _rows(s, None)
+        ready = tuple(
+            not n[4] and n[5] is not None and float(n[5]) >= live_since  # type: ignore[arg-type]
+            for n in nodes
+        )
+        key = (tuple(n[:5] for n in nodes), gpus, ready)
+        if key != self._key or self._fleet is None:
+            self._fleet = _build(nodes, gpus, live_since=live_since)
+            self._key = key
+        return self._fleet
+
+
+@dataclass(slots=True)
+class FleetCache:
+    """Per-pool registered fleets, kept ``ttl_s`` seconds or until ``invalidate`` (called
+    by every node write in this process). Submit checks read it on every request."""
+
+    ttl_s: float = 2.0
+    _cache: dict[str, tuple[float, Fleet]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def registered(self, s: Session, pool: str) -> Fleet:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(pool)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        fleet = _build(*_rows(s, pool), live_since=None)
+        with self._lock:
+            self._cache[pool] = (now + self.ttl_s, fleet)
+        return fleet
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._cache.clear()

@@ -1,0 +1,382 @@
+"""Jobs: submit, list, show, cancel, hold, release, priority.
+
+Visibility: a plain user sees only their own jobs; another user's job answers 404
+(it is not revealed that the id exists). Operators and admins see and act on all jobs.
+Changing a priority is for operators and admins (a job's owner gets 403).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from gpufleet.scheduler import JobRequest
+from gpufleet.scheduler.capacity import fleet_index
+from gpufleet.scheduler.core import job_options
+from gpufleet.server.db import Database
+from gpufleet.server.models import Allocation, Job, JobEvent, Membership, Pool, Team, User
+from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
+from gpufleet.server.schemas import (
+    AllocationOut,
+    JobDetail,
+    JobEventOut,
+    JobOut,
+    JobPage,
+    JobSubmit,
+)
+from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.states import TERMINAL, JobState
+from gpufleet.server.transitions import event_row, move, ref, stop_values
+from gpufleet.server.writer import Writer
+from gpufleet.timefmt import parse_duration
+
+Waker = Callable[[], None]
+MAX_TIME_LIMIT_S = 365 * 86400.0
+
+
+def _time_limit(value: str | float | None) -> float | Failure | None:
+    if value is None:
+        return None
+    try:
+        secs = float(value) if isinstance(value, int | float) else parse_duration(value)
+    except ValueError as exc:
+        return invalid(f"time_limit: {exc}")
+    if not 0 < secs <= MAX_TIME_LIMIT_S:
+        return invalid(f"time_limit must be between 1 second and 365 days, got {value!r}")
+    return secs
+
+
+def _team_for(s: Session, actor: Principal, team: str | None) -> Team | Failure:
+    mine = list(
+        s.scalars(
+            select(Team)
+            .join(Membership, Membership.team_id == Team.id)
+            .where(Membership.user_id == actor.user_id)
+        )
+    )
+    if team is None:
+        if len(mine) == 1:
+            return mine[0]
+        return invalid("team: you belong to several teams or none; pass team")
+    for t in mine:
+        if t.name == team:
+            return t
+    if actor.is_admin:
+        row = s.scalar(select(Team).where(Team.name == team))
+        if row is not None:
+            return row
+        return invalid(f"team: no team {team}")
+    return forbidden(f"you are not a member of team {team}")
+
+
+def _shape_problem(spec: JobSubmit, pool: Pool, fleets: FleetCache, s: Session) -> Failure | None:
+    if not pool.gpu:
+        return invalid(f"pool {pool.name} is CPU-only: gpus must be 0") if spec.gpus else None
+    if spec.gpus == 0:
+        return invalid(f"pool {pool.name} is a GPU pool: a job there needs gpus >= 1")
+    if spec.gpus_per_node and spec.nodes and spec.gpus_per_node * spec.nodes != spec.gpus:
+        return invalid(f"gpus ({spec.gpus}) != nodes ({spec.nodes}) x gpus_per_node ({spec.gpus_per_node})")
+    fleet = fleets.registered(s, pool.name)
+    if not fleet.nodes:
+        return None  # an empty pool: the job waits (Unschedulable) until nodes register
+    req = JobRequest(
+        id="submit",
+        gpus=spec.gpus,
+        submit_time=0.0,
+        gpus_per_node=spec.gpus_per_node,
+        nodes=spec.nodes,
+        gpu_type=spec.gpu_type,
+        pool=pool.name,
+    )
+    opts = job_options(fleet_index(fleet), req)
+    return invalid(f"cannot ever run: {opts}") if isinstance(opts, str) else None
+
+
+def submit(
+    *,
+    db: Database,
+    writer: Writer,
+    actor: Principal,
+    spec: JobSubmit,
+    now: float,
+    fleets: FleetCache,
+    waker: Waker,
+) -> JobDetail | Failure:
+    """Validate and insert in one transaction (shared with concurrent submits through
+    the group-commit ``writer``); returns once committed."""
+    limit = _time_limit(spec.time_limit)
+    if isinstance(limit, Failure):
+        return limit
+
+    def insert_job(s: Session) -> JobDetail | Failure:
+        pool = s.get(Pool, spec.pool)
+        if pool is None:
+            return invalid(f"pool: no pool {spec.pool}")
+        team = _team_for(s, actor, spec.team)
+        if isinstance(team, Failure):
+            return team
+        problem = _shape_problem(spec, pool, fleets, s)
+        if problem is not None:
+            return problem
+        job = Job(
+            name=spec.name or spec.command[0].rsplit("/", 1)[-1][:128],
+            user_id=actor.user_id,
+            team_id=team.id,
+            pool=pool.name,
+            gpus=spec.gpus,
+            gpus_per_node=spec.gpus_per_node,
+            nodes=spec.nodes,
+            gpu_type=spec.gpu_type,
+            priority=spec.priority,
+            time_limit_s=limit,
+            command=list(spec.command),
+            env=dict(spec.env),
+            image=spec.image,
+            requeue=spec.requeue,
+            output=spec.output,
+            error=spec.error,
+            state=str(JobState.PENDING),
+            version=0,
+            submit_time=now,
+            pending_since=now,
+            attained_service_s=0.0,
+            executed_s=0.0,
+        )
+        s.add(job)
+        s.flush()
+        ev = event_row(
+            job_id=job.id, at=now, actor=actor.name, src=None, dst=JobState.PENDING, reason="submitted"
+        )
+        s.execute(insert(JobEvent), [ev])
+        return _detail(s, job, user=actor.name, team=team.name, events=[ev], alloc=[])
+
+    out = writer.run(insert_job)
+    if not isinstance(out, Failure):
+        waker()
+    return out
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def _allocs(s: Session, ids: Sequence[int]) -> dict[int, list[AllocationOut]]:
+    if not ids:
+        return {}
+    per: dict[int, dict[str, list[int]]] = {}
+    q = select(Allocation.job_id, Allocation.node, Allocation.gpu_index).where(Allocation.job_id.in_(ids))
+    for jid, node, idx in s.execute(q).tuples():
+        gpus = per.setdefault(jid, {}).setdefault(node, [])
+        if idx is not None:
+            gpus.append(idx)
+    return {
+        jid: [AllocationOut(node=n, gpus=sorted(g)) for n, g in sorted(nodes.items())]
+        for jid, nodes in per.items()
+    }
+
+
+def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "user": user,
+        "team": team,
+        "pool": job.pool,
+        "state": job.state,
+        "gpus": job.gpus,
+        "gpus_per_node": job.gpus_per_node,
+        "nodes": job.nodes,
+        "gpu_type": job.gpu_type,
+        "priority": job.priority,
+        "time_limit_s": job.time_limit_s,
+        "command": job.command,
+        "image": job.image,
+        "requeue": job.requeue,
+        "submit_time": job.submit_time,
+        "scheduled_at": job.scheduled_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "exit_code": job.exit_code,
+        "attained_service_s": job.attained_service_s,
+        "queue_position": job.queue_position if job.state == JobState.PENDING else None,
+        "estimated_start": job.estimated_start if job.state == JobState.PENDING else None,
+        "wait_reason": job.wait_reason if job.state in (JobState.PENDING, JobState.HELD) else None,
+        "allocation": alloc,
+    }
+
+
+def _detail(
+    s: Session,
+    job: Job,
+    *,
+    user: str,
+    team: str,
+    events: list[dict[str, Any]] | None = None,
+    alloc: list[AllocationOut] | None = None,
+) -> JobDetail:
+    if events is None:
+        q = select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id)
+        evs = [JobEventOut.model_validate(e, from_attributes=True) for e in s.scalars(q)]
+    else:
+        evs = [JobEventOut.model_validate(e) for e in events]
+    if alloc is None:
+        alloc = _allocs(s, [job.id]).get(job.id, [])
+    return JobDetail(
+        **_fields(job, user, team, alloc), env=job.env, output=job.output, error=job.error, events=evs
+    )
+
+
+def _load(s: Session, actor: Principal, job_id: int) -> tuple[Job, str, str] | Failure:
+    row = s.execute(
+        select(Job, User.name, Team.name)
+        .join(User, User.id == Job.user_id)
+        .join(Team, Team.id == Job.team_id)
+        .where(Job.id == job_id)
+    ).first()
+    if row is None or (not actor.is_operator and row[0].user_id != actor.user_id):
+        return not_found(f"no job {job_id}")
+    return row.tuple()
+
+
+def show(*, db: Database, actor: Principal, job_id: int) -> JobDetail | Failure:
+    with db.read() as s:
+        found = _load(s, actor, job_id)
+        if isinstance(found, Failure):
+            return found
+        job, user, team = found
+        return _detail(s, job, user=user, team=team)
+
+
+def list_jobs(
+    *,
+    db: Database,
+    actor: Principal,
+    states: Sequence[JobState] = (),
+    user: str | None = None,
+    team: str | None = None,
+    pool: str | None = None,
+    limit: int = 100,
+    cursor: int | None = None,
+    offset: int | None = None,
+) -> JobPage:
+    """Jobs in id order. Page with ``cursor`` (the previous page's ``next_cursor``: stable
+    under concurrent submits) or ``offset``."""
+    q = (
+        select(Job, User.name, Team.name)
+        .join(User, User.id == Job.user_id)
+        .join(Team, Team.id == Job.team_id)
+    )
+    if not actor.is_operator:
+        q = q.where(Job.user_id == actor.user_id)
+    if states:
+        q = q.where(Job.state.in_([str(st) for st in states]))
+    if user is not None:
+        q = q.where(User.name == user)
+    if team is not None:
+        q = q.where(Team.name == team)
+    if pool is not None:
+        q = q.where(Job.pool == pool)
+    if cursor is not None:
+        q = q.where(Job.id > cursor)
+    q = q.order_by(Job.id).limit(limit + 1)
+    if offset:
+        q = q.offset(offset)
+    with db.read() as s:
+        rows = [r.tuple() for r in s.execute(q)]
+        more = len(rows) > limit
+        rows = rows[:limit]
+        allocs = _allocs(s, [j.id for j, _, _ in rows])
+        items = [JobOut(**_fields(j, u, t, allocs.get(j.id, []))) for j, u, t in rows]
+    return JobPage(items=items, next_cursor=str(items[-1].id) if more and items else None)
+
+
+# -- changing ----------------------------------------------------------------------------------
+
+
+def _change(
+    db: Database,
+    actor: Principal,
+    job_id: int,
+    now: float,
+    decide: Callable[[Session, Job], tuple[JobState, str, dict[str, Any]] | Failure],
+) -> JobDetail | Failure:
+    """Load, let ``decide`` pick the transition, apply it with CAS (a few retries when the
+    scheduler changed the job meanwhile), and return the job as it is afterwards."""
+    for _ in range(5):
+        try:
+            with db.write() as s:
+                found = _load(s, actor, job_id)
+                if isinstance(found, Failure):
+                    return found
+                job, user, team = found
+                decided = decide(s, job)
+                if isinstance(decided, Failure):
+                    return decided
+                to, reason, values = decided
+                if not move(s, ref(job), to, actor=actor.name, reason=reason, now=now, values=values):
+                    raise _Retry
+                s.expire(job)
+                return _detail(s, job, user=user, team=team)
+        except _Retry:
+            continue
+    return conflict(f"job {job_id} is changing too fast; try again")
+
+
+def cancel(*, db: Database, actor: Principal, job_id: int, now: float, waker: Waker) -> JobDetail | Failure:
+    def decide(s: Session, job: Job) -> tuple[JobState, str, dict[str, Any]] | Failure:
+        if JobState(job.state) in TERMINAL:
+            return conflict(f"job {job.id} already finished ({job.state})")
+        return (
+            JobState.CANCELLED,
+            f"cancelled by {actor.name}",
+            stop_values(s, job, now=now, confirmed=False) | {"ended_at": now},
+        )
+
+    out = _change(db, actor, job_id, now, decide)
+    waker()
+    return out
+
+
+def hold(*, db: Database, actor: Principal, job_id: int, now: float) -> JobDetail | Failure:
+    def decide(s: Session, job: Job) -> tuple[JobState, str, dict[str, Any]] | Failure:
+        if job.state != JobState.PENDING:
+            return conflict(f"only a PENDING job can be held; job {job.id} is {job.state}")
+        return JobState.HELD, f"held by {actor.name}", {"wait_reason": f"JobHeldUser: held by {actor.name}"}
+
+    return _change(db, actor, job_id, now, decide)
+
+
+def release(*, db: Database, actor: Principal, job_id: int, now: float, waker: Waker) -> JobDetail | Failure:
+    def decide(s: Session, job: Job) -> tuple[JobState, str, dict[str, Any]] | Failure:
+        if job.state != JobState.HELD:
+            return conflict(f"only a HELD job can be released; job {job.id} is {job.state}")
+        return JobState.PENDING, f"released by {actor.name}", {"wait_reason": None}
+
+    out = _change(db, actor, job_id, now, decide)
+    waker()
+    return out
+
+
+def set_priority(
+    *, db: Database, actor: Principal, job_id: int, priority: int, now: float, waker: Waker
+) -> JobDetail | Failure:
+    """Recorded as an event with from_state == to_state (an audit row, not a move)."""
+
+    def decide(s: Session, job: Job) -> tuple[JobState, str, dict[str, Any]] | Failure:
+        if not actor.is_operator:
+            return forbidden("only operators and admins change priorities")
+        if JobState(job.state) in TERMINAL:
+            return conflict(f"job {job.id} already finished ({job.state})")
+        reason = f"priority {job.priority} -> {priority} by {actor.name}"
+        return JobState(job.state), reason, {"priority": priority}
+
+    out = _change(db, actor, job_id, now, decide)
+    waker()
+    return out
+
+
+class _Retry(Exception):
+    """The job changed between read and CAS write: roll back, read again."""

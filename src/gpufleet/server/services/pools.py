@@ -1,0 +1,78 @@
+"""Pools (Slurm's partitions): named sets of nodes. A pool with ``gpu=False`` is
+CPU-only and takes only 0-GPU jobs; GPU pools take only GPU jobs."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpufleet.server.db import Database
+from gpufleet.server.models import Job, NodeRow, Pool
+from gpufleet.server.problems import Failure, conflict, forbidden, not_found
+from gpufleet.server.schemas import PoolIn, PoolOut, PoolPatch
+from gpufleet.server.services.accounts import Principal
+from gpufleet.server.states import TERMINAL
+
+
+def _out(s: Session, p: Pool) -> PoolOut:
+    nodes = s.scalar(select(func.count()).select_from(NodeRow).where(NodeRow.pool == p.name)) or 0
+    return PoolOut(name=p.name, gpu=p.gpu, description=p.description, nodes=nodes)
+
+
+def list_pools(*, db: Database, actor: Principal) -> list[PoolOut]:
+    with db.read() as s:
+        return [_out(s, p) for p in s.scalars(select(Pool).order_by(Pool.name))]
+
+
+def get_pool(*, db: Database, actor: Principal, name: str) -> PoolOut | Failure:
+    with db.read() as s:
+        p = s.get(Pool, name)
+        return not_found(f"no pool {name}") if p is None else _out(s, p)
+
+
+def create_pool(*, db: Database, actor: Principal, spec: PoolIn) -> PoolOut | Failure:
+    if not actor.is_admin:
+        return forbidden("only admins manage pools")
+    with db.write() as s:
+        if s.get(Pool, spec.name) is not None:
+            return conflict(f"pool {spec.name} exists")
+        p = Pool(name=spec.name, gpu=spec.gpu, description=spec.description)
+        s.add(p)
+        s.flush()
+        return _out(s, p)
+
+
+def update_pool(*, db: Database, actor: Principal, name: str, patch: PoolPatch) -> PoolOut | Failure:
+    if not actor.is_admin:
+        return forbidden("only admins manage pools")
+    with db.write() as s:
+        p = s.get(Pool, name)
+        if p is None:
+            return not_found(f"no pool {name}")
+        if patch.description is not None:
+            p.description = patch.description
+        return _out(s, p)
+
+
+def delete_pool(*, db: Database, actor: Principal, name: str) -> PoolOut | Failure:
+    """Only an unused pool can go: no nodes and no job that is not finished."""
+    if not actor.is_admin:
+        return forbidden("only admins manage pools")
+    with db.write() as s:
+        p = s.get(Pool, name)
+        if p is None:
+            return not_found(f"no pool {name}")
+        out = _out(s, p)
+        if out.nodes:
+            return conflict(f"pool {name} still has {out.nodes} nodes")
+        live = s.scalar(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.pool == name, Job.state.not_in([str(t) for t in TERMINAL]))
+        )
+        if live:
+            return conflict(f"pool {name} still has {live} unfinished jobs")
+        if s.scalar(select(func.count()).select_from(Job).where(Job.pool == name)):
+            return conflict(f"pool {name} is referenced by finished jobs; keep it for their history")
+        s.delete(p)
+        return out

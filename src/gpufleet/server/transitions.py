@@ -1,0 +1,105 @@
+"""Compare-and-set job transitions, each written with its job-event row.
+
+Every change of a job's state goes through ``move``: one ``UPDATE ... WHERE id=:id AND
+version=:v AND state=:s`` plus the event insert, inside the caller's transaction. When
+the row changed underneath (rowcount 0) ``move`` returns False and writes nothing; the
+caller rolls back and retries with fresh state, or reports a conflict. Version 0 is a
+valid version: it is compared, never tested for truth.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.orm import Session
+
+from gpufleet.server.models import Allocation, Job, JobEvent
+from gpufleet.server.states import ACTIVE, JobState, allowed
+
+
+class IllegalTransition(Exception):
+    """A caller asked for a transition the state machine forbids: a bug, not input."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRef:
+    """What a CAS needs to know about a job as the caller last saw it."""
+
+    id: int
+    state: JobState
+    version: int
+
+
+def ref(job: Job) -> JobRef:
+    return JobRef(id=job.id, state=JobState(job.state), version=job.version)
+
+
+def event_row(
+    *, job_id: int, at: float, actor: str, src: JobState | None, dst: JobState, reason: str
+) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "at": at,
+        "actor": actor,
+        "from_state": None if src is None else str(src),
+        "to_state": str(dst),
+        "reason": reason[:512],
+    }
+
+
+def move(
+    s: Session,
+    job: JobRef,
+    to: JobState,
+    *,
+    actor: str,
+    reason: str,
+    now: float,
+    via: JobState | None = None,
+    values: dict[str, Any] | None = None,
+) -> bool:
+    """Move ``job`` to ``to`` (through the transit state ``via``, e.g. PREEMPTED, whose
+    event is written too; ``to == job.state`` records an audited change of ``values``).
+    Returns False, changing nothing, if the job moved meanwhile."""
+    steps = [job.state, *([via] if via is not None else []), to]
+    for a, b in itertools.pairwise(steps):
+        if a != b and not allowed(a, b):  # a == b: an audited change that keeps the state
+            raise IllegalTransition(f"job {job.id}: {a} -> {b}")
+    res = s.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.version == job.version, Job.state == str(job.state))
+        .values(state=str(to), version=Job.version + 1, **(values or {}))
+        .execution_options(synchronize_session=False)
+    )
+    if res.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    rows = [
+        event_row(job_id=job.id, at=now, actor=actor, src=a, dst=b, reason=reason)
+        for a, b in itertools.pairwise(steps)
+    ]
+    s.execute(insert(JobEvent), rows)
+    return True
+
+
+def stop_values(s: Session, job: Job, *, now: float, confirmed: bool) -> dict[str, Any]:
+    """Column values for a job leaving SCHEDULED/RUNNING: its GPUs are released (rows
+    deleted here), GPU-seconds and run time accumulated, and, unless the agent confirmed
+    the exit, its nodes recorded in ``stopping_on`` until they confirm."""
+    if JobState(job.state) not in ACTIVE:
+        return {}
+    nodes = sorted(set(s.scalars(select(Allocation.node).where(Allocation.job_id == job.id))))
+    s.execute(delete(Allocation).where(Allocation.job_id == job.id))
+    ran = (
+        max(0.0, now - job.started_at)
+        if job.started_at is not None and job.state == JobState.RUNNING
+        else 0.0
+    )
+    return {
+        "attained_service_s": job.attained_service_s + job.gpus * ran,
+        "executed_s": job.executed_s + ran,
+        "ended_at": now,
+        "stopping_on": None if confirmed or not nodes else ",".join(nodes),
+    }

@@ -1,0 +1,185 @@
+"""A real gpufleet server (uvicorn in a subprocess) per database backend.
+
+``server`` is parametrised over SQLite (a temp file) and PostgreSQL (the URL in
+GPUFLEET_TEST_DATABASE_URL; all tables are dropped first so runs are independent).
+Tests talk to it over HTTP with httpx and count rows straight in its database.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import MetaData, create_engine, func, select, text
+from sqlalchemy.engine import Engine
+
+ADMIN_TOKEN = "gf_test_admin_token"
+_names = itertools.count(1)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{os.getpid()}x{next(_names)}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def gpufleet(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpufleet", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@dataclass
+class Server:
+    url: str
+    db_url: str
+    engine: Engine
+    proc: subprocess.Popen[bytes]
+
+    def client(self, token: str | None = ADMIN_TOKEN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url + "/v1", headers=headers, timeout=30)
+
+    def counts(self) -> dict[str, int]:
+        tables = ("jobs", "job_events", "allocations", "users", "teams", "tokens", "nodes", "gpus", "pools")
+        with self.engine.connect() as c:
+            return {t: c.execute(select(func.count()).select_from(text(t))).scalar_one() for t in tables}
+
+    def env(self, token: str = ADMIN_TOKEN) -> dict[str, str]:
+        return {"GPUFLEET_URL": self.url, "GPUFLEET_TOKEN": token}
+
+
+def start_server(db_url: str, *, extra: tuple[str, ...] = ()) -> Server:
+    up = gpufleet("db", "upgrade", "--database-url", db_url)
+    assert up.returncode == 0, up.stderr
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "server", "--port", str(port), "--database-url", db_url, *extra],
+        env={**os.environ, "GPUFLEET_ADMIN_TOKEN": ADMIN_TOKEN},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(url + "/v1/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise RuntimeError(f"server did not start: {err}")
+        time.sleep(0.05)
+    return Server(url=url, db_url=db_url, engine=create_engine(db_url), proc=proc)
+
+
+def stop_server(srv: Server) -> None:
+    srv.proc.terminate()
+    try:
+        srv.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        srv.proc.kill()
+    srv.engine.dispose()
+
+
+def reset_postgres(url: str) -> None:
+    engine = create_engine(url)
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        meta.drop_all(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    if request.param == "sqlite":
+        db_url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'gpufleet.db'}"
+    else:
+        pg = os.environ.get("GPUFLEET_TEST_DATABASE_URL")
+        if not pg:
+            pytest.skip("GPUFLEET_TEST_DATABASE_URL not set: PostgreSQL tests skipped")
+        reset_postgres(pg)
+        db_url = pg
+    srv = start_server(db_url)
+    yield srv
+    stop_server(srv)
+
+
+# -- factories -------------------------------------------------------------------------------
+
+
+def ok(resp: httpx.Response, status: int = 200) -> Any:
+    assert resp.status_code == status, resp.text
+    return resp.json()
+
+
+def make_team(srv: Server, name: str | None = None) -> str:
+    name = name or unique("team")
+    with srv.client() as c:
+        ok(c.post("/teams", json={"name": name}), 201)
+        ok(c.post(f"/teams/{name}/members", json={"user": "admin"}))
+    return name
+
+
+def make_user(srv: Server, *, role: str = "user", team: str, name: str | None = None) -> str:
+    with srv.client() as c:
+        made = ok(c.post("/users", json={"name": name or unique(role), "role": role, "teams": [team]}), 201)
+    return str(made["token"])
+
+
+def make_pool(srv: Server, *, gpu: bool = True) -> str:
+    name = unique("pool")
+    with srv.client() as c:
+        ok(c.post("/pools", json={"name": name, "gpu": gpu}), 201)
+    return name
+
+
+def make_node(srv: Server, *, pool: str, gpus: int = 4, model: str = "H100", name: str | None = None) -> str:
+    name = name or unique("node")
+    spec = {
+        "pool": pool,
+        "gpus": [{"index": i, "model": model, "uuid": f"GPU-{name}-{i}"} for i in range(gpus)],
+    }
+    with srv.client() as c:
+        ok(c.put(f"/nodes/{name}", json=spec))
+    return name
+
+
+def wait_for(srv: Server, job_id: int, state: str, *, token: str = ADMIN_TOKEN, timeout: float = 10) -> Any:
+    deadline = time.monotonic() + timeout
+    with srv.client(token) as c:
+        while True:
+            job = ok(c.get(f"/jobs/{job_id}"))
+            if job["state"] == state or time.monotonic() > deadline:
+                assert job["state"] == state, job
+                return job
+            time.sleep(0.02)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]

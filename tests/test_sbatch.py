@@ -1,0 +1,63 @@
+"""``#SBATCH`` directive parsing, table-driven."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.cli.sbatch import SbatchOptions, parse_script, total_gpus
+
+CASES: list[tuple[str, str, dict[str, object], int]] = [
+    ("gres-count", "#SBATCH --gres=gpu:4", {"gpus_per_node": 4}, 4),
+    ("gres-typed", "#SBATCH --gres=gpu:a100:2", {"gpus_per_node": 2, "gpu_type": "a100"}, 2),
+    ("gres-space-form", "#SBATCH --gres gpu:3", {"gpus_per_node": 3}, 3),
+    ("gres-times-nodes", "#SBATCH --gres=gpu:8\n#SBATCH -N 2", {"gpus_per_node": 8, "nodes": 2}, 16),
+    ("gpus-total", "#SBATCH --gpus=6 --nodes=2", {"gpus": 6, "nodes": 2}, 6),
+    ("gpus-typed", "#SBATCH --gpus=h100:4", {"gpus": 4, "gpu_type": "h100"}, 4),
+    ("gpus-per-node", "#SBATCH --gpus-per-node=4\n#SBATCH --nodes 3", {"gpus_per_node": 4, "nodes": 3}, 12),
+    ("short-N-glued", "#SBATCH -N2 --gres=gpu:1", {"nodes": 2, "gpus_per_node": 1}, 2),
+    ("nodes-range", "#SBATCH --nodes=2-4", {"nodes": 2}, 1),
+    ("time-minutes", "#SBATCH --time=90", {"time_limit_s": 5400.0}, 1),
+    ("time-hms", "#SBATCH -t 1:00:00", {"time_limit_s": 3600.0}, 1),
+    ("time-days", "#SBATCH --time=1-12", {"time_limit_s": 129600.0}, 1),
+    ("names", "#SBATCH -J train --partition=big", {"name": "train", "pool": "big"}, 1),
+    ("short-partition", "#SBATCH -p small", {"pool": "small"}, 1),
+    ("io", "#SBATCH -o out.%j --error=err.%j", {"output": "out.%j", "error": "err.%j"}, 1),
+    ("requeue", "#SBATCH --requeue", {"requeue": True}, 1),
+    ("no-requeue", "#SBATCH --no-requeue", {"requeue": False}, 1),
+    ("quoted-name", '#SBATCH --job-name="my job"', {"name": "my job"}, 1),
+    ("trailing-comment", "#SBATCH --gres=gpu:2 # two GPUs", {"gpus_per_node": 2}, 2),
+    ("stops-at-command", "#SBATCH --gres=gpu:1\necho hi\n#SBATCH --gres=gpu:8", {"gpus_per_node": 1}, 1),
+    ("comments-between", "# setup\n\n#SBATCH -J x", {"name": "x"}, 1),
+    ("nothing", "echo hi", {}, 1),
+]
+
+
+@pytest.mark.parametrize(("text", "want", "gpus"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_directives(text: str, want: dict[str, object], gpus: int) -> None:
+    got = parse_script("#!/bin/bash\n" + text + "\n")
+    assert got.warnings == ()
+    fields = {k: v for k, v in vars_of(got).items() if v is not None and k != "warnings"}
+    assert fields == want
+    assert total_gpus(got) == gpus
+
+
+WARNS = [
+    ("unknown-eq", "#SBATCH --mem=10G", "--mem"),
+    ("unknown-space", "#SBATCH --mem 10G", "--mem"),
+    ("non-gpu-gres", "#SBATCH --gres=mps:100", "only gpu"),
+    ("bad-time", "#SBATCH --time=soon", "--time"),
+    ("bad-nodes", "#SBATCH --nodes=many", "--nodes"),
+    ("missing-value", "#SBATCH --job-name", "needs a value"),
+    ("unknown-short", "#SBATCH -c 4", "-c"),
+]
+
+
+@pytest.mark.parametrize(("text", "needle"), [w[1:] for w in WARNS], ids=[w[0] for w in WARNS])
+def test_unknown_or_bad_directives_warn(text: str, needle: str) -> None:
+    got = parse_script(text + "\n#SBATCH -J kept\n")
+    assert len(got.warnings) == 1 and needle in got.warnings[0]
+    assert got.name == "kept"
+
+
+def vars_of(o: SbatchOptions) -> dict[str, object]:
+    return {k: getattr(o, k) for k in SbatchOptions.__slots__}
