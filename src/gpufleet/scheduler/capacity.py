@@ -211,23 +211,21 @@ class Capacity:
     @classmethod
     def build(cls, index: FleetIndex, running: Iterable[RunningJob]) -> Capacity:
         used: dict[int, set[int]] = {}
-        id_of = index.id_of
+        holdings = index.holdings
         for rj in running:
-            for part in rj.placement:
-                nid = id_of.get(part.node)
-                if nid is not None:
+            for parts in holdings(rj)[0].values():  # only schedulable nodes matter here
+                for nid, gpus in parts:
                     taken = used.get(nid)
                     if taken is None:
-                        used[nid] = set(part.gpus)
+                        used[nid] = set(gpus)
                     else:
-                        taken.update(part.gpus)
+                        taken.update(gpus)
         free = list(index.base_free)
         nodes = index.nodes
         for nid, taken in used.items():
             info = nodes[nid]
-            if info.group is not None:
-                n = len(taken) if info.all_healthy else len(taken & info.healthy_set)
-                free[nid] = max(0, len(info.healthy) - n)
+            n = len(taken) if info.all_healthy else len(taken & info.healthy_set)
+            free[nid] = max(0, len(info.healthy) - n)
         return cls(index, free, used)
 
     def counts_copy(self) -> Capacity:

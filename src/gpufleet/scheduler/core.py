@@ -136,10 +136,11 @@ class _Pass:
         self.options_cache: dict[tuple[object, ...], Options | str] = {}
         self.shadow: _Shadow | None = None
         self.strict_blocker: str | None = None
-        self.alive = {rj.job.id: rj for rj in snapshot.running}
+        self.preempted: set[str] = set()  # running jobs this pass decided to preempt
         self.victims: list[_Victim] | None = None
         self.victim_front = 0
-        self.worst_key: Key | None = None
+        self.worst_key: Key = ()
+        self.keyed: list[tuple[Key, RunningJob]] | None = None
         self.hopeless: dict[tuple[object, ...], Key] = {}
 
     # -- the pass -------------------------------------------------------------------
@@ -274,46 +275,48 @@ class _Pass:
         self.shadow = _Shadow(job_id=job.id, time=est.t, spare=spare, view=view)
 
     def estimator(self) -> Estimator:
-        running = [rj for jid, rj in self.alive.items()]
+        running = [rj for rj in self.snap.running if rj.job.id not in self.preempted]
         events = release_events(self.cap, running, self.started.values(), self.starts, self.policy, self.now)
         return Estimator(self.cap.counts_copy(), events, self.now)
 
     # -- preemption -------------------------------------------------------------------
     def preempt_for(self, key: Key, job: JobRequest, opts: Options) -> Placement | None:
+        floor = self.policy.victim_floor(key)  # victims must rank strictly above this
         if self.victims is None:
-            if self.worst_key is None:
-                # Cheap first: no preemptible running job ranks below this one -> none can
-                # for any later job either (they come in key order). Rank fully only if needed.
-                keys = [
-                    self.policy.key(rj.job, rj, self.ctx) for rj in self.snap.running if rj.job.preemptible
-                ]
-                self.worst_key = max(keys) if keys else ()
-            if not self.worst_key > key:
+            if self.keyed is None:
+                # Cheap first: if no preemptible running job ranks above the floor, none can
+                # for any later job either (they come in key order). Rank only if needed.
+                keyed = [(self.policy.key(rj.job, rj, self.ctx), rj) for rj in self._candidates()]
+                self.keyed = keyed
+                self.worst_key = max((k for k, _ in keyed), default=())
+            if not self.worst_key > floor:
                 return None
-        victims = self.victims if self.victims is not None else self._rank_victims()
-        if not victims or not victims[0].key > key:
+        victims = self.victims if self.victims is not None else self._rank_victims(floor)
+        if not victims or not victims[0].key > floor:
             return None
         scope = self.policy.victim_scope(job)
         for gk, shape in opts:
             memo = (gk, shape, scope)
             if memo in self.hopeless and not key < self.hopeless[memo]:
                 continue
-            placement = self._preempt_in_group(key, job, gk, shape)
+            placement = self._preempt_in_group(key, floor, job, gk, shape)
             if placement is not None:
                 return placement
             self.hopeless[memo] = key
         return None
 
-    def _rank_victims(self) -> list[_Victim]:
-        """Preemptible running jobs, worst-ranked first, with their GPUs per group and,
-        per group, a running total of their GPUs (an upper bound on what preemption of
-        everything ranked below a job can free)."""
+    def _rank_victims(self, floor: Key) -> list[_Victim]:
+        """Preemptible running jobs above ``floor``, worst-ranked first, with their GPUs
+        per group and, per group, a running total of their GPUs (an upper bound on what
+        preemption of everything ranked below a job can free). Floors only rise during a
+        pass (jobs come in key order), so jobs at or below this one never qualify later."""
         holdings = self.index.holdings
         ranked: list[_Victim] = []
-        for rj in self.snap.running:
-            if rj.job.preemptible:
+        assert self.keyed is not None
+        for vkey, rj in self.keyed:
+            if vkey > floor:
                 parts, count = holdings(rj)
-                ranked.append(_Victim(self.policy.key(rj.job, rj, self.ctx), rj, parts, count))
+                ranked.append(_Victim(vkey, rj, parts, count))
         ranked.sort(key=_victim_order, reverse=True)
         totals: dict[GroupKey, int] = {}
         for v in ranked:
@@ -322,6 +325,11 @@ class _Pass:
             v.cum_gpus = dict(totals)
         self.victims = ranked
         return ranked
+
+    def _candidates(self) -> list[RunningJob]:
+        """Running jobs that any waiting job could preempt at all right now."""
+        ok = self.policy.preemptible_now
+        return [rj for rj in self.snap.running if rj.job.preemptible and ok(rj, self.ctx)]
 
     def _victim_bound(self, key: Key, gk: GroupKey) -> int:
         """GPUs in group ``gk`` held by preemptible jobs ranked below ``key``."""
@@ -336,21 +344,23 @@ class _Pass:
                 hi = mid
         return victims[lo - 1].cum_gpus.get(gk, 0) if lo else 0
 
-    def _preempt_in_group(self, key: Key, job: JobRequest, gk: GroupKey, shape: Shape) -> Placement | None:
+    def _preempt_in_group(
+        self, key: Key, floor: Key, job: JobRequest, gk: GroupKey, shape: Shape
+    ) -> Placement | None:
         """Release the worst-ranked eligible victims until ``shape`` fits, give back the
         ones that turn out not to be needed, then place. Leaves no trace on failure."""
         cap = self.cap
         group = cap.groups[gk]
-        if group.total + self._victim_bound(key, gk) < sum(shape):
+        if group.total + self._victim_bound(floor, gk) < sum(shape):
             return None
         victims = self.victims
         assert victims is not None
         released: list[tuple[RunningJob, list[tuple[int, tuple[int, ...]]]]] = []
         for i in range(self.victim_front, len(victims)):
             v = victims[i]
-            if not v.key > key:
+            if not v.key > floor:
                 break
-            if v.job.job.id not in self.alive:
+            if v.job.job.id in self.preempted:
                 if i == self.victim_front:
                     self.victim_front += 1  # preempted earlier in this pass: skip for good
                 continue
@@ -377,7 +387,7 @@ class _Pass:
         counts = choose_nodes(cap, gk, shape)
         assert counts is not None
         for rj, _ in released:
-            del self.alive[rj.job.id]
+            self.preempted.add(rj.job.id)
             self.ctx.add_team_gpus(rj.job.team, -rj.job.gpus)
             self.preemptions.append(
                 Preemption(

@@ -110,6 +110,17 @@ class Policy:
     ) -> bool:
         return False
 
+    def preemptible_now(self, victim: RunningJob, ctx: Context) -> bool:
+        """Whether ``victim`` may be preempted by anyone at this moment (e.g. it has
+        run long enough). Consulted before ``can_preempt``, once per pass and job."""
+        return True
+
+    def victim_floor(self, job_key: Key) -> Key:
+        """Victims of a job with ``job_key`` must have keys strictly above this. The
+        default (the job's own key) is right for any policy whose ``can_preempt``
+        requires a worse key; a tighter floor only saves work."""
+        return job_key
+
     def victim_scope(self, job: JobRequest) -> object:
         """Jobs with the same scope and a larger key never find more victims than an
         earlier one did; the core uses this to skip hopeless preemption searches."""

@@ -49,6 +49,7 @@ class DefaultPolicy(Policy):
     min_run_s: float = 600.0
     starve_factor: float = 4.0
     starve_min_s: float = 6 * 3600.0
+    starve_protect_s: float = 3600.0
     fresh_job_s: float = 1_800.0
     use_limits: bool = True
     width_aware: bool = True
@@ -101,9 +102,11 @@ class DefaultPolicy(Policy):
         return level, (until - 1e-3 if until != math.inf else until)
 
     def starving(self, job: JobRequest, running: RunningJob | None, now: float) -> bool:
-        """Waiting too long for its size, or started because it was: a job promoted
-        past the queue keeps that standing until it ends, so it is not preempted again
-        by the next short job (which would only reset its wait)."""
+        """Waiting too long for its size, or started because it was and still within
+        ``starve_protect_s`` of that start: a promoted job gets a real run before the
+        next short job may preempt it again (which would only reset its wait)."""
+        if running is not None and now - running.started_at >= self.starve_protect_s:
+            return False
         waited = (running.started_at if running is not None else now) - job.queued_since
         return waited >= max(self.starve_min_s, self.starve_factor * job.executed_s)
 
@@ -115,6 +118,8 @@ class DefaultPolicy(Policy):
                 return hit[1]
         level, until = self._level_until(job, running, now)
         starving = -1 if self.starving(job, running, now) else 0
+        if running is not None and starving:
+            until = min(until, running.started_at + self.starve_protect_s - 1e-3)
         tie = job.gpus if self.tie_break == "width" else 0
         key = (-job.priority, starving, level, tie, job.submit_time, job.id)
         if running is not None:
@@ -144,6 +149,16 @@ class DefaultPolicy(Policy):
             keyed.append(((prio, -1 if now >= due else 0, level, tie, submit, jid), j))
         keyed.sort(key=_first)
         return keyed
+
+    def preemptible_now(self, victim: RunningJob, ctx: Context) -> bool:
+        return ctx.now - victim.started_at >= self.min_run_s and not self.starving(
+            victim.job, victim, ctx.now
+        )
+
+    def victim_floor(self, job_key: Key) -> Key:
+        if job_key[1] < 0:  # starving: any non-starving job of equal or lower priority
+            return (job_key[0], -1, math.inf)
+        return (job_key[0], 0, job_key[2] + self.preempt_gap - 1, math.inf)
 
     def can_preempt(
         self, job: JobRequest, job_key: Key, victim: RunningJob, victim_key: Key, ctx: Context
