@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from gpufleet.scheduler import Fleet, Gpu, JobRequest, Node, NodeGpus, Quota, RunningJob, Snapshot
+from gpufleet.scheduler import (
+    Fleet,
+    Gpu,
+    JobRequest,
+    Node,
+    NodeGpus,
+    Quota,
+    Reservation,
+    RunningJob,
+    Snapshot,
+)
 
 
 def node(
@@ -70,8 +80,11 @@ def snapshot(
     running_jobs: tuple[RunningJob, ...] = (),
     pending: tuple[JobRequest, ...] = (),
     quotas: tuple[Quota, ...] = (),
+    reservations: tuple[Reservation, ...] = (),
 ) -> Snapshot:
-    return Snapshot(now=now, fleet=f, running=running_jobs, pending=pending, quotas=quotas)
+    return Snapshot(
+        now=now, fleet=f, running=running_jobs, pending=pending, quotas=quotas, reservations=reservations
+    )
 
 
 def placed(plan_starts: object) -> dict[str, dict[str, tuple[int, ...]]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -243,3 +244,23 @@ def test_fairshare_does_not_reclaim_beyond_nominal_quota() -> None:
 def test_unknown_policy_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
         make_policy("nope")
+
+
+@pytest.mark.parametrize(
+    ("ran_for", "victims"),
+    [
+        pytest.param(600.0, [], id="promoted-job-protected-for-an-hour"),
+        pytest.param(7200.0, ["old"], id="then-fair-game"),
+    ],
+)
+def test_default_promoted_job_gets_a_real_run(ran_for: float, victims: list[str]) -> None:
+    # "old" waited 10 h (> starve_min 6 h) before it started: it was promoted.
+    now = 50_000.0
+    started = now - ran_for
+    old = running("old", {"n0": tuple(range(8))}, started=started, attained_service_s=900_000.0)
+    old = replace(old, job=replace(old.job, pending_since=started - 36_000.0))
+    got = plan(
+        snapshot(uniform_fleet(1), now=now, running_jobs=(old,), pending=(job("new", 8, submit=now - 60),)),
+        "default",
+    )
+    assert preempted(got) == victims

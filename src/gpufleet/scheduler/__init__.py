@@ -15,12 +15,15 @@ from gpufleet.scheduler.model import (
     Plan,
     Preemption,
     Quota,
+    Reservation,
+    ReservationMove,
     RunningJob,
     Snapshot,
     Start,
     Status,
 )
 from gpufleet.scheduler.policies import POLICIES, Policy, make_policy
+from gpufleet.scheduler.reservations import admit_reservation
 
 __all__ = [
     "POLICIES",
@@ -35,10 +38,13 @@ __all__ = [
     "Policy",
     "Preemption",
     "Quota",
+    "Reservation",
+    "ReservationMove",
     "RunningJob",
     "Snapshot",
     "Start",
     "Status",
+    "admit_reservation",
     "gpu_type_matches",
     "make_policy",
     "plan",

@@ -42,6 +42,7 @@ from gpufleet.scheduler.placement import (
 )
 from gpufleet.scheduler.policies import Policy, make_policy
 from gpufleet.scheduler.policies.base import Context, Key
+from gpufleet.scheduler.reservations import ReservationBook, ViewSpec
 
 Options = list[tuple[GroupKey, Shape]]
 
@@ -112,12 +113,12 @@ def _victim_order(v: _Victim) -> tuple[Key, float]:
 
 @dataclass(slots=True)
 class _Shadow:
-    """EASY backfill's reservation for the first blocked job."""
+    """EASY backfill's reservation for the first blocked job. ``spare``: node -> GPUs
+    free at ``time`` that the reserved job leaves over (what a long job may use now)."""
 
     job_id: str
     time: float
-    spare: dict[int, int]  # node -> GPUs free at `time` that the reserved job leaves over
-    view: Capacity  # counts now, capped by `spare`: what a long backfill job may use
+    spare: dict[int, int]
 
 
 class _Pass:
@@ -128,6 +129,7 @@ class _Pass:
         self.now = snapshot.now
         self.index: FleetIndex = fleet_index(snapshot.fleet)
         self.cap = Capacity.build(self.index, snapshot.running)
+        self.book = ReservationBook(self.cap, snapshot.reservations, snapshot.running, self.now)
         self.ctx = Context.of(snapshot)
         self.starts: list[Start] = []
         self.started: dict[str, JobRequest] = {}
@@ -145,6 +147,8 @@ class _Pass:
 
     # -- the pass -------------------------------------------------------------------
     def run(self) -> Plan:
+        if self.book:
+            self.clear_reserved_gpus()
         if not self.explain and not self.policy.preemptive and self.cap.total_free == 0:
             return Plan(policy=self.policy.name)  # nothing can start: skip ordering the queue
         ordered = self.policy.order(self.snap.pending, self.ctx)
@@ -161,6 +165,7 @@ class _Pass:
             policy=self.policy.name,
             starts=tuple(self.starts),
             preemptions=tuple(self.preemptions),
+            reservation_moves=tuple(self.book.moves),
             pending=pending,
             fragmentation=self.fragmentation(ordered),
             free_gpus=self.cap.total_free,
@@ -187,9 +192,13 @@ class _Pass:
                 Status.UNSCHEDULABLE, "Priority", f"strict order: behind job {self.strict_blocker}", opts
             )
             return
-        placement = self.place(job, opts)
+        limit = self.policy.limit(job)
+        placement = self.place(job, opts, limit)
+        if placement is None and job.reservation is not None:
+            self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, "Reservation", self.reservation_wait(job), opts)
+            return
         if placement is None and self.policy.preemptive:
-            placement = self.preempt_for(key, job, opts)
+            placement = self.preempt_for(key, job, opts, self.general_view(job, limit))
         if placement is not None:
             self.record_start(job, placement)
             return
@@ -224,34 +233,75 @@ class _Pass:
         return job_options(self.index, job)
 
     # -- placement ------------------------------------------------------------------
-    def place(self, job: JobRequest, opts: Options) -> Placement | None:
-        shadow = self.shadow
-        if shadow is not None and self.now + self.policy.limit(job) > shadow.time:
-            return self._place_long_backfill(opts, shadow)
+    def place(self, job: JobRequest, opts: Options, limit: float) -> Placement | None:
+        """Inside the job's own active reservation first, then (unless it named one) in
+        its general view: free GPUs less those reserved for others, and for EASY
+        backfill's long jobs, less what the reserved head job needs."""
+        own = self.book.owned_active(job) if self.book else None
+        if own is not None:
+            placement = self._place_in(self.book.view(ViewSpec(own=own.id)), opts, own=own.id)
+            if placement is not None or job.reservation is not None:
+                return placement
+        elif job.reservation is not None:
+            return None
+        return self._place_in(self.general_view(job, limit), opts, long=self._is_long(limit))
+
+    def _is_long(self, limit: float) -> bool:
+        return self.shadow is not None and self.now + limit > self.shadow.time
+
+    def general_view(self, job: JobRequest, limit: float) -> Capacity:
+        long = self._is_long(limit)
+        if not self.book:
+            return self.book.view(ViewSpec(shadow=True)) if long else self.cap
+        return self.book.view(self.book.spec(job, limit, long_backfill=long))
+
+    def _place_in(
+        self, view: Capacity, opts: Options, *, own: str | None = None, long: bool = False
+    ) -> Placement | None:
         for gk, shape in opts:
-            counts = choose_nodes(self.cap, gk, shape)
+            counts = choose_nodes(view, gk, shape)
             if counts is not None:
-                return self._take(counts)
+                return self._take(counts, own=own, long=long)
         return None
 
-    def _place_long_backfill(self, opts: Options, shadow: _Shadow) -> Placement | None:
-        for gk, shape in opts:
-            counts = choose_nodes(shadow.view, gk, shape)
-            if counts is not None:
-                for nid, c in counts:
-                    if nid in shadow.spare:
-                        shadow.spare[nid] -= c
-                return self._take(counts)
-        return None
-
-    def _take(self, counts: NodeCounts) -> Placement:
+    def _take(self, counts: NodeCounts, *, own: str | None = None, long: bool = False) -> Placement:
         placement = commit(self.cap, counts)
-        shadow = self.shadow
-        if shadow is not None:
-            for nid, _ in counts:
-                free = self.cap.free[nid]
-                shadow.view.set_free(nid, min(free, shadow.spare.get(nid, free)))
+        self.book.used(own, counts)
+        if long and self.shadow is not None:
+            spare = self.shadow.spare
+            for nid, c in counts:
+                if nid in spare:
+                    spare[nid] -= c
+        self.book.sync(nid for nid, _ in counts)
         return placement
+
+    def reservation_wait(self, job: JobRequest) -> str:
+        r = self.book.by_id.get(job.reservation or "")
+        if r is None:
+            return f"reservation {job.reservation} does not exist or has ended"
+        if not r.active(self.now):
+            return f"reservation {r.id} starts at {r.start:.0f}"
+        if not r.owns(job):
+            return f"job is not an owner of reservation {r.id}"
+        unused = sum(self.book.unused[r.id].values())
+        return f"reservation {r.id} has {unused} unused GPUs, job needs {job.gpus}"
+
+    # -- reservations starting ------------------------------------------------------------
+    def clear_reserved_gpus(self) -> None:
+        """At window start: preempt preemptible non-owner jobs on reserved GPUs; move
+        what non-preemptible ones hold to free GPUs (see reservations.py)."""
+        for r, rj in self.book.window_conflicts(self.snap.running):
+            if not rj.job.preemptible or rj.job.id in self.preempted:
+                continue
+            parts, _ = self.index.holdings(rj)
+            for group_parts in parts.values():
+                self._release(group_parts)
+            self.preempted.add(rj.job.id)
+            self.ctx.add_team_gpus(rj.job.team, -rj.job.gpus)
+            self.preemptions.append(
+                Preemption(job_id=rj.job.id, by=r.id, reason=f"reservation {r.id} starts on its GPUs")
+            )
+        self.book.move_shortfalls()
 
     def cap_fits(self, opts: Options) -> bool:
         return any(self.cap.groups[gk].fits(shape) for gk, shape in opts)
@@ -269,18 +319,19 @@ class _Pass:
         spare = {nid: at_shadow[nid] for nid in self.index.groups[gk].nodes}
         for nid, c in counts:
             spare[nid] -= c
-        view = self.cap.counts_copy()
-        for nid, s in spare.items():
-            view.set_free(nid, min(self.cap.free[nid], s))
-        self.shadow = _Shadow(job_id=job.id, time=est.t, spare=spare, view=view)
+        self.shadow = _Shadow(job_id=job.id, time=est.t, spare=spare)
+        self.book.set_spare(spare)
 
     def estimator(self) -> Estimator:
         running = [rj for rj in self.snap.running if rj.job.id not in self.preempted]
         events = release_events(self.cap, running, self.started.values(), self.starts, self.policy, self.now)
-        return Estimator(self.cap.counts_copy(), events, self.now)
+        est = Estimator(self.cap.counts_copy(), events, self.now)
+        for end, nid, gpus in self.book.hold_events():
+            est.hold(nid, gpus, until=end)
+        return est
 
     # -- preemption -------------------------------------------------------------------
-    def preempt_for(self, key: Key, job: JobRequest, opts: Options) -> Placement | None:
+    def preempt_for(self, key: Key, job: JobRequest, opts: Options, view: Capacity) -> Placement | None:
         floor = self.policy.victim_floor(key)  # victims must rank strictly above this
         if self.victims is None:
             if self.keyed is None:
@@ -299,7 +350,7 @@ class _Pass:
             memo = (gk, shape, scope)
             if memo in self.hopeless and not key < self.hopeless[memo]:
                 continue
-            placement = self._preempt_in_group(key, floor, job, gk, shape)
+            placement = self._preempt_in_group(key, floor, job, gk, shape, view)
             if placement is not None:
                 return placement
             self.hopeless[memo] = key
@@ -345,12 +396,12 @@ class _Pass:
         return victims[lo - 1].cum_gpus.get(gk, 0) if lo else 0
 
     def _preempt_in_group(
-        self, key: Key, floor: Key, job: JobRequest, gk: GroupKey, shape: Shape
+        self, key: Key, floor: Key, job: JobRequest, gk: GroupKey, shape: Shape, view: Capacity
     ) -> Placement | None:
-        """Release the worst-ranked eligible victims until ``shape`` fits, give back the
-        ones that turn out not to be needed, then place. Leaves no trace on failure."""
-        cap = self.cap
-        group = cap.groups[gk]
+        """Release the worst-ranked eligible victims until ``shape`` fits in the job's
+        view, give back the ones that turn out not to be needed, then place. Leaves no
+        trace on failure."""
+        group = view.groups[gk]
         if group.total + self._victim_bound(floor, gk) < sum(shape):
             return None
         victims = self.victims
@@ -384,7 +435,7 @@ class _Pass:
                 released.remove(victim)
             else:
                 self._release(victim[1])
-        counts = choose_nodes(cap, gk, shape)
+        counts = choose_nodes(view, gk, shape)
         assert counts is not None
         for rj, _ in released:
             self.preempted.add(rj.job.id)
@@ -399,10 +450,12 @@ class _Pass:
     def _release(self, parts: list[tuple[int, tuple[int, ...]]]) -> None:
         for nid, gs in parts:
             self.cap.give(nid, self.cap.countable(nid, gs), gs)
+        self.book.sync(nid for nid, _ in parts)
 
     def _retake(self, parts: list[tuple[int, tuple[int, ...]]]) -> None:
         for nid, gs in parts:
             self.cap.take(nid, self.cap.countable(nid, gs), gs)
+        self.book.sync(nid for nid, _ in parts)
 
     # -- explanations -----------------------------------------------------------------
     def explain_waits(self, ordered: list[tuple[Key, JobRequest]]) -> tuple[PendingStatus, ...]:

@@ -73,6 +73,14 @@ class Estimator:
             if t > self.t:
                 self.t = t
 
+    def hold(self, nid: int, gpus: int, *, until: float) -> None:
+        """Count ``gpus`` free GPUs of a node as busy until ``until`` (reservations)."""
+        taken = min(gpus, self.cap.free[nid])
+        if taken > 0:
+            self.cap.take(nid, taken)
+            heapq.heappush(self.events, (until, self.seq, nid, taken))
+            self.seq += 1
+
     def book(self, gk: GroupKey, shape: Shape, duration: float) -> None:
         counts = choose_nodes(self.cap, gk, shape)
         assert counts is not None

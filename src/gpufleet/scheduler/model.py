@@ -76,6 +76,8 @@ class JobRequest:
     running job the core adds the time since ``RunningJob.started_at``);
     ``executed_s`` likewise in wall seconds. ``pending_since`` is when the job last
     entered the queue (submit, or its last preemption/requeue).
+    ``reservation`` names a reservation the job must run in (Slurm's ``--reservation``);
+    jobs of a reservation's users or team use it automatically while it is active.
     ``oracle_remaining_s`` is known only inside the simulator and only the
     ``srtf-oracle`` reference policy may read it.
     """
@@ -95,6 +97,7 @@ class JobRequest:
     executed_s: float = 0.0
     pending_since: float | None = None
     preemptible: bool = True
+    reservation: str | None = None
     oracle_remaining_s: float | None = None
 
     @property
@@ -137,12 +140,49 @@ class Quota:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Reservation:
+    """GPUs booked on named nodes for the window ``[start, end)``.
+
+    ``nodes`` holds (node name, GPU count) pairs. Owners are the jobs that name the
+    reservation and, automatically, jobs of ``users`` or ``team``. A ``maintenance``
+    reservation owns no jobs: its GPUs are simply kept empty for the window.
+    """
+
+    id: str
+    start: float
+    end: float
+    nodes: tuple[tuple[str, int], ...]
+    users: tuple[str, ...] = ()
+    team: str | None = None
+    maintenance: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.end > self.start:
+            raise ValueError(f"reservation {self.id}: end must be after start")
+
+    @property
+    def gpus(self) -> int:
+        return sum(n for _, n in self.nodes)
+
+    def active(self, now: float) -> bool:
+        return self.start <= now < self.end
+
+    def owns(self, job: JobRequest) -> bool:
+        if self.maintenance:
+            return False
+        if job.reservation is not None:
+            return job.reservation == self.id
+        return job.user in self.users or (self.team is not None and job.team == self.team)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Snapshot:
     now: float
     fleet: Fleet
     running: tuple[RunningJob, ...] = ()
     pending: tuple[JobRequest, ...] = ()
     quotas: tuple[Quota, ...] = ()
+    reservations: tuple[Reservation, ...] = ()
 
 
 class Status(enum.Enum):
@@ -178,10 +218,22 @@ class PendingStatus:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ReservationMove:
+    """GPUs of an active reservation moved off a node where non-preemptible jobs hold
+    them, onto free GPUs of another node of the same group."""
+
+    reservation: str
+    from_node: str
+    to_node: str
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     policy: str
     starts: tuple[Start, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
+    reservation_moves: tuple[ReservationMove, ...] = ()
     pending: tuple[PendingStatus, ...] = ()
     fragmentation: float = 0.0
     free_gpus: int = 0

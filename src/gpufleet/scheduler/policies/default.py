@@ -49,6 +49,7 @@ class DefaultPolicy(Policy):
     min_run_s: float = 600.0
     starve_factor: float = 4.0
     starve_min_s: float = 6 * 3600.0
+    starve_max_s: float = math.inf
     starve_protect_s: float = 3600.0
     fresh_job_s: float = 1_800.0
     use_limits: bool = True
@@ -101,6 +102,11 @@ class DefaultPolicy(Policy):
         # Stay clear of the boundary itself, where rounding could tip a fresh computation.
         return level, (until - 1e-3 if until != math.inf else until)
 
+    def patience(self, job: JobRequest) -> float:
+        """How long a job may wait before it is promoted: ``starve_factor`` times what it
+        has run, at least ``starve_min_s``, at most ``starve_max_s``."""
+        return min(self.starve_max_s, max(self.starve_min_s, self.starve_factor * job.executed_s))
+
     def starving(self, job: JobRequest, running: RunningJob | None, now: float) -> bool:
         """Waiting too long for its size, or started because it was and still within
         ``starve_protect_s`` of that start: a promoted job gets a real run before the
@@ -108,7 +114,7 @@ class DefaultPolicy(Policy):
         if running is not None and now - running.started_at >= self.starve_protect_s:
             return False
         waited = (running.started_at if running is not None else now) - job.queued_since
-        return waited >= max(self.starve_min_s, self.starve_factor * job.executed_s)
+        return waited >= self.patience(job)
 
     def key(self, job: JobRequest, running: RunningJob | None, ctx: Context) -> Key:
         now = ctx.now
@@ -141,7 +147,7 @@ class DefaultPolicy(Policy):
         for j in pending:
             hit = memo.get(id(j))
             if hit is None or hit[1] is not j:
-                due = j.queued_since + max(self.starve_min_s, self.starve_factor * j.executed_s)
+                due = j.queued_since + self.patience(j)
                 level = self.level(self._remaining(j, None, now)[0])
                 tie = j.gpus if self.tie_break == "width" else 0
                 hit = memo[id(j)] = ((-j.priority, due, level, tie, j.submit_time, j.id), j)
