@@ -264,3 +264,12 @@ def test_default_promoted_job_gets_a_real_run(ran_for: float, victims: list[str]
         "default",
     )
     assert preempted(got) == victims
+
+
+def test_higher_user_priority_preempts_even_a_fresh_job() -> None:
+    run = (running("low", {"n0": tuple(range(8))}, started=95.0),)
+    got = plan(
+        snapshot(uniform_fleet(1), now=100.0, running_jobs=run, pending=(job("vip", 8, priority=10),)),
+        "default",
+    )
+    assert preempted(got) == ["low"]

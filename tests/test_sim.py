@@ -103,3 +103,33 @@ def test_oracle_bound_beats_fifo() -> None:
     fifo = run("fifo", jobs)[1].metrics()
     oracle = run("srtf-oracle", jobs)[1].metrics()
     assert oracle["avg_jct_s"] < fifo["avg_jct_s"]
+
+
+def test_reservation_replay_keeps_the_window_for_its_owner() -> None:
+    from gpufleet.sim.loaders.reservations import ReservationRequest
+    from gpufleet.sim.runner import admit_reservations
+
+    fleet = FleetSpec(nodes=1, gpus_per_node=8).build()
+    jobs = [
+        TraceJob(
+            job_id="bob-long", user="bob", team="b", submit_s=0, duration_s=3000, gpus=8, time_limit_s=3000
+        ),
+        TraceJob(
+            job_id="bob-short", user="bob", team="b", submit_s=0, duration_s=400, gpus=8, time_limit_s=500
+        ),
+        TraceJob(job_id="alice", user="alice", team="a", submit_s=500, duration_s=2000, gpus=8),
+    ]
+    booked, refused = admit_reservations(
+        fleet,
+        [
+            ReservationRequest(id="demo", start_s=1000, duration_s=4000, gpus=8, users=("alice",)),
+            ReservationRequest(id="clash", start_s=2000, duration_s=100, gpus=8, users=("bob",)),
+        ],
+    )
+    assert [r.id for r in booked] == ["demo"]
+    assert [rid for rid, _ in refused] == ["clash"]
+    sim = Simulator(jobs, fleet, make_policy("backfill"), SimConfig(sched_interval_s=1), reservations=booked)
+    starts = {o.job_id: o.first_start_s for o in sim.run().outcomes}
+    assert starts["bob-short"] == 0  # ends before the window: backfilled
+    assert starts["alice"] == 1000  # the window opens for its owner
+    assert starts["bob-long"] >= 5000  # would have crossed into the window

@@ -76,6 +76,13 @@ def simulate(
         0.0, "--node-failures-per-day", min=0, help="Node failures per node-day."
     ),
     repair: str = typer.Option("4h", "--repair-time", help="Time to repair a failed GPU or node."),
+    reservations_file: Path | None = typer.Option(
+        None,
+        "--reservations",
+        help="CSV of reservations to replay with the trace "
+        "(id,start_s,duration_s,gpus,gpus_per_node,gpu_type,users,team).",
+        dir_okay=False,
+    ),
     default_limit: str = typer.Option(
         "4h", "--default-time-limit", help="Assumed run time of jobs without a limit (estimates, backfill)."
     ),
@@ -115,7 +122,18 @@ def simulate(
         console.print("[red]error:[/red] the trace has no usable jobs")
         raise typer.Exit(2)
 
+    from gpufleet.sim.loaders.reservations import ReservationRequest, load_reservations
     from gpufleet.sim.runner import compare_policies
+
+    bookings: list[ReservationRequest] = []
+    if reservations_file is not None:
+        try:
+            bookings, bad = load_reservations(reservations_file)
+        except TraceError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+        for problem in bad:
+            console.print(f"[yellow]skipped[/yellow] {reservations_file}:{problem}")
 
     with Progress(
         TextColumn("{task.description:>12}"),
@@ -133,6 +151,7 @@ def simulate(
             config,
             policy_params={"default_time_limit_s": _duration(default_limit, "--default-time-limit")},
             progress=lambda name, n: bar.update(tasks[name], completed=n),
+            reservations=bookings,
         )
     summary = comparison.summary
     table = Table(
@@ -166,6 +185,14 @@ def simulate(
             f"{m['sim_wall_s']:.1f}",
         )
     out.print(table)
+    booked = summary["reservations"]
+    if reservations_file is not None:
+        out.print(
+            f"reservations: {booked['accepted']} accepted ({booked['reserved_gpu_hours']} GPU-hours), "
+            f"{len(booked['refused'])} refused"
+        )
+        for refusal in booked["refused"]:
+            out.print(f"  refused {refusal['id']}: {refusal['why']}")
     bound = summary["bounds"]
     out.print(
         f"bounds: avg JCT >= {format_duration(bound['avg_jct_lower_s'])}, "

@@ -23,12 +23,24 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gpufleet.scheduler import Fleet, Gpu, JobRequest, Node, Placement, Policy, RunningJob, Snapshot, plan
+from gpufleet.scheduler import (
+    Fleet,
+    Gpu,
+    JobRequest,
+    Node,
+    Placement,
+    Policy,
+    Reservation,
+    ReservationMove,
+    RunningJob,
+    Snapshot,
+    plan,
+)
 from gpufleet.scheduler.capacity import fleet_index
 from gpufleet.scheduler.core import job_options
 from gpufleet.sim.trace import TraceJob
 
-FINISH, FAIL, REPAIR, PASS = 0, 1, 2, 4
+FINISH, FAIL, REPAIR, WINDOW, PASS = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,9 +176,11 @@ class Simulator:
         policy: Policy,
         config: SimConfig,
         *,
+        reservations: Sequence[Reservation] = (),
         record: bool = False,
     ) -> None:
         self.trace = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+        self.reservations = tuple(reservations)  # admitted already (see runner.admit_reservations)
         self.fleet = fleet
         self.healthy_fleet = fleet  # without outages: decides what can ever run
         self.policy = policy
@@ -222,6 +236,9 @@ class Simulator:
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
         wall = time.perf_counter()
         self.schedule_failures()
+        for r in self.reservations:
+            self.push(r.start, WINDOW, r.id)
+            self.push(r.end, WINDOW, r.id)
         arrivals = self.trace
         i = 0
         while i < len(arrivals) or self.events:
@@ -246,6 +263,8 @@ class Simulator:
                 self.fail(data)  # type: ignore[arg-type]
             elif kind == REPAIR:
                 self.repair(data)  # type: ignore[arg-type]
+            elif kind == WINDOW:
+                self.want_pass(self.now)  # a reservation starts or ends
             if not self.pending and not self.running and i >= len(arrivals):
                 break  # only future failures remain
         if progress is not None:
@@ -280,8 +299,16 @@ class Simulator:
             self.running_view = tuple(j.running for j in self.running.values() if j.running is not None)
             self.pending_view = tuple(j.request for j in self.pending.values())
             self.dirty = False
-        snap = Snapshot(now=self.now, fleet=self.fleet, running=self.running_view, pending=self.pending_view)
+        snap = Snapshot(
+            now=self.now,
+            fleet=self.fleet,
+            running=self.running_view,
+            pending=self.pending_view,
+            reservations=self.reservations,
+        )
         result = plan(snap, self.policy, explain=False)
+        for move in result.reservation_moves:
+            self.move_reservation(move)
         self.passes += 1
         self.last_frag = result.fragmentation
         for pre in result.preemptions:
@@ -295,6 +322,15 @@ class Simulator:
             self.next_sample = self.now + self.cfg.sample_interval_s
         if self.pending and self.policy.preemptive:
             self.want_pass(self.now + self.cfg.preempt_interval_s)
+
+    def move_reservation(self, move: ReservationMove) -> None:
+        def moved(r: Reservation) -> Reservation:
+            nodes = dict(r.nodes)
+            nodes[move.from_node] -= move.gpus
+            nodes[move.to_node] = nodes.get(move.to_node, 0) + move.gpus
+            return replace(r, nodes=tuple((n, c) for n, c in nodes.items() if c > 0))
+
+        self.reservations = tuple(moved(r) if r.id == move.reservation else r for r in self.reservations)
 
     # -- job transitions --------------------------------------------------------------
     def start(self, job: _Job, placement: Placement) -> None:

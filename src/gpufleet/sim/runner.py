@@ -6,9 +6,32 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.scheduler import make_policy
+from gpufleet.scheduler import Fleet, Reservation, admit_reservation, make_policy
 from gpufleet.sim.engine import FleetSpec, SimConfig, SimResult, Simulator
+from gpufleet.sim.loaders.reservations import ReservationRequest
 from gpufleet.sim.trace import TraceJob, offered_load
+
+
+def admit_reservations(
+    fleet: Fleet, requests: Sequence[ReservationRequest]
+) -> tuple[list[Reservation], list[tuple[str, str]]]:
+    """Admit a reservation list in order, as the server would: each one only if its GPUs
+    can be guaranteed given the ones admitted before it."""
+    accepted: list[Reservation] = []
+    rejected: list[tuple[str, str]] = []
+    for req in requests:
+        start, end = req.start_s, req.start_s + req.duration_s
+        got = admit_reservation(
+            fleet, accepted, gpus=req.gpus, gpus_per_node=req.gpus_per_node, gpu_type=req.gpu_type,
+            start=start, end=end,
+        )  # fmt: skip
+        if isinstance(got, str):
+            rejected.append((req.id, got))
+        else:
+            accepted.append(
+                Reservation(id=req.id, start=start, end=end, nodes=got, users=req.users, team=req.team)
+            )
+    return accepted, rejected
 
 
 def bounds(jobs: Sequence[TraceJob], fleet_gpus: int) -> dict[str, float]:
@@ -48,12 +71,14 @@ def compare_policies(
     *,
     policy_params: dict[str, Any] | None = None,
     progress: Callable[[str, int], None] | None = None,
+    reservations: Sequence[ReservationRequest] = (),
 ) -> Comparison:
     built = fleet.build()
+    booked, refused = admit_reservations(built, reservations)
     results: dict[str, SimResult] = {}
     for name in policies:
         policy = make_policy(name, **(policy_params or {}))
-        sim = Simulator(jobs, built, policy, config)
+        sim = Simulator(jobs, built, policy, config, reservations=booked)
         results[name] = sim.run(_bind(progress, name))
     gpus = built.gpu_count
     first = next(iter(results.values()), None)
@@ -62,6 +87,11 @@ def compare_policies(
         "fleet": fleet.describe(),
         "offered_load": round(offered_load(jobs, gpus), 4),
         "rejected": len(first.rejected) if first else 0,
+        "reservations": {
+            "accepted": len(booked),
+            "refused": [{"id": rid, "why": why} for rid, why in refused],
+            "reserved_gpu_hours": round(sum(r.gpus * (r.end - r.start) for r in booked) / 3600, 2),
+        },
         "bounds": bounds([j for j in jobs if first is None or j.job_id not in dict(first.rejected)], gpus),
         "config": {
             "restart_overhead_s": config.restart_overhead_s,

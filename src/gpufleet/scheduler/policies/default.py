@@ -156,11 +156,6 @@ class DefaultPolicy(Policy):
         keyed.sort(key=_first)
         return keyed
 
-    def preemptible_now(self, victim: RunningJob, ctx: Context) -> bool:
-        return ctx.now - victim.started_at >= self.min_run_s and not self.starving(
-            victim.job, victim, ctx.now
-        )
-
     def victim_floor(self, job_key: Key) -> Key:
         if job_key[1] < 0:  # starving: any non-starving job of equal or lower priority
             return (job_key[0], -1, math.inf)
