@@ -20,6 +20,7 @@ from gpufleet.scheduler.model import Fleet, RunningJob
 
 GroupKey = tuple[str, str]  # (pool, GPU model)
 Holdings = dict[GroupKey, list[tuple[int, tuple[int, ...]]]]  # group -> [(node id, GPU indices)]
+Flat = tuple[tuple[int, int], ...]  # (node id, countable GPUs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,7 @@ class FleetIndex:
                 capacity_ge=tuple(sum(1 for s in sizes if s >= f) for f in range(size + 1)),
             )
         self.base_free = [len(n.healthy) if n.group is not None else 0 for n in self.nodes]
-        self._holdings: dict[int, tuple[RunningJob, Holdings, dict[GroupKey, int]]] = {}
+        self._holdings: dict[int, tuple[RunningJob, Holdings, dict[GroupKey, int], Flat]] = {}
         self.pools = {k[0] for k in self.groups}
         self.models = {k[1] for k in self.groups}
 
@@ -92,10 +93,21 @@ class FleetIndex:
         them count as capacity. Memoised per RunningJob object: it is immutable and the
         index belongs to one fleet."""
         hit = self._holdings.get(id(rj))
-        if hit is not None and hit[0] is rj:
-            return hit[1], hit[2]
+        if hit is None or hit[0] is not rj:
+            hit = self._hold(rj)
+        return hit[1], hit[2]
+
+    def flat_holdings(self, rj: RunningJob) -> Flat:
+        """(node id, countable GPUs) of a running job on schedulable nodes."""
+        hit = self._holdings.get(id(rj))
+        if hit is None or hit[0] is not rj:
+            hit = self._hold(rj)
+        return hit[3]
+
+    def _hold(self, rj: RunningJob) -> tuple[RunningJob, Holdings, dict[GroupKey, int], Flat]:
         parts: Holdings = {}
         count: dict[GroupKey, int] = {}
+        flat: list[tuple[int, int]] = []
         for part in rj.placement:
             nid = self.id_of.get(part.node)
             if nid is None:
@@ -106,10 +118,11 @@ class FleetIndex:
             parts.setdefault(info.group, []).append((nid, part.gpus))
             n = len(part.gpus) if info.all_healthy else sum(1 for g in part.gpus if g in info.healthy_set)
             count[info.group] = count.get(info.group, 0) + n
+            flat.append((nid, n))
         if len(self._holdings) > 100_000:
             self._holdings.clear()
-        self._holdings[id(rj)] = (rj, parts, count)
-        return parts, count
+        hit = self._holdings[id(rj)] = (rj, parts, count, tuple(flat))
+        return hit
 
 
 _INDEX_CACHE: dict[int, tuple[Fleet, FleetIndex]] = {}
@@ -198,38 +211,45 @@ class GroupFree:
 class Capacity:
     """Free GPUs of every schedulable node, by count and (optionally) by index.
 
-    ``track_gpus=False`` gives a count-only copy, used by the estimator to play the
-    future forward without caring which GPU indices are taken.
+    ``counts_copy()`` gives a count-only copy, used by the estimator and the views to
+    play with counts without caring which GPU indices are taken.
     """
 
-    def __init__(self, index: FleetIndex, free: list[int], used: dict[int, set[int]] | None) -> None:
+    def __init__(
+        self, index: FleetIndex, free: list[int], running: Sequence[RunningJob] | None = None
+    ) -> None:
         self.index = index
         self.free = free
-        self.used = used  # node id -> allocated GPU indices (None in count-only copies)
+        self._running = running  # None: a count-only copy that tracks no GPU indices
+        self._used: dict[int, set[int]] | None = None
         self.groups = {key: GroupFree(info, free) for key, info in index.groups.items()}
 
     @classmethod
-    def build(cls, index: FleetIndex, running: Iterable[RunningJob]) -> Capacity:
-        used: dict[int, set[int]] = {}
-        holdings = index.holdings
-        for rj in running:
-            for parts in holdings(rj)[0].values():  # only schedulable nodes matter here
-                for nid, gpus in parts:
-                    taken = used.get(nid)
-                    if taken is None:
-                        used[nid] = set(gpus)
-                    else:
-                        taken.update(gpus)
+    def build(cls, index: FleetIndex, running: Sequence[RunningJob]) -> Capacity:
+        """Free counts from the running jobs' holdings; which GPU indices are taken is
+        worked out only if this pass allocates or releases GPUs (most passes do not)."""
         free = list(index.base_free)
-        nodes = index.nodes
-        for nid, taken in used.items():
-            info = nodes[nid]
-            n = len(taken) if info.all_healthy else len(taken & info.healthy_set)
-            free[nid] = max(0, len(info.healthy) - n)
-        return cls(index, free, used)
+        flat = index.flat_holdings
+        for rj in running:
+            for nid, n in flat(rj):
+                free[nid] -= n
+        return cls(index, [f if f > 0 else 0 for f in free], running)
+
+    @property
+    def used(self) -> dict[int, set[int]] | None:
+        """Node id -> allocated GPU indices (None in count-only copies)."""
+        if self._used is None and self._running is not None:
+            used: dict[int, set[int]] = {}
+            holdings = self.index.holdings
+            for rj in self._running:
+                for parts in holdings(rj)[0].values():
+                    for nid, gpus in parts:
+                        used.setdefault(nid, set()).update(gpus)
+            self._used = used
+        return self._used
 
     def counts_copy(self) -> Capacity:
-        return Capacity(self.index, list(self.free), None)
+        return Capacity(self.index, list(self.free))
 
     @property
     def total_free(self) -> int:
@@ -247,8 +267,9 @@ class Capacity:
     def take(self, nid: int, count: int, gpus: Sequence[int] | None = None) -> tuple[int, ...]:
         """Allocate ``count`` GPUs on a node; returns the indices (empty in count mode)."""
         chosen: tuple[int, ...] = ()
-        if self.used is not None:
-            taken = self.used.setdefault(nid, set())
+        used = self.used
+        if used is not None:
+            taken = used.setdefault(nid, set())
             if gpus is None:
                 info = self.index.nodes[nid]
                 available = [g for g in info.healthy if g not in taken]
@@ -259,10 +280,16 @@ class Capacity:
         self.set_free(nid, self.free[nid] - count)
         return chosen
 
-    def give(self, nid: int, count: int, gpus: Sequence[int] = ()) -> None:
-        if self.used is not None and gpus:
-            self.used.get(nid, set()).difference_update(gpus)
+    def give(self, nid: int, count: int) -> None:
+        """Return ``count`` GPUs of a node to the free counts (see ``forget``)."""
         self.set_free(nid, self.free[nid] + count)
+
+    def forget(self, nid: int, gpus: Sequence[int]) -> None:
+        """The indices ``gpus`` of a node are no longer allocated (counts unchanged:
+        callers ``give`` them back first, possibly tentatively)."""
+        used = self.used
+        if used is not None:
+            used.get(nid, set()).difference_update(gpus)
 
     def countable(self, nid: int, gpus: Sequence[int]) -> int:
         """How many of ``gpus`` on node ``nid`` count as capacity (healthy, schedulable)."""

@@ -293,14 +293,9 @@ class _Pass:
         for r, rj in self.book.window_conflicts(self.snap.running):
             if not rj.job.preemptible or rj.job.id in self.preempted:
                 continue
-            parts, _ = self.index.holdings(rj)
-            for group_parts in parts.values():
+            for group_parts in self.index.holdings(rj)[0].values():
                 self._release(group_parts)
-            self.preempted.add(rj.job.id)
-            self.ctx.add_team_gpus(rj.job.team, -rj.job.gpus)
-            self.preemptions.append(
-                Preemption(job_id=rj.job.id, by=r.id, reason=f"reservation {r.id} starts on its GPUs")
-            )
+            self._evict(rj, r.id, f"reservation {r.id} starts on its GPUs")
         self.book.move_shortfalls()
 
     def cap_fits(self, opts: Options) -> bool:
@@ -438,24 +433,28 @@ class _Pass:
         counts = choose_nodes(view, gk, shape)
         assert counts is not None
         for rj, _ in released:
-            self.preempted.add(rj.job.id)
-            self.ctx.add_team_gpus(rj.job.team, -rj.job.gpus)
-            self.preemptions.append(
-                Preemption(
-                    job_id=rj.job.id, by=job.id, reason=f"preempted for job {job.id} ({self.policy.name})"
-                )
-            )
+            self._evict(rj, job.id, f"preempted for job {job.id} ({self.policy.name})")
         return self._take(counts)
 
     def _release(self, parts: list[tuple[int, tuple[int, ...]]]) -> None:
+        """Tentatively free a victim's GPUs (counts only; ``_evict`` makes it final)."""
         for nid, gs in parts:
-            self.cap.give(nid, self.cap.countable(nid, gs), gs)
+            self.cap.give(nid, self.cap.countable(nid, gs))
         self.book.sync(nid for nid, _ in parts)
 
     def _retake(self, parts: list[tuple[int, tuple[int, ...]]]) -> None:
         for nid, gs in parts:
-            self.cap.take(nid, self.cap.countable(nid, gs), gs)
+            self.cap.set_free(nid, self.cap.free[nid] - self.cap.countable(nid, gs))
         self.book.sync(nid for nid, _ in parts)
+
+    def _evict(self, rj: RunningJob, by: str, reason: str) -> None:
+        """Make a released victim's preemption final: its GPU indices are free to pick."""
+        for group_parts in self.index.holdings(rj)[0].values():
+            for nid, gs in group_parts:
+                self.cap.forget(nid, gs)
+        self.preempted.add(rj.job.id)
+        self.ctx.add_team_gpus(rj.job.team, -rj.job.gpus)
+        self.preemptions.append(Preemption(job_id=rj.job.id, by=by, reason=reason))
 
     # -- explanations -----------------------------------------------------------------
     def explain_waits(self, ordered: list[tuple[Key, JobRequest]]) -> tuple[PendingStatus, ...]:

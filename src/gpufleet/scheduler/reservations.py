@@ -245,7 +245,7 @@ def admit_reservation(
             out.append((name, len(index.nodes[nid].healthy)))
         return tuple(out)
     free = [max(0, f - held.get(nid, 0)) for nid, f in enumerate(index.base_free)]
-    cap = Capacity(index, free, None)
+    cap = Capacity(index, free)
     request = JobRequest(
         id="reservation", gpus=gpus, gpus_per_node=gpus_per_node, nodes=nodes, submit_time=start
     )
