@@ -2,21 +2,43 @@
 
 Starts ``gpufleet server`` in a subprocess on a temp SQLite file (and on PostgreSQL when
 GPUFLEET_TEST_DATABASE_URL is set: ALL ITS TABLES ARE DROPPED), registers a fleet
-(50 nodes x 8 GPUs by default), then:
+(50 nodes x 8 GPUs by default), then measures, each phase ``--runs`` times:
 
-1. submit -> scheduled on an idle fleet: submit one 1-GPU job, wait until SCHEDULED,
-   cancel it; the latency is taken from the job's own event rows (server clock).
-2. sustained submissions: ``--clients`` processes (one keep-alive httpx client each)
-   submit 1-GPU jobs back to back for ``--seconds``; every 201 is a committed job.
+1. *baseline*: ``--clients`` connections call ``GET /v1/healthz`` back to back for
+   ``--seconds`` (no auth, no body, no database; a sync handler). This is roughly the
+   ceiling of the HTTP stack on this machine with these clients; ``vs healthz`` in the
+   table is jobs/s divided by it, a figure that moves much less than the raw rate when
+   the machine is shared or slower.
+2. *sustained submissions*: the same clients ``POST /v1/jobs`` (1-GPU jobs) back to
+   back for ``--seconds``. Every 201 is checked and means a committed job row and
+   event row (SQLite WAL + synchronous=FULL; the server's group commit shares one
+   fsync among concurrent submits). Latency is per request, client side.
+3. *submit -> scheduled on an idle fleet*: submit one 1-GPU job, poll until SCHEDULED,
+   cancel it, 20 times; the latency is taken from the job's own event rows (server
+   clock). It runs before phase 2 fills the fleet.
 
-Each phase is repeated ``--runs`` times; the table shows medians over runs.
+The clients are ``--clients`` processes, one keep-alive HTTP/1.1 connection each,
+started together at a common instant (process start-up is not measured). They share
+the machine's cores with the server, so they are kept cheap: ``--client raw`` (the
+default) writes a prepared request on a socket and parses status, Content-Length and
+the JSON body (~0.1 ms CPU a request); ``--client httpx`` uses one ``httpx.Client``
+each (~1.3 ms a request, more than the server spends). The table states the CPU the
+clients and the server used during the measured window, as a share of all the
+machine's cores (``os.cpu_count()``), and the server's CPU milliseconds per request
+(``server ms/job``, ``ms/healthz``): on a shared machine that figure moves far less
+than the rates, which follow whatever else runs there.
 
-    .venv/bin/python bench/bench_api.py [--seconds 5] [--runs 3] [--clients 8]
+The table shows the median over runs of each figure (each run's p50/p99 are over all
+its requests). Jobs accumulate across runs (the fleet fills, the queue grows), as on
+a busy cluster.
+
+    .venv/bin/python bench/bench_api.py [--seconds 5] [--runs 3] [--clients 8] [--client raw]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -27,10 +49,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
 TOKEN = "gf_bench_admin_token"
+JOB = {"command": ["python", "train.py"], "gpus": 1, "time_limit": "1h"}
 
 
 def _port() -> int:
@@ -47,6 +71,14 @@ def _gpufleet(*args: str) -> None:
 class Running:
     url: str
     proc: subprocess.Popen[bytes]
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the server process so far (Linux /proc)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start(db_url: str) -> Running:
@@ -93,41 +125,163 @@ def idle_latency_ms(url: str, *, samples: int) -> float:
     return statistics.median(out)
 
 
-def _submitter(url: str, seconds: float) -> list[float]:
-    lat: list[float] = []
-    spec = {"command": ["python", "train.py"], "gpus": 1, "time_limit": "1h"}
-    with client(url) as c:
+# -- load generation ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Call:
+    method: str
+    path: str
+    body: bytes
+    status: int
+
+
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection that sends a prepared request: a few socket
+    calls and a header scan per request, so the client costs little CPU."""
+
+    def __init__(self, url: str, call: Call) -> None:
+        where = urlsplit(url)
+        self.sock = socket.create_connection((where.hostname, where.port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = (
+            f"{call.method} {call.path} HTTP/1.1\r\nHost: {where.netloc}\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(call.body)}\r\n\r\n"
+        )
+        self.request = head.encode() + call.body
+        self.status = call.status
+        self.buf = b""
+
+    def once(self) -> None:
+        self.sock.sendall(self.request)
+        buf = self.buf
+        while (end := buf.find(b"\r\n\r\n")) < 0:
+            buf += self._recv()
+        head = buf[:end].lower()
+        status = int(head[9:12])
+        at = head.index(b"content-length:") + 15
+        nl = head.find(b"\r\n", at)
+        length = int(head[at : nl if nl >= 0 else len(head)])
+        buf = buf[end + 4 :]
+        while len(buf) < length:
+            buf += self._recv()
+        body, self.buf = buf[:length], buf[length:]
+        if status != self.status or not isinstance(json.loads(body), dict):
+            raise SystemExit(f"{self.status} expected, got {status}: {body[:300]!r}")
+
+    def _recv(self) -> bytes:
+        got = self.sock.recv(65536)
+        if not got:
+            raise SystemExit("server closed the connection")
+        return got
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class HttpxConnection:
+    def __init__(self, url: str, call: Call) -> None:
+        self.client = client(url)
+        self.call = call
+
+    def once(self) -> None:
+        r = self.client.request(
+            self.call.method,
+            self.call.path.removeprefix("/v1"),
+            content=self.call.body,
+            headers={"Content-Type": "application/json"},
+        )
+        if r.status_code != self.call.status or not isinstance(r.json(), dict):
+            raise SystemExit(f"{self.call.status} expected, got {r.status_code}: {r.text[:300]}")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _worker(url: str, call: Call, kind: str, begin: float, seconds: float) -> tuple[list[float], float]:
+    """Requests back to back from ``begin`` (a time.time()) for ``seconds``: latencies and
+    this process's CPU seconds over that window."""
+    conn = RawConnection(url, call) if kind == "raw" else HttpxConnection(url, call)
+    try:
+        conn.once()  # connect and warm up outside the window
+        time.sleep(max(0.0, begin - time.time()))
+        cpu0 = time.process_time()
         end = time.perf_counter() + seconds
+        lat: list[float] = []
         while (t0 := time.perf_counter()) < end:
-            r = c.post("/jobs", json=spec)
-            if r.status_code != 201:
-                raise SystemExit(f"submit failed: {r.status_code} {r.text}")
+            conn.once()
             lat.append(time.perf_counter() - t0)
-    return lat
+        return lat, time.process_time() - cpu0
+    finally:
+        conn.close()
 
 
-def throughput(url: str, *, clients: int, seconds: float) -> tuple[float, float, float]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Load:
+    rate: float
+    p50_ms: float
+    p99_ms: float
+    client_cpu: float  # share of all cores
+    server_cpu: float
+    server_ms: float  # server CPU milliseconds per request
+
+
+def load(srv: Running, call: Call, *, clients: int, seconds: float, kind: str) -> Load:
     with ProcessPoolExecutor(clients) as pool:
-        t0 = time.perf_counter()
-        parts = list(pool.map(_submitter, [url] * clients, [seconds] * clients))
-        wall = time.perf_counter() - t0
-    lat = sorted(x for p in parts for x in p)
-    p50 = lat[len(lat) // 2] * 1000
-    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
-    return len(lat) / wall, p50, p99
+        begin = time.time() + 1.0 + 0.1 * clients
+        futs = [pool.submit(_worker, srv.url, call, kind, begin, seconds) for _ in range(clients)]
+        time.sleep(max(0.0, begin - time.time()))
+        cpu0 = srv.cpu_s()
+        time.sleep(seconds)
+        server_cpu = srv.cpu_s() - cpu0
+        parts = [f.result() for f in futs]
+    lat = sorted(x for p, _ in parts for x in p)
+    cores = (os.cpu_count() or 1) * seconds
+    return Load(
+        rate=len(lat) / seconds,
+        p50_ms=lat[len(lat) // 2] * 1000,
+        p99_ms=lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+        client_cpu=sum(cpu for _, cpu in parts) / cores,
+        server_cpu=server_cpu / cores,
+        server_ms=server_cpu * 1000 / max(1, len(lat)),
+    )
 
 
 def bench(name: str, db_url: str, args: argparse.Namespace) -> list[str]:
     srv = start(db_url)
+    health = Call(method="GET", path="/v1/healthz", body=b"", status=200)
+    submit = Call(method="POST", path="/v1/jobs", body=json.dumps(JOB).encode(), status=201)
+    opts = {"clients": args.clients, "seconds": args.seconds, "kind": args.client}
     try:
         setup(srv.url, nodes=args.nodes, gpus=args.gpus)
         idle = [idle_latency_ms(srv.url, samples=20) for _ in range(args.runs)]
-        rates = [throughput(srv.url, clients=args.clients, seconds=args.seconds) for _ in range(args.runs)]
+        base: list[Load] = []
+        jobs: list[Load] = []
+        for _ in range(args.runs):
+            base.append(load(srv, health, **opts))
+            jobs.append(load(srv, submit, **opts))
     finally:
         srv.proc.terminate()
         srv.proc.wait(10)
-    med = [statistics.median(r[i] for r in rates) for i in range(3)]
-    return [name, f"{med[0]:.0f}", f"{med[1]:.1f}", f"{med[2]:.1f}", f"{statistics.median(idle):.1f}"]
+
+    def med(xs: list[Load], attr: str) -> float:
+        return statistics.median(getattr(x, attr) for x in xs)
+
+    ratio = statistics.median(j.rate / b.rate for j, b in zip(jobs, base, strict=True))
+    return [
+        name,
+        f"{med(jobs, 'rate'):.0f}",
+        f"{med(jobs, 'p50_ms'):.1f}",
+        f"{med(jobs, 'p99_ms'):.1f}",
+        f"{statistics.median(idle):.1f}",
+        f"{med(base, 'rate'):.0f}",
+        f"{ratio:.2f}",
+        f"{med(jobs, 'client_cpu'):.0%}",
+        f"{med(jobs, 'server_cpu'):.0%}",
+        f"{med(jobs, 'server_ms'):.2f}",
+        f"{med(base, 'server_ms'):.2f}",
+    ]
 
 
 def main() -> None:
@@ -135,12 +289,29 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--client", choices=("raw", "httpx"), default="raw")
     ap.add_argument("--nodes", type=int, default=50)
     ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
     args = ap.parse_args()
-    rows = [["backend", "jobs/s", "p50 ms", "p99 ms", "submit->scheduled ms (idle)"]]
-    with tempfile.TemporaryDirectory() as tmp:
-        rows.append(bench("sqlite", f"sqlite:///{Path(tmp) / 'bench.db'}", args))
+    rows = [
+        [
+            "backend",
+            "jobs/s",
+            "p50 ms",
+            "p99 ms",
+            "submit->sched ms",
+            "healthz/s",
+            "vs healthz",
+            "client CPU",
+            "server CPU",
+            "server ms/job",
+            "ms/healthz",
+        ]
+    ]
+    if not args.no_sqlite:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append(bench("sqlite", f"sqlite:///{Path(tmp) / 'bench.db'}", args))
     pg = os.environ.get("GPUFLEET_TEST_DATABASE_URL")
     if pg:
         from sqlalchemy import MetaData, create_engine
@@ -153,8 +324,9 @@ def main() -> None:
         rows.append(bench("postgresql", pg, args))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(
-        f"{args.clients} clients x {args.seconds:g}s, {args.runs} runs (medians), "
-        f"fleet {args.nodes}x{args.gpus}"
+        f"{args.clients} {args.client} clients x {args.seconds:g}s, {args.runs} runs (medians), "
+        f"fleet {args.nodes}x{args.gpus}, {os.cpu_count()} cores shared by clients and server "
+        "(CPU columns: share of all cores)"
     )
     for r in rows:
         print("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)))

@@ -81,6 +81,7 @@ class Database:
 
     url: str
     engine: Engine
+    _write_engine: Engine
     _read: sessionmaker[Session]
     _write: sessionmaker[Session]
 
@@ -91,9 +92,15 @@ class Database:
         return cls(
             url=url,
             engine=engine,
+            _write_engine=write_engine,
             _read=sessionmaker(engine, expire_on_commit=False),
             _write=sessionmaker(write_engine, expire_on_commit=False),
         )
+
+    def writer_connection(self) -> Connection:
+        """A connection whose transactions are write transactions (``BEGIN IMMEDIATE``
+        on SQLite), for a long-lived writer such as the group commit."""
+        return self._write_engine.connect()
 
     @contextmanager
     def read(self) -> Iterator[Session]:

@@ -14,10 +14,11 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=201, response_model=JobDetail)
-def submit(spec: JobSubmit, parts: PartsDep, me: Me) -> JobDetail:
+async def submit(spec: JobSubmit, parts: PartsDep, me: Me) -> JobDetail:
+    """Async (the only async handler here): it waits on the group commit, not in a
+    thread of the pool, so a submit costs no thread hand-off."""
     return unwrap(
-        jobs.submit(
-            db=parts.db,
+        await jobs.submit(
             writer=parts.writer,
             actor=me,
             spec=spec,

@@ -8,16 +8,17 @@ Changing a priority is for operators and admins (a job's owner gets 403).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.orm import Session
 
-from gpufleet.scheduler import JobRequest
+from gpufleet.scheduler import Fleet, JobRequest
 from gpufleet.scheduler.capacity import fleet_index
 from gpufleet.scheduler.core import job_options
 from gpufleet.server.db import Database
-from gpufleet.server.models import Allocation, Job, JobEvent, Membership, Pool, Team, User
+from gpufleet.server.models import Allocation, Job, JobEvent, Team, User
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.schemas import (
     AllocationOut,
@@ -31,11 +32,24 @@ from gpufleet.server.services.accounts import Principal
 from gpufleet.server.services.inventory import FleetCache
 from gpufleet.server.states import TERMINAL, JobState
 from gpufleet.server.transitions import event_row, move, ref, stop_values
-from gpufleet.server.writer import Writer
+from gpufleet.server.writer import Writer, call
 from gpufleet.timefmt import parse_duration
 
 Waker = Callable[[], None]
 MAX_TIME_LIMIT_S = 365 * 86400.0
+
+# Submission's statements, built once (Core, not ORM: see ``insert_jobs``).
+_T = Job.metadata.tables
+_POOLS_Q = select(_T["pools"].c.name, _T["pools"].c.gpu).where(
+    _T["pools"].c.name.in_(bindparam("names", expanding=True))
+)
+_TEAMS_Q = (
+    select(_T["memberships"].c.user_id, _T["teams"].c.name, _T["teams"].c.id)
+    .join(_T["teams"], _T["teams"].c.id == _T["memberships"].c.team_id)
+    .where(_T["memberships"].c.user_id.in_(bindparam("users", expanding=True)))
+)
+_INSERT_JOBS = insert(_T["jobs"]).returning(_T["jobs"].c.id, sort_by_parameter_order=True)
+_INSERT_EVENTS = insert(_T["job_events"])
 
 
 def _time_limit(value: str | float | None) -> float | Failure | None:
@@ -50,55 +64,189 @@ def _time_limit(value: str | float | None) -> float | Failure | None:
     return secs
 
 
-def _team_for(s: Session, actor: Principal, team: str | None) -> Team | Failure:
-    mine = list(
-        s.scalars(
-            select(Team)
-            .join(Membership, Membership.team_id == Team.id)
-            .where(Membership.user_id == actor.user_id)
-        )
-    )
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewJob:
+    """One validated-so-far submission waiting in the group-commit queue."""
+
+    actor: Principal
+    spec: JobSubmit
+    time_limit_s: float | None
+    now: float
+    fleets: FleetCache
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Ctx:
+    """What a batch of submissions looked up once, in its transaction."""
+
+    s: Session
+    pools: dict[str, bool]  # name -> is a GPU pool
+    teams: dict[int, dict[str, int]]  # user id -> {team name: team id}
+    fleets: dict[str, Fleet] = field(default_factory=dict)
+    shapes: dict[tuple[object, ...], Failure | None] = field(default_factory=dict)
+
+
+def _team_for(ctx: _Ctx, actor: Principal, team: str | None) -> tuple[int, str] | Failure:
+    mine = ctx.teams.get(actor.user_id, {})
     if team is None:
         if len(mine) == 1:
-            return mine[0]
+            name, tid = next(iter(mine.items()))
+            return tid, name
         return invalid("team: you belong to several teams or none; pass team")
-    for t in mine:
-        if t.name == team:
-            return t
+    if team in mine:
+        return mine[team], team
     if actor.is_admin:
-        row = s.scalar(select(Team).where(Team.name == team))
-        if row is not None:
-            return row
+        found = ctx.s.scalar(select(Team.id).where(Team.name == team))
+        if found is not None:
+            return found, team
         return invalid(f"team: no team {team}")
     return forbidden(f"you are not a member of team {team}")
 
 
-def _shape_problem(spec: JobSubmit, pool: Pool, fleets: FleetCache, s: Session) -> Failure | None:
-    if not pool.gpu:
-        return invalid(f"pool {pool.name} is CPU-only: gpus must be 0") if spec.gpus else None
+def _shape_problem(ctx: _Ctx, spec: JobSubmit, fleets: FleetCache) -> Failure | None:
+    gpu_pool = ctx.pools[spec.pool]
+    if not gpu_pool:
+        return invalid(f"pool {spec.pool} is CPU-only: gpus must be 0") if spec.gpus else None
     if spec.gpus == 0:
-        return invalid(f"pool {pool.name} is a GPU pool: a job there needs gpus >= 1")
+        return invalid(f"pool {spec.pool} is a GPU pool: a job there needs gpus >= 1")
     if spec.gpus_per_node and spec.nodes and spec.gpus_per_node * spec.nodes != spec.gpus:
         return invalid(f"gpus ({spec.gpus}) != nodes ({spec.nodes}) x gpus_per_node ({spec.gpus_per_node})")
-    fleet = fleets.registered(s, pool.name)
-    if not fleet.nodes:
-        return None  # an empty pool: the job waits (Unschedulable) until nodes register
-    req = JobRequest(
-        id="submit",
-        gpus=spec.gpus,
-        submit_time=0.0,
-        gpus_per_node=spec.gpus_per_node,
-        nodes=spec.nodes,
-        gpu_type=spec.gpu_type,
-        pool=pool.name,
+    key = (spec.pool, spec.gpus, spec.gpus_per_node, spec.nodes, spec.gpu_type)
+    if key in ctx.shapes:  # same shape earlier in this batch: same answer
+        return ctx.shapes[key]
+    fleet = ctx.fleets.get(spec.pool)
+    if fleet is None:
+        fleet = ctx.fleets[spec.pool] = fleets.registered(ctx.s, spec.pool)
+    problem: Failure | None = None
+    if fleet.nodes:  # an empty pool: the job waits (Unschedulable) until nodes register
+        req = JobRequest(
+            id="submit",
+            gpus=spec.gpus,
+            submit_time=0.0,
+            gpus_per_node=spec.gpus_per_node,
+            nodes=spec.nodes,
+            gpu_type=spec.gpu_type,
+            pool=spec.pool,
+        )
+        opts = job_options(fleet_index(fleet), req)
+        problem = invalid(f"cannot ever run: {opts}") if isinstance(opts, str) else None
+    ctx.shapes[key] = problem
+    return problem
+
+
+def _row(new: NewJob, team_id: int) -> dict[str, Any]:
+    spec = new.spec
+    return {
+        "name": spec.name or spec.command[0].rsplit("/", 1)[-1][:128],
+        "user_id": new.actor.user_id,
+        "team_id": team_id,
+        "pool": spec.pool,
+        "gpus": spec.gpus,
+        "gpus_per_node": spec.gpus_per_node,
+        "nodes": spec.nodes,
+        "gpu_type": spec.gpu_type,
+        "priority": spec.priority,
+        "time_limit_s": new.time_limit_s,
+        "command": list(spec.command),
+        "env": dict(spec.env),
+        "image": spec.image,
+        "requeue": spec.requeue,
+        "output": spec.output,
+        "error": spec.error,
+        "state": str(JobState.PENDING),
+        "version": 0,
+        "submit_time": new.now,
+        "pending_since": new.now,
+        "attained_service_s": 0.0,
+        "executed_s": 0.0,
+    }
+
+
+def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure]:
+    """The group-commit ``BulkOp`` of submissions: check every job against the pools,
+    memberships and fleets of this transaction (one query each per batch, not per job),
+    then insert the valid ones and their "submitted" events with two multi-row INSERTs
+    (prepared Core statements: this is the API's hottest path). A refused job is a
+    Failure and writes nothing."""
+    conn = s.connection()
+    pools: dict[str, bool] = dict(conn.execute(_POOLS_Q, {"names": list({n.spec.pool for n in batch})}).all())
+    teams: dict[int, dict[str, int]] = {}
+    for uid, name, tid in conn.execute(_TEAMS_Q, {"users": list({n.actor.user_id for n in batch})}):
+        teams.setdefault(uid, {})[name] = tid
+    ctx = _Ctx(s=s, pools=pools, teams=teams)
+    out: list[Failure | None] = []  # None: accepted
+    rows: list[dict[str, Any]] = []
+    accepted: list[tuple[int, NewJob, str, dict[str, Any]]] = []
+    for new in batch:
+        if new.spec.pool not in pools:
+            out.append(invalid(f"pool: no pool {new.spec.pool}"))
+            continue
+        team = _team_for(ctx, new.actor, new.spec.team)
+        if isinstance(team, Failure):
+            out.append(team)
+            continue
+        problem = _shape_problem(ctx, new.spec, new.fleets)
+        if problem is not None:
+            out.append(problem)
+            continue
+        row = _row(new, team[0])
+        accepted.append((len(out), new, team[1], row))
+        out.append(None)
+        rows.append(row)
+    if not rows:
+        return [f for f in out if f is not None]
+    ids = conn.execute(_INSERT_JOBS, rows).scalars().all()
+    events: list[dict[str, Any]] = []
+    details: dict[int, JobDetail] = {}
+    for (at, new, team_name, row), job_id in zip(accepted, ids, strict=True):
+        actor = new.actor.name
+        ev = event_row(
+            job_id=job_id, at=new.now, actor=actor, src=None, dst=JobState.PENDING, reason="submitted"
+        )
+        events.append(ev)
+        details[at] = _submitted(job_id, row, user=actor, team=team_name, event=ev)
+    conn.execute(_INSERT_EVENTS, events)
+    return [details[i] if f is None else f for i, f in enumerate(out)]
+
+
+def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event: dict[str, Any]) -> JobDetail:
+    """The reply to a submit, from the values just inserted (validated on the way in:
+    ``model_construct`` skips validating them a second time)."""
+    return JobDetail.model_construct(
+        id=job_id,
+        name=row["name"],
+        user=user,
+        team=team,
+        pool=row["pool"],
+        state=row["state"],
+        gpus=row["gpus"],
+        gpus_per_node=row["gpus_per_node"],
+        nodes=row["nodes"],
+        gpu_type=row["gpu_type"],
+        priority=row["priority"],
+        time_limit_s=row["time_limit_s"],
+        command=row["command"],
+        image=row["image"],
+        requeue=row["requeue"],
+        submit_time=row["submit_time"],
+        scheduled_at=None,
+        started_at=None,
+        ended_at=None,
+        exit_code=None,
+        attained_service_s=0.0,
+        queue_position=None,
+        estimated_start=None,
+        wait_reason=None,
+        allocation=[],
+        env=row["env"],
+        output=row["output"],
+        error=row["error"],
+        events=[JobEventOut.model_construct(**{k: event[k] for k in JobEventOut.model_fields})],
     )
-    opts = job_options(fleet_index(fleet), req)
-    return invalid(f"cannot ever run: {opts}") if isinstance(opts, str) else None
 
 
-def submit(
+async def submit(
     *,
-    db: Database,
     writer: Writer,
     actor: Principal,
     spec: JobSubmit,
@@ -107,54 +255,13 @@ def submit(
     waker: Waker,
 ) -> JobDetail | Failure:
     """Validate and insert in one transaction (shared with concurrent submits through
-    the group-commit ``writer``); returns once committed."""
+    the group-commit ``writer``); returns once committed, without holding a thread
+    while it waits."""
     limit = _time_limit(spec.time_limit)
     if isinstance(limit, Failure):
         return limit
-
-    def insert_job(s: Session) -> JobDetail | Failure:
-        pool = s.get(Pool, spec.pool)
-        if pool is None:
-            return invalid(f"pool: no pool {spec.pool}")
-        team = _team_for(s, actor, spec.team)
-        if isinstance(team, Failure):
-            return team
-        problem = _shape_problem(spec, pool, fleets, s)
-        if problem is not None:
-            return problem
-        job = Job(
-            name=spec.name or spec.command[0].rsplit("/", 1)[-1][:128],
-            user_id=actor.user_id,
-            team_id=team.id,
-            pool=pool.name,
-            gpus=spec.gpus,
-            gpus_per_node=spec.gpus_per_node,
-            nodes=spec.nodes,
-            gpu_type=spec.gpu_type,
-            priority=spec.priority,
-            time_limit_s=limit,
-            command=list(spec.command),
-            env=dict(spec.env),
-            image=spec.image,
-            requeue=spec.requeue,
-            output=spec.output,
-            error=spec.error,
-            state=str(JobState.PENDING),
-            version=0,
-            submit_time=now,
-            pending_since=now,
-            attained_service_s=0.0,
-            executed_s=0.0,
-        )
-        s.add(job)
-        s.flush()
-        ev = event_row(
-            job_id=job.id, at=now, actor=actor.name, src=None, dst=JobState.PENDING, reason="submitted"
-        )
-        s.execute(insert(JobEvent), [ev])
-        return _detail(s, job, user=actor.name, team=team.name, events=[ev], alloc=[])
-
-    out = writer.run(insert_job)
+    new = NewJob(actor=actor, spec=spec, time_limit_s=limit, now=now, fleets=fleets)
+    out = await call(writer, insert_jobs, new)
     if not isinstance(out, Failure):
         waker()
     return out
