@@ -38,6 +38,10 @@ from gpufleet.cli import api_cmds  # noqa: E402
 
 api_cmds.register(app)
 
+from gpufleet.cli import agent_cmds  # noqa: E402
+
+agent_cmds.register(app)
+
 
 def main() -> None:
     app()

@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -62,6 +73,8 @@ class NodeRow(Base):
     cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float | None] = mapped_column(Float, nullable=True)
+    address: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    """Where other nodes reach this one (MASTER_ADDR of multi-node jobs); from its agent."""
 
 
 class GpuRow(Base):
@@ -133,3 +146,37 @@ class JobEvent(Base):
     from_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
     to_state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(String(512), default="")
+
+
+class NodeCredential(Base):
+    """A node's join token (``gpufleet node join-token``); only its sha256 is stored.
+    ``node`` NULL: not yet bound; the first node that syncs with it owns it from then on."""
+
+    __tablename__ = "node_credentials"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    hint: Mapped[str] = mapped_column(String(16))
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class JobLogChunk(Base):
+    """A piece of one job attempt's output on one node, as shipped by its agent.
+    ``offset``/``end`` are byte offsets in the agent's log file; a chunk is stored only
+    when ``offset`` is the stream's current end, so a resent chunk is never stored twice."""
+
+    __tablename__ = "job_logs"
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", "node", "offset", name="uq_job_logs_chunk"),
+        Index("ix_job_logs_job_id_id", "job_id", "id"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(BigInteger)
+    node: Mapped[str] = mapped_column(String(128))
+    offset: Mapped[int] = mapped_column(BigInteger)
+    end: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[str] = mapped_column(Text)
+    at: Mapped[float] = mapped_column(Float)

@@ -124,16 +124,70 @@ class ObservedJob(Request):
     job_id: int
     state: Literal["running", "exited"]
     exit_code: int | None = None
+    attempt: int | None = Field(
+        default=None, description="the DesiredJob.attempt this is about; a stale attempt changes no state"
+    )
+
+
+class GpuTelemetry(Request):
+    """Latest readings of one GPU (hot data: kept in the server's memory, not in SQL)."""
+
+    index: int = Field(ge=0, le=1023)
+    utilization_pct: float | None = None
+    memory_used_mb: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    throttle_reasons: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
+        default_factory=list, max_length=32
+    )
+    ecc_sbe: int | None = None
+    ecc_dbe: int | None = None
+    xid_events: list[int] = Field(default_factory=list, max_length=256)
+    pcie_replay: int | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    nvlink_peers: list[int] = Field(default_factory=list, max_length=1024)
+    mig_enabled: bool | None = None
+    lost: bool = False
+    health: list[Annotated[str, StringConstraints(max_length=128)]] = Field(
+        default_factory=list, max_length=32, description="why the agent calls this GPU unhealthy"
+    )
+
+
+class LogChunkIn(Request):
+    """Bytes ``offset``..``end`` of a job attempt's log file on the sending node, decoded
+    as UTF-8. Stored only if ``offset`` is where the server's copy ends (idempotent)."""
+
+    job_id: int
+    attempt: int
+    offset: int = Field(ge=0)
+    end: int = Field(ge=0)
+    data: Annotated[str, StringConstraints(max_length=262_144)]
 
 
 class NodeSync(Request):
     gpus: list[GpuIn] | None = Field(default=None, max_length=1024)
-    telemetry: dict[str, object] | None = None
+    telemetry: list[GpuTelemetry] | None = Field(default=None, max_length=1024)
     jobs: list[ObservedJob] = Field(default_factory=list, max_length=10_000)
+    logs: list[LogChunkIn] = Field(default_factory=list, max_length=1024)
+    leaf: Name | None = None
+    rack: Name | None = None
+    address: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    driver_version: Annotated[str, StringConstraints(max_length=64)] | None = None
+    cuda_version: Annotated[str, StringConstraints(max_length=32)] | None = None
+
+
+class PeerNode(Reply):
+    node: str
+    address: str
+    gpus: list[int]
 
 
 class DesiredJob(Reply):
     job_id: int
+    attempt: int = Field(description="identifies this placement of the job (a requeued job gets a new one)")
     name: str
     command: list[str]
     env: dict[str, str]
@@ -144,11 +198,56 @@ class DesiredJob(Reply):
     user: str
     output: str | None
     error: str | None
+    nodes: list[PeerNode] = Field(default_factory=list, description="the whole placement, master first")
+    node_rank: int = 0
+    master_addr: str = ""
+    master_port: int = 0
+    world_size: int = 0
+
+
+class LogAck(Reply):
+    job_id: int
+    attempt: int
+    end: int
 
 
 class SyncReply(Reply):
     node: str
     jobs: list[DesiredJob]
+    log_acks: list[LogAck] = Field(default_factory=list)
+
+
+class JoinTokenIn(Request):
+    node: Name | None = Field(
+        default=None, description="bind to this node; default: the first node that uses it"
+    )
+
+
+class JoinTokenOut(Reply):
+    id: int
+    node: str | None
+    hint: str
+    created_at: float
+    token: str = Field(description="shown only once")
+
+
+class SyncStats(Reply):
+    """Server-side sync handling time over the last minute; ``count``: syncs since start."""
+
+    count: int
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+
+
+class FleetSummary(Reply):
+    nodes: int
+    nodes_ready: int
+    gpus: int
+    gpus_busy: int
+    gpus_unhealthy: int
+    jobs: dict[str, int]
+    sync: SyncStats
 
 
 class GpuOut(Reply):
@@ -159,6 +258,7 @@ class GpuOut(Reply):
     nvlink_domain: int
     healthy: bool
     job_id: int | None
+    telemetry: GpuTelemetry | None = None
 
 
 class NodeOut(Reply):
@@ -174,6 +274,10 @@ class NodeOut(Reply):
     gpus_used: int
     gpus_free: int
     gpus: list[GpuOut]
+    address: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    telemetry_at: float | None = None
 
 
 # -- pools, users, teams, tokens ---------------------------------------------------------

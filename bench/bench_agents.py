@@ -1,0 +1,248 @@
+"""Many agents against one server: sync latency and server CPU.
+
+Starts ``gpufleet server`` (subprocess, temp SQLite) once per agent count, then runs
+that many simulated agents (8 simulated H100s each, telemetry in every sync) in
+``--procs`` worker processes of asyncio tasks; each agent syncs every ``--interval``
+seconds (random phase) through the real ``Agent.build_sync`` / ``Agent.apply``. A
+trickle of simulated jobs (``--jobs-per-s``, 1-8 GPUs, 20-40 s) keeps the write path
+busy: jobs are placed, started, reported running and exited.
+
+After ``--warmup`` seconds (registration) it measures for ``--seconds``:
+server p50/p99 sync handling time (from ``GET /v1/fleet/summary``, last minute),
+client-side p99 (includes the workers' own scheduling on this machine), and the
+server process's CPU time / wall time. Target: p99 <= 100 ms, CPU <= 1 core.
+
+    .venv/bin/python bench/bench_agents.py [--agents 250,500,1000] [--procs 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+TOKEN = "gf_bench_agents_admin"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen[bytes]
+
+
+def start_server(tmp: Path) -> Server:
+    db_url = f"sqlite:///{tmp / 'bench.db'}"
+    subprocess.run(
+        [sys.executable, "-m", "gpufleet", "db", "upgrade", "--database-url", db_url],
+        check=True,
+        capture_output=True,
+    )
+    port = _port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "server", "--port", str(port), "--database-url", db_url],
+        env={**os.environ, "GPUFLEET_ADMIN_TOKEN": TOKEN},
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(url + "/v1/healthz", timeout=1).status_code == 200:
+                return Server(url=url, proc=proc)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("server did not start")
+
+
+def worker(
+    url: str, names: list[str], interval: float, until: float, measure_from: float, work: str
+) -> list[float]:
+    """One worker process: its agents as asyncio tasks. Returns client latencies (s) of
+    the syncs that started inside the measured window."""
+    from gpufleet.agent import AgentConfig, SimSpec, SimulatedProbe, make_agent
+
+    class _Unused:
+        def sync(self, node: str, body: dict[str, object]) -> dict[str, object]:
+            raise AssertionError("the bench drives the HTTP itself")
+
+        def close(self) -> None:
+            pass
+
+    agents = [
+        make_agent(
+            config=AgentConfig(node=n, work_dir=Path(work) / n, leaf=f"leaf-{i // 10}", address="127.0.0.1"),
+            probe=SimulatedProbe(node=n, spec=SimSpec(gpus=8)),
+            transport=_Unused(),
+        )
+        for i, n in enumerate(names)
+    ]
+    lat: list[float] = []
+
+    async def run_one(client: httpx.AsyncClient, agent: object) -> None:
+        from gpufleet.agent import Agent
+
+        assert isinstance(agent, Agent)
+        await asyncio.sleep(random.uniform(0, interval))
+        while time.time() < until:
+            t_start = time.time()
+            agent.tick()
+            body = agent.build_sync()
+            t0 = time.perf_counter()
+            try:
+                resp = await client.post(f"/nodes/{agent.config.node}/sync", json=body)
+                dt = time.perf_counter() - t0
+                if resp.status_code == 200:
+                    agent.apply(resp.json(), sent=body)
+                if t_start >= measure_from:
+                    lat.append(dt if resp.status_code == 200 else float("inf"))
+            except httpx.HTTPError:
+                if t_start >= measure_from:
+                    lat.append(float("inf"))
+            await asyncio.sleep(max(0.0, interval - (time.time() - t_start)))
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(base_url=url + "/v1", headers=headers, timeout=60, limits=limits) as c:
+            await asyncio.gather(*(run_one(c, a) for a in agents))
+
+    asyncio.run(main())
+    return lat
+
+
+def submitter(url: str, rate: float, stop: threading.Event) -> None:
+    rng = random.Random(1)
+    with httpx.Client(base_url=url + "/v1", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as c:
+        c.post("/teams", json={"name": "bench"})
+        c.post("/teams/bench/members", json={"user": "admin"})
+        while not stop.is_set():
+            dur = rng.uniform(20, 40)
+            spec = {
+                "command": ["sleep", f"{dur:.0f}"],
+                "gpus": rng.choice([1, 1, 2, 4, 8]),
+                "env": {"GPUFLEET_SIMULATE_S": f"{dur:.1f}"},
+            }
+            with contextlib.suppress(httpx.HTTPError):
+                c.post("/jobs", json=spec)
+            stop.wait(1.0 / rate)
+
+
+@dataclass
+class Result:
+    agents: int
+    syncs_per_s: float
+    server_p50_ms: float | None
+    server_p99_ms: float | None
+    client_p99_ms: float
+    failed: int
+    cpu_cores: float
+    jobs_completed: int
+
+    @property
+    def ok(self) -> bool:
+        return (self.server_p99_ms or 1e9) <= 100 and self.cpu_cores <= 1.0 and self.failed == 0
+
+
+def run(n: int, args: argparse.Namespace) -> Result:
+    with tempfile.TemporaryDirectory() as tmp:
+        srv = start_server(Path(tmp))
+        try:
+            names = [f"bench-{i:04d}" for i in range(n)]
+            procs = max(1, min(args.procs, n))
+            t0 = time.time() + 3.0  # workers' import time
+            measure_from = t0 + args.warmup
+            until = measure_from + args.seconds
+            stop = threading.Event()
+            if args.jobs_per_s > 0:
+                threading.Thread(target=submitter, args=(srv.url, args.jobs_per_s, stop), daemon=True).start()
+            ps = psutil.Process(srv.proc.pid)
+            cpu0 = wall0 = 0.0
+            with ProcessPoolExecutor(procs) as pool:
+                futs = [
+                    pool.submit(
+                        worker, srv.url, names[i::procs], args.interval, until, measure_from, f"{tmp}/w{i}"
+                    )
+                    for i in range(procs)
+                ]
+                time.sleep(max(0.0, measure_from - time.time()))
+                ct = ps.cpu_times()
+                cpu0, wall0 = ct.user + ct.system, time.time()
+                time.sleep(max(0.0, until - time.time()))
+                ct = ps.cpu_times()
+                cpu1, wall1 = ct.user + ct.system, time.time()
+                with httpx.Client(
+                    base_url=srv.url + "/v1", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120
+                ) as c:
+                    summary = c.get("/fleet/summary").json()
+                lat = [x for f in futs for x in f.result()]
+            stop.set()
+        finally:
+            srv.proc.terminate()
+            srv.proc.wait(timeout=20)
+    good = sorted(x for x in lat if x != float("inf"))
+    return Result(
+        agents=n,
+        syncs_per_s=len(lat) / args.seconds,
+        server_p50_ms=summary["sync"]["p50_ms"],
+        server_p99_ms=summary["sync"]["p99_ms"],
+        client_p99_ms=1000 * good[int(0.99 * (len(good) - 1))] if good else float("nan"),
+        failed=len(lat) - len(good),
+        cpu_cores=(cpu1 - cpu0) / (wall1 - wall0),
+        jobs_completed=int(summary["jobs"].get("COMPLETED", 0)),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", default="250,500,1000")
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--interval", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=20.0)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--jobs-per-s", type=float, default=2.0)
+    args = ap.parse_args()
+    print(f"machine: {os.cpu_count()} CPUs; sync every {args.interval:g}s, 8 GPUs each, {args.procs} procs")
+    cols = ("agents", "syncs/s", "srv p50", "srv p99", "cli p99", "failed", "cpu", "jobs done", "ok")
+    print("  ".join(f"{c:>9}" for c in cols))
+    results = []
+    for n in [int(x) for x in args.agents.split(",")]:
+        r = run(n, args)
+        results.append(r)
+        row = (
+            r.agents,
+            f"{r.syncs_per_s:.1f}",
+            f"{r.server_p50_ms or 0:.1f}ms",
+            f"{r.server_p99_ms or 0:.1f}ms",
+            f"{r.client_p99_ms:.1f}ms",
+            r.failed,
+            f"{r.cpu_cores:.2f}",
+            r.jobs_completed,
+            "yes" if r.ok else "NO",
+        )
+        print("  ".join(f"{v:>9}" for v in row), flush=True)
+    passing = [r.agents for r in results if r.ok]
+    print(f"largest agent count meeting p99 <= 100 ms and <= 1 core: {max(passing) if passing else 'none'}")
+
+
+if __name__ == "__main__":
+    main()

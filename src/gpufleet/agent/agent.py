@@ -1,0 +1,376 @@
+"""The node agent: one per GPU server. It reconciles the jobs on its node with the
+set the server wants there (DESIGN.md, "desired state down, observed state up").
+
+Each sync sends: the GPUs (with the agent's health verdict), their telemetry, every job
+attempt it holds (``running`` until the process is over *and* its log fully shipped,
+then ``exited`` with the code) and new log bytes. The reply is the desired set of
+(job, attempt) and how much of each log the server has. Then, in this order:
+
+1. forget attempts reported ``exited`` that the server no longer wants (done),
+2. stop what is extra (SIGTERM, SIGKILL after the grace period, over later ticks),
+3. start what is missing, once no attempt still stopping holds one of its GPUs.
+
+Restart safety: every attempt is a record in the work dir (``JobStore``) written before
+the agent reports it, so a restarted agent re-adopts running processes instead of
+starting them twice; a lost reply just means the same message is sent again.
+Between syncs, ``tick`` polls the jobs every ``tick_s``; news (a job ended, one was
+started or stopped) triggers the next sync at once instead of after ``sync_interval_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
+from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
+from gpufleet.agent.runners import JobRunner
+from gpufleet.agent.transport import AgentTransportError, SyncTransport
+from gpufleet.server.clock import Clock, SystemClock
+from gpufleet.server.schemas import SyncReply
+
+log = logging.getLogger("gpufleet.agent")
+Key = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentConfig:
+    node: str
+    work_dir: Path
+    leaf: str | None = None
+    rack: str | None = None
+    address: str | None = None
+    sync_interval_s: float = 10.0
+    news_gap_s: float = 0.3
+    """At most this often when there is news (a job started, stopped or ended)."""
+    log_gap_s: float = 2.0
+    """At most this often when only new log output is waiting."""
+    tick_s: float = 0.5
+    grace_s: float = 30.0
+    log_chunk_bytes: int = 64 * 1024
+    log_bytes_per_sync: int = 512 * 1024
+    real_job_util: float = 0.5
+    """The utilisation a simulated GPU shows while a real process holds it."""
+
+
+@dataclass(slots=True)
+class AgentStats:
+    syncs: int = 0
+    failures: int = 0
+    started: int = 0
+    stopped: int = 0
+    last_error: str | None = None
+    last_status: int | None = None
+
+
+def read_chunk(path: Path, offset: int, limit: int) -> tuple[int, str] | None:
+    """Bytes from ``offset`` (at most ``limit``) as (end offset, text). A full-size chunk
+    ends after its last newline, or else on a UTF-8 character boundary."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            raw = f.read(limit)
+    except OSError:
+        return None
+    if not raw:
+        return None
+    if len(raw) == limit:
+        nl = raw.rfind(b"\n")
+        if nl >= 0:
+            raw = raw[: nl + 1]
+        else:
+            for cut in range(4):
+                try:
+                    (raw[: len(raw) - cut] if cut else raw).decode("utf-8")
+                    raw = raw[: len(raw) - cut] if cut else raw
+                    break
+                except UnicodeDecodeError:
+                    continue
+    return offset + len(raw), raw.decode("utf-8", errors="replace")
+
+
+def telemetry_row(s: GpuSample, reasons: tuple[str, ...], inv: NodeInventory) -> dict[str, Any]:
+    info = next((g for g in inv.gpus if g.index == s.index), None)
+    return {
+        "index": s.index,
+        "utilization_pct": s.utilization_pct,
+        "memory_used_mb": s.memory_used_mb,
+        "temperature_c": s.temperature_c,
+        "power_w": s.power_w,
+        "sm_clock_mhz": s.sm_clock_mhz,
+        "mem_clock_mhz": s.mem_clock_mhz,
+        "throttle_reasons": list(s.throttle_reasons),
+        "ecc_sbe": s.ecc_sbe,
+        "ecc_dbe": s.ecc_dbe,
+        "xid_events": list(s.xid_events),
+        "pcie_replay": s.pcie_replay,
+        "pcie_gen": info.pcie_gen if info else None,
+        "pcie_width": info.pcie_width if info else None,
+        "nvlink_peers": list(info.nvlink_peers) if info else [],
+        "mig_enabled": info.mig_enabled if info else None,
+        "lost": s.lost,
+        "health": list(reasons),
+    }
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        config: AgentConfig,
+        probe: GpuProbe,
+        transport: SyncTransport,
+        runners: Mapping[str, JobRunner],
+        store: JobStore,
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config
+        self.probe = probe
+        self.transport = transport
+        self.runners = dict(runners)
+        self.store = store
+        self.clock = clock or SystemClock()
+        self.health = HealthTracker()
+        self.inventory = probe.inventory()
+        self.jobs: dict[Key, LocalJob] = {}
+        self.stats = AgentStats()
+        self._news = True
+        self._last_sync = float("-inf")
+        self._next_sync = 0.0
+        self._lock = threading.Lock()
+
+    # -- local state ------------------------------------------------------------------------
+    def restore(self) -> int:
+        """Re-adopt the attempts recorded in the work dir (after a restart)."""
+        for job in self.store.load_all():
+            if job.kind in self.runners:
+                self.jobs[job.key] = job
+        self.tick()
+        return len(self.jobs)
+
+    def _save(self, job: LocalJob) -> None:
+        if self.jobs.get(job.key) != job:
+            self.store.save(job)
+            self.jobs[job.key] = job
+
+    def runner_kind(self, spec: JobSpec) -> str:
+        if spec.image:
+            return "container"
+        if spec.simulate_s is not None:
+            return "simulated"
+        return "process"
+
+    def tick(self) -> bool:
+        """Poll every held attempt, step the stops; True if one ended."""
+        now = self.clock.now()
+        ended = False
+        with self._lock:
+            for job in list(self.jobs.values()):
+                if job.exit_code is not None:
+                    continue
+                runner = self.runners[job.kind]
+                cur = job
+                if cur.stop_requested_at is not None:
+                    cur = runner.stop(cur, now=now, grace_s=self.config.grace_s)
+                code = runner.poll(cur, now=now)
+                if code is not None:
+                    cur = dataclasses.replace(cur, exit_code=code)
+                    ended = True
+                self._save(cur)
+            self._feed_probe()
+        if ended:
+            self._news = True
+        return ended
+
+    def _feed_probe(self) -> None:
+        if not isinstance(self.probe, LoadSink):
+            return
+        load: dict[int, float] = {}
+        for job in self.jobs.values():
+            if job.exit_code is None:
+                util = job.util if job.kind == "simulated" else self.config.real_job_util
+                for g in job.gpus:
+                    load[g] = util
+        self.probe.set_load(load)
+
+    def running(self) -> list[LocalJob]:
+        return [j for j in self.jobs.values() if j.exit_code is None]
+
+    # -- one sync ---------------------------------------------------------------------------
+    def build_sync(self) -> dict[str, Any]:
+        inv = self.inventory
+        try:
+            samples = self.probe.sample()
+        except ProbeError as exc:
+            log.warning("node %s: no telemetry: %s", self.config.node, exc)
+            samples = ()
+        verdicts = self.health.update(samples)
+        gpus = [
+            {
+                "index": g.index,
+                "uuid": g.uuid[:64],
+                "model": g.model[:64],
+                "memory_mb": g.memory_mb,
+                "nvlink_domain": g.nvlink_domain,
+                "healthy": verdicts[g.index].healthy if g.index in verdicts else True,
+            }
+            for g in inv.gpus
+        ]
+        telemetry = [
+            telemetry_row(s, verdicts[s.index].reasons if s.index in verdicts else (), inv) for s in samples
+        ]
+        jobs: list[dict[str, Any]] = []
+        logs: list[dict[str, Any]] = []
+        budget = self.config.log_bytes_per_sync
+        with self._lock:
+            for job in sorted(self.jobs.values(), key=lambda j: j.key):
+                size = job.log_size()
+                done = job.exit_code is not None and job.log_acked >= size
+                jobs.append(
+                    {
+                        "job_id": job.job_id,
+                        "attempt": job.attempt,
+                        "state": "exited" if done else "running",
+                        "exit_code": job.exit_code if done else None,
+                    }
+                )
+                if size > job.log_acked and budget > 0:
+                    chunk = read_chunk(job.log_path, job.log_acked, min(self.config.log_chunk_bytes, budget))
+                    if chunk is not None:
+                        end, data = chunk
+                        budget -= end - job.log_acked
+                        logs.append(
+                            {
+                                "job_id": job.job_id,
+                                "attempt": job.attempt,
+                                "offset": job.log_acked,
+                                "end": end,
+                                "data": data,
+                            }
+                        )
+        body: dict[str, Any] = {"gpus": gpus, "telemetry": telemetry, "jobs": jobs, "logs": logs}
+        for k in ("leaf", "rack", "address"):
+            v = getattr(self.config, k)
+            if v:
+                body[k] = v
+        if inv.driver_version:
+            body["driver_version"] = inv.driver_version[:64]
+        if inv.cuda_version:
+            body["cuda_version"] = inv.cuda_version[:32]
+        return body
+
+    def apply(self, reply: dict[str, Any], *, sent: dict[str, Any]) -> None:
+        parsed = SyncReply.model_validate(reply)
+        desired = {(d.job_id, d.attempt): d for d in parsed.jobs}
+        now = self.clock.now()
+        with self._lock:
+            for ack in parsed.log_acks:
+                job = self.jobs.get((ack.job_id, ack.attempt))
+                if job is not None:
+                    self._save(dataclasses.replace(job, log_acked=min(ack.end, job.log_size())))
+            reported_done = {
+                (j["job_id"], j["attempt"]) for j in sent.get("jobs", []) if j["state"] == "exited"
+            }
+            for key in reported_done - set(desired):
+                job = self.jobs.pop(key, None)
+                if job is not None:
+                    self.runners[job.kind].release(job)
+                    self.store.forget(job)
+            for key, job in self.jobs.items():  # its log just got fully acked: report the exit
+                if key not in reported_done and job.exit_code is not None and job.log_acked >= job.log_size():
+                    self._news = True
+            for key, job in list(self.jobs.items()):  # 1. stop what is extra, first
+                if key not in desired and job.exit_code is None and job.stop_requested_at is None:
+                    self._save(self.runners[job.kind].stop(job, now=now, grace_s=self.config.grace_s))
+                    self.stats.stopped += 1
+                    self._news = True
+            busy = {g for j in self.jobs.values() if j.exit_code is None for g in j.gpus}
+            for key, d in desired.items():  # 2. then start what is missing
+                if key in self.jobs:
+                    continue
+                spec = JobSpec.from_desired(d)
+                if busy & set(spec.gpus):
+                    continue  # an attempt still stopping holds its GPUs: next time
+                kind = self.runner_kind(spec)
+                runner = self.runners.get(kind)
+                if runner is None:
+                    continue
+                job = runner.start(spec, now=now)
+                self._save(job)
+                busy |= set(spec.gpus)
+                self.stats.started += 1
+                self._news = True
+            self._feed_probe()
+
+    def sync_once(self) -> bool:
+        body = self.build_sync()
+        self._news = False
+        self._last_sync = time.monotonic()
+        try:
+            reply = self.transport.sync(self.config.node, body)
+            self.apply(reply, sent=body)
+        except AgentTransportError as exc:
+            self.stats.failures += 1
+            self.stats.last_error, self.stats.last_status = str(exc), exc.status
+            self._news = True
+            log.warning("node %s: %s", self.config.node, exc)
+            return False
+        except ValueError as exc:  # a reply that is not a SyncReply
+            self.stats.failures += 1
+            self.stats.last_error = f"bad reply: {exc}"
+            log.warning("node %s: bad sync reply: %s", self.config.node, exc)
+            return False
+        self.stats.syncs += 1
+        self.stats.last_error = None
+        return True
+
+    def _pending_logs(self) -> bool:
+        return any(j.log_size() > j.log_acked for j in self.jobs.values())
+
+    def due(self, now_mono: float) -> bool:
+        since = now_mono - self._last_sync
+        if now_mono >= self._next_sync:
+            return True
+        if self._news:
+            return since >= self.config.news_gap_s
+        return since >= self.config.log_gap_s and self._pending_logs()
+
+    def step(self) -> None:
+        """One turn of the loop: tick, and sync when due."""
+        self.tick()
+        now = time.monotonic()
+        if self.due(now):
+            ok = self.sync_once()
+            back_off = min(self.config.sync_interval_s, 2.0 * max(1, self.stats.failures))
+            self._next_sync = now + (self.config.sync_interval_s if ok else back_off)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.step()
+            except Exception:  # never die on one bad turn: log it and go on
+                log.exception("node %s: agent step failed", self.config.node)
+            stop.wait(self.config.tick_s)
+
+    def stop_all(self, *, timeout_s: float | None = None) -> None:
+        """Stop every job this agent runs (the demo's shutdown; a real agent leaves its
+        jobs running across its own restarts)."""
+        grace = self.config.grace_s if timeout_s is None else timeout_s
+        now = self.clock.now()
+        with self._lock:
+            for job in self.running():
+                self._save(self.runners[job.kind].stop(job, now=now, grace_s=grace))
+        deadline = time.monotonic() + grace + 2.0
+        while self.running() and time.monotonic() < deadline:
+            self.tick()
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.probe.close()
+        self.transport.close()

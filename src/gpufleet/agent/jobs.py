@@ -1,0 +1,206 @@
+"""Job attempts on one node: what the server asks for (``JobSpec``), what the agent
+holds (``LocalJob``, persisted in the work dir by ``JobStore``), and the environment a
+job gets (``launch_env``, shared by the process and container runners).
+
+Work-dir layout (``--work-dir``)::
+
+    jobs/<job>-<attempt>/state.json   the LocalJob (pid + process create time, exit code...)
+    jobs/<job>-<attempt>/output.log   stdout and stderr of the job (shipped to the server)
+    jobs/<job>-<attempt>/exit_code    written by the wrapper when the job ends
+    jobs/<job>-<attempt>/run/         the job's working directory
+    jobs/<job>-<attempt>/hostfile     one line per node of the placement
+    checkpoints/<job>/                GPUFLEET_CHECKPOINT_DIR: the same for every attempt
+
+Simulated jobs (the demo's trace workload) carry ``GPUFLEET_SIMULATE_S=<seconds>`` in
+their environment: the agent then runs nothing and holds the GPUs that long
+(``GPUFLEET_SIMULATE_UTIL`` = utilisation 0..1 the simulated GPUs show, default 0.9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufleet.server.schemas import DesiredJob
+
+SIMULATE_ENV = "GPUFLEET_SIMULATE_S"
+SIMULATE_UTIL_ENV = "GPUFLEET_SIMULATE_UTIL"
+SECRET_ENV = ("GPUFLEET_TOKEN", "GPUFLEET_ADMIN_TOKEN", "GPUFLEET_AGENT_TOKEN")
+GPU_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Peer:
+    node: str
+    address: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    job_id: int
+    attempt: int
+    name: str = ""
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    image: str | None = None
+    gpus: tuple[int, ...] = ()
+    user: str = ""
+    peers: tuple[Peer, ...] = ()
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    world_size: int = 1
+
+    @classmethod
+    def from_desired(cls, d: DesiredJob) -> JobSpec:
+        return cls(
+            job_id=d.job_id,
+            attempt=d.attempt,
+            name=d.name,
+            command=tuple(d.command),
+            env=dict(d.env),
+            image=d.image,
+            gpus=tuple(d.gpus),
+            user=d.user,
+            peers=tuple(Peer(node=p.node, address=p.address, gpus=tuple(p.gpus)) for p in d.nodes),
+            node_rank=d.node_rank,
+            master_addr=d.master_addr or "127.0.0.1",
+            master_port=d.master_port or 29500,
+            world_size=d.world_size or max(1, len(d.gpus)),
+        )
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.job_id, self.attempt)
+
+    @property
+    def simulate_s(self) -> float | None:
+        raw = self.env.get(SIMULATE_ENV)
+        if raw is None:
+            return None
+        try:
+            return max(0.0, float(raw))
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocalJob:
+    """One job attempt this node holds, as persisted. ``exit_code`` is set once it is over;
+    ``log_acked`` is how many bytes of its log the server confirmed."""
+
+    job_id: int
+    attempt: int
+    kind: str
+    gpus: tuple[int, ...]
+    dir: str
+    started_at: float
+    pid: int | None = None
+    create_time: float | None = None
+    container: str | None = None
+    simulate_s: float | None = None
+    util: float = 0.0
+    stop_requested_at: float | None = None
+    killed: bool = False
+    exit_code: int | None = None
+    log_acked: int = 0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.job_id, self.attempt)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.dir) / "output.log"
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+
+def launch_env(
+    spec: JobSpec, *, node: str, checkpoint_dir: str, hostfile: str, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The job's environment: the agent's own (minus its secrets and GPU selection), the
+    job's ``env``, then what gpufleet sets, which the job cannot override."""
+    env = {k: v for k, v in (base if base is not None else os.environ).items() if k not in SECRET_ENV}
+    for k in GPU_ENV:
+        env.pop(k, None)
+    env.update(spec.env)
+    visible = ",".join(map(str, spec.gpus))
+    peers = spec.peers or (Peer(node=node, address=spec.master_addr, gpus=spec.gpus),)
+    env.update(
+        {
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA's indices = NVML's (the ones assigned)
+            "CUDA_VISIBLE_DEVICES": visible,
+            "NVIDIA_VISIBLE_DEVICES": visible or "void",
+            "GPUFLEET_JOB_ID": str(spec.job_id),
+            "GPUFLEET_JOB_NAME": spec.name,
+            "GPUFLEET_ATTEMPT": str(spec.attempt),
+            "GPUFLEET_NODE": node,
+            "GPUFLEET_CHECKPOINT_DIR": checkpoint_dir,
+            "GPUFLEET_HOSTFILE": hostfile,
+            "GPUFLEET_NODES": ",".join(p.address for p in peers),
+            "GPUFLEET_NNODES": str(len(peers)),
+            "MASTER_ADDR": spec.master_addr,
+            "MASTER_PORT": str(spec.master_port),
+            "WORLD_SIZE": str(spec.world_size),
+            "NODE_RANK": str(spec.node_rank),
+            "LOCAL_WORLD_SIZE": str(max(1, len(spec.gpus))),
+        }
+    )
+    return env
+
+
+def hostfile_text(spec: JobSpec) -> str:
+    """DeepSpeed/MPI style: ``address slots=N`` per node, master first."""
+    return "".join(f"{p.address} slots={max(1, len(p.gpus))}\n" for p in spec.peers)
+
+
+class JobStore:
+    """LocalJob records under ``<work_dir>/jobs``; each write is atomic (tmp + rename)."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.root = work_dir / "jobs"
+        self.checkpoints = work_dir / "checkpoints"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def job_dir(self, job_id: int, attempt: int) -> Path:
+        return self.root / f"{job_id}-{attempt}"
+
+    def checkpoint_dir(self, job_id: int) -> Path:
+        return self.checkpoints / str(job_id)
+
+    def save(self, job: LocalJob) -> None:
+        path = job.path / "state.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(job)))
+        os.replace(tmp, path)
+
+    def load_all(self) -> list[LocalJob]:
+        out = []
+        for path in sorted(self.root.glob("*/state.json")):
+            try:
+                raw: dict[str, Any] = json.loads(path.read_text())
+                raw["gpus"] = tuple(raw.get("gpus", ()))
+                out.append(LocalJob(**raw))
+            except (OSError, ValueError, TypeError):
+                continue  # a torn or foreign file: not ours to run
+        return out
+
+    def forget(self, job: LocalJob) -> None:
+        shutil.rmtree(job.path, ignore_errors=True)

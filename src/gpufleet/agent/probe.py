@@ -1,0 +1,154 @@
+"""The GPU probe seam: what a node has (inventory) and how it is doing (telemetry).
+
+Two probes implement ``GpuProbe``: ``NvmlProbe`` (real GPUs, through NVML in-process)
+and ``SimulatedProbe`` (no GPU: plausible numbers that follow the load placed on each
+GPU, with fault injection for tests and the demo). A field a GPU does not support is
+``None``; a failure of the probe as a whole is a ``ProbeError``.
+
+``gpu_health`` turns a sample into a verdict (healthy or not, and why); the agent
+reports unhealthy GPUs to the server so nothing new is placed on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class ProbeError(Exception):
+    """The probe cannot read the GPUs at all (no driver, no library, NVML failure)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuInfo:
+    """One GPU as inventory: what it is and how it is wired."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    nvlink_peers: tuple[int, ...] = ()
+    """Indices of local GPUs reachable over NVLink (directly or through an NVSwitch)."""
+    nvlink_domain: int = 0
+    mig_enabled: bool | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeInventory:
+    gpus: tuple[GpuInfo, ...]
+    driver_version: str | None = None
+    cuda_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSample:
+    """One GPU's telemetry at one moment. ``xid_events`` are the XID codes seen since
+    the previous sample; the ECC and PCIe replay counters are cumulative."""
+
+    index: int
+    utilization_pct: float | None = None
+    memory_used_mb: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    ecc_sbe: int | None = None
+    ecc_dbe: int | None = None
+    xid_events: tuple[int, ...] = ()
+    pcie_replay: int | None = None
+    lost: bool = False
+
+
+@runtime_checkable
+class GpuProbe(Protocol):
+    def inventory(self) -> NodeInventory: ...
+
+    def sample(self) -> tuple[GpuSample, ...]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class LoadSink(Protocol):
+    """A probe that can be told what runs on each GPU (the simulated one): the agent
+    tells it after every reconcile so telemetry follows the jobs."""
+
+    def set_load(self, load: dict[int, float]) -> None: ...
+
+
+# XIDs that mean the GPU should take no new work until someone looks at it
+# (NVIDIA's XID catalogue: 48 DBE, 63/64 row remapping, 74 NVLink, 79 fell off the bus,
+# 92 high SBE rate, 94/95 contained/uncontained ECC, 119/120 GSP errors).
+CRITICAL_XIDS: frozenset[int] = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HealthLimits:
+    max_temperature_c: float = 90.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    healthy: bool
+    reasons: tuple[str, ...] = ()
+
+
+def gpu_health(sample: GpuSample, limits: HealthLimits = HealthLimits()) -> Verdict:
+    """Pure: the faults this one sample shows."""
+    reasons: list[str] = []
+    if sample.lost:
+        reasons.append("gpu lost")
+    if sample.temperature_c is not None and sample.temperature_c >= limits.max_temperature_c:
+        reasons.append(f"overheat {sample.temperature_c:.0f}C")
+    bad_xids = sorted({x for x in sample.xid_events if x in CRITICAL_XIDS})
+    if bad_xids:
+        reasons.append("xid " + ",".join(map(str, bad_xids)))
+    if sample.ecc_dbe:
+        reasons.append(f"ecc double-bit {sample.ecc_dbe}")
+    return Verdict(healthy=not reasons, reasons=tuple(reasons))
+
+
+@dataclass(slots=True)
+class HealthTracker:
+    """Faults that do not clear by themselves (XID, double-bit ECC, lost) stay until the
+    agent restarts; an overheat clears when the GPU cools down."""
+
+    limits: HealthLimits = field(default_factory=HealthLimits)
+    _sticky: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def update(self, samples: Sequence[GpuSample]) -> dict[int, Verdict]:
+        out: dict[int, Verdict] = {}
+        for s in samples:
+            v = gpu_health(s, self.limits)
+            sticky = tuple(r for r in v.reasons if not r.startswith("overheat"))
+            if sticky:
+                self._sticky[s.index] = tuple(dict.fromkeys(self._sticky.get(s.index, ()) + sticky))
+            reasons = tuple(dict.fromkeys(self._sticky.get(s.index, ()) + v.reasons))
+            out[s.index] = Verdict(healthy=not reasons, reasons=reasons)
+        return out
+
+
+def nvlink_domains(peers: Mapping[int, Sequence[int]]) -> dict[int, int]:
+    """Connected components of the NVLink graph, numbered by their lowest GPU index in
+    order (GPUs without NVLink each get their own domain)."""
+    parent = {i: i for i in peers}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, ps in peers.items():
+        for p in ps:
+            if p in parent:
+                a, b = find(i), find(p)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    roots = sorted({find(i) for i in peers})
+    number = {r: n for n, r in enumerate(roots)}
+    return {i: number[find(i)] for i in peers}

@@ -1,0 +1,162 @@
+"""A GPU probe for machines without GPUs (the demo, tests, benchmarks).
+
+Telemetry follows the load the agent places on each GPU (``set_load``: utilisation
+0..1 per GPU index): utilisation and memory follow at once, power with the utilisation,
+temperature approaches its steady state (idle 32 C, ~80 C at full load) with a time
+constant of ``thermal_tau_s``, read from the injected clock. Faults are injected by
+hand: ``overheat``, ``xid``, ``ecc_double_bit``, ``lose``; ``clear`` removes them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from dataclasses import dataclass, field
+
+from gpufleet.agent.probe import GpuInfo, GpuSample, NodeInventory
+from gpufleet.server.clock import Clock, SystemClock
+
+IDLE_C = 32.0
+FULL_LOAD_C = 80.0
+OVERHEAT_C = 97.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimSpec:
+    gpus: int = 8
+    model: str = "H100-80GB"
+    memory_mb: int = 81_559
+    idle_w: float = 70.0
+    max_w: float = 700.0
+    nvlink: bool = True
+    """All GPUs on one NVSwitch domain (an HGX board) when True."""
+
+
+@dataclass(slots=True)
+class _GpuState:
+    temp: float = IDLE_C
+    load: float = 0.0
+    overheat: bool = False
+    lost: bool = False
+    dbe: int = 0
+    sbe: int = 0
+    replay: int = 0
+    xids: list[int] = field(default_factory=list)
+
+
+class SimulatedProbe:
+    def __init__(
+        self,
+        *,
+        node: str,
+        spec: SimSpec = SimSpec(),
+        clock: Clock | None = None,
+        seed: int | None = None,
+        thermal_tau_s: float = 20.0,
+    ) -> None:
+        self.node = node
+        self.spec = spec
+        self.clock = clock or SystemClock()
+        self.thermal_tau_s = thermal_tau_s
+        self._rng = random.Random(seed if seed is not None else node)
+        self._gpus = [_GpuState() for _ in range(spec.gpus)]
+        self._last = self.clock.now()
+        self._lock = threading.Lock()
+
+    # -- GpuProbe ---------------------------------------------------------------------------
+    def inventory(self) -> NodeInventory:
+        n = self.spec.gpus
+        return NodeInventory(
+            driver_version="550.54.15-sim",
+            cuda_version="12.4",
+            gpus=tuple(
+                GpuInfo(
+                    index=i,
+                    uuid=f"GPU-sim-{self.node}-{i}",
+                    model=self.spec.model,
+                    memory_mb=self.spec.memory_mb,
+                    pcie_gen=5,
+                    pcie_width=16,
+                    nvlink_peers=tuple(j for j in range(n) if j != i) if self.spec.nvlink else (),
+                    nvlink_domain=0 if self.spec.nvlink else i,
+                    mig_enabled=False,
+                )
+                for i in range(n)
+            ),
+        )
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        with self._lock:
+            now = self.clock.now()
+            dt = max(0.0, now - self._last)
+            self._last = now
+            return tuple(self._sample(i, g, dt) for i, g in enumerate(self._gpus))
+
+    def close(self) -> None:
+        pass
+
+    # -- LoadSink ---------------------------------------------------------------------------
+    def set_load(self, load: dict[int, float]) -> None:
+        with self._lock:
+            for i, g in enumerate(self._gpus):
+                g.load = min(1.0, max(0.0, load.get(i, 0.0)))
+
+    # -- faults -----------------------------------------------------------------------------
+    def overheat(self, index: int) -> None:
+        with self._lock:
+            self._gpus[index].overheat = True
+            self._gpus[index].temp = OVERHEAT_C
+
+    def xid(self, index: int, code: int = 79) -> None:
+        with self._lock:
+            self._gpus[index].xids.append(code)
+
+    def ecc_double_bit(self, index: int, count: int = 1) -> None:
+        with self._lock:
+            self._gpus[index].dbe += count
+
+    def lose(self, index: int) -> None:
+        with self._lock:
+            self._gpus[index].lost = True
+
+    def clear(self, index: int) -> None:
+        with self._lock:
+            g = self._gpus[index]
+            g.overheat = g.lost = False
+            g.dbe = 0
+            g.xids.clear()
+            g.temp = min(g.temp, FULL_LOAD_C)
+
+    # -- the model --------------------------------------------------------------------------
+    def _sample(self, index: int, g: _GpuState, dt: float) -> GpuSample:
+        if g.lost:
+            g.xids.clear()
+            return GpuSample(index=index, lost=True, xid_events=(79,))
+        target = OVERHEAT_C if g.overheat else IDLE_C + (FULL_LOAD_C - IDLE_C) * g.load
+        g.temp = target + (g.temp - target) * math.exp(-dt / self.thermal_tau_s)
+        if self._rng.random() < 0.001 * dt:
+            g.sbe += 1
+        jitter = self._rng.uniform(-0.03, 0.03) if g.load > 0 else 0.0
+        util = 0.0 if g.load <= 0 else min(1.0, max(0.0, g.load + jitter))
+        throttle: tuple[str, ...] = ()
+        if g.overheat or g.temp >= 90:
+            throttle = ("hw_thermal_slowdown",)
+        elif util == 0:
+            throttle = ("gpu_idle",)
+        xids, g.xids = tuple(g.xids), []
+        mem = 0 if util == 0 else int(self.spec.memory_mb * (0.25 + 0.65 * g.load))
+        return GpuSample(
+            index=index,
+            utilization_pct=round(100 * util, 1),
+            memory_used_mb=mem,
+            temperature_c=round(g.temp, 1),
+            power_w=round(self.spec.idle_w + (self.spec.max_w - self.spec.idle_w) * util, 1),
+            sm_clock_mhz=1980 if util > 0 and not throttle else 345 if util == 0 else 1200,
+            mem_clock_mhz=2619,
+            throttle_reasons=throttle,
+            ecc_sbe=g.sbe,
+            ecc_dbe=g.dbe,
+            xid_events=xids,
+            pcie_replay=g.replay,
+        )

@@ -1,0 +1,386 @@
+"""``gpufleet demo``: a whole simulated fleet on one machine.
+
+- the server (``gpufleet server``, a child process) on SQLite in the data dir (default:
+  a fresh temp dir, removed at exit; ``--data-dir`` keeps it and reuses its admin token),
+  migrated by the demo itself;
+- ``--nodes`` agents (default 50) in this process, each a real HTTP client of the server
+  over loopback with ``--gpus-per-node`` simulated H100s, 10 nodes per leaf switch, each
+  with its own node credential;
+- a background workload: the bundled Philly sample replayed ``--speed`` times faster
+  (durations also divided by it, clamped to 2..120 s), submitted through the API by five
+  demo users in three teams. Trace jobs are *simulated* (``GPUFLEET_SIMULATE_S``): they
+  hold their GPUs and drive the simulated telemetry, nothing runs. Jobs you submit
+  yourself (``gpufleet submit -- echo hi``, as admin: member of team ``demo``) run as
+  real processes on the simulated nodes; ``gpufleet logs ID`` shows their output.
+
+Ctrl-C (SIGINT) or SIGTERM stops the workload, the agents' jobs, the agents and the
+server, and exits 0. The server dies with the demo even if the demo is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+
+from gpufleet.agent import Agent, AgentConfig, HttpTransport, SimSpec, SimulatedProbe, make_agent
+from gpufleet.agent.jobs import SIMULATE_ENV, SIMULATE_UTIL_ENV
+from gpufleet.sim.trace import TraceJob
+
+TEAMS = {"vision": ("alice", "bob"), "language": ("carol", "dave"), "speech": ("erin",)}
+ADMIN_TEAM = "demo"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemoOptions:
+    nodes: int = 50
+    gpus_per_node: int = 8
+    port: int = 8080
+    host: str = "127.0.0.1"
+    workload: bool = True
+    data_dir: Path | None = None
+    nodes_per_leaf: int = 10
+    speed: float = 300.0
+    admin_token: str | None = None
+    sync_interval_s: float = 2.0
+    agent_threads: int = 16
+    max_job_s: float = 120.0
+
+
+def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _admin_token(data: Path, given: str | None) -> str:
+    path = data / "admin-token"
+    if given:
+        token = given
+    elif path.exists():
+        token = path.read_text().strip()
+    else:
+        token = "gf_" + secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+class Demo:
+    def __init__(self, opts: DemoOptions) -> None:
+        self.opts = opts
+        self.cleanup = opts.data_dir is None
+        self.data = opts.data_dir or Path(tempfile.mkdtemp(prefix="gpufleet-demo-"))
+        self.data.mkdir(parents=True, exist_ok=True)
+        self.url = f"http://{opts.host}:{opts.port}"
+        self.stop = threading.Event()
+        self.server: subprocess.Popen[bytes] | None = None
+        self.agents: list[Agent] = []
+        self.threads: list[threading.Thread] = []
+        self.summary: dict[str, Any] = {}
+        self.submitted = 0
+        self.token = ""
+
+    # -- server -----------------------------------------------------------------------------
+    def start_server(self) -> str | None:
+        from gpufleet.server import db
+
+        db_url = f"sqlite:///{self.data / 'gpufleet.db'}"
+        db.upgrade(db_url)
+        self.token = _admin_token(self.data, self.opts.admin_token)
+        log = open(self.data / "server.log", "ab")  # noqa: SIM115 (lives as long as the child)
+        self.server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpufleet",
+                "server",
+                "--host",
+                self.opts.host,
+                "--port",
+                str(self.opts.port),
+                "--database-url",
+                db_url,
+                "--node-timeout",
+                "30s",
+            ],
+            env={**os.environ, "GPUFLEET_ADMIN_TOKEN": self.token},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.server.poll() is not None:
+                tail = (self.data / "server.log").read_text(errors="replace")[-2000:]
+                return f"the server exited:\n{tail}"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/v1/healthz", timeout=1).status_code == 200:
+                    return None
+            time.sleep(0.1)
+        return "the server did not answer within 30 s"
+
+    def api(self, token: str | None = None) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url + "/v1", headers={"Authorization": f"Bearer {token or self.token}"}, timeout=30
+        )
+
+    # -- accounts, credentials ------------------------------------------------------------------
+    def setup_accounts(self) -> dict[str, tuple[str, str]]:
+        """Teams and users (idempotent on a reused data dir); {user: (team, token)}."""
+        users: dict[str, tuple[str, str]] = {}
+        with self.api() as c:
+            me = c.get("/users/me")
+            if me.status_code != 200:
+                raise RuntimeError(
+                    f"the admin token is refused ({me.status_code}); with a reused --data-dir "
+                    "set GPUFLEET_ADMIN_TOKEN to the token of its first start"
+                )
+            for team in (ADMIN_TEAM, *TEAMS):
+                c.post("/teams", json={"name": team})
+            c.post(f"/teams/{ADMIN_TEAM}/members", json={"user": "admin"})
+            for team, names in TEAMS.items():
+                for name in names:
+                    made = c.post("/users", json={"name": name, "role": "user", "teams": [team]})
+                    if made.status_code == 201:
+                        users[name] = (team, made.json()["token"])
+                    else:
+                        tok = c.post("/tokens", json={"name": "demo", "user": name})
+                        users[name] = (team, tok.json()["token"])
+        return users
+
+    def join_tokens(self, names: list[str]) -> dict[str, str]:
+        with self.api() as c:
+            return {n: c.post("/nodes/join-tokens", json={"node": n}).json()["token"] for n in names}
+
+    # -- agents -----------------------------------------------------------------------------
+    def start_agents(self) -> None:
+        o = self.opts
+        names = [f"node-{i:03d}" for i in range(o.nodes)]
+        tokens = self.join_tokens(names)
+        for i, name in enumerate(names):
+            leaf = i // o.nodes_per_leaf
+            config = AgentConfig(
+                node=name,
+                work_dir=self.data / "agents" / name,
+                leaf=f"leaf-{leaf}",
+                rack=f"rack-{leaf // 2}",
+                address="127.0.0.1",
+                sync_interval_s=o.sync_interval_s,
+                grace_s=5.0,
+            )
+            probe = SimulatedProbe(node=name, spec=SimSpec(gpus=o.gpus_per_node, model="H100-80GB"))
+            bot = make_agent(config=config, probe=probe, transport=HttpTransport(self.url, tokens[name]))
+            bot.restore()
+            self.agents.append(bot)
+        groups = max(1, min(o.agent_threads, len(self.agents)))
+        for g in range(groups):
+            mine = self.agents[g::groups]
+            t = threading.Thread(target=self._run_agents, args=(mine,), name=f"agents-{g}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _run_agents(self, agents: list[Agent]) -> None:
+        random.Random(len(agents)).shuffle(agents)
+        while not self.stop.is_set():
+            for bot in agents:
+                if self.stop.is_set():
+                    return
+                with contextlib.suppress(Exception):  # one agent's bad turn must not stop the rest
+                    bot.step()
+            self.stop.wait(0.25)
+
+    # -- workload ---------------------------------------------------------------------------
+    def _trace(self) -> list[TraceJob]:
+        from gpufleet.sim.loaders import load_trace
+
+        path = Path(str(resources.files("gpufleet") / "data" / "philly-sample.csv"))
+        return load_trace(path, "philly").jobs
+
+    def _spec(self, job: TraceJob, team: str, rng: random.Random) -> dict[str, Any]:
+        o = self.opts
+        dur = min(o.max_job_s, max(2.0, job.duration_s / o.speed))
+        spec: dict[str, Any] = {
+            "command": ["sleep", f"{dur:.0f}"],
+            "name": job.job_id,
+            "gpus": job.gpus,
+            "team": team,
+            "priority": -1,
+            "env": {SIMULATE_ENV: f"{dur:.1f}", SIMULATE_UTIL_ENV: f"{rng.uniform(0.55, 1.0):.2f}"},
+        }
+        if job.gpus > o.gpus_per_node and job.gpus % o.gpus_per_node == 0:
+            spec["gpus_per_node"] = o.gpus_per_node
+        return spec
+
+    def run_workload(self, users: dict[str, tuple[str, str]]) -> None:
+        trace = self._trace()
+        if not trace:
+            return
+        rng = random.Random(7)
+        names = sorted(users)
+        clients = {n: self.api(users[n][1]) for n in names}
+        span = trace[-1].submit_s / self.opts.speed + 5.0
+        cap = 2 * self.opts.nodes * self.opts.gpus_per_node
+        try:
+            for lap in range(1_000_000):
+                t0 = time.monotonic()
+                for job in trace:
+                    at = t0 + job.submit_s / self.opts.speed
+                    while not self.stop.is_set() and time.monotonic() < at:
+                        self.stop.wait(min(0.5, at - time.monotonic()))
+                    if self.stop.is_set():
+                        return
+                    if self.summary.get("jobs", {}).get("PENDING", 0) > cap:
+                        continue  # the queue is long enough: skip rather than pile up
+                    user = names[hash((job.user, lap)) % len(names)]
+                    with contextlib.suppress(httpx.HTTPError):
+                        if clients[user].post("/jobs", json=self._spec(job, users[user][0], rng)).is_success:
+                            self.submitted += 1
+                rest = t0 + span - time.monotonic()
+                if rest > 0 and self.stop.wait(rest):
+                    return
+        finally:
+            for c in clients.values():
+                c.close()
+
+    # -- status -----------------------------------------------------------------------------
+    def poll_summary(self) -> None:
+        with self.api() as c:
+            while not self.stop.is_set():
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    r = c.get("/fleet/summary")
+                    if r.status_code == 200:
+                        self.summary = r.json()
+                self.stop.wait(1.0)
+
+    def render(self) -> Any:
+        from rich.table import Table
+
+        s = self.summary
+        t = Table(title="gpufleet demo", show_header=False, expand=False)
+        t.add_column(justify="right", style="bold")
+        t.add_column()
+        if not s:
+            t.add_row("status", "starting...")
+            return t
+        t.add_row("nodes ready", f"{s['nodes_ready']} / {s['nodes']}")
+        t.add_row("GPUs busy", f"{s['gpus_busy']} / {s['gpus']}  ({s['gpus_unhealthy']} unhealthy)")
+        jobs = s.get("jobs", {})
+        order = ("PENDING", "SCHEDULED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "HELD")
+        t.add_row("jobs", "  ".join(f"{k.lower()} {jobs[k]}" for k in order if jobs.get(k)) or "none yet")
+        sync = s.get("sync", {})
+        t.add_row("syncs", f"{sync.get('count', 0)}  p99 {sync.get('p99_ms')} ms")
+        t.add_row("submitted", str(self.submitted))
+        return t
+
+    def line(self) -> str:
+        s = self.summary
+        if not s:
+            return "gpufleet demo: starting..."
+        jobs = " ".join(f"{k}={v}" for k, v in sorted(s.get("jobs", {}).items()))
+        gpus = f"GPUs {s['gpus_busy']}/{s['gpus']} busy"
+        return f"nodes {s['nodes_ready']}/{s['nodes']} ready, {gpus}, jobs: {jobs}"
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+        for bot in self.agents:
+            if bot.running():
+                with contextlib.suppress(Exception):
+                    bot.stop_all(timeout_s=3.0)
+            with contextlib.suppress(Exception):
+                bot.close()
+        if self.server is not None and self.server.poll() is None:
+            self.server.terminate()
+            try:
+                self.server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait()
+        if self.cleanup:
+            shutil.rmtree(self.data, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals(stop: threading.Event) -> Iterator[None]:
+    def handler(_sig: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _background(target: Any, *args: Any, name: str) -> threading.Thread:
+    t = threading.Thread(target=target, args=args, name=name, daemon=True)
+    t.start()
+    return t
+
+
+def run_demo(opts: DemoOptions) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    demo = Demo(opts)
+    with _signals(demo.stop):
+        try:
+            problem = demo.start_server()
+            if problem is not None:
+                console.print(f"[red]gpufleet demo: {problem}[/red]")
+                return 1
+            users = demo.setup_accounts()
+            demo.start_agents()
+            demo.threads.append(_background(demo.poll_summary, name="summary"))
+            if opts.workload:
+                demo.threads.append(_background(demo.run_workload, users, name="workload"))
+            console.print(
+                f"gpufleet demo: {opts.nodes} nodes x {opts.gpus_per_node} simulated GPUs\n"
+                f"  API      {demo.url}/v1   (docs: {demo.url}/docs)\n"
+                f"  admin    {demo.token}\n"
+                f"  data     {demo.data}{' (removed at exit)' if demo.cleanup else ''}\n"
+                f"  try      export GPUFLEET_URL={demo.url} GPUFLEET_TOKEN={demo.token}\n"
+                "           gpufleet submit -- echo hi; gpufleet logs <id>\n"
+                "  Ctrl-C stops everything.",
+                highlight=False,
+                soft_wrap=True,
+            )
+            if console.is_terminal:
+                with Live(demo.render(), console=console, refresh_per_second=2) as live:
+                    while not demo.stop.wait(0.5):
+                        live.update(demo.render())
+            else:
+                while not demo.stop.wait(5.0):
+                    print(demo.line(), flush=True)
+        except (RuntimeError, httpx.HTTPError, OSError) as exc:
+            console.print(f"[red]gpufleet demo: {exc}[/red]")
+            return 1
+        finally:
+            demo.shutdown()
+    console.print("gpufleet demo: stopped.")
+    return 0

@@ -1,0 +1,75 @@
+"""``gpufleet demo`` end to end: 50 agents (real HTTP clients) come up Ready with 400
+GPUs within 30 s, a job submitted with the CLI runs as a real process and its log is
+readable, and Ctrl-C (SIGINT) stops everything with exit 0 and no process left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from server.conftest import free_port, gpufleet
+
+TOKEN = "gf_demo_test_admin"
+
+
+def test_demo_fleet_runs_jobs_and_stops_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "GPUFLEET_ADMIN_TOKEN": TOKEN}
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "demo", "--port", str(port), "--data-dir", str(tmp_path / "demo")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    family: set[int] = set()
+    try:
+        nodes: list[dict[str, object]] = []
+        with httpx.Client(
+            base_url=url + "/v1", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+        ) as c:
+            while time.monotonic() - started < 30:
+                try:
+                    nodes = c.get("/nodes").json()
+                except (httpx.HTTPError, ValueError):
+                    nodes = []
+                if len(nodes) == 50 and all(n["state"] == "Ready" for n in nodes):
+                    break
+                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+                time.sleep(0.5)
+            assert len(nodes) == 50 and {n["state"] for n in nodes} == {"Ready"}
+            assert sum(int(n["gpus_total"]) for n in nodes) == 400  # type: ignore[call-overload]
+            assert len({n["leaf"] for n in nodes}) == 5
+            family = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+
+            cli = {"GPUFLEET_URL": url, "GPUFLEET_TOKEN": TOKEN}
+            sub = gpufleet("submit", "--", "sh", "-c", "echo hi from $GPUFLEET_JOB_ID", env=cli)
+            assert sub.returncode == 0, sub.stderr
+            jid = int(sub.stdout.strip())
+            deadline = time.monotonic() + 20
+            while (state := c.get(f"/jobs/{jid}").json()["state"]) != "COMPLETED":
+                assert state in ("PENDING", "SCHEDULED", "RUNNING") and time.monotonic() < deadline, state
+                time.sleep(0.2)
+            logs = gpufleet("logs", str(jid), env=cli)
+            assert logs.returncode == 0 and logs.stdout == f"hi from {jid}\n", logs.stderr
+            assert c.get("/fleet/summary").json()["jobs"].get("COMPLETED", 0) >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, out.decode()
+    assert b"admin    " + TOKEN.encode() in out and f"{url}/docs".encode() in out
+    assert family and not [
+        p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+    ]
