@@ -144,6 +144,7 @@ class _Pass:
         self.worst_key: Key = ()
         self.keyed: list[tuple[Key, RunningJob]] | None = None
         self.hopeless: dict[tuple[object, ...], Key] = {}
+        self.nofit: dict[tuple[int, bool], _Wait] = {}
 
     # -- the pass -------------------------------------------------------------------
     def run(self) -> Plan:
@@ -193,6 +194,15 @@ class _Pass:
             )
             return
         limit = self.policy.limit(job)
+        # Without preemption or reservations free capacity only shrinks during a pass, so a
+        # job shaped like one that did not fit will not fit either: skip the search.
+        same = None
+        if not self.policy.preemptive and not self.book and job.reservation is None:
+            same = (id(opts), self._is_long(limit))
+            hit = self.nofit.get(same)
+            if hit is not None:
+                self.waits[job.id] = hit
+                return
         placement = self.place(job, opts, limit)
         if placement is None and job.reservation is not None:
             self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, "Reservation", self.reservation_wait(job), opts)
@@ -203,14 +213,19 @@ class _Pass:
             self.record_start(job, placement)
             return
         if self.shadow is not None and self.cap_fits(opts):
-            self.waits[job.id] = _Wait(
+            wait = _Wait(
                 Status.UNSCHEDULABLE,
                 "Priority",
                 f"would delay job {self.shadow.job_id}, reserved to start first",
                 opts,
             )
+        else:
+            wait = _Wait(Status.UNSCHEDULABLE, "Resources", options=opts)
+        self.waits[job.id] = wait
+        if same is not None and (wait.code == "Resources" or not self.explain):
+            self.nofit[same] = wait  # a "Priority" reason could turn into "Resources" later
+        if wait.code != "Resources":
             return
-        self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, "Resources", options=opts)
         if self.policy.backfill == "none":
             self.strict_blocker = job.id
         elif self.policy.backfill == "easy" and self.shadow is None:
