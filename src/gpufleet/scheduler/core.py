@@ -3,10 +3,12 @@ simulator both call.
 
 Pipeline (each step a small method of ``_Pass``)::
 
-    snapshot --index--> capacity --order--> for each waiting job:
+    snapshot --index--> capacity --reservations starting: preempt/move--> --order-->
+    for each waiting job:
         options (group, shape)   Unschedulable reasons are data, not exceptions
         quota filter             team hard limits
-        place                    topology-aware best fit (placement.py)
+        place                    own reservation first, then the job's view of free GPUs
+                                 (reservations.py), topology-aware best fit (placement.py)
         | backfill guard         EASY: do not delay the reserved head job
         | preempt                lower-key victims, fewest needed
     --> explain: queue positions, estimated starts (estimate.py), reasons, fragmentation
@@ -151,8 +153,9 @@ class _Pass:
         if self.book:
             self.clear_reserved_gpus()
         if not self.explain and not self.policy.preemptive and self.cap.total_free == 0:
-            return Plan(policy=self.policy.name)  # nothing can start: skip ordering the queue
-        ordered = self.policy.order(self.snap.pending, self.ctx)
+            ordered = []  # nothing can start: skip ordering the queue
+        else:
+            ordered = self.policy.order(self.snap.pending, self.ctx)
         for key, job in ordered:
             if (
                 not self.explain
