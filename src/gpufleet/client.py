@@ -19,6 +19,7 @@ import httpx
 import platformdirs
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from gpufleet.server.reservation_schemas import ReservationOut
 from gpufleet.server.schemas import (
     JobDetail,
     JobPage,
@@ -177,6 +178,23 @@ class GpufleetClient:
 
     def set_priority(self, job_id: int, priority: int) -> JobDetail:
         return self._get(JobDetail, "PUT", f"/jobs/{job_id}/priority", json={"priority": priority})
+
+    # -- reservations -----------------------------------------------------------------------
+    def reserve(self, spec: dict[str, Any]) -> list[ReservationOut]:
+        try:
+            return TypeAdapter(list[ReservationOut]).validate_python(
+                self.request("POST", "/reservations", json=spec)
+            )
+        except ValidationError as exc:
+            raise ClientError(
+                f"unexpected answer from /reservations: {exc.error_count()} schema errors"
+            ) from exc
+
+    def reservations(self, *, include_past: bool = False) -> list[ReservationOut]:
+        return self._list(ReservationOut, "/reservations", params={"all": "true"} if include_past else {})
+
+    def cancel_reservation(self, reservation_id: int) -> ReservationOut:
+        return self._get(ReservationOut, "DELETE", f"/reservations/{reservation_id}")
 
     # -- nodes ------------------------------------------------------------------------------
     def nodes(self, *, pool: str | None = None) -> list[NodeOut]:

@@ -23,6 +23,7 @@ from gpufleet.agent import (
 )
 from gpufleet.agent.container import ContainerRunner, load_docker
 from gpufleet.agent.jobs import Peer
+from gpufleet.agent.runners import VANISHED
 
 PY = sys.executable
 
@@ -132,7 +133,7 @@ def test_a_reused_pid_is_not_mistaken_for_the_job(store: JobStore, tmp_path: Pat
         pid=os.getpid(),  # alive, but created at another time than recorded
         create_time=1.0,
     )
-    assert runner.poll(ghost, now=time.time()) == 255
+    assert runner.poll(ghost, now=time.time()) == VANISHED  # reported "lost": the job is requeued
 
 
 def test_simulated_runner_holds_its_gpus_for_the_duration(store: JobStore) -> None:

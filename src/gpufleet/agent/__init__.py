@@ -45,7 +45,7 @@ def make_agent(
     container_runtime: str | None = None,
 ) -> Agent:
     """An agent with the standard runners over ``config.work_dir``."""
-    store = JobStore(Path(config.work_dir))
+    store = JobStore(Path(config.work_dir), checkpoints=config.checkpoint_root)
     runners: dict[str, JobRunner] = {
         "process": ProcessRunner(store, node=config.node),
         "simulated": SimulatedRunner(store),

@@ -30,7 +30,7 @@ from typing import Any
 
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
-from gpufleet.agent.runners import JobRunner
+from gpufleet.agent.runners import VANISHED, JobRunner
 from gpufleet.agent.transport import AgentTransportError, SyncTransport
 from gpufleet.server.clock import Clock, SystemClock
 from gpufleet.server.schemas import SyncReply
@@ -57,6 +57,11 @@ class AgentConfig:
     log_bytes_per_sync: int = 512 * 1024
     real_job_util: float = 0.5
     """The utilisation a simulated GPU shows while a real process holds it."""
+    health_interval_s: float = 2.0
+    """The GPUs are checked this often between syncs; a new fault syncs at once."""
+    checkpoint_root: Path | None = None
+    """Where ``checkpoints/<job>`` (GPUFLEET_CHECKPOINT_DIR) lives: a filesystem shared
+    by all nodes lets a requeued job resume on another node (default: the work dir)."""
 
 
 @dataclass(slots=True)
@@ -110,6 +115,7 @@ def telemetry_row(s: GpuSample, reasons: tuple[str, ...], inv: NodeInventory) ->
         "ecc_dbe": s.ecc_dbe,
         "xid_events": list(s.xid_events),
         "pcie_replay": s.pcie_replay,
+        "retired_pages": s.retired_pages,
         "pcie_gen": info.pcie_gen if info else None,
         "pcie_width": info.pcie_width if info else None,
         "nvlink_peers": list(info.nvlink_peers) if info else [],
@@ -144,6 +150,9 @@ class Agent:
         self._last_sync = float("-inf")
         self._next_sync = 0.0
         self._lock = threading.Lock()
+        self._xids: dict[int, list[int]] = {}
+        self._faults: dict[int, frozenset[str]] = {}
+        self._last_health = time.monotonic()
 
     # -- local state ------------------------------------------------------------------------
     def restore(self) -> int:
@@ -206,7 +215,7 @@ class Agent:
     def build_sync(self) -> dict[str, Any]:
         inv = self.inventory
         try:
-            samples = self.probe.sample()
+            samples = self._with_xids(self.probe.sample())
         except ProbeError as exc:
             log.warning("node %s: no telemetry: %s", self.config.node, exc)
             samples = ()
@@ -236,7 +245,7 @@ class Agent:
                     {
                         "job_id": job.job_id,
                         "attempt": job.attempt,
-                        "state": "exited" if done else "running",
+                        "state": ("lost" if job.exit_code == VANISHED else "exited") if done else "running",
                         "exit_code": job.exit_code if done else None,
                     }
                 )
@@ -341,10 +350,42 @@ class Agent:
             return since >= self.config.news_gap_s
         return since >= self.config.log_gap_s and self._pending_logs()
 
+    def _with_xids(self, samples: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
+        """The samples with the XIDs seen by health checks since the last sync."""
+        if not self._xids:
+            return samples
+        xids, self._xids = self._xids, {}
+        return tuple(
+            dataclasses.replace(s, xid_events=(*xids.get(s.index, ()), *s.xid_events)) for s in samples
+        )
+
+    def check_health(self) -> bool:
+        """Sample the GPUs between syncs; True (and a sync soon) if a GPU shows a new
+        kind of fault. XIDs seen here travel with the next sync."""
+        try:
+            samples = self.probe.sample()
+        except ProbeError:
+            return False
+        for s in samples:
+            if s.xid_events:
+                self._xids.setdefault(s.index, []).extend(s.xid_events)
+        faults = {
+            i: frozenset(r.split()[0] for r in v.reasons) for i, v in self.health.update(samples).items()
+        }
+        new = any(not f <= self._faults.get(i, frozenset()) for i, f in faults.items())
+        self._faults = faults
+        if new:
+            self._news = True
+        return new
+
     def step(self) -> None:
-        """One turn of the loop: tick, and sync when due."""
+        """One turn of the loop: tick, check the GPUs every ``health_interval_s``, and
+        sync when due."""
         self.tick()
         now = time.monotonic()
+        if now - self._last_health >= self.config.health_interval_s:
+            self._last_health = now
+            self.check_health()
         if self.due(now):
             ok = self.sync_once()
             back_off = min(self.config.sync_interval_s, 2.0 * max(1, self.stats.failures))

@@ -10,6 +10,8 @@ Work-dir layout (``--work-dir``)::
     jobs/<job>-<attempt>/run/         the job's working directory
     jobs/<job>-<attempt>/hostfile     one line per node of the placement
     checkpoints/<job>/                GPUFLEET_CHECKPOINT_DIR: the same for every attempt
+                                      (under --checkpoint-root instead when given: a
+                                      shared filesystem makes it the same on every node)
 
 Simulated jobs (the demo's trace workload) carry ``GPUFLEET_SIMULATE_S=<seconds>`` in
 their environment: the agent then runs nothing and holds the GPUs that long
@@ -173,9 +175,9 @@ def hostfile_text(spec: JobSpec) -> str:
 class JobStore:
     """LocalJob records under ``<work_dir>/jobs``; each write is atomic (tmp + rename)."""
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, *, checkpoints: Path | None = None) -> None:
         self.root = work_dir / "jobs"
-        self.checkpoints = work_dir / "checkpoints"
+        self.checkpoints = (checkpoints or work_dir) / "checkpoints"
         self.root.mkdir(parents=True, exist_ok=True)
 
     def job_dir(self, job_id: int, attempt: int) -> Path:

@@ -60,6 +60,8 @@ class GpuSample:
     ecc_dbe: int | None = None
     xid_events: tuple[int, ...] = ()
     pcie_replay: int | None = None
+    retired_pages: int | None = None
+    """Pages retired for ECC errors (single- plus double-bit), cumulative."""
     lost: bool = False
 
 

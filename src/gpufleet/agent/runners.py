@@ -27,6 +27,9 @@ from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob, hostfile_text, laun
 
 WRAPPER = Path(__file__).with_name("_wrapper.py")
 KILLED = 128 + int(signal.SIGKILL)
+VANISHED = -1
+"""``poll``'s code for a process gone without an exit code (its node rebooted): the
+agent reports the attempt ``lost`` and the server requeues the job."""
 
 
 class JobRunner(Protocol):
@@ -183,7 +186,7 @@ class ProcessRunner:
         if child is not None and child.returncode is not None:
             rc = child.returncode
             return 128 - rc if rc < 0 else rc
-        return KILLED if job.killed else 255  # vanished without a word (e.g. the node rebooted)
+        return KILLED if job.killed else VANISHED  # gone without a word (e.g. the node rebooted)
 
     def stop(self, job: LocalJob, *, now: float, grace_s: float) -> LocalJob:
         if job.pid is None or not self._alive(job):

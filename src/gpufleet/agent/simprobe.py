@@ -4,7 +4,8 @@ Telemetry follows the load the agent places on each GPU (``set_load``: utilisati
 0..1 per GPU index): utilisation and memory follow at once, power with the utilisation,
 temperature approaches its steady state (idle 32 C, ~80 C at full load) with a time
 constant of ``thermal_tau_s``, read from the injected clock. Faults are injected by
-hand: ``overheat``, ``xid``, ``ecc_double_bit``, ``lose``; ``clear`` removes them.
+hand: ``overheat``, ``xid``, ``ecc_double_bit``, ``retire_pages``, ``lose``; ``clear``
+removes them (and lets the temperature fall back).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class _GpuState:
     dbe: int = 0
     sbe: int = 0
     replay: int = 0
+    retired: int = 0
     xids: list[int] = field(default_factory=list)
 
 
@@ -116,6 +118,10 @@ class SimulatedProbe:
         with self._lock:
             self._gpus[index].dbe += count
 
+    def retire_pages(self, index: int, count: int = 1) -> None:
+        with self._lock:
+            self._gpus[index].retired += count
+
     def lose(self, index: int) -> None:
         with self._lock:
             self._gpus[index].lost = True
@@ -124,7 +130,7 @@ class SimulatedProbe:
         with self._lock:
             g = self._gpus[index]
             g.overheat = g.lost = False
-            g.dbe = 0
+            g.dbe = g.retired = 0
             g.xids.clear()
             g.temp = min(g.temp, FULL_LOAD_C)
 
@@ -159,4 +165,5 @@ class SimulatedProbe:
             ecc_dbe=g.dbe,
             xid_events=xids,
             pcie_replay=g.replay,
+            retired_pages=g.retired,
         )

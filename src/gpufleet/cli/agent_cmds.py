@@ -66,6 +66,9 @@ def agent(
     rack: str | None = typer.Option(None, "--rack"),
     address: str | None = typer.Option(None, "--address", help="Address peers reach this node at."),
     work_dir: Path | None = typer.Option(None, "--work-dir", help="Job state, logs, checkpoints."),
+    checkpoint_root: Path | None = typer.Option(
+        None, "--checkpoint-root", help="Shared filesystem for GPUFLEET_CHECKPOINT_DIR (default: --work-dir)."
+    ),
     sync_interval: str = typer.Option("10s", "--sync-interval"),
     grace: str = typer.Option("30s", "--grace", help="SIGTERM -> SIGKILL grace period."),
     cap_add: list[str] = typer.Option([], "--container-cap-add", help="Capability containers may keep."),
@@ -109,6 +112,7 @@ def agent(
         address=address or _local_address(server),
         sync_interval_s=_seconds(sync_interval, "--sync-interval"),
         grace_s=_seconds(grace, "--grace"),
+        checkpoint_root=checkpoint_root,
     )
     bot = make_agent(
         config=config, probe=probe, transport=HttpTransport(server, secret), container_caps=tuple(cap_add)

@@ -19,6 +19,7 @@ import typer
 
 from gpufleet.cli import sbatch
 from gpufleet.client import ClientError, Connection, GpufleetClient, save_connection
+from gpufleet.server.health import DEFAULT_FATAL_XIDS
 from gpufleet.timefmt import format_duration, parse_duration
 
 jobs_app = typer.Typer(help="Jobs: list and show.", no_args_is_help=True)
@@ -71,24 +72,65 @@ def server(
         None, "--database-url", help="SQLAlchemy URL (default: SQLite in the user data dir)."
     ),
     policy: str = typer.Option("default", "--policy", help="Scheduling policy."),
-    node_timeout: str = typer.Option("60s", "--node-timeout", help="A node unseen this long is NotReady."),
+    node_timeout: str = typer.Option("30s", "--node-timeout", help="A node unseen this long is NotReady."),
+    requeue_after: str = typer.Option(
+        "60s", "--requeue-after", help="NotReady this much longer: node lost, its jobs requeued."
+    ),
+    gpu_max_temp: float = typer.Option(85.0, "--gpu-max-temp", help="Hotter (C) for --gpu-hot-for: cordon."),
+    gpu_hot_for: str = typer.Option("30s", "--gpu-hot-for"),
+    gpu_recover_after: str = typer.Option(
+        "10m", "--gpu-recover-after", help="An overheat cordon lifts after this long at normal temperature."
+    ),
+    gpu_fatal_xids: str = typer.Option(
+        ",".join(map(str, sorted(DEFAULT_FATAL_XIDS))), "--gpu-fatal-xids", help="XIDs that cordon a GPU."
+    ),
+    gpu_max_ecc_dbe: int = typer.Option(1, "--gpu-max-ecc-dbe", min=0, help="DBE errors; 0: off."),
+    gpu_max_retired_pages: int = typer.Option(60, "--gpu-max-retired-pages", min=0, help="0: off."),
+    alert_webhook: str | None = typer.Option(
+        None, "--alert-webhook", help="POST built-in alerts here (Alertmanager webhook JSON)."
+    ),
+    queue_wait_alert: str = typer.Option("30m", "--queue-wait-alert", help="QueueWaitHigh threshold."),
+    idle_release: str = typer.Option(
+        "15m", "--idle-release", help="Release a started reservation no owner job used for this long."
+    ),
 ) -> None:
-    """Run the control plane (API under /v1, scheduling loop)."""
+    """Run the control plane (API under /v1, scheduling and node-lifecycle loops).
+
+    Health rules cordon one GPU and requeue its job: temperature above --gpu-max-temp
+    for --gpu-hot-for, an XID in --gpu-fatal-xids, --gpu-max-ecc-dbe double-bit ECC
+    errors, the GPU lost from the bus, --gpu-max-retired-pages retired pages."""
     from gpufleet.scheduler import POLICIES
     from gpufleet.server import ServerConfig, StartupError, run
     from gpufleet.server.db import default_database_url
+    from gpufleet.server.health import HealthRules
 
     if policy not in POLICIES:
         raise _fail(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}", 2)
     try:
         timeout_s = parse_duration(node_timeout)
+        rules = HealthRules(
+            max_temp_c=gpu_max_temp,
+            temp_for_s=parse_duration(gpu_hot_for),
+            recover_after_s=parse_duration(gpu_recover_after),
+            fatal_xids=frozenset(int(x) for x in gpu_fatal_xids.split(",") if x.strip()),
+            max_ecc_dbe=gpu_max_ecc_dbe,
+            max_retired_pages=gpu_max_retired_pages,
+        )
+        requeue_s = parse_duration(requeue_after)
+        queue_wait_s = parse_duration(queue_wait_alert)
+        idle_release_s = parse_duration(idle_release)
     except ValueError as exc:
         raise _fail(str(exc), 2) from None
     config = ServerConfig(
         database_url=database_url or default_database_url(),
         policy=policy,
         node_timeout_s=timeout_s,
+        requeue_after_s=requeue_s,
+        health=rules,
         admin_token=os.environ.get("GPUFLEET_ADMIN_TOKEN") or None,
+        alert_webhook=alert_webhook or None,
+        queue_wait_alert_s=queue_wait_s,
+        reservation_idle_release_s=idle_release_s,
     )
     try:
         run(config, host=host, port=port)
@@ -159,7 +201,16 @@ def submit(
     priority: int | None = typer.Option(None, "--priority"),
     image: str | None = typer.Option(None, "--image"),
     pool: str | None = typer.Option(None, "--pool", "--partition", "-p"),
-    requeue: bool | None = typer.Option(None, "--requeue/--no-requeue"),
+    requeue: bool | None = typer.Option(
+        None, "--requeue/--no-requeue", help="Run again after a node or GPU failure (default: yes)."
+    ),
+    max_attempts: int = typer.Option(5, "--max-attempts", min=1, help="Attempts in all, the first included."),
+    requeue_backoff: str = typer.Option(
+        "10s", "--requeue-backoff", help="Delay before the 2nd requeue, doubling (the 1st is immediate)."
+    ),
+    reservation: int | None = typer.Option(
+        None, "--reservation", help="Run only inside this reservation (`gpufleet reservations`)."
+    ),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Submit a job; prints its id. Options override #SBATCH directives."""
@@ -191,9 +242,13 @@ def submit(
         "pool": pool or opts.pool or "default",
         "requeue": requeue if requeue is not None else (opts.requeue if opts.requeue is not None else True),
         "time_limit": limit_s,
+        "max_attempts": max_attempts,
+        "requeue_backoff": requeue_backoff,
         "output": opts.output,
         "error": opts.error,
     }
+    if reservation is not None:
+        spec["reservation"] = reservation
     with _client() as c:
         job = c.submit(spec)
     if json_out:

@@ -76,6 +76,9 @@ def simulate(
         0.0, "--node-failures-per-day", min=0, help="Node failures per node-day."
     ),
     repair: str = typer.Option("4h", "--repair-time", help="Time to repair a failed GPU or node."),
+    requeue_after: str = typer.Option(
+        "0s", "--requeue-after", help="A failed node's jobs re-enter the queue after this (server: 90s)."
+    ),
     reservations_file: Path | None = typer.Option(
         None,
         "--reservations",
@@ -109,6 +112,7 @@ def simulate(
         gpu_failures_per_gpu_day=gpu_failures,
         node_failures_per_node_day=node_failures,
         repair_s=_duration(repair, "--repair-time"),
+        requeue_after_s=_duration(requeue_after, "--requeue-after"),
         seed=seed,
     )
     fleet = FleetSpec(nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=nodes_per_leaf)

@@ -21,9 +21,13 @@ from gpufleet.server import db as dbmod
 from gpufleet.server.clock import Clock, SystemClock
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.deps import Parts, PartsDep
+from gpufleet.server.health import HealthMonitor
 from gpufleet.server.hot import HotState
+from gpufleet.server.lifecycle import LifecycleConfig, LifecycleLoop
+from gpufleet.server.metrics import wiring as observability
 from gpufleet.server.problems import BodyLimitMiddleware, ProblemError, install_handlers
-from gpufleet.server.routers import accounts, agents, jobs, logs, nodes
+from gpufleet.server.routers import accounts, agents, jobs, logs, maintenance, nodes
+from gpufleet.server.routers import reservations as reservations_router
 from gpufleet.server.scheduling import SchedulerLoop
 from gpufleet.server.schemas import Health
 from gpufleet.server.services.accounts import TokenCache, bootstrap_admin
@@ -90,6 +94,7 @@ def create_app(
         clock=clock,
         node_timeout_s=config.node_timeout_s,
         interval_s=config.schedule_interval_s,
+        reservation_idle_release_s=config.reservation_idle_release_s,
     )
     writer = GroupCommitWriter(database)
     parts = Parts(
@@ -102,15 +107,33 @@ def create_app(
         writer=writer,
     )
 
+    hot = HotState(health=HealthMonitor(config.health))
+    lifecycle = LifecycleLoop(
+        db=database,
+        hot=hot,
+        clock=clock,
+        config=LifecycleConfig(
+            node_timeout_s=config.node_timeout_s,
+            requeue_after_s=config.requeue_after_s,
+            interval_s=config.schedule_interval_s,
+        ),
+        waker=loop.wake,
+        fleets_invalidate=parts.fleets.invalidate,
+    )
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop.start()
+        obs.start()
+        lifecycle.start()
         # What start-up built (routes, schemas, SQLAlchemy metadata) lives as long as the
         # process: keep it out of every garbage collection (p99 under load: 165 -> 45 ms).
         gc.freeze()
         try:
             yield
         finally:
+            lifecycle.stop()
+            obs.stop()
             loop.stop()
             writer.close()
             database.dispose()
@@ -122,7 +145,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.parts = parts
-    app.state.hot = HotState()
+    app.state.hot = hot
     install_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     v1 = APIRouter(prefix="/v1")
@@ -132,5 +155,8 @@ def create_app(
     v1.include_router(accounts.router)
     v1.include_router(agents.router)
     v1.include_router(logs.router)
+    v1.include_router(maintenance.router)
+    v1.include_router(reservations_router.router)
     app.include_router(v1)
+    obs = observability.install(app, parts)  # /metrics, the fleet page, alerts
     return app

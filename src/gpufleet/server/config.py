@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from gpufleet.server.health import HealthRules
 
 MIB = 1024 * 1024
 
@@ -11,10 +13,22 @@ MIB = 1024 * 1024
 class ServerConfig:
     database_url: str
     policy: str = "default"
-    node_timeout_s: float = 60.0
+    node_timeout_s: float = 30.0
     """A node not seen (sync or registration) for this long is NotReady: nothing new
-    lands on it. (Requeueing its jobs is the node-lifecycle loop of a later issue.)"""
+    lands on it."""
+    requeue_after_s: float = 60.0
+    """NotReady this much longer: the node is declared lost and its jobs are requeued
+    (``lifecycle.py``)."""
+    health: HealthRules = field(default_factory=HealthRules)
+    """Per-GPU health rules (``health.py``)."""
     schedule_interval_s: float = 1.0
     max_body_bytes: int = MIB
     admin_token: str | None = None
     """GPUFLEET_ADMIN_TOKEN: the admin's token on first start with an empty database."""
+    alert_webhook: str | None = None
+    """POST built-in alerts here (Alertmanager webhook format); None: no built-in alerts."""
+    alert_interval_s: float = 15.0
+    queue_wait_alert_s: float = 1800.0
+    """QueueWaitHigh fires when a pool's oldest pending job has waited this long."""
+    reservation_idle_release_s: float = 900.0
+    """A started reservation no owner job used for this long is released (``--idle-release``)."""

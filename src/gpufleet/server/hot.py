@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import bindparam, update
 
 from gpufleet.server.db import Database
+from gpufleet.server.health import HealthMonitor
 from gpufleet.server.models import NodeRow
 from gpufleet.server.schemas import GpuTelemetry, SyncStats
 
@@ -80,6 +81,11 @@ class Heartbeats:
         with self._lock:
             if at > self._pending.get(node, 0.0):
                 self._pending[node] = at
+
+    def latest(self) -> dict[str, float]:
+        """Sightings not yet written (the node-lifecycle loop adds them to ``last_seen``)."""
+        with self._lock:
+            return dict(self._pending)
 
     def maybe_flush(self, db: Database) -> None:
         now = time.monotonic()
@@ -170,3 +176,4 @@ class HotState:
     heartbeats: Heartbeats = field(default_factory=Heartbeats)
     latencies: Latencies = field(default_factory=Latencies)
     creds: CredCache = field(default_factory=CredCache)
+    health: HealthMonitor = field(default_factory=HealthMonitor)

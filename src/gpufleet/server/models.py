@@ -75,6 +75,12 @@ class NodeRow(Base):
     last_seen: Mapped[float | None] = mapped_column(Float, nullable=True)
     address: Mapped[str | None] = mapped_column(String(256), nullable=True)
     """Where other nodes reach this one (MASTER_ADDR of multi-node jobs); from its agent."""
+    cordon_reason: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    lost_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """When the node-lifecycle loop declared it lost (its jobs requeued); None once back."""
+    drain_deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Draining: jobs still here at this time are requeued (None: not draining)."""
+    drain_requeue: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class GpuRow(Base):
@@ -86,6 +92,13 @@ class GpuRow(Base):
     memory_mb: Mapped[int] = mapped_column(Integer)
     nvlink_domain: Mapped[int] = mapped_column(Integer, default=0)
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    """The agent's own verdict (it sends it with every inventory)."""
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    """The server's: a health rule or an operator took this GPU out of service."""
+    cordon_reason: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    cordon_rule: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    """The health rule that cordoned it (None: an operator)."""
+    cordoned_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Job(Base):
@@ -106,6 +119,12 @@ class Job(Base):
     env: Mapped[dict[str, Any]] = mapped_column(JSON)
     image: Mapped[str | None] = mapped_column(String(256), nullable=True)
     requeue: Mapped[bool] = mapped_column(Boolean, default=True)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=5)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """Requeues after a failure (node lost, GPU fault, drain); preemptions do not count."""
+    requeue_backoff_s: Mapped[float] = mapped_column(Float, default=10.0)
+    not_before: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """A requeued job is not placed before this time (its backoff)."""
     output: Mapped[str | None] = mapped_column(String(512), nullable=True)
     error: Mapped[str | None] = mapped_column(String(512), nullable=True)
     state: Mapped[str] = mapped_column(String(16))
@@ -123,6 +142,8 @@ class Job(Base):
     queue_position: Mapped[int | None] = mapped_column(Integer, nullable=True)
     estimated_start: Mapped[float | None] = mapped_column(Float, nullable=True)
     wait_reason: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    reservation_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    """The reservation this job must run in (``submit --reservation``); None: any GPUs."""
 
 
 class Allocation(Base):
@@ -180,3 +201,89 @@ class JobLogChunk(Base):
     end: Mapped[int] = mapped_column(BigInteger)
     data: Mapped[str] = mapped_column(Text)
     at: Mapped[float] = mapped_column(Float)
+
+
+class GpuEvent(Base):
+    """The fleet's health and maintenance log (a GPU cordoned by a rule, a node lost,
+    a drain...). ``gpu_index`` NULL: about the whole node. Rows of severity
+    ``critical``/``warning`` are the alerts."""
+
+    __tablename__ = "gpu_events"
+    __table_args__ = (Index("ix_gpu_events_node_id", "node", "id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[float] = mapped_column(Float)
+    node: Mapped[str] = mapped_column(String(128))
+    gpu_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    severity: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(512))
+    actor: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class Rollout(Base):
+    """Rolling maintenance: drain at most ``max_unavailable`` of its nodes at a time."""
+
+    __tablename__ = "rollouts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    max_unavailable: Mapped[int] = mapped_column(Integer)
+    grace_s: Mapped[float] = mapped_column(Float)
+    requeue: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str] = mapped_column(String(256))
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class RolloutNode(Base):
+    __tablename__ = "rollout_nodes"
+    rollout_id: Mapped[int] = mapped_column(ForeignKey("rollouts.id", ondelete="CASCADE"), primary_key=True)
+    node: Mapped[str] = mapped_column(String(128), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    """waiting -> draining -> drained -> done (done: uncordoned or marked done)."""
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ReservationRow(Base):
+    """GPUs booked on named nodes for ``[start, end)`` (UNIX seconds, UTC).
+
+    ``node_map`` holds [node, GPU count] pairs chosen at admission (and changed by the
+    scheduler's reservation moves). ``state``: BOOKED, CANCELLED (by a person) or
+    RELEASED (reclaimed unused); a BOOKED row past ``end`` is simply over.
+    """
+
+    __tablename__ = "reservations"
+    __table_args__ = (Index("ix_reservations_state_end", "state", "end"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    users: Mapped[list[str]] = mapped_column(JSON)
+    pool: Mapped[str] = mapped_column(String(64))
+    gpu_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    start: Mapped[float] = mapped_column(Float)
+    end: Mapped[float] = mapped_column(Float)
+    node_map: Mapped[list[list[Any]]] = mapped_column(JSON)
+    maintenance: Mapped[bool] = mapped_column(Boolean, default=False)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(512), default="")
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Last scheduling pass that saw an owner job on its GPUs inside the window."""
+
+
+class ReservationEvent(Base):
+    """What happened to a reservation (booked, moved, cancelled, released), and who did it."""
+
+    __tablename__ = "reservation_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    reservation_id: Mapped[int] = mapped_column(ForeignKey("reservations.id", ondelete="CASCADE"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(512), default="")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ from gpufleet.server.clock import Clock
 from gpufleet.server.db import Database
 from gpufleet.server.models import Allocation, Job, NodeRow, Pool, Team, User
 from gpufleet.server.services.inventory import LiveFleet
+from gpufleet.server.services.reservations import Booked, load_booked, step_reservations
 from gpufleet.server.states import ACTIVE, JobState
 from gpufleet.server.transitions import JobRef, move, ref, stop_values
 
@@ -69,6 +71,7 @@ class _Loaded:
     snapshot: Snapshot
     refs: dict[str, JobRef]
     cpu_pending: list[Job]
+    booked: list[Booked] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -89,7 +92,13 @@ class SchedulerLoop:
         interval_s: float = 1.0,
         max_attempts: int = 5,
         busy_factor: float = 4.0,
+        on_pass: Callable[[Snapshot, Plan, float], None] | None = None,
+        reservation_idle_release_s: float = 900.0,
     ) -> None:
+        self.reservation_idle_release_s = reservation_idle_release_s
+        self.on_pass = on_pass
+        """Called after each committed pass with its snapshot, plan and duration in
+        seconds (the metrics; ``server/metrics``). Its errors are logged, never raised."""
         self.busy_factor = busy_factor
         self.db = db
         self.policy = policy
@@ -143,6 +152,7 @@ class SchedulerLoop:
 
     # -- one pass -------------------------------------------------------------------------
     def run_once(self) -> PassResult:
+        t0 = time.perf_counter()
         for attempt in range(1, self.max_attempts + 1):
             now = self.clock.now()
             try:
@@ -158,6 +168,11 @@ class SchedulerLoop:
                 self._statuses.rows.clear()
                 continue
             self.passes += 1
+            if self.on_pass is not None:
+                try:
+                    self.on_pass(loaded.snapshot, result, time.perf_counter() - t0)
+                except Exception:
+                    log.exception("scheduling pass observer failed")
             return PassResult(
                 started=started,
                 preempted=len(result.preemptions),
@@ -216,15 +231,28 @@ class SchedulerLoop:
             )
         pending: list[JobRequest] = []
         cpu_pending: list[Job] = []
-        pq = select(Job).where(Job.state == str(JobState.PENDING), Job.stopping_on.is_(None)).order_by(Job.id)
+        pq = (
+            select(Job)
+            .where(Job.state == str(JobState.PENDING), Job.stopping_on.is_(None))
+            .where(Job.not_before.is_(None) | (Job.not_before <= now))  # a requeue's backoff
+            .order_by(Job.id)
+        )
         for job in s.scalars(pq):
             refs[str(job.id)] = ref(job)
             if job.gpus == 0:
                 cpu_pending.append(job)
             else:
                 pending.append(_request(job, teams, users))
-        snap = Snapshot(now=now, fleet=fleet, running=tuple(running), pending=tuple(pending), quotas=quotas)
-        return _Loaded(snapshot=snap, refs=refs, cpu_pending=cpu_pending)
+        booked = load_booked(s, now)
+        snap = Snapshot(
+            now=now,
+            fleet=fleet,
+            running=tuple(running),
+            pending=tuple(pending),
+            quotas=quotas,
+            reservations=tuple(b.core for b in booked),
+        )
+        return _Loaded(snapshot=snap, refs=refs, cpu_pending=cpu_pending, booked=booked)
 
     def _commit(self, s: Session, loaded: _Loaded, result: Plan, now: float) -> int:
         for pre in result.preemptions:
@@ -266,6 +294,15 @@ class SchedulerLoop:
         if allocs:
             s.execute(insert(Allocation), allocs)
         self._write_statuses(s, result, now)
+        step_reservations(
+            s,
+            booked=loaded.booked,
+            running=loaded.snapshot.running,
+            moves=result.reservation_moves,
+            now=now,
+            idle_release_s=self.reservation_idle_release_s,
+            actor=ACTOR,
+        )
         return len(result.starts)
 
     def _write_statuses(self, s: Session, result: Plan, now: float) -> None:
@@ -334,4 +371,5 @@ def _request(job: Job, teams: dict[int, str], users: dict[int, str]) -> JobReque
         executed_s=job.executed_s,
         pending_since=job.pending_since,
         preemptible=job.requeue,
+        reservation=None if job.reservation_id is None else str(job.reservation_id),
     )

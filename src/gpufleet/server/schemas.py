@@ -38,8 +38,16 @@ class JobSubmit(Request):
     image: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
     env: dict[str, Annotated[str, StringConstraints(max_length=65_536)]] = Field(default_factory=dict)
     requeue: bool = True
+    max_attempts: int = Field(default=5, ge=1, le=1000, description="attempts in all, the first included")
+    requeue_backoff: str | float = Field(
+        default=10.0,
+        description="delay before the 2nd requeue (doubling after, at most 10 min); the 1st is immediate",
+    )
     output: Annotated[str, StringConstraints(max_length=512)] | None = None
     error: Annotated[str, StringConstraints(max_length=512)] | None = None
+    reservation: int | None = Field(
+        default=None, ge=1, description="run only inside this reservation (its owners only)"
+    )
 
 
 class PriorityChange(Request):
@@ -75,6 +83,8 @@ class JobOut(Reply):
     command: list[str]
     image: str | None
     requeue: bool
+    max_attempts: int = 5
+    attempts: int = Field(default=0, description="requeues after failures (node lost, GPU fault, drain)")
     submit_time: float
     scheduled_at: float | None
     started_at: float | None
@@ -122,7 +132,9 @@ class NodePut(Request):
 
 class ObservedJob(Request):
     job_id: int
-    state: Literal["running", "exited"]
+    state: Literal["running", "exited", "lost"] = Field(
+        description="lost: the attempt vanished without an exit code (its node restarted); it is requeued"
+    )
     exit_code: int | None = None
     attempt: int | None = Field(
         default=None, description="the DesiredJob.attempt this is about; a stale attempt changes no state"
@@ -146,6 +158,7 @@ class GpuTelemetry(Request):
     ecc_dbe: int | None = None
     xid_events: list[int] = Field(default_factory=list, max_length=256)
     pcie_replay: int | None = None
+    retired_pages: int | None = None
     pcie_gen: int | None = None
     pcie_width: int | None = None
     nvlink_peers: list[int] = Field(default_factory=list, max_length=1024)
@@ -259,6 +272,8 @@ class GpuOut(Reply):
     healthy: bool
     job_id: int | None
     telemetry: GpuTelemetry | None = None
+    cordoned: bool = False
+    cordon_reason: str | None = None
 
 
 class NodeOut(Reply):
@@ -278,6 +293,11 @@ class NodeOut(Reply):
     driver_version: str | None = None
     cuda_version: str | None = None
     telemetry_at: float | None = None
+    cordon_reason: str | None = None
+    lost: bool = Field(default=False, description="declared lost: its jobs were requeued")
+    draining: bool = False
+    drain_deadline: float | None = None
+    gpus_cordoned: int = 0
 
 
 # -- pools, users, teams, tokens ---------------------------------------------------------

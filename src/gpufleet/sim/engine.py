@@ -40,7 +40,7 @@ from gpufleet.scheduler.capacity import fleet_index
 from gpufleet.scheduler.core import job_options
 from gpufleet.sim.trace import TraceJob
 
-FINISH, FAIL, REPAIR, WINDOW, PASS = 0, 1, 2, 3, 4
+FINISH, FAIL, REPAIR, WINDOW, PASS, REQUEUE = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +89,9 @@ class SimConfig:
     gpu_failures_per_gpu_day: float = 0.0
     node_failures_per_node_day: float = 0.0
     repair_s: float = 4 * 3600.0
+    requeue_after_s: float = 0.0
+    """A failed node's jobs re-enter the queue this long after the failure (the server's
+    node timeout + requeue-after); a failed GPU's job at once (the GPU is cordoned)."""
     seed: int = 0
     sample_interval_s: float = 900.0
 
@@ -195,6 +198,7 @@ class Simulator:
         self.rejected: list[tuple[str, str]] = []
         self.gpu_owner: dict[tuple[str, int], str] = {}
         self.down_gpus: dict[tuple[str, int], int] = {}  # (node, gpu) -> outages in force
+        self.limbo: dict[str, _Job] = {}  # on a failed node, waiting for the requeue delay
         self.next_pass: float | None = None
         self.preemptions = 0
         self.failures = 0
@@ -265,7 +269,10 @@ class Simulator:
                 self.repair(data)  # type: ignore[arg-type]
             elif kind == WINDOW:
                 self.want_pass(self.now)  # a reservation starts or ends
-            if not self.pending and not self.running and i >= len(arrivals):
+            elif kind == REQUEUE:
+                self.pending[str(data)] = self.limbo.pop(str(data))
+                self.want_pass(self.now)
+            if not self.pending and not self.running and not self.limbo and i >= len(arrivals):
                 break  # only future failures remain
         if progress is not None:
             progress(len(arrivals))
@@ -387,7 +394,7 @@ class Simulator:
         self.done.append(job)
         self.want_pass(self.now)
 
-    def stop(self, job: _Job, *, preempted: bool) -> None:
+    def stop(self, job: _Job, *, preempted: bool, requeue_after_s: float = 0.0) -> None:
         """Take a running job off its GPUs and put it back in the queue."""
         progress = max(0.0, self.now - job.started_at - job.overhead_s)
         if not preempted:
@@ -409,6 +416,10 @@ class Simulator:
             pending_since=self.now,
             oracle_remaining_s=job.remaining_s,
         )
+        if requeue_after_s > 0:
+            self.limbo[job.trace.job_id] = job
+            self.push(self.now + requeue_after_s, REQUEUE, job.trace.job_id)
+            return
         self.pending[job.trace.job_id] = job
         self.want_pass(self.now)
 
@@ -436,8 +447,9 @@ class Simulator:
             hit = [(node.name, g.index) for g in node.gpus]
         self.failures += 1
         victims = {self.gpu_owner[k] for k in hit if k in self.gpu_owner}
+        delay = self.cfg.requeue_after_s if what == "node" else 0.0
         for job_id in sorted(victims):
-            self.stop(self.running[job_id], preempted=False)
+            self.stop(self.running[job_id], preempted=False, requeue_after_s=delay)
         for k in hit:
             self.down_gpus[k] = self.down_gpus.get(k, 0) + 1
         self.rebuild_fleet()

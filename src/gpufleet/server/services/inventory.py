@@ -26,7 +26,12 @@ def _rows(s: Session, pool: str | None) -> tuple[NodeKey, NodeKey]:
         NodeRow.name, NodeRow.pool, NodeRow.leaf, NodeRow.rack, NodeRow.cordoned, NodeRow.last_seen
     ).order_by(NodeRow.name)
     gq = select(
-        GpuRow.node, GpuRow.index, GpuRow.model, GpuRow.memory_mb, GpuRow.nvlink_domain, GpuRow.healthy
+        GpuRow.node,
+        GpuRow.index,
+        GpuRow.model,
+        GpuRow.memory_mb,
+        GpuRow.nvlink_domain,
+        GpuRow.healthy & ~GpuRow.cordoned,  # the agent's verdict and the server's cordon
     ).order_by(GpuRow.node, GpuRow.index)
     if pool is not None:
         q = q.where(NodeRow.pool == pool)

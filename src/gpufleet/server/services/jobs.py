@@ -18,7 +18,7 @@ from gpufleet.scheduler import Fleet, JobRequest
 from gpufleet.scheduler.capacity import fleet_index
 from gpufleet.scheduler.core import job_options
 from gpufleet.server.db import Database
-from gpufleet.server.models import Allocation, Job, JobEvent, Team, User
+from gpufleet.server.models import Allocation, Job, JobEvent, ReservationRow, Team, User
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.schemas import (
     AllocationOut,
@@ -64,6 +64,16 @@ def _time_limit(value: str | float | None) -> float | Failure | None:
     return secs
 
 
+def _backoff(value: str | float) -> float | Failure:
+    try:
+        secs = float(value) if isinstance(value, int | float) else parse_duration(value)
+    except ValueError as exc:
+        return invalid(f"requeue_backoff: {exc}")
+    if not 0 <= secs <= 86_400:
+        return invalid(f"requeue_backoff must be between 0 and 1 day, got {value!r}")
+    return secs
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NewJob:
     """One validated-so-far submission waiting in the group-commit queue."""
@@ -73,6 +83,7 @@ class NewJob:
     time_limit_s: float | None
     now: float
     fleets: FleetCache
+    backoff_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +145,18 @@ def _shape_problem(ctx: _Ctx, spec: JobSubmit, fleets: FleetCache) -> Failure | 
     return problem
 
 
+def _reservation_problem(ctx: _Ctx, new: NewJob) -> Failure | None:
+    """A job may name only a booked reservation that has not ended (ownership is the
+    scheduler's: a non-owner's job waits with the reason)."""
+    rid = new.spec.reservation
+    if rid is None:
+        return None
+    row = ctx.s.get(ReservationRow, rid)
+    if row is None or row.state != "BOOKED" or row.end <= new.now:
+        return invalid(f"reservation: no booked reservation {rid} that has not ended")
+    return None
+
+
 def _row(new: NewJob, team_id: int) -> dict[str, Any]:
     spec = new.spec
     return {
@@ -151,8 +174,12 @@ def _row(new: NewJob, team_id: int) -> dict[str, Any]:
         "env": dict(spec.env),
         "image": spec.image,
         "requeue": spec.requeue,
+        "max_attempts": spec.max_attempts,
+        "attempts": 0,
+        "requeue_backoff_s": new.backoff_s,
         "output": spec.output,
         "error": spec.error,
+        "reservation_id": spec.reservation,
         "state": str(JobState.PENDING),
         "version": 0,
         "submit_time": new.now,
@@ -185,7 +212,7 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
         if isinstance(team, Failure):
             out.append(team)
             continue
-        problem = _shape_problem(ctx, new.spec, new.fleets)
+        problem = _shape_problem(ctx, new.spec, new.fleets) or _reservation_problem(ctx, new)
         if problem is not None:
             out.append(problem)
             continue
@@ -228,6 +255,8 @@ def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event:
         command=row["command"],
         image=row["image"],
         requeue=row["requeue"],
+        max_attempts=row["max_attempts"],
+        attempts=0,
         submit_time=row["submit_time"],
         scheduled_at=None,
         started_at=None,
@@ -260,7 +289,10 @@ async def submit(
     limit = _time_limit(spec.time_limit)
     if isinstance(limit, Failure):
         return limit
-    new = NewJob(actor=actor, spec=spec, time_limit_s=limit, now=now, fleets=fleets)
+    backoff = _backoff(spec.requeue_backoff)
+    if isinstance(backoff, Failure):
+        return backoff
+    new = NewJob(actor=actor, spec=spec, time_limit_s=limit, now=now, fleets=fleets, backoff_s=backoff)
     out = await call(writer, insert_jobs, new)
     if not isinstance(out, Failure):
         waker()
@@ -302,6 +334,8 @@ def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[
         "command": job.command,
         "image": job.image,
         "requeue": job.requeue,
+        "max_attempts": job.max_attempts,
+        "attempts": job.attempts,
         "submit_time": job.submit_time,
         "scheduled_at": job.scheduled_at,
         "started_at": job.started_at,

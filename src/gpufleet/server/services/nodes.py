@@ -47,7 +47,7 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: HotState | None = 
         model=gpus[0].model if gpus else "",
         gpus_total=len(gpus),
         gpus_used=len(held),
-        gpus_free=sum(1 for g in gpus if g.healthy and g.index not in held),
+        gpus_free=sum(1 for g in gpus if g.healthy and not g.cordoned and g.index not in held),
         gpus=[
             GpuOut(
                 index=g.index,
@@ -58,6 +58,8 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: HotState | None = 
                 healthy=g.healthy,
                 job_id=held.get(g.index),
                 telemetry=tel.gpus.get(g.index) if tel is not None else None,
+                cordoned=g.cordoned,
+                cordon_reason=g.cordon_reason,
             )
             for g in gpus
         ],
@@ -65,6 +67,11 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: HotState | None = 
         driver_version=tel.driver_version if tel is not None else None,
         cuda_version=tel.cuda_version if tel is not None else None,
         telemetry_at=tel.at if tel is not None else None,
+        cordon_reason=n.cordon_reason,
+        lost=n.lost_at is not None,
+        draining=n.drain_deadline is not None,
+        drain_deadline=n.drain_deadline,
+        gpus_cordoned=sum(1 for g in gpus if g.cordoned),
     )
 
 

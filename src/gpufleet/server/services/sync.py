@@ -9,6 +9,8 @@ Observations, in order (passive first, like the scheduling loop):
 
 - ``running`` for a SCHEDULED job of this attempt -> RUNNING;
 - ``exited`` for a SCHEDULED/RUNNING job of this attempt -> COMPLETED (0) / FAILED;
+- ``lost`` (the attempt vanished without an exit code: its node restarted) -> requeued
+  (``requeue.py``; this node needs no further stop confirmation);
 - a job told to stop here (``stopping_on``) that the node no longer reports running is
   confirmed stopped (it may then be placed again);
 - an observation about an older attempt changes no job state (but a still-running old
@@ -31,6 +33,7 @@ from gpufleet.server.db import Database
 from gpufleet.server.hot import HotState
 from gpufleet.server.models import Allocation, GpuRow, Job, JobLogChunk, NodeRow, User
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
+from gpufleet.server.requeue import Conflict, requeue
 from gpufleet.server.schemas import DesiredJob, LogAck, NodeSync, ObservedJob, PeerNode, SyncReply
 from gpufleet.server.services.nodes import _check_gpus, _set_gpus
 from gpufleet.server.states import ACTIVE, TERMINAL, JobState
@@ -139,6 +142,8 @@ def _transition(o: ObservedJob, job: Job) -> JobState | None:
     st = JobState(job.state)
     if o.state == "running" and st == JobState.SCHEDULED:
         return JobState.RUNNING
+    if o.state == "lost" and st in ACTIVE:
+        return JobState.REQUEUED
     if o.state == "exited" and st in ACTIVE:
         return JobState.COMPLETED if (o.exit_code or 0) == 0 and o.exit_code is not None else JobState.FAILED
     return None
@@ -169,6 +174,13 @@ def _observe(s: Session, node: str, body: NodeSync, actor: str, now: float) -> b
         o = seen[job.id]
         to = _transition(o, job)
         if to is None:
+            continue
+        if to == JobState.REQUEUED:
+            try:
+                requeue(s, job, now=now, actor=actor, reason=f"attempt vanished on {node}", lost=(node,))
+            except Conflict:
+                raise _Retry from None
+            changed = True
             continue
         if to == JobState.RUNNING:
             values = {"started_at": now}
@@ -309,6 +321,7 @@ def sync_node(
             driver_version=body.driver_version,
             cuda_version=body.cuda_version,
         )
+        hot.health.observe(name, body.telemetry, now)  # a fired rule wakes the lifecycle loop
     fast = _fast_reply(db, name, body)
     if fast is not None:
         hot.heartbeats.note(name, now)

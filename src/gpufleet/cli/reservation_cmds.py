@@ -1,0 +1,165 @@
+"""``gpufleet reserve``, ``gpufleet reservations``, ``gpufleet reservation cancel``.
+
+Times: the CLI reads and shows *local* time (``TZ`` or the system's zone); the API and
+the database hold UNIX seconds (UTC). A repeat keeps the local wall-clock time: the CLI
+sends its IANA zone name and the server steps in that zone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import typer
+
+from gpufleet.cli.api_cmds import JSON_OPT, _client, _fail, _json, _table
+from gpufleet.server.reservation_schemas import ReservationOut
+from gpufleet.timefmt import format_duration, parse_duration
+
+reservation_app = typer.Typer(help="One reservation: cancel.", no_args_is_help=True)
+
+
+def local_zone() -> str:
+    """The caller's IANA zone: ``TZ`` if it names one, else /etc/localtime's target."""
+    tz = os.environ.get("TZ", "").lstrip(":")
+    candidates = [tz] if tz else []
+    try:
+        target = str(Path("/etc/localtime").resolve())
+        if "zoneinfo/" in target:
+            candidates.append(target.split("zoneinfo/", 1)[1])
+    except OSError:
+        pass
+    for name in candidates:
+        try:
+            ZoneInfo(name)
+            return name
+        except (ZoneInfoNotFoundError, ValueError):
+            continue
+    return "UTC"
+
+
+def parse_start(text: str, *, zone: str, now: float) -> float:
+    """``+2h`` (from now) or an ISO time; a time without an offset is local in ``zone``."""
+    text = text.strip()
+    if text.startswith("+"):
+        return now + parse_duration(text[1:])
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"cannot read start {text!r} (try 2026-12-03T09:00 or +2h)") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=ZoneInfo(zone))
+    return dt.timestamp()
+
+
+def show_time(ts: float, zone: str) -> str:
+    return datetime.fromtimestamp(ts, ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M %Z")
+
+
+def _csv(value: str | None) -> list[str]:
+    return [x.strip() for x in (value or "").split(",") if x.strip()]
+
+
+def _print(items: list[ReservationOut], zone: str) -> None:
+    _table(
+        ("ID", "NAME", "OWNER", "STATE", "GPUS", "START", "END", "NODES", "REASON"),
+        [
+            (
+                r.id,
+                r.name[:24],
+                r.owner,
+                r.state,
+                r.gpus,
+                show_time(r.start, zone),
+                show_time(r.end, zone),
+                " ".join(f"{n}:{c}" for n, c in r.nodes),
+                r.reason,
+            )
+            for r in items
+        ],
+    )
+
+
+def reserve(
+    gpus: int = typer.Option(0, "--gpus", min=0, help="GPUs in total (with --node: 0 = all of them)."),
+    gpu_type: str | None = typer.Option(None, "--gpu-type"),
+    nodes: int = typer.Option(0, "--nodes", min=0, help="Spread over exactly this many nodes."),
+    gpus_per_node: int = typer.Option(0, "--gpus-per-node", min=0),
+    start: str = typer.Option(..., "--start", help="Local ISO time (2026-12-03T09:00) or +2h."),
+    duration: str = typer.Option(..., "--duration", help="4h, 90m, 1d..."),
+    team: str | None = typer.Option(None, "--team", help="Jobs of this team may use it."),
+    users: str | None = typer.Option(None, "--users", help="Comma-separated users (default: you)."),
+    name: str | None = typer.Option(None, "--name"),
+    pool: str = typer.Option("default", "--pool", "-p"),
+    repeat: str | None = typer.Option(None, "--repeat", help="daily or weekly (same local time)."),
+    count: int = typer.Option(1, "--count", min=1, help="Windows in all, with --repeat."),
+    node: str | None = typer.Option(None, "--node", help="Operators: these nodes (comma-separated)."),
+    maintenance: bool = typer.Option(False, "--maintenance", help="Operators: keep the GPUs empty."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Book GPUs for a window. Inside it only its owners' jobs run there."""
+    zone = local_zone()
+    if repeat not in (None, "daily", "weekly"):
+        raise _fail("--repeat: daily or weekly", 2)
+    try:
+        start_ts = parse_start(start, zone=zone, now=time.time())
+        duration_s = parse_duration(duration)
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from None
+    spec = {
+        "start": start_ts,
+        "duration_s": duration_s,
+        "gpus": gpus,
+        "gpus_per_node": gpus_per_node,
+        "nodes": nodes,
+        "gpu_type": gpu_type,
+        "pool": pool,
+        "team": team,
+        "users": _csv(users),
+        "name": name or "",
+        "repeat": repeat,
+        "count": count,
+        "timezone": zone,
+        "node_names": _csv(node),
+        "maintenance": maintenance,
+    }
+    with _client() as c:
+        made = c.reserve(spec)
+    if json_out:
+        _json([r.model_dump() for r in made])
+        return
+    for r in made:
+        typer.echo(
+            f"reservation {r.id}: {r.gpus} GPUs {show_time(r.start, zone)} - {show_time(r.end, zone)}"
+            f" ({format_duration(r.end - r.start)}) on {' '.join(f'{n}:{k}' for n, k in r.nodes)}"
+        )
+
+
+def reservations(
+    all_: bool = typer.Option(False, "--all", help="Include past ones."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Reservations you may see (operators: all), times in local time."""
+    with _client() as c:
+        items = c.reservations(include_past=all_)
+    if json_out:
+        _json([r.model_dump() for r in items])
+    else:
+        _print(items, local_zone())
+
+
+@reservation_app.command("cancel")
+def cancel(reservation_id: int = typer.Argument(...)) -> None:
+    """Cancel a reservation (its owner, or an operator)."""
+    with _client() as c:
+        r = c.cancel_reservation(reservation_id)
+    typer.echo(f"reservation {r.id} {r.state.lower()}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("reserve")(reserve)
+    app.command("reservations")(reservations)
+    app.add_typer(reservation_app, name="reservation")

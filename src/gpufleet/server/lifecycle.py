@@ -1,0 +1,395 @@
+"""The node-lifecycle loop: moves work off lost nodes and bad GPUs, runs drains and
+rolling maintenance. One background thread, a pass every ``interval_s`` (sooner when a
+health rule fires). Each pass observes first (nodes, sightings, health findings), then
+acts, one item per transaction (a job's requeue is written with its job events and the
+``gpu_events`` row); one bad item is logged and counted, never fatal.
+
+Transitions it makes:
+
+- node unseen for ``node_timeout_s`` -> NotReady (derived from ``last_seen``: nothing
+  new lands on it; no write);
+- NotReady for ``requeue_after_s`` more -> *lost*: ``lost_at`` set, each job holding
+  GPUs there requeued (``requeue.py``: the lost node needs no stop confirmation; live
+  nodes of a multi-node job do), the node removed from every ``stopping_on``, a
+  critical event. A server (re)start counts as a sighting of every node, so a server
+  that was down longer than that does not declare its whole fleet lost;
+- a lost node seen again -> back (``lost_at`` cleared); its agent is told, through the
+  sync reply, to stop the attempts the server requeued;
+- a health rule fired (``health.py``) -> that GPU cordoned, its job requeued, a critical
+  event; a ``temperature`` cordon is lifted after ``recover_after_s`` of normal readings;
+- draining node past its deadline (or ``--requeue``) -> its jobs requeued; a draining node
+  without jobs is drained;
+- an active rollout keeps ``max_unavailable`` of its nodes draining/drained and finishes
+  when each of them was uncordoned or marked done.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from gpufleet.server.clock import Clock
+from gpufleet.server.db import Database
+from gpufleet.server.health import RECOVERABLE, Finding, HealthMonitor
+from gpufleet.server.hot import HotState
+from gpufleet.server.models import Allocation, GpuEvent, GpuRow, Job, NodeRow, Rollout, RolloutNode
+from gpufleet.server.requeue import Conflict, requeue
+from gpufleet.server.states import ACTIVE
+
+log = logging.getLogger("gpufleet.lifecycle")
+ACTOR = "lifecycle"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LifecycleConfig:
+    node_timeout_s: float = 30.0
+    requeue_after_s: float = 60.0
+    interval_s: float = 1.0
+
+
+@dataclass(slots=True)
+class PassStats:
+    lost: int = 0
+    back: int = 0
+    cordoned: int = 0
+    recovered: int = 0
+    changes: int = 0
+    errors: int = 0
+
+
+def add_event(
+    s: Session,
+    *,
+    at: float,
+    node: str,
+    kind: str,
+    severity: str,
+    reason: str,
+    actor: str,
+    gpu: int | None = None,
+    job_id: int | None = None,
+) -> None:
+    s.add(
+        GpuEvent(
+            at=at,
+            node=node,
+            gpu_index=gpu,
+            kind=kind,
+            severity=severity,
+            reason=reason[:512],
+            actor=actor[:64],
+            job_id=job_id,
+        )
+    )
+
+
+def requeue_on(
+    s: Session, *, node: str, now: float, actor: str, reason: str, gpu: int | None = None, lost: bool = False
+) -> int:
+    """Requeue every job holding a GPU (or, ``gpu`` given, that GPU) on ``node``."""
+    q = select(Allocation.job_id).where(Allocation.node == node)
+    if gpu is not None:
+        q = q.where(Allocation.gpu_index == gpu)
+    ids = sorted(set(s.scalars(q)))
+    n = 0
+    for job in s.scalars(select(Job).where(Job.id.in_(ids)).order_by(Job.id)) if ids else ():
+        if requeue(s, job, now=now, actor=actor, reason=reason, lost=(node,) if lost else ()) is not None:
+            n += 1
+    return n
+
+
+class LifecycleLoop:
+    def __init__(
+        self,
+        *,
+        db: Database,
+        hot: HotState,
+        clock: Clock,
+        config: LifecycleConfig,
+        waker: Callable[[], None],
+        fleets_invalidate: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.db = db
+        self.hot = hot
+        self.clock = clock
+        self.config = config
+        self.waker = waker
+        self.fleets_invalidate = fleets_invalidate
+        self.started_at = clock.now()
+        self.passes = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def monitor(self) -> HealthMonitor:
+        return self.hot.health
+
+    # -- the thread ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpufleet-lifecycle", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.monitor.wait(self.config.interval_s)
+            if self._stop.is_set():
+                return
+            try:
+                self.run_once()
+            except Exception:  # never die: log, count, go on
+                self.failures += 1
+                log.exception("lifecycle pass failed")
+                self._stop.wait(self.config.interval_s)
+
+    # -- one pass -------------------------------------------------------------------------------
+    def run_once(self) -> PassStats:
+        now = self.clock.now()
+        stats = PassStats()
+        seen = self.hot.heartbeats.latest()  # before the DB read: a flush in between is then in the DB
+        findings = self.monitor.take()
+        with self.db.read() as s:
+            nodes = list(s.scalars(select(NodeRow).order_by(NodeRow.name)))
+            recoverable = list(
+                s.scalars(
+                    select(GpuRow).where(GpuRow.cordoned.is_(True), GpuRow.cordon_rule.in_(RECOVERABLE))
+                )
+            )
+        lost_after = self.config.node_timeout_s + self.config.requeue_after_s
+        for n in nodes:
+            sighted = max(n.last_seen or 0.0, seen.get(n.name, 0.0))
+            last = max(sighted, self.started_at)  # a (re)start of the server counts as a sighting
+            if n.lost_at is None and last < now - lost_after:
+                self._item(stats, "lost", self._declare_lost, n.name, now, last)
+            elif n.lost_at is not None and sighted > n.lost_at:
+                self._item(stats, "back", self._back, n.name, now)
+            elif n.lost_at is not None:
+                self._item(stats, None, self._release_stops, n.name)
+        failed: dict[tuple[str, int], list[Finding]] = {}
+        for (node, idx), found in sorted(findings.items()):
+            if not self._item(stats, "cordoned", self._cordon_gpu, node, idx, found, now):
+                failed[(node, idx)] = found
+        if failed:
+            self.monitor.put_back(failed)
+        for g in recoverable:
+            if self.monitor.cool_for(g.node, g.index, now) >= self.monitor.rules.recover_after_s:
+                self._item(stats, "recovered", self._recover_gpu, g.node, g.index, now)
+        for n in nodes:
+            if n.drain_deadline is not None:
+                self._item(stats, None, self._drain_step, n.name, now)
+        self._item(stats, None, self._rollout_step, now)
+        self.passes += 1
+        if stats.changes:
+            self.fleets_invalidate()
+            self.waker()
+        return stats
+
+    def _item(self, stats: PassStats, counter: str | None, fn: Callable[..., int], *args: object) -> bool:
+        """One item in its own transaction (retried on a lost CAS); never raises."""
+        for _ in range(5):
+            try:
+                with self.db.write() as s:
+                    changed = fn(s, *args)
+            except (Conflict, OperationalError):
+                continue
+            except Exception:
+                stats.errors += 1
+                self.failures += 1
+                log.exception("lifecycle: %s%r failed", getattr(fn, "__name__", fn), args)
+                return False
+            if counter is not None and changed:
+                setattr(stats, counter, getattr(stats, counter) + 1)
+            stats.changes += changed
+            return True
+        stats.errors += 1
+        return False
+
+    # -- node lifecycle -------------------------------------------------------------------------
+    def _declare_lost(self, s: Session, name: str, now: float, last: float) -> int:
+        node = s.get(NodeRow, name)
+        if node is None or node.lost_at is not None:
+            return 0
+        node.lost_at = now
+        reason = f"node {name} lost: unseen for {now - last:.0f} s"
+        n = requeue_on(s, node=name, now=now, actor=ACTOR, reason=reason, lost=True)
+        self._release_stops(s, name)
+        add_event(
+            s,
+            at=now,
+            node=name,
+            kind="node_lost",
+            severity="critical",
+            actor=ACTOR,
+            reason=f"{reason}; {n} job(s) requeued",
+        )
+        log.warning("%s; %d job(s) requeued", reason, n)
+        return 1
+
+    def _release_stops(self, s: Session, name: str) -> int:
+        """A lost node confirms nothing: stop waiting for it."""
+        q = select(Job).where(Job.stopping_on.is_not(None), Job.stopping_on.contains(name))
+        n = 0
+        for job in s.scalars(q):
+            rest = [x for x in (job.stopping_on or "").split(",") if x and x != name]
+            if len(rest) != len([x for x in (job.stopping_on or "").split(",") if x]):
+                job.stopping_on = ",".join(rest) or None
+                n += 1
+        return n
+
+    def _back(self, s: Session, name: str, now: float) -> int:
+        node = s.get(NodeRow, name)
+        if node is None or node.lost_at is None:
+            return 0
+        add_event(
+            s,
+            at=now,
+            node=name,
+            kind="node_back",
+            severity="info",
+            actor=ACTOR,
+            reason=f"node {name} seen again after being lost at {node.lost_at:.0f}",
+        )
+        node.lost_at = None
+        return 1
+
+    # -- GPU health -----------------------------------------------------------------------------
+    def _cordon_gpu(self, s: Session, node: str, idx: int, found: list[Finding], now: float) -> int:
+        gpu = s.get(GpuRow, (node, idx))
+        if gpu is None or gpu.cordoned:
+            return 0
+        first = found[0]
+        why = "; ".join(f.reason for f in found)
+        gpu.cordoned, gpu.cordon_reason, gpu.cordon_rule, gpu.cordoned_at = True, why[:256], first.rule, now
+        held = s.scalar(select(Allocation.job_id).where(Allocation.node == node, Allocation.gpu_index == idx))
+        n = requeue_on(s, node=node, gpu=idx, now=now, actor=ACTOR, reason=f"GPU {node}/{idx}: {why}")
+        add_event(
+            s,
+            at=now,
+            node=node,
+            gpu=idx,
+            kind="gpu_cordoned",
+            severity="critical",
+            actor=ACTOR,
+            reason=f"{first.rule}: {why}" + (f"; job {held} requeued" if n else ""),
+            job_id=held,
+        )
+        log.warning("GPU %s/%d cordoned (%s)", node, idx, why)
+        return 1
+
+    def _recover_gpu(self, s: Session, node: str, idx: int, now: float) -> int:
+        gpu = s.get(GpuRow, (node, idx))
+        if gpu is None or not gpu.cordoned or gpu.cordon_rule not in RECOVERABLE:
+            return 0
+        add_event(
+            s,
+            at=now,
+            node=node,
+            gpu=idx,
+            kind="gpu_recovered",
+            severity="info",
+            actor=ACTOR,
+            reason=f"{gpu.cordon_rule} normal for {self.monitor.rules.recover_after_s:.0f} s",
+        )
+        gpu.cordoned, gpu.cordon_reason, gpu.cordon_rule, gpu.cordoned_at = False, None, None, None
+        return 1
+
+    # -- drains and rollouts --------------------------------------------------------------------
+    def _drain_step(self, s: Session, name: str, now: float) -> int:
+        node = s.get(NodeRow, name)
+        if node is None or node.drain_deadline is None:
+            return 0
+        if node.drain_requeue or now >= node.drain_deadline:
+            return requeue_on(s, node=name, now=now, actor=ACTOR, reason=f"node {name} drained")
+        return 0
+
+    def _rollout_step(self, s: Session, now: float) -> int:
+        ro = s.scalar(select(Rollout).where(Rollout.state == "active").order_by(Rollout.id).limit(1))
+        if ro is None:
+            return 0
+        members = list(
+            s.scalars(
+                select(RolloutNode).where(RolloutNode.rollout_id == ro.id).order_by(RolloutNode.position)
+            )
+        )
+        busy = set(s.scalars(select(Allocation.node).distinct()))
+        changed = 0
+        for m in members:
+            if m.state == "draining" and m.node not in busy:
+                m.state = "drained"
+                add_event(
+                    s,
+                    at=now,
+                    node=m.node,
+                    kind="node_drained",
+                    severity="info",
+                    actor=ACTOR,
+                    reason=f"rollout {ro.id}: node {m.node} drained; upgrade it, then uncordon it",
+                )
+                changed += 1
+        unavailable = sum(1 for m in members if m.state in ("draining", "drained"))
+        for m in members:
+            if unavailable >= ro.max_unavailable:
+                break
+            if m.state != "waiting":
+                continue
+            node = s.get(NodeRow, m.node)
+            if node is None:
+                m.state, m.finished_at = "done", now
+                continue
+            start_drain(
+                s,
+                node,
+                now=now,
+                grace_s=ro.grace_s,
+                requeue=ro.requeue,
+                reason=f"rollout {ro.id}: {ro.reason}",
+                actor=ACTOR,
+            )
+            m.state, m.started_at = "draining", now
+            unavailable += 1
+            changed += 1
+        if all(m.state == "done" for m in members):
+            ro.state, ro.finished_at = "done", now
+            changed += 1
+        return changed
+
+
+def start_drain(
+    s: Session, node: NodeRow, *, now: float, grace_s: float, requeue: bool, reason: str, actor: str
+) -> None:
+    """Cordon ``node`` and set its drain deadline: its jobs may finish until then, the
+    rest are requeued (at once with ``requeue``)."""
+    node.cordoned = True
+    node.cordon_reason = f"drain: {reason}"[:256]
+    node.drain_deadline = now if requeue else now + grace_s
+    node.drain_requeue = requeue
+    how = "requeue now" if requeue else f"grace {grace_s:g} s"
+    add_event(
+        s,
+        at=now,
+        node=node.name,
+        kind="node_draining",
+        severity="warning",
+        actor=actor,
+        reason=f"drain started ({how}): {reason}",
+    )
+
+
+def active_jobs_on(s: Session, node: str) -> list[int]:
+    q = (
+        select(Allocation.job_id)
+        .join(Job, Job.id == Allocation.job_id)
+        .where(Allocation.node == node, Job.state.in_([str(a) for a in ACTIVE]))
+    )
+    return sorted(set(s.scalars(q)))

@@ -1,0 +1,71 @@
+"""Request and response bodies of the maintenance API (cordon, drain, rollouts, fleet
+events). Kept apart from ``schemas.py`` so that file stays the core's."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, StringConstraints
+
+from gpufleet.server.schemas import Name, Reply, Request
+
+Reason = Annotated[str, StringConstraints(max_length=200)]
+Duration = str | float
+
+
+class CordonIn(Request):
+    gpu: int | None = Field(default=None, ge=0, le=1023, description="only this GPU (default: the node)")
+    reason: Reason = ""
+
+
+class UncordonIn(Request):
+    gpu: int | None = Field(default=None, ge=0, le=1023, description="only this GPU (default: the node)")
+
+
+class DrainIn(Request):
+    grace: Duration = Field(default="10m", description="how long running jobs may finish before requeue")
+    requeue: bool = Field(default=False, description="requeue running jobs at once")
+    reason: Reason = ""
+
+
+class RolloutIn(Request):
+    nodes: list[Name] = Field(default_factory=list, max_length=10_000, description="in this order")
+    all: bool = Field(default=False, description="every node (of ``pool`` if given), by name")
+    pool: Name | None = None
+    max_unavailable: int = Field(default=1, ge=1, le=10_000)
+    grace: Duration = "10m"
+    requeue: bool = False
+    reason: Reason = ""
+
+
+class RolloutNodeOut(Reply):
+    node: str
+    state: str
+    started_at: float | None
+    finished_at: float | None
+
+
+class RolloutOut(Reply):
+    id: int
+    state: str
+    created_at: float
+    created_by: str
+    max_unavailable: int
+    grace_s: float
+    requeue: bool
+    reason: str
+    finished_at: float | None
+    counts: dict[str, int] = Field(description="nodes per state: waiting, draining, drained, done")
+    nodes: list[RolloutNodeOut]
+
+
+class FleetEventOut(Reply):
+    id: int
+    at: float
+    node: str
+    gpu_index: int | None
+    kind: str
+    severity: str = Field(description="critical and warning events are alerts")
+    reason: str
+    actor: str
+    job_id: int | None

@@ -1,0 +1,188 @@
+"""The scrape-time collector: per-GPU series under the DCGM exporter's names and labels
+(so dashboards built for ``dcgm-exporter`` work unchanged) and the ``gpufleet_*`` fleet,
+queue and scheduler series.
+
+DCGM names, units and meaning (``dcgm-exporter``'s default counters):
+
+==================================  =========================================
+``DCGM_FI_DEV_GPU_UTIL``            utilisation, %
+``DCGM_FI_DEV_FB_USED`` / ``_FREE`` framebuffer memory used / free, MiB
+``DCGM_FI_DEV_GPU_TEMP``            temperature, C
+``DCGM_FI_DEV_POWER_USAGE``         power draw, W
+``DCGM_FI_DEV_XID_ERRORS``          the last XID the GPU reported (0: none)
+``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL``   volatile double-bit ECC errors
+==================================  =========================================
+
+Labels: ``gpu`` (index), ``UUID``, ``device`` (``nvidiaN``), ``modelName``, ``Hostname``
+(the node name). A GPU without telemetry yet has no DCGM series.
+
+Not exported (yet): reservation utilisation and cost per team come with reservations
+and pricing (later issues); nothing is invented for them in the meantime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpufleet.server.hot import HotState
+from gpufleet.server.metrics.history import RecordingTelemetryStore
+from gpufleet.server.metrics.state import ServerMetrics
+from gpufleet.server.scheduling import SchedulerLoop
+from gpufleet.server.services.dashboard import FleetView
+
+DCGM_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
+DCGM = (
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors."),
+)
+
+
+class FleetCollector(Collector):
+    def __init__(
+        self,
+        *,
+        view: Callable[[], FleetView],
+        hot: HotState,
+        metrics: ServerMetrics,
+        scheduler: SchedulerLoop,
+    ) -> None:
+        self.view = view
+        self.hot = hot
+        self.metrics = metrics
+        self.scheduler = scheduler
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.view()
+        yield from self._dcgm(view)
+        yield from self._fleet(view)
+        yield from self._queue(view)
+        yield from self._scheduler()
+
+    def _dcgm(self, view: FleetView) -> Iterator[Metric]:
+        fams = {name: GaugeMetricFamily(name, doc, labels=DCGM_LABELS) for name, doc in DCGM}
+        store = self.hot.telemetry
+        xids = store if isinstance(store, RecordingTelemetryStore) else None
+        for g in view.gpus:
+            tel = store.get(g.node)
+            t = tel.gpus.get(g.index) if tel is not None else None
+            if t is None or t.lost:
+                continue
+            labels = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, g.node]
+
+            def put(name: str, value: float | None, labels: list[str] = labels) -> None:
+                if value is not None:
+                    fams[name].add_metric(labels, value)
+
+            put("DCGM_FI_DEV_GPU_UTIL", t.utilization_pct)
+            put("DCGM_FI_DEV_FB_USED", t.memory_used_mb)
+            put("DCGM_FI_DEV_FB_FREE", None if t.memory_used_mb is None else g.memory_mb - t.memory_used_mb)
+            put("DCGM_FI_DEV_GPU_TEMP", t.temperature_c)
+            put("DCGM_FI_DEV_POWER_USAGE", t.power_w)
+            last = xids.last_xid(g.node, g.index) if xids is not None else None
+            put("DCGM_FI_DEV_XID_ERRORS", last.code if last else (t.xid_events[-1] if t.xid_events else 0))
+            put("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", t.ecc_dbe)
+        yield from fams.values()
+
+    def _fleet(self, view: FleetView) -> Iterator[Metric]:
+        nodes = {n.name: n for n in view.nodes}
+        ready = GaugeMetricFamily(
+            "gpufleet_node_ready", "1 if the node is Ready, else 0.", labels=["node", "pool"]
+        )
+        cordoned = GaugeMetricFamily(
+            "gpufleet_node_cordoned", "1 if the node is cordoned.", labels=["node", "pool"]
+        )
+        for n in view.nodes:
+            ready.add_metric([n.name, n.pool], 1.0 if n.ready else 0.0)
+            cordoned.add_metric([n.name, n.pool], 1.0 if n.cordoned else 0.0)
+        kinds = ("total", "allocated", "free", "cordoned", "unhealthy")
+        counts: dict[str, dict[str, int]] = {}
+        for g in view.gpus:
+            node = nodes.get(g.node)
+            if node is None:
+                continue
+            c = counts.setdefault(node.pool, dict.fromkeys(kinds, 0))
+            c["total"] += 1
+            busy = (g.node, g.index) in view.held
+            c["allocated"] += busy
+            c["unhealthy"] += not g.healthy
+            out = node.cordoned or g.cordoned
+            c["cordoned"] += out
+            c["free"] += not busy and g.healthy and not out and node.ready
+        gpus = {
+            k: GaugeMetricFamily(
+                f"gpufleet_gpus_{k}" if k != "total" else "gpufleet_gpus",
+                _GPU_DOCS[k],
+                labels=["pool"],
+            )
+            for k in kinds
+        }
+        for pool, c in sorted(counts.items()):
+            for k in kinds:
+                gpus[k].add_metric([pool], c[k])
+        team = GaugeMetricFamily(
+            "gpufleet_team_gpus_allocated",
+            "GPUs held by the team's scheduled and running jobs.",
+            labels=["team"],
+        )
+        for t, held in sorted(view.team_gpus.items()):
+            team.add_metric([t], held)
+        yield from (ready, cordoned, *gpus.values(), team)
+
+    def _queue(self, view: FleetView) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily("gpufleet_jobs", "Jobs by state.", labels=["state"])
+        for state, n in view.jobs.items():
+            jobs.add_metric([state], n)
+        pending = GaugeMetricFamily("gpufleet_jobs_pending", "Pending jobs per pool.", labels=["pool"])
+        oldest = GaugeMetricFamily(
+            "gpufleet_queue_oldest_wait_seconds",
+            "How long the longest-waiting pending job of the pool has waited.",
+            labels=["pool"],
+        )
+        for q in view.queues:
+            pending.add_metric([q.pool], q.pending)
+            if q.oldest_since is not None:
+                oldest.add_metric([q.pool], max(0.0, view.at - q.oldest_since))
+        yield from (jobs, pending, oldest)
+
+    def _scheduler(self) -> Iterator[Metric]:
+        m = self.metrics
+        if m.fragmentation is not None:
+            yield GaugeMetricFamily(
+                "gpufleet_fragmentation_ratio",
+                "Share of free GPUs too scattered for the head waiting job (last scheduling pass).",
+                value=m.fragmentation,
+            )
+        yield CounterMetricFamily(
+            "gpufleet_scheduling_passes", "Committed scheduling passes.", value=self.scheduler.passes
+        )
+        yield CounterMetricFamily(
+            "gpufleet_scheduling_failures", "Scheduling passes that failed.", value=self.scheduler.failures
+        )
+        stats = self.hot.latencies.stats()
+        yield CounterMetricFamily("gpufleet_syncs", "Agent syncs handled.", value=stats.count)
+        sync = GaugeMetricFamily(
+            "gpufleet_sync_latency_seconds",
+            "Agent sync handling time over the last minute, by quantile.",
+            labels=["quantile"],
+        )
+        for q, ms in (("0.5", stats.p50_ms), ("0.99", stats.p99_ms), ("1", stats.max_ms)):
+            if ms is not None:
+                sync.add_metric([q], ms / 1000)
+        yield sync
+
+
+_GPU_DOCS = {
+    "total": "Registered GPUs per pool.",
+    "allocated": "GPUs held by scheduled or running jobs.",
+    "free": "Healthy, unallocated GPUs on Ready, uncordoned nodes.",
+    "cordoned": "GPUs cordoned, alone or with their node.",
+    "unhealthy": "GPUs marked unhealthy.",
+}

@@ -1,0 +1,86 @@
+"""Node maintenance (operators and admins; users get 403): cordon, uncordon, drain,
+rollouts, and the fleet event log (GPU cordons, lost nodes, drains: the alerts)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.maint_schemas import CordonIn, DrainIn, FleetEventOut, RolloutIn, RolloutOut, UncordonIn
+from gpufleet.server.problems import Failure, unwrap
+from gpufleet.server.routers.agents import HotDep
+from gpufleet.server.schemas import NodeOut
+from gpufleet.server.services import maintenance, nodes
+
+router = APIRouter(tags=["maintenance"])
+
+
+def _node(parts: PartsDep, me: Me, hot: HotDep, name: str, done: Failure | None) -> NodeOut:
+    unwrap(done)
+    return unwrap(nodes.show_node(db=parts.db, actor=me, name=name, live_since=parts.live_since(), hot=hot))
+
+
+@router.post("/nodes/{name}/cordon", response_model=NodeOut)
+def cordon(name: str, parts: PartsDep, me: Me, hot: HotDep, spec: CordonIn | None = None) -> NodeOut:
+    done = maintenance.cordon(db=parts.db, actor=me, name=name, spec=spec or CordonIn(), now=parts.now())
+    parts.fleets.invalidate()
+    return _node(parts, me, hot, name, done)
+
+
+@router.post("/nodes/{name}/uncordon", response_model=NodeOut)
+def uncordon(name: str, parts: PartsDep, me: Me, hot: HotDep, spec: UncordonIn | None = None) -> NodeOut:
+    done = maintenance.uncordon(
+        db=parts.db, actor=me, name=name, spec=spec or UncordonIn(), now=parts.now(), monitor=hot.health
+    )
+    parts.fleets.invalidate()
+    parts.scheduler.wake()
+    return _node(parts, me, hot, name, done)
+
+
+@router.post("/nodes/{name}/drain", response_model=NodeOut)
+def drain(name: str, parts: PartsDep, me: Me, hot: HotDep, spec: DrainIn | None = None) -> NodeOut:
+    done = maintenance.drain(
+        db=parts.db, actor=me, name=name, spec=spec or DrainIn(), now=parts.now(), waker=hot.health.poke
+    )
+    parts.fleets.invalidate()
+    return _node(parts, me, hot, name, done)
+
+
+@router.post("/rollouts", status_code=201, response_model=RolloutOut)
+def start_rollout(spec: RolloutIn, parts: PartsDep, me: Me, hot: HotDep) -> RolloutOut:
+    return unwrap(
+        maintenance.start_rollout(db=parts.db, actor=me, spec=spec, now=parts.now(), waker=hot.health.poke)
+    )
+
+
+@router.get("/rollouts/current", response_model=RolloutOut)
+def current_rollout(parts: PartsDep, me: Me) -> RolloutOut:
+    return unwrap(maintenance.show_rollout(db=parts.db, actor=me, rollout_id=None))
+
+
+@router.get("/rollouts/{rollout_id}", response_model=RolloutOut)
+def show_rollout(rollout_id: int, parts: PartsDep, me: Me) -> RolloutOut:
+    return unwrap(maintenance.show_rollout(db=parts.db, actor=me, rollout_id=rollout_id))
+
+
+@router.post("/rollouts/{rollout_id}/cancel", response_model=RolloutOut)
+def cancel_rollout(rollout_id: int, parts: PartsDep, me: Me) -> RolloutOut:
+    return unwrap(maintenance.cancel_rollout(db=parts.db, actor=me, rollout_id=rollout_id, now=parts.now()))
+
+
+@router.get("/fleet/events", response_model=list[FleetEventOut], tags=["fleet"])
+def events(
+    parts: PartsDep,
+    me: Me,
+    node: str | None = None,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    alerts: bool = False,
+) -> list[FleetEventOut]:
+    return unwrap(
+        maintenance.list_events(
+            db=parts.db, actor=me, node=node, after_id=after, limit=limit, alerts_only=alerts
+        )
+    )

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.problems import unwrap
+from gpufleet.server.reservation_schemas import ReservationIn, ReservationOut
+from gpufleet.server.services import reservations
+
+router = APIRouter(prefix="/reservations", tags=["reservations"])
+
+
+@router.post("", status_code=201, response_model=list[ReservationOut])
+def create(spec: ReservationIn, parts: PartsDep, me: Me) -> list[ReservationOut]:
+    """Book one window, or ``count`` repeats (all or none). 409: the conflict, named."""
+    made = unwrap(reservations.create(db=parts.db, actor=me, spec=spec, now=parts.now(), fleets=parts.fleets))
+    parts.scheduler.wake()
+    return made
+
+
+@router.get("", response_model=list[ReservationOut])
+def list_reservations(
+    parts: PartsDep, me: Me, include_past: Annotated[bool, Query(alias="all")] = False
+) -> list[ReservationOut]:
+    """Yours (operators: everyone's) that have not ended; ``?all=true`` adds past ones."""
+    return reservations.list_reservations(db=parts.db, actor=me, now=parts.now(), include_past=include_past)
+
+
+@router.delete("/{reservation_id}", response_model=ReservationOut)
+def cancel(reservation_id: int, parts: PartsDep, me: Me) -> ReservationOut:
+    out = unwrap(reservations.cancel(db=parts.db, actor=me, reservation_id=reservation_id, now=parts.now()))
+    parts.scheduler.wake()
+    return out

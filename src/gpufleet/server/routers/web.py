@@ -1,0 +1,62 @@
+"""The fleet page (``GET /``, static files under ``/static``) and the small read
+endpoints it polls: ``/v1/fleet/snapshot``, ``/v1/fleet/usage``,
+``/v1/nodes/{name}/history``. The page holds no data of its own: it signs in with an API
+token and calls the JSON API like any client."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from string import Template
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse
+
+from gpufleet import __version__
+from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.problems import unwrap
+from gpufleet.server.routers.agents import HotDep
+from gpufleet.server.services import dashboard
+from gpufleet.server.services.dashboard import FleetView, ViewCache
+from gpufleet.server.web.schemas import FleetSnapshot, NodeHistory, UsageReport
+
+page = APIRouter(include_in_schema=False)
+api = APIRouter(tags=["fleet"])
+WEB = resources.files("gpufleet.server") / "web"
+
+
+@cache
+def _index() -> str:
+    text = (WEB / "templates" / "index.html").read_text(encoding="utf-8")
+    return Template(text).safe_substitute(version=__version__)
+
+
+@page.get("/", response_class=HTMLResponse)
+def index() -> HTMLResponse:
+    return HTMLResponse(_index(), headers={"Cache-Control": "no-cache"})
+
+
+async def get_views(request: Request) -> ViewCache:
+    views: ViewCache = request.app.state.views
+    return views
+
+
+def current_view(parts: PartsDep, views: Annotated[ViewCache, Depends(get_views)]) -> FleetView:
+    return views.get(parts.db, now=parts.now(), live_since=parts.live_since())
+
+
+@api.get("/fleet/snapshot", response_model=FleetSnapshot)
+def fleet_snapshot(view: Annotated[FleetView, Depends(current_view)], hot: HotDep, me: Me) -> FleetSnapshot:
+    """Every GPU in a few numbers (the page's heatmap)."""
+    return dashboard.snapshot(view, hot)
+
+
+@api.get("/fleet/usage", response_model=UsageReport)
+def fleet_usage(parts: PartsDep, me: Me) -> UsageReport:
+    return dashboard.usage(db=parts.db, now=parts.now())
+
+
+@api.get("/nodes/{name}/history", response_model=NodeHistory, tags=["nodes"])
+def node_history(name: str, parts: PartsDep, hot: HotDep, me: Me) -> NodeHistory:
+    return unwrap(dashboard.node_history(db=parts.db, hot=hot, actor=me, name=name, now=parts.now()))

@@ -1,0 +1,60 @@
+"""Bodies of the fleet page's read endpoints (``routers/web.py``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gpufleet.server.schemas import Reply
+
+
+class SnapshotNode(Reply):
+    name: str
+    pool: str
+    leaf: str
+    rack: str
+    ready: bool
+    cordoned: bool
+    model: str
+    gpus: list[list[float | int | None]] = Field(
+        description="per GPU: [index, util %, temp C, memory used MiB, memory MiB, flags, job id]; "
+        "flags: 1 hot, 2 error, 4 cordoned, 8 allocated"
+    )
+
+
+class FleetSnapshot(Reply):
+    at: float
+    hot_c: float
+    jobs: dict[str, int]
+    nodes: list[SnapshotNode]
+
+
+class NodeJob(Reply):
+    id: int
+    name: str
+    user: str
+    team: str
+    state: str
+    gpus: int
+    gpus_here: list[int]
+    started_at: float | None
+
+
+class NodeHistory(Reply):
+    node: str
+    now: float
+    series: list[str]
+    samples: list[list[float | list[list[float | None]]]] = Field(
+        description="[at, [[value of each series] per GPU]] oldest first"
+    )
+    jobs: list[NodeJob]
+
+
+class TeamUsage(Reply):
+    team: str
+    gpu_hours: float
+
+
+class UsageReport(Reply):
+    at: float
+    teams: list[TeamUsage]
+    cost_available: bool = Field(description="false until prices exist (a later issue)")

@@ -1,0 +1,400 @@
+/* The fleet page: sign in with a token, then poll the JSON API every few seconds.
+   All text goes in through textContent (never innerHTML): job names are user input. */
+(function () {
+  "use strict";
+  var GF = window.GF;
+  var POLL_MS = 3000, SLOW_MS = 15000, KEY = "gpufleet.token";
+  var S = { token: null, me: null, snap: null, key: "", nodeEls: new Map(), selected: null,
+            timer: null, slowTimer: null, lastSlow: 0, reservations: null, busy: false };
+  var $ = function (id) { return document.getElementById(id); };
+
+  function el(tag, attrs, kids) {
+    var e = document.createElement(tag);
+    if (attrs) Object.keys(attrs).forEach(function (k) {
+      var v = attrs[k];
+      if (v === null || v === undefined || v === false) return;
+      if (k === "text") e.textContent = v;
+      else if (k === "class") e.className = v;
+      else if (k === "style") e.setAttribute("style", v);
+      else if (k.slice(0, 2) === "on") e.addEventListener(k.slice(2), v);
+      else e.setAttribute(k, v === true ? "" : v);
+    });
+    (kids || []).forEach(function (c) { if (c !== null && c !== undefined) e.append(c); });
+    return e;
+  }
+  var SVG = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs) {
+    var e = document.createElementNS(SVG, tag);
+    Object.keys(attrs || {}).forEach(function (k) { e.setAttribute(k, attrs[k]); });
+    return e;
+  }
+
+  // -- API ------------------------------------------------------------------------------
+  function api(path) {
+    return fetch(path, { headers: { Authorization: "Bearer " + S.token, Accept: "application/json" } })
+      .then(function (r) {
+        if (r.status === 401) { var e = new Error("unauthorized"); e.status = 401; throw e; }
+        if (!r.ok) { return r.json().catch(function () { return {}; }).then(function (b) {
+          var e = new Error(b.detail || ("HTTP " + r.status)); e.status = r.status; throw e; }); }
+        return r.json();
+      });
+  }
+
+  // -- session --------------------------------------------------------------------------
+  function signIn(token) {
+    S.token = token;
+    return api("/v1/users/me").then(function (me) {
+      S.me = me;
+      sessionStorage.setItem(KEY, token);
+      $("login").hidden = true; $("app").hidden = false; $("kpis").hidden = false; $("session").hidden = false;
+      $("who").textContent = me.name + " · " + me.role;
+      detectReservations();
+      tick(); slowTick();
+      S.timer = setInterval(tick, POLL_MS);
+      S.slowTimer = setInterval(slowTick, SLOW_MS);
+    });
+  }
+  function signOut(message) {
+    clearInterval(S.timer); clearInterval(S.slowTimer);
+    sessionStorage.removeItem(KEY);
+    S.token = null; S.me = null; S.key = ""; S.selected = null; S.nodeEls.clear();
+    $("heatmap").replaceChildren();
+    $("app").hidden = true; $("kpis").hidden = true; $("session").hidden = true; $("login").hidden = false;
+    $("login-error").textContent = message || "";
+    $("token").value = ""; $("token").focus();
+  }
+
+  // -- polling --------------------------------------------------------------------------
+  function live(ok, text) { var l = $("live"); l.className = "live " + (ok ? "ok" : "bad"); l.textContent = text; }
+  function fail(err) {
+    if (err && err.status === 401) { signOut("Your token was refused (revoked or expired). Sign in again."); return; }
+    live(false, "connection problem: " + (err && err.message ? err.message : "unknown"));
+  }
+  function tick() {
+    if (!S.token || S.busy) return;
+    S.busy = true;
+    Promise.all([
+      api("/v1/fleet/snapshot"),
+      api("/v1/jobs?state=PENDING&limit=200"),
+      api("/v1/jobs?state=RUNNING,SCHEDULED&limit=200"),
+    ]).then(function (r) {
+      S.snap = r[0];
+      renderHeatmap(r[0]); renderKpis(r[0]); renderQueue(r[1]); renderRunning(r[2]);
+      if (S.selected) loadNode(S.selected, false);
+      live(true, "live · " + new Date().toLocaleTimeString());
+    }).catch(fail).finally(function () { S.busy = false; });
+  }
+  function slowTick() {
+    if (!S.token) return;
+    api("/v1/fleet/usage").then(renderUsage).catch(fail);
+    renderReservations();
+  }
+
+  // -- header ---------------------------------------------------------------------------
+  function renderKpis(snap) {
+    var ready = 0, gpus = 0, busy = 0, sum = 0, n = 0, attn = 0;
+    snap.nodes.forEach(function (node) {
+      if (node.ready) ready++;
+      node.gpus.forEach(function (g) {
+        gpus++; if (g[5] & 8) busy++;
+        if (g[1] !== null) { sum += g[1]; n++; }
+        if (g[5] & 3) attn++;
+      });
+    });
+    setKpi("k-nodes", ready, snap.nodes.length);
+    setKpi("k-gpus", busy, gpus);
+    $("k-util").textContent = n ? Math.round(sum / n) + " %" : "–";
+    $("k-pending").textContent = String(snap.jobs.PENDING || 0);
+    $("k-running").textContent = String((snap.jobs.RUNNING || 0) + (snap.jobs.SCHEDULED || 0));
+    var a = $("k-attn"); a.textContent = attn ? attn + " GPUs" : "none"; a.className = attn ? "warn" : "";
+    $("gpu-count").textContent = gpus + " on " + snap.nodes.length + " nodes";
+    $("hot-c").textContent = String(snap.hot_c);
+  }
+  function setKpi(id, a, b) { $(id).replaceChildren(String(a), el("span", { class: "of", text: " / " + b })); }
+
+  // -- heatmap --------------------------------------------------------------------------
+  function renderHeatmap(snap) {
+    var key = snap.nodes.map(function (n) { return n.rack + "/" + n.leaf + "/" + n.name + ":" + n.gpus.length; }).join("|");
+    if (key !== S.key) buildHeatmap(snap), (S.key = key);
+    snap.nodes.forEach(updateNode);
+  }
+  function buildHeatmap(snap) {
+    var total = 0, maxPer = 1;
+    snap.nodes.forEach(function (n) { total += n.gpus.length; maxPer = Math.max(maxPer, n.gpus.length); });
+    var box = $("heatmap"), rect = box.getBoundingClientRect();
+    var L = GF.layout(total, maxPer, rect.width || 900, window.innerHeight * 0.75);
+    box.style.setProperty("--tile", L.tile + "px");
+    box.style.setProperty("--gap", L.gap + "px");
+    box.style.setProperty("--gcols", L.gcols);
+    box.classList.toggle("compact", L.compact);
+    S.nodeEls.clear();
+    var first = true;
+    var racks = GF.group(snap.nodes).map(function (rack) {
+      return el("section", { class: "rack", "aria-label": rack.name }, [
+        el("h3", { text: rack.name }),
+        el("div", { class: "leaves" }, rack.leaves.map(function (leaf) {
+          var cols = Math.min(leaf.nodes.length, 5);
+          return el("div", { class: "leaf", role: "group", "aria-label": "leaf switch " + leaf.name },
+            [el("h4", { text: leaf.name }),
+             el("div", { class: "leaf-nodes", style: "--cols:" + cols }, leaf.nodes.map(function (n) {
+               var tiles = n.gpus.map(function () { return el("span", { class: "tile" }); });
+               var b = el("button", { type: "button", class: "node", "data-node": n.name, tabindex: first ? "0" : "-1",
+                                      "aria-pressed": String(S.selected === n.name),
+                                      onclick: function () { select(n.name); } },
+                          [el("span", { class: "nlabel", text: shortName(n.name) }),
+                           el("span", { class: "tiles", "aria-hidden": "true" }, tiles)]);
+               first = false;
+               S.nodeEls.set(n.name, { btn: b, tiles: tiles });
+               return b;
+             }))]);
+        })),
+      ]);
+    });
+    box.replaceChildren.apply(box, racks);
+  }
+  function shortName(name) { var m = /(\d+)$/.exec(name); return m ? m[1] : name.slice(-4); }
+  function describeGpu(node, g) {
+    var parts = [node.name + " GPU " + g[0]];
+    parts.push(g[1] === null ? "no telemetry" : Math.round(g[1]) + "% util");
+    if (g[2] !== null) parts.push(Math.round(g[2]) + " °C");
+    if (g[3] !== null) parts.push(Math.round(g[3] / 1024) + " / " + Math.round(g[4] / 1024) + " GiB");
+    if (g[6] !== null) parts.push("job " + g[6]);
+    if (g[5] & 1) parts.push("HOT");
+    if (g[5] & 2) parts.push("ERROR");
+    if (g[5] & 4) parts.push("cordoned");
+    return parts.join(" · ");
+  }
+  function updateNode(n) {
+    var ref = S.nodeEls.get(n.name); if (!ref) return;
+    var busy = 0, flagged = 0, sum = 0, k = 0;
+    n.gpus.forEach(function (g, i) {
+      var t = ref.tiles[i]; if (!t) return;
+      var c = GF.utilColor(g[1]);
+      t.style.background = c || "";
+      var cls = "tile";
+      if (g[1] === null) cls += " none";
+      if (g[5] & 1) cls += " hot";
+      if (g[5] & 2) cls += " err";
+      if (g[5] & 4) cls += " cord";
+      if (t.className !== cls) t.className = cls;
+      t.title = describeGpu(n, g);
+      if (g[5] & 8) busy++;
+      if (g[5] & 3) flagged++;
+      if (g[1] !== null) { sum += g[1]; k++; }
+    });
+    var state = n.ready ? "Ready" : "NotReady";
+    ref.btn.classList.toggle("notready", !n.ready);
+    var label = n.name + ", " + state + (n.cordoned ? ", cordoned" : "") + ": " + busy + " of " + n.gpus.length +
+      " GPUs allocated, mean utilisation " + (k ? Math.round(sum / k) : 0) + "%" + (flagged ? ", " + flagged + " need attention" : "");
+    ref.btn.setAttribute("aria-label", label);
+    ref.btn.title = label;
+  }
+  function focusables() { return Array.from($("heatmap").querySelectorAll(".node")); }
+  function onHeatKey(ev) {
+    var list = focusables(), i = list.indexOf(document.activeElement);
+    if (i < 0) return;
+    var next = null;
+    if (ev.key === "ArrowRight") next = list[i + 1];
+    else if (ev.key === "ArrowLeft") next = list[i - 1];
+    else if (ev.key === "ArrowDown" || ev.key === "ArrowUp") next = vertical(list, i, ev.key === "ArrowDown");
+    else if (ev.key === "Home") next = list[0];
+    else if (ev.key === "End") next = list[list.length - 1];
+    else return;
+    ev.preventDefault();
+    if (next) { list[i].tabIndex = -1; next.tabIndex = 0; next.focus(); }
+  }
+  function vertical(list, i, down) {
+    var r = list[i].getBoundingClientRect(), cx = r.left + r.width / 2, best = null, bd = Infinity;
+    list.forEach(function (b) {
+      var q = b.getBoundingClientRect(), dy = down ? q.top - r.bottom : r.top - q.bottom;
+      if (dy < -1) return;
+      var d = dy * 4 + Math.abs(q.left + q.width / 2 - cx);
+      if (b !== list[i] && d < bd) { bd = d; best = b; }
+    });
+    return best;
+  }
+
+  // -- node panel -----------------------------------------------------------------------
+  function select(name) {
+    S.selected = name;
+    S.nodeEls.forEach(function (ref, n) { ref.btn.setAttribute("aria-pressed", String(n === name)); });
+    $("node-close").hidden = false;
+    loadNode(name, true);
+  }
+  function loadNode(name, fresh) {
+    if (fresh) { $("node-title").textContent = name; $("node-body").replaceChildren(el("p", { class: "muted", text: "Loading…" })); }
+    api("/v1/nodes/" + encodeURIComponent(name) + "/history").then(function (h) {
+      if (S.selected === name) renderNode(h);
+    }).catch(function (e) { if (e.status === 404) closeNode(); else fail(e); });
+  }
+  function closeNode() {
+    var was = S.selected; S.selected = null;
+    S.nodeEls.forEach(function (ref) { ref.btn.setAttribute("aria-pressed", "false"); });
+    $("node-title").textContent = "Node"; $("node-close").hidden = true;
+    $("node-body").replaceChildren(el("p", { class: "empty", text: "Select a node in the heatmap to see its GPUs' telemetry and jobs." }));
+    var ref = was && S.nodeEls.get(was); if (ref) ref.btn.focus();
+  }
+  var PALETTE = ["#0d9488", "#2563eb", "#9333ea", "#db2777", "#ea580c", "#ca8a04", "#16a34a", "#475569"];
+  function renderNode(h) {
+    var node = S.snap && S.snap.nodes.find(function (n) { return n.name === h.node; });
+    var body = [];
+    if (node) {
+      body.push(el("div", { class: "node-meta" }, [
+        el("span", { class: "pill " + (node.ready ? "Ready" : "NotReady"), text: node.ready ? "Ready" : "NotReady" }),
+        node.cordoned ? el("span", { class: "pill cordoned", text: "cordoned" }) : null,
+        el("span", { class: "muted small", text: node.model + " × " + node.gpus.length + " · " + node.leaf + " · " + node.rack + " · pool " + node.pool }),
+      ]));
+    }
+    var gcount = h.samples.length ? h.samples[h.samples.length - 1][1].length : 0;
+    body.push(chart("Utilisation (%)", h, 0, 0, 100, gcount));
+    body.push(chart("Temperature (°C)", h, 1, 20, 100, gcount));
+    body.push(el("div", { class: "gpu-legend", "aria-hidden": "true" }, Array.from({ length: gcount }, function (_, i) {
+      return el("span", { style: "--c:" + PALETTE[i % PALETTE.length], text: "GPU " + i });
+    })));
+    if (node) {
+      body.push(table(["GPU", "Util", "Temp", "Memory", "Job"], node.gpus.map(function (g) {
+        return [String(g[0]), g[1] === null ? "–" : Math.round(g[1]) + " %", g[2] === null ? "–" : Math.round(g[2]) + " °C",
+                g[3] === null ? "–" : (g[3] / 1024).toFixed(0) + " / " + (g[4] / 1024).toFixed(0) + " GiB",
+                g[6] === null ? "" : "#" + g[6]];
+      }), [false, true, true, true, false], "GPUs of " + h.node));
+    }
+    body.push(el("h3", { class: "sub", text: "Jobs on this node" }));
+    body.push(h.jobs.length ? table(["Job", "Name", "User", "GPU index", "State"], h.jobs.map(function (j) {
+      return ["#" + j.id, j.name || "(not yours)", j.user ? j.user + " · " + j.team : "", j.gpus_here.join(", "), j.state];
+    }), null, "Jobs on " + h.node) : el("p", { class: "muted small", text: "No jobs on this node." }));
+    $("node-title").textContent = h.node;
+    $("node-body").replaceChildren.apply($("node-body"), body);
+  }
+  function chart(title, h, series, lo, hi, gcount) {
+    var W = 360, H = 110, L = 28, R = 6, T = 6, B = 16;
+    var s = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", preserveAspectRatio: "none" });
+    var t0 = h.samples.length ? h.samples[0][0] : h.now - 60, t1 = Math.max(h.now, t0 + 1);
+    var x = function (t) { return L + (W - L - R) * (t - t0) / (t1 - t0); };
+    var y = function (v) { return T + (H - T - B) * (1 - (Math.min(hi, Math.max(lo, v)) - lo) / (hi - lo)); };
+    [lo, (lo + hi) / 2, hi].forEach(function (v) {
+      s.append(svg("line", { class: "axis", x1: L, x2: W - R, y1: y(v), y2: y(v) }));
+      var tx = svg("text", { x: L - 4, y: y(v) + 3, "text-anchor": "end" }); tx.textContent = String(v); s.append(tx);
+    });
+    var lab = svg("text", { x: W - R, y: H - 3, "text-anchor": "end" }); lab.textContent = "now"; s.append(lab);
+    var lab2 = svg("text", { x: L, y: H - 3 }); lab2.textContent = "−" + GF.ago(t1 - t0); s.append(lab2);
+    var summary = [];
+    for (var g = 0; g < gcount; g++) {
+      var pts = [], last = null;
+      h.samples.forEach(function (smp) {
+        var v = smp[1][g] ? smp[1][g][series] : null;
+        if (v !== null && v !== undefined) { pts.push(x(smp[0]).toFixed(1) + "," + y(v).toFixed(1)); last = v; }
+      });
+      if (pts.length) s.append(svg("polyline", { class: "line", points: pts.join(" "), stroke: PALETTE[g % PALETTE.length] }));
+      if (last !== null) summary.push("GPU " + g + " " + Math.round(last));
+    }
+    s.setAttribute("aria-label", title + " over the last " + GF.ago(t1 - t0) + "; latest: " + (summary.join(", ") || "no data"));
+    if (!h.samples.length) {
+      var nt = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }); nt.textContent = "no telemetry yet"; s.append(nt);
+    }
+    return el("figure", { class: "chart" }, [el("h3", { text: title }), s]);
+  }
+
+  // -- tables ---------------------------------------------------------------------------
+  function table(head, rows, numeric, caption) {
+    numeric = numeric || [];
+    return el("table", null, [
+      caption ? el("caption", { class: "sr-only", style: "position:absolute;left:-9999px", text: caption }) : null,
+      el("thead", null, [el("tr", null, head.map(function (h, i) { return el("th", { scope: "col", class: numeric[i] ? "num" : null, text: h }); }))]),
+      el("tbody", null, rows.map(function (r) {
+        return el("tr", null, r.map(function (c, i) {
+          return el("td", { class: numeric[i] ? "num" : null }, [c instanceof Node ? c : document.createTextNode(c)]);
+        }));
+      })),
+    ]);
+  }
+  function renderQueue(page) {
+    var items = page.items.slice().sort(function (a, b) {
+      return (a.queue_position || 1e9) - (b.queue_position || 1e9) || a.id - b.id;
+    });
+    var now = S.snap ? S.snap.at : Date.now() / 1000;
+    $("queue-count").textContent = String(page.total !== null && page.total !== undefined ? page.total : items.length) + " waiting";
+    if (!items.length) { $("queue").replaceChildren(el("p", { class: "empty", text: "Nothing is waiting: every job has its GPUs." })); return; }
+    $("queue").replaceChildren(table(["#", "Job", "User · team", "GPUs", "Waiting", "Est. start", "Why it waits"],
+      items.slice(0, 100).map(function (j) {
+        var code = GF.waitCode(j.wait_reason);
+        var reason = el("span", { class: "reason" }, [code ? el("span", { class: "code " + code, text: code }) : null,
+                           (j.wait_reason || "not yet considered").slice(code.length).replace(/^[:\s]+/, "")]);
+        return [j.queue_position === null ? "–" : String(j.queue_position), "#" + j.id + " " + j.name, j.user + " · " + j.team,
+                String(j.gpus), GF.ago(now - j.submit_time),
+                j.estimated_start === null ? "unknown" : (j.estimated_start <= now ? "now" : "in " + GF.ago(j.estimated_start - now)),
+                reason];
+      }), [true, false, false, true, true, true, false], "Queue"));
+  }
+  function renderRunning(page) {
+    var now = S.snap ? S.snap.at : Date.now() / 1000;
+    var items = page.items.slice().sort(function (a, b) { return (b.started_at || 0) - (a.started_at || 0); });
+    var total = page.total !== null && page.total !== undefined ? page.total : items.length;
+    $("running-count").textContent = total + (total > items.length ? " (latest " + items.length + ")" : "");
+    if (!items.length) { $("running").replaceChildren(el("p", { class: "empty", text: "No jobs are running." })); return; }
+    $("running").replaceChildren(table(["Job", "User · team", "GPUs", "Where", "Running for", "State"],
+      items.map(function (j) {
+        var where = j.allocation.map(function (a) { return a.node + "[" + a.gpus.join(",") + "]"; }).join(" ");
+        return ["#" + j.id + " " + j.name, j.user + " · " + j.team, String(j.gpus), where,
+                j.started_at ? GF.ago(now - j.started_at) : "starting", el("span", { class: "pill " + j.state, text: j.state })];
+      }), [false, false, true, false, true, false], "Running jobs"));
+  }
+  function renderUsage(u) {
+    if (!u.teams.length) { $("usage").replaceChildren(el("p", { class: "empty", text: "No team has used GPUs yet." })); return; }
+    var max = Math.max.apply(null, u.teams.map(function (t) { return t.gpu_hours; }).concat([0.001]));
+    var bars = el("div", { class: "bars", role: "list", "aria-label": "GPU-hours per team" }, u.teams.map(function (t) {
+      return el("div", { class: "bar", role: "listitem", "aria-label": t.team + ": " + t.gpu_hours.toFixed(1) + " GPU-hours" }, [
+        el("span", { text: t.team }),
+        el("span", { class: "track", "aria-hidden": "true" }, [el("span", { class: "fill", style: "display:block;width:" + (100 * t.gpu_hours / max).toFixed(1) + "%" })]),
+        el("span", { class: "val", text: t.gpu_hours.toFixed(t.gpu_hours < 10 ? 2 : 1) }),
+      ]);
+    }));
+    var note = el("p", { class: "muted small", text: u.cost_available ? "" : "Cost per team appears here once GPU prices are configured." });
+    $("usage").replaceChildren(bars, note);
+  }
+
+  // -- reservations (a later issue: shown only when the API offers them) ----------------------
+  function detectReservations() {
+    fetch("/openapi.json").then(function (r) { return r.ok ? r.json() : { paths: {} }; }).then(function (spec) {
+      S.reservations = Object.keys(spec.paths || {}).indexOf("/v1/reservations") >= 0;
+      renderReservations();
+    }).catch(function () { S.reservations = false; renderReservations(); });
+  }
+  function renderReservations() {
+    var box = $("reservations");
+    if (S.reservations === null) return;
+    if (!S.reservations) {
+      box.replaceChildren(el("p", { class: "empty", text: "Reservations are not available on this server yet. When booking GPUs ahead is enabled, the calendar of reservations appears here." }));
+      return;
+    }
+    api("/v1/reservations").then(function (r) {
+      var items = Array.isArray(r) ? r : (r.items || []);
+      if (!items.length) { box.replaceChildren(el("p", { class: "empty", text: "No reservations." })); return; }
+      box.replaceChildren(table(["Name", "Team", "GPUs", "From", "To", "State"], items.map(function (x) {
+        return [String(x.name || "#" + x.id), String(x.team || x.owner || ""), String(x.gpus || ""),
+                x.start ? new Date(x.start * 1000).toLocaleString() : "", x.end ? new Date(x.end * 1000).toLocaleString() : "",
+                String(x.state || "")];
+      }), [false, false, true, false, false, false], "Reservations"));
+    }).catch(fail);
+  }
+
+  // -- start ----------------------------------------------------------------------------
+  document.addEventListener("DOMContentLoaded", function () {
+    $("login-form").addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      var t = $("token").value.trim();
+      if (!t) { $("login-error").textContent = "Enter a token."; return; }
+      $("login-error").textContent = "";
+      signIn(t).catch(function (e) {
+        S.token = null;
+        $("login-error").textContent = e.status === 401 ? "That token was not accepted." : "Cannot reach the server: " + e.message;
+      });
+    });
+    $("logout").addEventListener("click", function () { signOut(""); });
+    $("node-close").addEventListener("click", closeNode);
+    $("heatmap").addEventListener("keydown", onHeatKey);
+    document.addEventListener("keydown", function (ev) { if (ev.key === "Escape" && S.selected) closeNode(); });
+    var saved = sessionStorage.getItem(KEY);
+    if (saved) signIn(saved).catch(function () { signOut(""); });
+    else $("token").focus();
+  });
+})();

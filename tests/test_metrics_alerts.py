@@ -1,0 +1,156 @@
+"""Built-in alerts: the rules (a table of fleet states), the Alertmanager-format messages,
+delivery with retries to a loopback HTTP receiver, and a server started with
+``alert_webhook`` posting GpuHot for a hot GPU."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.server.alerts import Alert, AlertRules, AlertTracker, WebhookSender, evaluate
+from gpufleet.server.hot import HotState
+from gpufleet.server.metrics.history import RecordingTelemetryStore
+from gpufleet.server.schemas import GpuTelemetry
+from gpufleet.server.services.dashboard import FleetView, GpuInfo, NodeInfo, QueueStat
+from web.fleetapp import fleet
+
+NOW = 10_000.0
+
+
+def view(*, ready: bool = True, oldest: float | None = None) -> FleetView:
+    return FleetView(
+        at=NOW,
+        nodes=(NodeInfo(name="n1", pool="p", leaf="l", rack="r", cordoned=False, ready=ready),),
+        gpus=(GpuInfo(node="n1", index=0, uuid="GPU-0", model="H100", memory_mb=80_000, healthy=True),),
+        held={},
+        jobs={},
+        queues=() if oldest is None else (QueueStat(pool="p", pending=3, oldest_since=oldest),),
+    )
+
+
+def hot_state(**tel: Any) -> HotState:
+    hot = HotState(telemetry=RecordingTelemetryStore())
+    if tel:
+        hot.telemetry.put(
+            "n1", at=NOW, gpus=[GpuTelemetry(index=0, **tel)], driver_version=None, cuda_version=None
+        )
+    return hot
+
+
+@pytest.mark.parametrize(
+    ("fleet_view", "hot", "want"),
+    [
+        (view(), hot_state(temperature_c=60.0), []),
+        (view(), hot_state(temperature_c=85.0), [("GpuHot", "warning")]),
+        (view(), hot_state(temperature_c=40.0, xid_events=[79]), [("GpuFatalXid", "critical")]),
+        (view(), hot_state(temperature_c=40.0, xid_events=[13]), []),
+        (view(ready=False), hot_state(), [("NodeNotReady", "critical")]),
+        (view(oldest=NOW - 3600), hot_state(), [("QueueWaitHigh", "warning")]),
+        (view(oldest=NOW - 60), hot_state(), []),
+    ],
+    ids=["healthy", "hot", "fatal-xid", "benign-xid", "not-ready", "queue-wait", "short-wait"],
+)
+def test_rules(fleet_view: FleetView, hot: HotState, want: list[tuple[str, str]]) -> None:
+    got = evaluate(fleet_view, hot, rules=AlertRules(queue_wait_s=1800))
+    assert [(a.name, a.severity) for a in got] == want
+
+
+def test_tracker_fires_once_then_resolves() -> None:
+    t = AlertTracker(external_url="http://gpufleet")
+    a = Alert(name="GpuHot", labels=(("node", "n1"), ("gpu", "0")), severity="warning", summary="hot")
+    first = t.update([a], now=NOW)
+    assert len(first) == 1 and first[0]["status"] == "firing" and first[0]["version"] == "4"
+    assert first[0]["groupLabels"] == {"alertname": "GpuHot"}
+    item = first[0]["alerts"][0]
+    assert item["labels"] == {"alertname": "GpuHot", "node": "n1", "gpu": "0", "severity": "warning"}
+    assert item["endsAt"] == "0001-01-01T00:00:00Z" and item["fingerprint"] == a.fingerprint
+    assert t.update([a], now=NOW + 15) == []  # unchanged: nothing sent
+    done = t.update([], now=NOW + 30)
+    assert done[0]["status"] == "resolved" and done[0]["alerts"][0]["endsAt"].startswith(
+        "1970-01-01T02:47:10"
+    )
+
+
+class Receiver:
+    """A loopback Alertmanager-webhook receiver that fails the first ``fail`` posts."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.fail = fail
+        self.posts: list[dict[str, Any]] = []
+        self.attempts = 0
+        me = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                me.attempts += 1
+                if me.attempts <= me.fail:
+                    self.send_response(503)
+                else:
+                    me.posts.append(json.loads(body))
+                    self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait(self, n: int, timeout: float = 10) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while len(self.posts) < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.posts
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
+    r = Receiver(fail=getattr(request, "param", 0))
+    yield r
+    r.close()
+
+
+@pytest.mark.parametrize("receiver", [0, 2], indirect=True, ids=["first-try", "after-2-failures"])
+def test_webhook_delivery_retries_with_backoff(receiver: Receiver) -> None:
+    sender = WebhookSender(receiver.url, backoff_s=0.05, attempts=4)
+    try:
+        sender.send({"status": "firing", "alerts": []})
+        assert receiver.wait(1) == [{"status": "firing", "alerts": []}]
+        assert receiver.attempts == receiver.fail + 1
+    finally:
+        sender.close()
+    assert sender.delivered == 1 and sender.dropped == 0
+
+
+def test_webhook_gives_up_after_attempts(receiver: Receiver) -> None:
+    receiver.fail = 100
+    sender = WebhookSender(receiver.url, backoff_s=0.01, attempts=3)
+    sender.send({"status": "firing"})
+    deadline = time.monotonic() + 5
+    while sender.dropped == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sender.close()
+    assert receiver.attempts == 3 and sender.dropped == 1
+
+
+def test_server_posts_builtin_alerts(tmp_path: Path, receiver: Receiver) -> None:
+    with fleet(tmp_path, alert_webhook=receiver.url, alert_interval_s=0.1):
+        posts = receiver.wait(2)
+    by_name = {p["groupLabels"]["alertname"]: p for p in posts}
+    assert {"GpuHot", "GpuFatalXid"} <= set(by_name)
+    hot = by_name["GpuHot"]
+    assert hot["status"] == "firing" and hot["receiver"] == "gpufleet"
+    assert [a["labels"]["node"] + "/" + a["labels"]["gpu"] for a in hot["alerts"]] == ["node-a/0"]

@@ -1,0 +1,96 @@
+"""A small in-process gpufleet server (FastAPI TestClient on a temp SQLite file) with
+nodes, telemetry and a placed job: what the /metrics, alerts and dashboard tests read."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpufleet.server import db
+from gpufleet.server.app import create_app
+from gpufleet.server.config import ServerConfig
+
+TOKEN = "gf_metrics_test_admin"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@dataclass
+class Fleet:
+    client: TestClient
+    job_id: int
+
+    def scrape(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """Sample name -> [(labels, value)] from ``GET /metrics``."""
+        r = self.client.get("/metrics")
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith("text/plain")
+        out: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for fam in text_string_to_metric_families(r.text):
+            for s in fam.samples:
+                out.setdefault(s.name, []).append((dict(s.labels), s.value))
+        return out
+
+    def get(self, path: str, **kw: Any) -> Any:
+        r = self.client.get(path, headers=AUTH, **kw)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def gpu(index: int, **kw: Any) -> dict[str, Any]:
+    base = {
+        "index": index,
+        "utilization_pct": 0.0,
+        "memory_used_mb": 0,
+        "temperature_c": 35.0,
+        "power_w": 70.0,
+    }
+    return base | {"ecc_dbe": 0} | kw
+
+
+TELEMETRY = {
+    "node-a": [
+        gpu(0, utilization_pct=97.5, memory_used_mb=40_000, temperature_c=91.0, power_w=650.0),
+        gpu(1, utilization_pct=10.0, memory_used_mb=1_000, xid_events=[79]),
+        gpu(2, ecc_dbe=2),
+        gpu(3),
+    ],
+    "node-b": [gpu(i, utilization_pct=50.0) for i in range(4)],
+}
+
+
+@contextmanager
+def fleet(tmp: Path, **config: Any) -> Iterator[Fleet]:
+    url = f"sqlite:///{tmp / 'gpufleet.db'}"
+    db.upgrade(url)
+    app = create_app(ServerConfig(database_url=url, admin_token=TOKEN, schedule_interval_s=0.2, **config))
+    with TestClient(app) as c:
+        for name, tel in TELEMETRY.items():
+            gpus = [
+                {"index": g["index"], "model": "H100-80GB", "uuid": f"GPU-{name}-{g['index']}"} for g in tel
+            ]
+            r = c.put(
+                f"/v1/nodes/{name}", json={"gpus": gpus, "leaf": "leaf-0", "rack": "rack-0"}, headers=AUTH
+            )
+            assert r.status_code == 200, r.text
+            r = c.post(f"/v1/nodes/{name}/sync", json={"telemetry": tel}, headers=AUTH)
+            assert r.status_code == 200, r.text
+        assert c.post("/v1/teams", json={"name": "vision"}, headers=AUTH).status_code == 201
+        assert c.post("/v1/teams/vision/members", json={"user": "admin"}, headers=AUTH).status_code == 200
+        job = c.post("/v1/jobs", json={"command": ["true"], "gpus": 2, "team": "vision"}, headers=AUTH)
+        assert job.status_code == 201, job.text
+        jid = int(job.json()["id"])
+        deadline = time.monotonic() + 10
+        while c.get(f"/v1/jobs/{jid}", headers=AUTH).json()["state"] != "SCHEDULED":
+            assert time.monotonic() < deadline, "the job was not placed"
+            time.sleep(0.05)
+        # and one that cannot be placed now (8 GPUs; 2 are held, 2 cordoned by health rules)
+        wait = c.post("/v1/jobs", json={"command": ["true"], "gpus": 8, "team": "vision"}, headers=AUTH)
+        assert wait.status_code == 201, wait.text
+        yield Fleet(client=c, job_id=jid)
