@@ -209,7 +209,25 @@ class NvmlProbe:
             ecc_dbe=self._field(lib.nvmlDeviceGetTotalEccErrors, h, uncorrected, volatile),
             xid_events=xids,
             pcie_replay=self._field(lib.nvmlDeviceGetPcieReplayCounter, h),
+            retired_pages=self._retired_pages(h),
         )
+
+    def _retired_pages(self, h: Any) -> int | None:
+        """Pages retired for multiple single-bit and for double-bit ECC errors (None where
+        the driver does not report retirement, e.g. GPUs with row remapping)."""
+        fn = getattr(self.lib, "nvmlDeviceGetRetiredPages", None)
+        if fn is None:
+            return None
+        total = 0
+        for name, default in (
+            ("NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0),
+            ("NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1),
+        ):
+            pages = self._field(fn, h, getattr(self.lib, name, default))
+            if pages is None:
+                return None
+            total += len(pages)
+        return total
 
     def _throttle_names(self, mask: int) -> tuple[str, ...]:
         return tuple(label for attr, label in _THROTTLE_NAMES if mask & int(getattr(self.lib, attr, 0) or 0))
