@@ -244,11 +244,8 @@ class _Pass:
         ck = (job.gpus, job.gpus_per_node, job.nodes, job.gpu_type, job.pool)
         hit = self.options_cache.get(ck)
         if hit is None:
-            hit = self.options_cache[ck] = self._options(job)
+            hit = self.options_cache[ck] = job_options(self.index, job)
         return hit
-
-    def _options(self, job: JobRequest) -> Options | str:
-        return job_options(self.index, job)
 
     # -- placement ------------------------------------------------------------------
     def place(self, job: JobRequest, opts: Options, limit: float) -> Placement | None:
