@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+import random
+
 import pytest
 
 from factories import fleet, job, node, placed, running, snapshot, uniform_fleet
-from gpufleet.scheduler import Status, plan
+from gpufleet.scheduler import Fleet, RunningJob, Status, plan
+from gpufleet.scheduler.capacity import FleetIndex
 
 ALL8 = tuple(range(8))
 
@@ -171,3 +175,48 @@ def test_same_snapshot_same_plan() -> None:
     ]
     assert plans[0] == plans[1]
     assert plans[2] == plans[3]
+
+
+def _recount(f: Fleet, run: tuple[RunningJob, ...]) -> tuple[list[int], dict[int, dict[int, int]]]:
+    occ = FleetIndex(f).occupancy(run)  # a fresh index: counted from scratch
+    return occ.free, {n: h for n, h in occ.used.items() if h}
+
+
+def test_occupancy_derived_pass_after_pass_equals_a_recount() -> None:
+    """Removals, appends, reorders, a job twice and a wholesale change: the occupancy
+    derived from the last pass's (capacity.py) always matches counting afresh."""
+    rng = random.Random(5)
+    f = uniform_fleet(6)
+    index = FleetIndex(f)
+    pool = [running(f"r{i}", {f"n{i % 6}": (i % 8,)}, started=float(i)) for i in range(48)]
+    run: tuple[RunningJob, ...] = tuple(pool[:20])
+    for step in range(200):
+        what = step % 5
+        jobs = list(run)
+        if what == 0 and jobs:  # a few finish
+            for _ in range(min(len(jobs), rng.randint(1, 3))):
+                jobs.pop(rng.randrange(len(jobs)))
+        elif what == 1:  # a few start, appended
+            jobs += rng.sample([r for r in pool if all(r is not j for j in jobs)], k=2)
+        elif what == 2:
+            rng.shuffle(jobs)
+        elif what == 3 and jobs:
+            jobs.append(jobs[0])  # the same object twice
+        elif what == 4:
+            jobs = rng.sample(pool, k=rng.randint(0, 30))
+        run = tuple(jobs)
+        occ = index.occupancy(run)
+        assert (occ.free, {n: h for n, h in occ.used.items() if h}) == _recount(f, run), step
+        if what == 3:
+            run = run[:-1]
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["gc-on", "gc-off"])
+def test_a_pass_leaves_the_garbage_collector_as_it_found_it(enabled: bool) -> None:
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        plan(snapshot(uniform_fleet(2), pending=(job("j", 2),)), "default")
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

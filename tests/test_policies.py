@@ -273,3 +273,45 @@ def test_higher_user_priority_preempts_even_a_fresh_job() -> None:
         "default",
     )
     assert preempted(got) == ["low"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"use_limits": False}, {"width_aware": False, "tie_break": "width"}, {"starve_max_s": 7200.0}],
+    ids=["default", "no-limits", "narrow-width-tie", "starve-cap"],
+)
+def test_default_order_agrees_with_key(options: dict[str, object]) -> None:
+    """``DefaultPolicy.order`` inlines ``key`` for waiting jobs (it runs for every job
+    of a 10,000-job queue each pass): both must rank every waiting job the same."""
+    from gpufleet.scheduler.policies.base import Context
+    from gpufleet.scheduler.policies.default import DefaultPolicy
+
+    policy = DefaultPolicy(**options)  # type: ignore[arg-type]
+    waiting = [
+        job(
+            f"j{i}",
+            g,
+            submit=float(i * 300),
+            priority=p,
+            time_limit_s=lim,
+            executed_s=ran,
+            attained_service_s=ran * g,
+            pending_since=since,
+        )
+        for i, (g, p, lim, ran, since) in enumerate(
+            [
+                (1, 0, None, 0.0, None),
+                (8, 0, 3600.0, 0.0, None),
+                (4, 1, None, 5_000.0, 20_000.0),
+                (2, 0, 600.0, 900.0, 10_000.0),  # ran past its limit
+                (16, 0, None, 40_000.0, 1_000.0),
+                (1, -1, 7200.0, 100.0, None),
+                (2, 0, None, 200.0, 30_000.0),
+            ]
+        )
+    ]
+    for now in (1_000.0, 30_000.0, 200_000.0):
+        ctx = Context(now=now, quotas={})
+        got = policy.order(waiting, ctx)
+        assert [k for k, _ in got] == sorted(policy.key(j, None, ctx) for j in waiting)
+        assert [k for k, _ in policy.order(waiting, ctx)] == [k for k, _ in got]  # memoised

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.scheduler import POLICIES, make_policy
+from gpufleet.scheduler import POLICIES, Policy, make_policy
 from gpufleet.sim import FleetSpec, SimConfig, SimResult, Simulator, TraceJob
 from gpufleet.sim.synth import synthesize
 
@@ -133,3 +133,30 @@ def test_reservation_replay_keeps_the_window_for_its_owner() -> None:
     assert starts["bob-short"] == 0  # ends before the window: backfilled
     assert starts["alice"] == 1000  # the window opens for its owner
     assert starts["bob-long"] >= 5000  # would have crossed into the window
+
+
+class _Uncached:
+    """Mixin: a policy that gives no key lifetimes, so every pass ranks running jobs
+    afresh (the core's path before victims.RunningKeys)."""
+
+    running_key = Policy.running_key
+
+
+@pytest.mark.parametrize("policy", ["default", "las"])
+@pytest.mark.parametrize(
+    "cfg",
+    [{}, {"gpu_failures_per_gpu_day": 0.5, "node_failures_per_node_day": 0.1, "repair_s": 3600, "seed": 7}],
+    ids=["plain", "failures"],
+)
+def test_running_keys_kept_across_passes_change_no_decision(policy: str, cfg: dict[str, float]) -> None:
+    """The ranking kept from pass to pass (victims.py) replays exactly like ranking
+    every running job afresh in every pass."""
+    jobs = small_trace(400)
+    base = type(make_policy(policy))
+    uncached = type("Uncached", (_Uncached, base), {})
+    a = Simulator(jobs, FLEET.build(), make_policy(policy), SimConfig(**cfg), record=True)  # type: ignore[arg-type]
+    b = Simulator(jobs, FLEET.build(), uncached(), SimConfig(**cfg), record=True)  # type: ignore[arg-type]
+    ra, rb = a.run(), b.run()
+    assert ra.preemptions > 0
+    assert ra.outcomes == rb.outcomes
+    assert a.log == b.log

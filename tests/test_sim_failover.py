@@ -21,3 +21,28 @@ def test_node_failure_requeues_after_the_delay_and_loses_nothing(delay: float) -
     assert hit
     for o in hit:  # only node failures here: each one kept the job out of the queue >= delay
         assert o.queue_s >= o.failures * delay - 1e-6
+
+
+def test_a_requeued_job_starts_at_the_next_pass_when_gpus_are_free() -> None:
+    """A job back from a lost node must reach the very next pass (it once waited for an
+    unrelated event to make the simulator rebuild its snapshot)."""
+    from gpufleet.scheduler import make_policy
+    from gpufleet.sim import FleetSpec, SimConfig, Simulator
+    from gpufleet.sim.synth import synthesize
+
+    fleet = FleetSpec(nodes=16, gpus_per_node=8, nodes_per_leaf=4)
+    jobs = synthesize(jobs=200, seed=4, load=0.2, nodes=16, gpus_per_node=8)
+    cfg = SimConfig(node_failures_per_node_day=0.5, repair_s=1800, seed=2, requeue_after_s=90.0)
+    sim = Simulator(jobs, fleet.build(), make_policy("default"), cfg, record=True)
+    result = sim.run()
+    assert len(result.outcomes) == len(jobs) and result.failures_injected > 0
+    stopped: dict[str, float] = {}
+    restarts = []
+    for at, what, job_id, _ in sim.log:
+        if what == "start" and job_id in stopped:
+            restarts.append(at - stopped.pop(job_id))
+        elif what == "stop":
+            stopped[job_id] = at
+    assert restarts, "no job was restarted: pick another seed"
+    # at 20 % load there are free GPUs: back after the 90 s delay, started by the next pass
+    assert max(restarts) <= 90.0 + cfg.sched_interval_s + 1e-6

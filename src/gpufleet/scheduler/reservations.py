@@ -73,6 +73,11 @@ class ReservationBook:
     def __bool__(self) -> bool:
         return bool(self.by_id)
 
+    @property
+    def views(self) -> bool:
+        """Whether any view exists that ``sync`` must keep up to date."""
+        return bool(self._views)
+
     # -- which view a job gets ----------------------------------------------------------
     def owned_active(self, job: JobRequest) -> Reservation | None:
         for r in self.active:
@@ -118,6 +123,8 @@ class ReservationBook:
 
     def sync(self, nids: Iterable[int]) -> None:
         """Bring every view up to date after the real capacity changed on ``nids``."""
+        if not self._views:
+            return
         nids = list(nids)
         for spec, view in self._views.items():
             for nid in nids:

@@ -14,6 +14,7 @@ fills its extension points, as a Kubernetes scheduler plugin does:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -104,6 +105,12 @@ class Policy:
                 keyed.append(hit)
         keyed.sort(key=_first)
         return keyed
+
+    def running_key(self, running: RunningJob, ctx: Context) -> tuple[Key, float]:
+        """A running job's ``key`` and a time before which it certainly stays the same.
+        Policies that override this let the core keep running jobs' keys from pass to
+        pass (victims.py); the base's keys may depend on anything, so it is not used."""
+        return self.key(running.job, running, ctx), -math.inf
 
     def can_preempt(
         self, job: JobRequest, job_key: Key, victim: RunningJob, victim_key: Key, ctx: Context

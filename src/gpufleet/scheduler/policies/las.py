@@ -10,6 +10,7 @@ as long as it has run (and at least ``starve_min_s``) is promoted to the top que
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -57,6 +58,19 @@ class LasPolicy(Policy):
             else 1 + service_queue(attained(job, running, ctx.now), self.thresholds_gpu_s)
         )
         return (-job.priority, queue, job.submit_time, job.id)
+
+    def running_key(self, running: RunningJob, ctx: Context) -> tuple[Key, float]:
+        """``key``, valid until the job's attained service reaches the next threshold
+        (running jobs never starve, so nothing else moves them)."""
+        key = self.key(running.job, running, ctx)
+        if type(self).key is not LasPolicy.key:
+            return key, -math.inf  # a subclass keys on something else
+        queue = key[1] - 1
+        gpus = running.job.gpus
+        if queue >= len(self.thresholds_gpu_s) or gpus <= 0:
+            return key, math.inf
+        crossing = running.started_at + (self.thresholds_gpu_s[queue] - running.job.attained_service_s) / gpus
+        return key, crossing - 1e-3  # clear of the boundary, where rounding could tip it
 
     def can_preempt(
         self, job: JobRequest, job_key: Key, victim: RunningJob, victim_key: Key, ctx: Context

@@ -1,0 +1,59 @@
+"""Where a job could ever run: its options per group (pool, GPU model) and shape.
+
+They depend only on the fleet's static facts (``FleetIndex``) and the job's shape, so
+``shared_options`` keeps them on the index from pass to pass.
+"""
+
+from __future__ import annotations
+
+from gpufleet.scheduler.capacity import FleetIndex, GroupKey
+from gpufleet.scheduler.model import JobRequest
+from gpufleet.scheduler.placement import Shape, describe_shape, job_shape
+
+Options = list[tuple[GroupKey, Shape]]
+
+
+def gpu_type_matches(wanted: str, model: str) -> bool:
+    """``--gpu-type H100`` matches "H100", "H100-80GB" and "NVIDIA H100 80GB HBM3"."""
+    w = wanted.lower().replace("-", " ").split()
+    m = model.lower().replace("-", " ").split()
+    return any(m[i : i + len(w)] == w for i in range(len(m) - len(w) + 1))
+
+
+def job_options(index: FleetIndex, job: JobRequest) -> Options | str:
+    """The groups (pool, GPU model) where ``job`` could ever run, each with the job's
+    per-node shape there; or, if there is none, why (an UnschedulableAndUnresolvable
+    reason: unknown pool, no such GPU model, more GPUs than the pool has)."""
+    groups = [g for k, g in sorted(index.groups.items()) if k[0] == job.pool]
+    if not groups:
+        if job.pool in {n.pool for n in index.fleet.nodes}:
+            return f"no schedulable node with healthy GPUs in pool {job.pool}"
+        return f"unknown pool {job.pool}"
+    if job.gpu_type:
+        groups = [g for g in groups if gpu_type_matches(job.gpu_type, g.key[1])]
+        if not groups:
+            return f"no schedulable {job.gpu_type} GPUs in pool {job.pool}"
+    out: Options = []
+    why = ""
+    for g in groups:
+        shape = job_shape(job, g.size)
+        if isinstance(shape, str):
+            why = shape
+        elif all(g.capacity_ge[c] >= i + 1 for i, c in enumerate(shape)):
+            out.append((g.key, shape))
+        else:
+            why = f"needs {describe_shape(shape)}, pool {job.pool} has {g.capacity} {g.key[1]} GPUs"
+    return out if out else why
+
+
+def shared_options(index: FleetIndex, job: JobRequest) -> Options | str:
+    """``job_options``, memoised on the index (they depend on its static facts only) per
+    job shape. The lists are shared, so callers must not change them."""
+    ck = (job.gpus, job.gpus_per_node, job.nodes, job.gpu_type, job.pool)
+    memo = index.options_memo
+    hit = memo.get(ck)
+    if hit is None:
+        if len(memo) > 10_000:
+            memo.clear()
+        hit = memo[ck] = job_options(index, job)
+    return hit
