@@ -25,7 +25,7 @@ import tomllib
 from collections.abc import Mapping
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -54,7 +54,7 @@ class PriceSchedule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     timezone: str = "UTC"
-    base: dict[str, float] = Field(default_factory=dict)
+    base: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
     windows: tuple[PriceWindow, ...] = ()
     weekend: float = Field(default=1.0, ge=0)
     weekdays: dict[int, float] = Field(default_factory=dict, description="0=Monday .. 6=Sunday")
