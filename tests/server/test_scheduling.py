@@ -3,12 +3,17 @@ node agent through the sync endpoint, watch the job's event history."""
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Any
+from typing import Any, cast
 
+import httpx
 import pytest
 
-from server.conftest import Server, make_node, make_pool, make_team, ok, wait_for
+from gpufleet.scheduler import make_policy
+from gpufleet.server.clock import FakeClock
+from gpufleet.server.scheduling import PassResult, SchedulerLoop
+from server.conftest import Server, make_node, make_pool, make_team, make_user, ok, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +42,10 @@ def test_lifecycle_schedule_run_complete(server: Server, team: str) -> None:
     b = submit(server, gpus=2, pool=pool, team=team)
     ja = wait_for(server, a["id"], "SCHEDULED")
     jb = wait_for(server, b["id"], "SCHEDULED")
+    # Two equal nodes: either may take the 4-GPU job (placement ties go by node name, and
+    # unique() names sort differently across a digit boundary); the other takes the rest.
+    if ja["allocation"][0]["node"] == n2:
+        n1, n2 = n2, n1
     assert ja["allocation"] == [{"node": n1, "gpus": [0, 1, 2, 3]}]
     assert jb["allocation"] == [{"node": n2, "gpus": [0, 1]}]
 
@@ -173,3 +182,150 @@ def test_list_filters_and_cursor_paging(server: Server, team: str) -> None:
         assert seen == ids
         assert [j["id"] for j in ok(c.get("/jobs", params={"pool": pool, "offset": 3}))["items"]] == ids[3:]
         assert ok(c.get("/jobs", params={"pool": pool, "state": "RUNNING"}))["items"] == []
+
+
+# A plain submission (JSON, a cached token, a valid body) is served by ``FastSubmit``
+# ahead of FastAPI's routing; any other goes to the route. Both must answer the same.
+FAST = {"content-type": "application/json"}
+ROUTED = {"content-type": "application/json; charset=utf-8"}  # not the plain case: the route
+
+
+def _post_job(server: Server, headers: dict[str, str], spec: dict[str, Any]) -> httpx.Response:
+    with server.client() as c:
+        ok(c.get("/jobs", params={"limit": 1}))  # the token is in the cache now (the plain case)
+        return c.post("/jobs", content=json.dumps(spec).encode(), headers=headers)
+
+
+def _comparable(job: dict[str, Any]) -> dict[str, Any]:
+    varying = {"id", "submit_time", "events"}
+    return {k: v for k, v in job.items() if k not in varying} | {
+        "events": [{k: v for k, v in e.items() if k != "at"} for e in job["events"]]
+    }
+
+
+def test_fast_and_routed_submissions_answer_the_same(server: Server, team: str) -> None:
+    pool = make_pool(server)
+    make_node(server, pool=pool, gpus=2)
+    spec = {"command": ["python", "train.py"], "gpus": 1, "pool": pool, "team": team, "time_limit": "2h"}
+    fast, routed = _post_job(server, FAST, spec), _post_job(server, ROUTED, spec)
+    assert (fast.status_code, routed.status_code) == (201, 201)
+    assert fast.headers["content-type"] == routed.headers["content-type"] == "application/json"
+    assert _comparable(fast.json()) == _comparable(routed.json())
+    with server.client() as c:
+        shown = ok(c.get(f"/jobs/{fast.json()['id']}"))
+    assert {k: shown[k] for k in ("command", "time_limit_s", "team", "pool")} == {
+        k: fast.json()[k] for k in ("command", "time_limit_s", "team", "pool")
+    }
+    for job in (fast.json(), routed.json()):
+        wait_for(server, job["id"], "SCHEDULED")
+
+
+@pytest.mark.parametrize(
+    ("spec", "status"),
+    [
+        ({"command": ["x"], "pool": "no-such-pool"}, 422),  # the service refuses it
+        ({"command": ["x"], "team": "no-such-team"}, 422),
+        ({"command": ["x"], "gpus": "many"}, 422),  # invalid body: the route's validation error
+        ({"command": ["x"], "time_limit": "soon"}, 422),
+    ],
+    ids=["unknown-pool", "unknown-team", "invalid-body", "bad-time-limit"],
+)
+def test_fast_and_routed_refusals_are_the_same_problem(
+    server: Server, team: str, spec: dict[str, Any], status: int
+) -> None:
+    before = server.counts()
+    spec = {"team": team} | spec
+    fast, routed = _post_job(server, FAST, spec), _post_job(server, ROUTED, spec)
+    assert (fast.status_code, routed.status_code) == (status, status)
+    assert fast.headers["content-type"] == routed.headers["content-type"] == "application/problem+json"
+    assert fast.json() == routed.json()
+    assert server.counts() == before
+
+
+def test_new_token_is_served_then_cached(server: Server, team: str) -> None:
+    """A token the cache does not know yet goes the route's way (database look-up);
+    its next submission is a plain one. Both are the same user's."""
+    token = make_user(server, team=team)
+    spec = {"command": ["x"], "gpus": 1, "pool": make_pool(server), "team": team}
+    with server.client(token) as c:
+        first, second = (ok(c.post("/jobs", json=spec), 201) for _ in range(2))
+    assert first["user"] == second["user"] != "admin"
+
+
+# -- the loop's pacing (in process, passes stubbed) ----------------------------------------------
+
+
+class _CountingLoop(SchedulerLoop):
+    """A SchedulerLoop whose pass only records when it ran and takes ``pass_s``."""
+
+    def __init__(self, *, pass_s: float) -> None:
+        no_db = cast(Any, None)  # run_once is replaced: no database
+        super().__init__(db=no_db, policy=make_policy("default"), clock=FakeClock(), node_timeout_s=30)
+        self.pass_s = pass_s
+        self.ran: list[float] = []
+
+    def run_once(self) -> PassResult:
+        self.ran.append(time.monotonic())
+        time.sleep(self.pass_s)
+        return PassResult()
+
+
+@pytest.mark.parametrize("pass_s", [0.001, 0.02], ids=["short-passes", "longer-passes"])
+def test_storm_of_wakeups_is_coalesced(pass_s: float) -> None:
+    """Woken all the time, passes start at most every ``storm_gap_s``, or every
+    (1 + busy_factor) pass durations when that is longer."""
+    loop = _CountingLoop(pass_s=pass_s)
+    loop.start()
+    try:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:  # a submit storm: a wake-up every 0.5 ms
+            loop.wake()
+            time.sleep(0.0005)
+    finally:
+        loop.stop()
+    gaps = [b - a for a, b in zip(loop.ran[2:], loop.ran[3:], strict=False)]
+    assert len(loop.ran) <= 1.0 / max(loop.storm_gap_s, (1 + loop.busy_factor) * pass_s) + 4
+    assert min(gaps) >= min(loop.storm_gap_s, (1 + loop.busy_factor) * pass_s) * 0.9
+
+
+class _MissedLoop(_CountingLoop):
+    """Its fifth pass ends as if the submitters had not had the CPU while it ran (no
+    wake-up seen), as happens on a busy machine."""
+
+    def run_once(self) -> PassResult:
+        result = super().run_once()
+        if len(self.ran) == 5:
+            self._event.clear()
+        return result
+
+
+def test_a_pass_the_submitters_miss_does_not_end_the_storm() -> None:
+    loop = _MissedLoop(pass_s=0.001)
+    loop.start()
+    try:
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:
+            loop.wake()
+            time.sleep(0.0005)
+    finally:
+        loop.stop()
+    gaps = [b - a for a, b in zip(loop.ran[2:], loop.ran[3:], strict=False)]
+    assert len(loop.ran) >= 7
+    assert min(gaps) >= loop.storm_gap_s * 0.9
+
+
+def test_lone_wakeup_is_served_at_once() -> None:
+    loop = _CountingLoop(pass_s=0.001)
+    loop.start()
+    try:
+        time.sleep(0.05)  # past the first (interval) wait's start
+        for _ in range(3):
+            t0 = time.monotonic()
+            loop.wake()
+            while len(loop.ran) == 0 or loop.ran[-1] < t0:
+                assert time.monotonic() - t0 < 0.5, "not woken"
+                time.sleep(0.0005)
+            assert loop.ran[-1] - t0 < 0.25  # not held back (the interval is 1 s)
+            time.sleep(0.1)  # idle again
+    finally:
+        loop.stop()

@@ -25,22 +25,29 @@ Each pass, observe then act (Ray autoscaler's sync/step split):
 
 0-GPU jobs in a CPU-only pool are outside the core (it schedules GPUs): they start on
 the Ready, uncordoned node of their pool that runs the fewest jobs, in queue order.
+
+``gpufleet server`` runs this loop in a child process (``schedproc.py``) so that a pass
+over thousands of pending jobs does not hold the API process's GIL; the loop object in
+the API process then forwards ``wake`` and takes ``passes``, ``failures`` and
+``on_pass`` from the child's reports (``elsewhere``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from gpufleet.scheduler import JobRequest, NodeGpus, Plan, Policy, Quota, RunningJob, Snapshot, plan
+from gpufleet.server import accounting
 from gpufleet.server.clock import Clock
 from gpufleet.server.db import Database
 from gpufleet.server.models import Allocation, Job, NodeRow, Pool, Team, User
@@ -51,6 +58,113 @@ from gpufleet.server.transitions import JobRef, move, ref, stop_values
 
 log = logging.getLogger("gpufleet.scheduling")
 ACTOR = "scheduler"
+_STATES = {str(st): st for st in JobState}
+
+
+class _JobRow(NamedTuple):
+    """The columns of a job that a pass reads, loaded as a tuple: ORM objects (with
+    their JSON ``command`` and ``env``) were over half of a pass with thousands of
+    pending jobs."""
+
+    id: int
+    state: str
+    version: int
+    gpus: int
+    submit_time: float
+    user_id: int
+    team_id: int
+    priority: int
+    gpus_per_node: int
+    nodes: int
+    gpu_type: str | None
+    pool: str
+    time_limit_s: float | None
+    attained_service_s: float
+    executed_s: float
+    pending_since: float | None
+    requeue: bool
+    reservation_id: int | None
+    started_at: float | None
+    scheduled_at: float | None
+
+    def ref(self) -> JobRef:
+        return JobRef(id=self.id, state=_STATES[self.state], version=self.version)
+
+
+_JOB_COLUMNS = select(*(getattr(Job, name) for name in _JobRow._fields))
+_FULL_RELOAD = 500
+"""More new or changed pending jobs than this: read the whole queue in one statement
+instead of those by id."""
+
+
+def _pending_where(now: float) -> tuple[Any, ...]:
+    return (
+        Job.state == str(JobState.PENDING),
+        Job.stopping_on.is_(None),
+        Job.not_before.is_(None) | (Job.not_before <= now),  # a requeue's backoff
+    )
+
+
+@dataclass(slots=True)
+class _PendingCache:
+    """The pending jobs of the last pass, by id: a job's row, its CAS ref and (once
+    built) its ``JobRequest``. Every write that changes a column a pass reads bumps the
+    job's version (``transitions.move``; the positions a pass writes are not read back),
+    so a pass reads only ids and versions of the queue, then the rows of jobs that are
+    new or changed: with thousands of jobs waiting, building their rows and requests was
+    most of a pass's load. Requests carry user and team names: all are rebuilt when
+    those change."""
+
+    rows: dict[int, tuple[_JobRow, JobRef, JobRequest | None]] = field(default_factory=dict)
+    names: tuple[dict[int, str], dict[int, str]] = field(default_factory=lambda: ({}, {}))
+
+    def load(self, s: Session, now: float) -> list[tuple[_JobRow, JobRef, JobRequest | None]]:
+        """The queue in id order (a job that changed between the two reads sits this
+        pass out: it is changing anyway, and the next pass reads it again)."""
+        where = _pending_where(now)
+        keys = s.execute(select(Job.id, Job.version).where(*where).order_by(Job.id)).all()
+        old = self.rows
+        stale = [jid for jid, version in keys if (hit := old.get(jid)) is None or hit[0].version != version]
+        if stale:
+            q = _JOB_COLUMNS.where(*where)
+            if len(stale) <= _FULL_RELOAD:
+                q = q.where(Job.id.in_(stale))
+            for row in s.execute(q):
+                hit = old.get(row[0])
+                if hit is None or hit[0].version != row[2]:  # (a whole-queue read: or unchanged)
+                    job = _JobRow(*row)
+                    old[job.id] = (job, job.ref(), None)
+        self.rows = {}
+        out = []
+        for jid, version in keys:
+            hit = old.get(jid)
+            if hit is not None and hit[0].version == version:
+                self.rows[jid] = hit
+                out.append(hit)
+        return out
+
+    def request(self, jid: int, teams: dict[int, str], users: dict[int, str]) -> JobRequest:
+        job, jref, req = self.rows[jid]
+        if req is None:
+            req = _request(job, teams, users)
+            self.rows[jid] = (job, jref, req)
+        return req
+
+    def check_names(self, teams: dict[int, str], users: dict[int, str]) -> None:
+        if (teams, users) != self.names:
+            self.rows = {jid: (job, jref, None) for jid, (job, jref, _) in self.rows.items()}
+            self.names = (teams, users)
+
+    def clear(self) -> None:
+        self.rows = {}
+
+
+class Elsewhere(Protocol):
+    """Where the passes run when not in this loop's thread (``schedproc.ChildScheduler``)."""
+
+    def start(self) -> None: ...
+    def wake(self) -> None: ...
+    def stop(self) -> None: ...
 
 
 class _Retry(Exception):
@@ -70,8 +184,10 @@ class PassResult:
 class _Loaded:
     snapshot: Snapshot
     refs: dict[str, JobRef]
-    cpu_pending: list[Job]
+    cpu_pending: list[_JobRow]
     booked: list[Booked] = field(default_factory=list)
+    held: dict[int, str] = field(default_factory=dict)
+    """Pending jobs held by their team's hard budget, with the reason."""
 
 
 @dataclass(slots=True)
@@ -92,6 +208,7 @@ class SchedulerLoop:
         interval_s: float = 1.0,
         max_attempts: int = 5,
         busy_factor: float = 4.0,
+        storm_gap_s: float = 0.05,
         on_pass: Callable[[Snapshot, Plan, float], None] | None = None,
         reservation_idle_release_s: float = 900.0,
     ) -> None:
@@ -100,6 +217,7 @@ class SchedulerLoop:
         """Called after each committed pass with its snapshot, plan and duration in
         seconds (the metrics; ``server/metrics``). Its errors are logged, never raised."""
         self.busy_factor = busy_factor
+        self.storm_gap_s = storm_gap_s
         self.db = db
         self.policy = policy
         self.clock = clock
@@ -113,16 +231,29 @@ class SchedulerLoop:
         self._thread: threading.Thread | None = None
         self._statuses = _StatusCache()
         self._fleet = LiveFleet()
+        self._pending = _PendingCache()
+        self.elsewhere: Elsewhere | None = None
+        """Set before ``start``: the passes run there (a child process) and this loop
+        only forwards ``start``/``wake``/``stop``; whoever runs them updates ``passes``
+        and ``failures`` and calls ``on_pass``."""
 
     # -- the thread -----------------------------------------------------------------------
     def wake(self) -> None:
-        self._event.set()
+        if self.elsewhere is not None:
+            self.elsewhere.wake()
+        else:
+            self._event.set()
 
     def start(self) -> None:
+        if self.elsewhere is not None:
+            self.elsewhere.start()
+            return
         self._thread = threading.Thread(target=self._run, name="gpufleet-scheduler", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        if self.elsewhere is not None:
+            self.elsewhere.stop()
         self._stop.set()
         self._event.set()
         if self._thread is not None:
@@ -132,23 +263,41 @@ class SchedulerLoop:
         """Passes back to back would starve the API under a stream of wake-ups, so once
         passes run back to back (woken again while running, twice in a row) the loop
         rests ``busy_factor * d`` after a pass of d seconds (at most the interval): it
-        then takes at most 1/(1+busy_factor) of the process. An occasional wake-up is
-        served at once."""
+        then takes at most 1/(1+busy_factor) of the process (of a core, in the child
+        process). Short passes under a submit storm (a short queue) would still run
+        dozens of times a second, each reading the fleet: passes then start at most
+        every ``storm_gap_s``. An occasional wake-up is served at once.
+
+        A storm ends only after a quiet spell: a pass that starts ``storm_gap_s`` or more
+        after the previous one ended, with no wake-up during the rest before it, and is
+        not woken while it runs. On a busy machine the submitters may not get the CPU
+        during one short pass, and that alone must not let the next pass run straight
+        after it."""
         streak = 0
+        last_end = -math.inf
+        woken_resting = False
         while not self._stop.is_set():
             self._event.wait(self.interval_s)
             self._event.clear()
             if self._stop.is_set():
                 return
             t0 = time.monotonic()
+            quiet = not woken_resting and t0 - last_end >= self.storm_gap_s
+            woken_resting = False
             try:
                 self.run_once()
             except Exception:  # never die: log, count, go on
                 self.failures += 1
                 log.exception("scheduling pass failed")
-            streak = streak + 1 if self._event.is_set() else 0
+            last_end = time.monotonic()
+            if self._event.is_set():
+                streak += 1
+            elif quiet:
+                streak = 0
             if streak >= 2:
-                self._stop.wait(min(self.interval_s, self.busy_factor * (time.monotonic() - t0)))
+                took = time.monotonic() - t0
+                self._stop.wait(min(self.interval_s, max(self.busy_factor * took, self.storm_gap_s - took)))
+                woken_resting = self._event.is_set()
 
     # -- one pass -------------------------------------------------------------------------
     def run_once(self) -> PassResult:
@@ -166,6 +315,7 @@ class SchedulerLoop:
             except (_Retry, IntegrityError, OperationalError) as exc:
                 log.info("scheduling pass attempt %d rejected (%s); retrying", attempt, type(exc).__name__)
                 self._statuses.rows.clear()
+                self._pending.clear()
                 continue
             self.passes += 1
             if self.on_pass is not None:
@@ -202,8 +352,8 @@ class SchedulerLoop:
 
     def _load(self, s: Session, now: float) -> _Loaded:
         fleet = self._fleet.load(s, live_since=now - self.node_timeout_s)
-        teams = dict(s.execute(select(Team.id, Team.name)).tuples().all())
-        users = dict(s.execute(select(User.id, User.name)).tuples().all())
+        teams = dict(s.execute(select(Team.id, Team.name)).all())
+        users = dict(s.execute(select(User.id, User.name)).all())
         quotas = tuple(
             Quota(team=t.name, gpus=t.quota_gpus, limit=t.quota_limit)
             for t in s.scalars(select(Team).where(Team.quota_gpus.is_not(None)))
@@ -214,11 +364,13 @@ class SchedulerLoop:
         q = select(Allocation.job_id, Allocation.node, Allocation.gpu_index).where(
             Allocation.gpu_index.is_not(None)
         )
-        for jid, node, idx in s.execute(q).tuples():
+        for jid, node, idx in s.execute(q):
             placements.setdefault(jid, {}).setdefault(node, []).append(idx)  # type: ignore[arg-type]
         running: list[RunningJob] = []
-        for job in s.scalars(select(Job).where(Job.state.in_([str(a) for a in ACTIVE]), Job.gpus > 0)):
-            refs[str(job.id)] = ref(job)
+        active = [str(a) for a in ACTIVE]
+        for row in s.execute(_JOB_COLUMNS.where(Job.state.in_(active), Job.gpus > 0)):
+            job = _JobRow(*row)
+            refs[str(job.id)] = job.ref()
             parts = placements.get(job.id, {})
             running.append(
                 RunningJob(
@@ -230,19 +382,18 @@ class SchedulerLoop:
                 )
             )
         pending: list[JobRequest] = []
-        cpu_pending: list[Job] = []
-        pq = (
-            select(Job)
-            .where(Job.state == str(JobState.PENDING), Job.stopping_on.is_(None))
-            .where(Job.not_before.is_(None) | (Job.not_before <= now))  # a requeue's backoff
-            .order_by(Job.id)
-        )
-        for job in s.scalars(pq):
-            refs[str(job.id)] = ref(job)
+        cpu_pending: list[_JobRow] = []
+        over = {tid: b.hold_reason() for tid, b in accounting.budgets(s, now).items() if b.over_hard}
+        held: dict[int, str] = {}
+        self._pending.check_names(teams, users)
+        for job, jref, req in self._pending.load(s, now):
+            refs[str(job.id)] = jref
             if job.gpus == 0:
                 cpu_pending.append(job)
+            elif job.team_id in over:
+                held[job.id] = over[job.team_id]
             else:
-                pending.append(_request(job, teams, users))
+                pending.append(req if req is not None else self._pending.request(job.id, teams, users))
         booked = load_booked(s, now)
         snap = Snapshot(
             now=now,
@@ -252,7 +403,7 @@ class SchedulerLoop:
             quotas=quotas,
             reservations=tuple(b.core for b in booked),
         )
-        return _Loaded(snapshot=snap, refs=refs, cpu_pending=cpu_pending, booked=booked)
+        return _Loaded(snapshot=snap, refs=refs, cpu_pending=cpu_pending, booked=booked, held=held)
 
     def _commit(self, s: Session, loaded: _Loaded, result: Plan, now: float) -> int:
         for pre in result.preemptions:
@@ -273,10 +424,20 @@ class SchedulerLoop:
             ):
                 raise _Retry
         allocs: list[dict[str, Any]] = []
+        models = {n.name: n.gpus[0].model for n in loaded.snapshot.fleet.nodes if n.gpus and result.starts}
         for st in result.starts:
             jref = loaded.refs[st.job_id]
             where = " ".join(f"{p.node}{list(p.gpus)}" for p in st.placement)
-            vals = {"scheduled_at": now, "queue_position": None, "estimated_start": None, "wait_reason": None}
+            first = st.placement[0]  # one model per node, per job
+            vals = {
+                "scheduled_at": now,
+                "queue_position": None,
+                "estimated_start": None,
+                "wait_reason": None,
+                # Cost accrues from here (``accounting.py``) at the price of this model.
+                "accrued_to": now,
+                "charge_model": models[first.node],
+            }
             if not move(
                 s,
                 jref,
@@ -293,7 +454,7 @@ class SchedulerLoop:
             self._statuses.rows.pop(jref.id, None)
         if allocs:
             s.execute(insert(Allocation), allocs)
-        self._write_statuses(s, result, now)
+        self._write_statuses(s, result, loaded.held)
         step_reservations(
             s,
             booked=loaded.booked,
@@ -305,12 +466,19 @@ class SchedulerLoop:
         )
         return len(result.starts)
 
-    def _write_statuses(self, s: Session, result: Plan, now: float) -> None:
+    def _write_statuses(self, s: Session, result: Plan, held: dict[int, str]) -> None:
         rows: list[dict[str, Any]] = []
-        for p in result.pending:
-            jid = int(p.job_id)
-            eta = None if p.estimated_start is None else round(p.estimated_start, 1)
-            val = (p.position, eta, p.reason[:512])
+        views = [
+            (
+                int(p.job_id),
+                p.position,
+                None if p.estimated_start is None else round(p.estimated_start, 1),
+                p.reason,
+            )
+            for p in result.pending
+        ] + [(jid, None, None, reason) for jid, reason in held.items()]
+        for jid, pos, eta, reason in views:
+            val = (pos, eta, reason[:512])
             if self._statuses.rows.get(jid) != val:
                 rows.append(
                     {"id": jid, "queue_position": val[0], "estimated_start": val[1], "wait_reason": val[2]}
@@ -320,12 +488,12 @@ class SchedulerLoop:
             # Positions are advisory and not part of the CAS: they do not bump the version.
             s.execute(update(Job), rows)
 
-    def _start_cpu_jobs(self, s: Session, jobs: list[Job], now: float) -> int:
+    def _start_cpu_jobs(self, s: Session, jobs: list[_JobRow], now: float) -> int:
         if not jobs:
             return 0
         live_since = now - self.node_timeout_s
         cpu_pools = set(s.scalars(select(Pool.name).where(Pool.gpu.is_(False))))
-        load = dict(s.execute(select(Allocation.node, func.count()).group_by(Allocation.node)).tuples().all())
+        load = dict(s.execute(select(Allocation.node, func.count()).group_by(Allocation.node)).all())
         nodes = [
             n
             for n in s.scalars(select(NodeRow).where(NodeRow.pool.in_(cpu_pools)).order_by(NodeRow.name))
@@ -340,7 +508,7 @@ class SchedulerLoop:
             vals = {"scheduled_at": now, "queue_position": None, "estimated_start": None, "wait_reason": None}
             if not move(
                 s,
-                ref(job),
+                job.ref(),
                 JobState.SCHEDULED,
                 actor=ACTOR,
                 reason=f"placed on {node.name} (cpu)",
@@ -354,7 +522,7 @@ class SchedulerLoop:
         return n_started
 
 
-def _request(job: Job, teams: dict[int, str], users: dict[int, str]) -> JobRequest:
+def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str]) -> JobRequest:
     return JobRequest(
         id=str(job.id),
         gpus=job.gpus,
