@@ -12,7 +12,7 @@ server p50/p99 sync handling time (from ``GET /v1/fleet/summary``, last minute),
 client-side p99 (includes the workers' own scheduling on this machine), and the
 server process's CPU time / wall time. Target: p99 <= 100 ms, CPU <= 1 core.
 
-    .venv/bin/python bench/bench_agents.py [--agents 250,500,1000] [--procs 4]
+    .venv/bin/python bench/bench_agents.py [--agents 250,500,1000] [--procs 4] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -163,6 +165,19 @@ class Result:
         return (self.server_p99_ms or 1e9) <= 100 and self.cpu_cores <= 1.0 and self.failed == 0
 
 
+def profile(srv: Server, args: argparse.Namespace, n: int) -> subprocess.Popen[bytes] | None:
+    """``--profile DIR``: py-spy samples the server (all threads, with idle ones, GIL
+    holder marked) over the measured window into ``DIR/agents-N.txt`` (collapsed stacks)."""
+    if not args.profile:
+        return None
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    out = Path(args.profile) / f"agents-{n}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [spy, "record", "--pid", str(srv.proc.pid), "--duration", str(int(args.seconds)), "--rate", "200"]
+    cmd += ["--format", "raw", "--threads", "--gil", "--nonblocking", "--output", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def run(n: int, args: argparse.Namespace) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         srv = start_server(Path(tmp))
@@ -177,7 +192,9 @@ def run(n: int, args: argparse.Namespace) -> Result:
                 threading.Thread(target=submitter, args=(srv.url, args.jobs_per_s, stop), daemon=True).start()
             ps = psutil.Process(srv.proc.pid)
             cpu0 = wall0 = 0.0
-            with ProcessPoolExecutor(procs) as pool:
+            # spawn, not fork: a worker forked while the submitter thread holds a lock
+            # (OpenSSL's, in httpx) can hang for good, its agents never syncing
+            with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
                 futs = [
                     pool.submit(
                         worker, srv.url, names[i::procs], args.interval, until, measure_from, f"{tmp}/w{i}"
@@ -187,6 +204,7 @@ def run(n: int, args: argparse.Namespace) -> Result:
                 time.sleep(max(0.0, measure_from - time.time()))
                 ct = ps.cpu_times()
                 cpu0, wall0 = ct.user + ct.system, time.time()
+                spy = profile(srv, args, n)
                 time.sleep(max(0.0, until - time.time()))
                 ct = ps.cpu_times()
                 cpu1, wall1 = ct.user + ct.system, time.time()
@@ -196,6 +214,8 @@ def run(n: int, args: argparse.Namespace) -> Result:
                     summary = c.get("/fleet/summary").json()
                 lat = [x for f in futs for x in f.result()]
             stop.set()
+            if spy is not None:
+                spy.wait(timeout=60)
         finally:
             srv.proc.terminate()
             srv.proc.wait(timeout=20)
@@ -220,6 +240,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=20.0)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--jobs-per-s", type=float, default=2.0)
+    ap.add_argument("--profile", metavar="DIR", help="record the server with py-spy into DIR")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs; sync every {args.interval:g}s, 8 GPUs each, {args.procs} procs")
     cols = ("agents", "syncs/s", "srv p50", "srv p99", "cli p99", "failed", "cpu", "jobs done", "ok")
