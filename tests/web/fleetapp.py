@@ -1,5 +1,6 @@
 """A small in-process gpufleet server (FastAPI TestClient on a temp SQLite file) with
-nodes, telemetry and a placed job: what the /metrics, alerts and dashboard tests read."""
+nodes, telemetry, a placed and a waiting job, prices, a team budget and an open
+reservation: what the /metrics, alerts, rules and dashboard tests read."""
 
 from __future__ import annotations
 
@@ -81,6 +82,14 @@ def fleet(tmp: Path, **config: Any) -> Iterator[Fleet]:
             assert r.status_code == 200, r.text
             r = c.post(f"/v1/nodes/{name}/sync", json={"telemetry": tel}, headers=AUTH)
             assert r.status_code == 200, r.text
+        # the health rules cordon node-a's GPUs 1 (XID 79) and 2 (ECC) in the lifecycle
+        # loop, after the sync: wait for that, or the job below may land on one of them
+        # and be requeued off it (a real race, handled by the server, not what this
+        # fixture is about)
+        deadline = time.monotonic() + 10
+        while c.get("/v1/nodes/node-a", headers=AUTH).json()["gpus_cordoned"] < 2:
+            assert time.monotonic() < deadline, "the health rules did not cordon node-a's GPUs"
+            time.sleep(0.02)
         assert c.post("/v1/teams", json={"name": "vision"}, headers=AUTH).status_code == 201
         assert c.post("/v1/teams/vision/members", json={"user": "admin"}, headers=AUTH).status_code == 200
         job = c.post("/v1/jobs", json={"command": ["true"], "gpus": 2, "team": "vision"}, headers=AUTH)
@@ -93,4 +102,12 @@ def fleet(tmp: Path, **config: Any) -> Iterator[Fleet]:
         # and one that cannot be placed now (8 GPUs; 2 are held, 2 cordoned by health rules)
         wait = c.post("/v1/jobs", json={"command": ["true"], "gpus": 8, "team": "vision"}, headers=AUTH)
         assert wait.status_code == 201, wait.text
+        # chargeback: prices, a budget (its series exist), an open reservation of vision
+        r = c.put("/v1/prices", json={"timezone": "UTC", "base": {"*": 2.0}}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        r = c.put("/v1/teams/vision/budget", json={"soft": 10.0, "hard": 100.0}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        spec = {"start": time.time() - 1, "duration_s": 3600, "gpus": 1, "team": "vision", "name": "demo-r"}
+        r = c.post("/v1/reservations", json=spec, headers=AUTH)
+        assert r.status_code == 201, r.text
         yield Fleet(client=c, job_id=jid)
