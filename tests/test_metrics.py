@@ -1,13 +1,41 @@
 """``GET /metrics`` and the fleet page's read endpoints, on an in-process server with two
-nodes of telemetry, one placed job and one waiting job (``web/fleetapp.py``)."""
+nodes of telemetry, one placed job and one waiting job (``web/fleetapp.py``); the usage,
+cost and reservation series with exact values on a small known database."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet.scheduler import make_policy
+from gpufleet.server import db as dbmod
+from gpufleet.server.clock import FakeClock
+from gpufleet.server.db import Database
+from gpufleet.server.hot import HotState
+from gpufleet.server.metrics.collector import FleetCollector
+from gpufleet.server.metrics.state import ServerMetrics
+from gpufleet.server.models import (
+    Allocation,
+    GpuRow,
+    Job,
+    NodeRow,
+    PriceScheduleRow,
+    ReservationRow,
+    Team,
+    UsageRow,
+    User,
+)
+from gpufleet.server.scheduling import SchedulerLoop
+from gpufleet.server.services.dashboard import FleetView, ViewCache, load_spend, load_view
+from server.conftest import scratch_postgres
 from web.fleetapp import AUTH, Fleet, fleet
 
 
@@ -92,9 +120,11 @@ def test_scheduler_and_api_series(f: Fleet) -> None:
     assert _one(s, "gpufleet_queue_oldest_wait_seconds", pool="default") >= 0
 
 
-def test_reservation_and_cost_series_are_absent_until_they_exist(f: Fleet) -> None:
-    names = set(f.scrape())
-    assert not [n for n in names if "reservation" in n or "cost" in n or "budget" in n]
+def test_cost_and_reservation_series_on_the_running_server(f: Fleet) -> None:
+    s = f.scrape()
+    assert _one(s, "gpufleet_team_budget", team="vision", kind="hard") == 100.0
+    assert _one(s, "gpufleet_team_cost_accrued", team="vision") >= 0.0
+    assert [v for lab, v in s["gpufleet_reservation_gpus"] if lab["name"] == "demo-r"] == [1]
 
 
 def test_snapshot_marks_hot_error_and_busy_gpus(f: Fleet) -> None:
@@ -124,21 +154,14 @@ def test_node_history_and_jobs(f: Fleet) -> None:
         ("/v1/fleet/snapshot", {}, 401),
         ("/v1/nodes/node-a/history", {}, 401),
         ("/v1/nodes/nope/history", AUTH, 404),
-        ("/v1/fleet/usage", {}, 401),
         ("/metrics", {}, 200),
         ("/", {}, 200),
         ("/static/fleet.js", {}, 200),
     ],
-    ids=["snapshot-anon", "history-anon", "history-missing", "usage-anon", "metrics-open", "page", "static"],
+    ids=["snapshot-anon", "history-anon", "history-missing", "metrics-open", "page", "static"],
 )
 def test_access(f: Fleet, path: str, headers: dict[str, str], status: int) -> None:
     assert f.client.get(path, headers=headers).status_code == status
-
-
-def test_usage_lists_teams(f: Fleet) -> None:
-    u = f.get("/v1/fleet/usage")
-    assert u["cost_available"] is False
-    assert {t["team"] for t in u["teams"]} >= {"vision"}
 
 
 def test_page_is_self_contained(f: Fleet) -> None:
@@ -163,3 +186,174 @@ def test_history_ring_keeps_one_sample_per_step(tmp_path: Path) -> None:
         )
     assert [s.at for s in store.history("n")] == [10, 15, 20]
     assert store.get("n") is not None and store.get("n").at == 20  # type: ignore[union-attr]
+
+
+# -- usage, cost and reservation series on a small known state ------------------------------
+
+NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC).timestamp()
+LAST_MONTH_UTC = datetime(2026, 11, 30, 23, 0, tzinfo=UTC).timestamp()
+"""December 1st 00:00 in Europe/Berlin: this month there, last month in UTC."""
+
+
+@dataclass(frozen=True)
+class Known:
+    db: Database
+    r1: int
+    r2: int
+
+
+def _known(url: str, zone: str | None) -> Known:
+    """Teams vision (budget 4 / 5), speech (none), audio (hard 50, no usage); nodes n1,
+    n2 of 4 GPUs; open reservations r1 (team vision: n1 x3, n2 x1) and r2 (user bob: n2
+    x2), plus a future, a cancelled and a maintenance one (none exported).
+
+    Jobs holding GPUs: J1 alice/vision n1[0,1], J2 alice/vision n2[0,1], J3 bob/speech
+    n1[2], J4 bob/speech naming r1 n2[2], J5 bob/speech n2[3]. So r1 uses 2 on n1 (J1)
+    and min(1, 2 + 1) on n2 (J2, J4): 3 of 4; J3 is no owner of r1 (speech), nor of r2
+    (n1). r2: J5 (bob's) uses 1 of 2; J4 names r1, so it is no owner of r2."""
+    dbmod.upgrade(url)
+    db = Database.connect(url)
+    with db.write() as s:
+        if zone is not None:
+            s.add(PriceScheduleRow(created_at=0, created_by="t", body={"timezone": zone, "base": {"*": 1.0}}))
+        s.add_all(
+            [
+                User(id=1, name="alice", role="user", created_at=0),
+                User(id=2, name="bob", role="user", created_at=0),
+                Team(id=1, name="vision", budget_soft=4.0, budget_hard=5.0),
+                Team(id=2, name="speech"),
+                Team(id=3, name="audio", budget_hard=50.0),
+            ]
+        )
+        for n in ("n1", "n2"):
+            s.add(NodeRow(name=n, pool="default", created_at=0, last_seen=NOW))
+            s.flush()
+            s.add_all(GpuRow(node=n, index=i, model="H100", memory_mb=1) for i in range(4))
+        s.flush()
+
+        def resv(name: str, nodes: list[list[Any]], **kw: Any) -> int:
+            base = {"team": None, "users": [], "maintenance": False, "state": "BOOKED", "start": NOW - 600}
+            row = ReservationRow(
+                **base | kw, name=name, owner_id=1, pool="default", gpus=sum(c for _, c in nodes),
+                node_map=nodes, end=NOW + 3600, created_at=0,
+            )  # fmt: skip
+            s.add(row)
+            s.flush()
+            return row.id
+
+        r1 = resv("train", [["n1", 3], ["n2", 1]], team="vision")
+        r2 = resv("bob-only", [["n2", 2]], users=["bob"])
+        resv("later", [["n1", 1]], team="vision", start=NOW + 60)
+        resv("gone", [["n1", 1]], team="vision", state="CANCELLED")
+        resv("fix", [["n2", 1]], maintenance=True)
+        for jid, user, team, rid, node, idx in (
+            (1, 1, 1, None, "n1", [0, 1]),
+            (2, 1, 1, None, "n2", [0, 1]),
+            (3, 2, 2, None, "n1", [2]),
+            (4, 2, 2, r1, "n2", [2]),
+            (5, 2, 2, None, "n2", [3]),
+        ):
+            s.add(
+                Job(
+                    id=jid, name="j", user_id=user, team_id=team, pool="default", gpus=len(idx),
+                    command=["x"], env={}, state="RUNNING", submit_time=0, pending_since=0,
+                    reservation_id=rid,
+                )
+            )  # fmt: skip
+            s.flush()
+            s.add_all(Allocation(job_id=jid, node=node, gpu_index=i) for i in idx)
+        ledger = (  # job, team, hour, GPU-seconds, cost, Wh
+            (1, 1, NOW - 7200, 7200.0, 3.5, 1400.0),
+            (2, 1, NOW - 3600, 1800.0, 1.25, 300.0),
+            (3, 2, LAST_MONTH_UTC, 3600.0, 100.0, 700.0),
+        )
+        s.add_all(
+            UsageRow(job_id=j, team_id=tid, user_id=1, hour=h, pool="default", gpu_type="H100",
+                     gpu_s=g, cost=c, energy_wh=wh)
+            for j, tid, h, g, c, wh in ledger
+        )  # fmt: skip
+    return Known(db=db, r1=r1, r2=r2)
+
+
+def _collect(view: FleetView, db: Database) -> dict[str, list[tuple[dict[str, str], float]]]:
+    metrics = ServerMetrics()
+    loop = SchedulerLoop(db=db, policy=make_policy("fifo"), clock=FakeClock(NOW), node_timeout_s=30)
+    metrics.registry.register(
+        FleetCollector(view=lambda: view, hot=HotState(), metrics=metrics, scheduler=loop)
+    )
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for smp in fam.samples:
+            out.setdefault(smp.name, []).append((dict(smp.labels), smp.value))
+    return out
+
+
+@pytest.fixture(
+    params=[
+        ("sqlite", None),
+        ("sqlite", "Europe/Berlin"),
+        ("postgresql", None),
+        ("postgresql", "Europe/Berlin"),
+    ],
+    ids=["sqlite-utc", "sqlite-berlin", "postgresql-utc", "postgresql-berlin"],
+)
+def known(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Known, str | None]]:
+    dialect, zone = request.param
+    with contextlib.ExitStack() as stack:
+        if dialect == "sqlite":
+            url = f"sqlite:///{tmp_path / 'known.db'}"
+        else:
+            url = stack.enter_context(scratch_postgres("metrics"))
+        k = _known(url, zone)
+        yield k, zone
+        k.db.dispose()
+
+
+def test_team_usage_cost_and_budget_series(known: tuple[Known, str | None]) -> None:
+    k, zone = known
+    view = load_view(k.db, now=NOW, live_since=NOW - 30, spend=load_spend(k.db, now=NOW))
+    s = _collect(view, k.db)
+    berlin = zone == "Europe/Berlin"  # speech's only row is in the finance zone's month
+    speech = (100.0, 1.0, 0.7) if berlin else (0.0, 0.0, 0.0)
+    by_team = {name: {lab["team"]: v for lab, v in s[name]} for name in (
+        "gpufleet_team_cost_accrued", "gpufleet_team_gpu_hours", "gpufleet_team_energy_kwh"
+    )}  # fmt: skip
+    assert by_team == {
+        "gpufleet_team_cost_accrued": {"vision": 4.75, "speech": speech[0], "audio": 0.0},
+        "gpufleet_team_gpu_hours": {"vision": 2.5, "speech": speech[1], "audio": 0.0},
+        "gpufleet_team_energy_kwh": {"vision": 1.7, "speech": speech[2], "audio": 0.0},
+    }
+    budgets = sorted((lab["team"], lab["kind"], v) for lab, v in s["gpufleet_team_budget"])
+    assert budgets == [("audio", "hard", 50.0), ("vision", "hard", 5.0), ("vision", "soft", 4.0)]
+
+
+def test_reservation_utilisation_series(known: tuple[Known, str | None]) -> None:
+    k, _ = known
+    s = _collect(load_view(k.db, now=NOW, live_since=NOW - 30), k.db)
+    got = {
+        name: sorted((lab["reservation"], lab["name"], lab["team"], lab["pool"], v) for lab, v in s[name])
+        for name in ("gpufleet_reservation_gpus", "gpufleet_reservation_used_gpus")
+    }
+    r1, r2 = str(k.r1), str(k.r2)
+    assert got == {
+        "gpufleet_reservation_gpus": [
+            (r1, "train", "vision", "default", 4),
+            (r2, "bob-only", "", "default", 2),
+        ],
+        "gpufleet_reservation_used_gpus": [
+            (r1, "train", "vision", "default", 3),
+            (r2, "bob-only", "", "default", 1),
+        ],
+    }
+
+
+def test_spend_is_cached_longer_than_the_view(known: tuple[Known, str | None]) -> None:
+    k, _ = known
+    views = ViewCache(ttl_s=0.0, spend_ttl_s=3600.0)
+    before = {t.team: t.cost for t in views.get(k.db, now=NOW, live_since=NOW).spend}
+    with k.db.write() as s:
+        s.add(UsageRow(job_id=9, team_id=3, user_id=1, hour=NOW, pool="default", gpu_type="H100", cost=7.0))
+    again = views.get(k.db, now=NOW, live_since=NOW)
+    assert {t.team: t.cost for t in again.spend} == before and before["audio"] == 0.0
+    fresh = ViewCache(ttl_s=0.0, spend_ttl_s=0.0).get(k.db, now=NOW, live_since=NOW)
+    assert {t.team: t.cost for t in fresh.spend}["audio"] == 7.0

@@ -18,13 +18,13 @@ from gpufleet.server.alerts import Alert, AlertRules, AlertTracker, WebhookSende
 from gpufleet.server.hot import HotState
 from gpufleet.server.metrics.history import RecordingTelemetryStore
 from gpufleet.server.schemas import GpuTelemetry
-from gpufleet.server.services.dashboard import FleetView, GpuInfo, NodeInfo, QueueStat
+from gpufleet.server.services.dashboard import FleetView, GpuInfo, NodeInfo, QueueStat, TeamSpend
 from web.fleetapp import fleet
 
 NOW = 10_000.0
 
 
-def view(*, ready: bool = True, oldest: float | None = None) -> FleetView:
+def view(*, ready: bool = True, oldest: float | None = None, spend: tuple[TeamSpend, ...] = ()) -> FleetView:
     return FleetView(
         at=NOW,
         nodes=(NodeInfo(name="n1", pool="p", leaf="l", rack="r", cordoned=False, ready=ready),),
@@ -32,7 +32,12 @@ def view(*, ready: bool = True, oldest: float | None = None) -> FleetView:
         held={},
         jobs={},
         queues=() if oldest is None else (QueueStat(pool="p", pending=3, oldest_since=oldest),),
+        spend=spend,
     )
+
+
+def spent(cost: float, *, soft: float | None = None, hard: float | None = 100.0) -> tuple[TeamSpend, ...]:
+    return (TeamSpend(team="t", cost=cost, gpu_hours=1, energy_kwh=1, budget_soft=soft, budget_hard=hard),)
 
 
 def hot_state(**tel: Any) -> HotState:
@@ -54,12 +59,26 @@ def hot_state(**tel: Any) -> HotState:
         (view(ready=False), hot_state(), [("NodeNotReady", "critical")]),
         (view(oldest=NOW - 3600), hot_state(), [("QueueWaitHigh", "warning")]),
         (view(oldest=NOW - 60), hot_state(), []),
+        (view(spend=spent(89.0)), hot_state(), []),
+        (view(spend=spent(90.0)), hot_state(), [("BudgetNearLimit", "warning")]),
+        (view(spend=spent(100.0)), hot_state(), [("BudgetExhausted", "critical")]),
+        (view(spend=spent(500.0, soft=10.0, hard=None)), hot_state(), []),
+        (view(spend=spent(0.0, hard=0.0)), hot_state(), [("BudgetExhausted", "critical")]),
     ],
-    ids=["healthy", "hot", "fatal-xid", "benign-xid", "not-ready", "queue-wait", "short-wait"],
-)
+    ids=[
+        "healthy", "hot", "fatal-xid", "benign-xid", "not-ready", "queue-wait", "short-wait",
+        "budget-89pct", "budget-90pct", "budget-spent", "soft-budget-only", "zero-hard-budget",
+    ],
+)  # fmt: skip
 def test_rules(fleet_view: FleetView, hot: HotState, want: list[tuple[str, str]]) -> None:
     got = evaluate(fleet_view, hot, rules=AlertRules(queue_wait_s=1800))
     assert [(a.name, a.severity) for a in got] == want
+
+
+def test_budget_alert_names_the_team_and_the_spend() -> None:
+    (a,) = evaluate(view(spend=spent(95.0)), hot_state())
+    assert a.label_map() == {"alertname": "BudgetNearLimit", "team": "t", "severity": "warning"}
+    assert a.summary == "team t has spent 95.00 of its monthly hard budget 100.00"
 
 
 def test_tracker_fires_once_then_resolves() -> None:

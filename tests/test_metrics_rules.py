@@ -1,5 +1,6 @@
-"""``prometheus/gpufleet-rules.yml`` is valid for ``promtool`` and, except the budget rule
-that waits for pricing, only reads series gpufleet exports."""
+"""``prometheus/gpufleet-rules.yml`` is valid for ``promtool``, passes its unit tests
+(``gpufleet-rules.test.yml``: the budget rules on synthetic series) and only reads series
+gpufleet exports."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from web.fleetapp import Fleet, fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "prometheus" / "gpufleet-rules.yml"
+RULE_TESTS = ROOT / "prometheus" / "gpufleet-rules.test.yml"
 CONFIG = ROOT / "prometheus" / "prometheus.yml"
-LATER = {"gpufleet_team_cost_accrued", "gpufleet_team_budget"}  # pricing: a later issue
 PROMETHEUS_OWN = {"up"}
 
 needs_promtool = pytest.mark.skipif(
@@ -26,18 +27,29 @@ needs_promtool = pytest.mark.skipif(
 
 
 @needs_promtool
-@pytest.mark.parametrize(("what", "path"), [("rules", RULES), ("config", CONFIG)], ids=["rules", "config"])
-def test_promtool_accepts(what: str, path: Path) -> None:
-    out = subprocess.run(["promtool", "check", what, str(path)], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize(
+    ("args", "path"),
+    [(["check", "rules"], RULES), (["check", "config"], CONFIG), (["test", "rules"], RULE_TESTS)],
+    ids=["rules", "config", "rule-unit-tests"],
+)
+def test_promtool_accepts(args: list[str], path: Path) -> None:
+    out = subprocess.run(["promtool", *args, str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@needs_promtool
+def test_rule_unit_tests_cover_the_budget_rules() -> None:
+    text = RULE_TESTS.read_text()
+    assert {"BudgetNearLimit", "BudgetExhausted"} <= set(re.findall(r"alertname: (\w+)", text))
 
 
 def test_rules_read_exported_series(tmp_path: Path) -> None:
     text = RULES.read_text()
     alerts = re.findall(r"- alert: (\w+)", text)
-    assert {"GpuHot", "GpuFatalXid", "NodeNotReady", "QueueWaitHigh", "BudgetNearLimit"} <= set(alerts)
+    want = {"GpuHot", "GpuFatalXid", "NodeNotReady", "QueueWaitHigh", "BudgetNearLimit", "BudgetExhausted"}
+    assert want <= set(alerts)
     exprs = re.findall(r"expr: >-\n((?:\s{10}.*\n)+)|expr: (.+)", text)
     names = {n for block, line in exprs for n in metric_names(block or line)}
     with fleet(tmp_path) as f:
         exposed = set(Fleet.scrape(f))
-    assert names - exposed - PROMETHEUS_OWN == LATER
+    assert names - exposed - PROMETHEUS_OWN == set()

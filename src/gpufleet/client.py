@@ -25,10 +25,12 @@ from gpufleet.server.schemas import (
     JobPage,
     NodeOut,
     PoolOut,
+    PricesOut,
     SyncReply,
     TeamOut,
     TokenCreated,
     TokenOut,
+    UsageReport,
     UserCreated,
     UserOut,
 )
@@ -230,6 +232,24 @@ class GpufleetClient:
 
     def set_quota(self, team: str, *, gpus: int, limit: int | None) -> TeamOut:
         return self._get(TeamOut, "PUT", f"/teams/{team}/quota", json={"gpus": gpus, "limit": limit})
+
+    def set_budget(self, team: str, *, soft: float | None, hard: float | None) -> TeamOut:
+        return self._get(TeamOut, "PUT", f"/teams/{team}/budget", json={"soft": soft, "hard": hard})
+
+    # -- prices and usage ---------------------------------------------------------------------
+    def prices(self) -> PricesOut:
+        return self._get(PricesOut, "GET", "/prices")
+
+    def set_prices(self, schedule: dict[str, Any]) -> PricesOut:
+        return self._get(PricesOut, "PUT", "/prices", json=schedule)
+
+    def usage(
+        self, *, by: str = "team", month: str | None = None, start: str | None = None, end: str | None = None
+    ) -> UsageReport:
+        params = {
+            k: v for k, v in {"by": by, "month": month, "from": start, "to": end}.items() if v is not None
+        }
+        return self._get(UsageReport, "GET", "/usage", params=params)
 
     def pools(self) -> list[PoolOut]:
         return self._list(PoolOut, "/pools")

@@ -5,7 +5,8 @@
   migrated by the demo itself;
 - ``--nodes`` agents (default 50) in this process, each a real HTTP client of the server
   over loopback with ``--gpus-per-node`` simulated H100s, 10 nodes per leaf switch, each
-  with its own node credential;
+  with its own node credential; prices from the bundled ``data/prices-example.json``
+  (off-peak 22:00-08:00 Europe/Berlin x0.5, weekends x0.6) and a budget for team speech;
 - a background workload: the bundled Philly sample replayed ``--speed`` times faster
   (durations also divided by it, clamped to 2..120 s), submitted through the API by five
   demo users in three teams. Trace jobs are *simulated* (``GPUFLEET_SIMULATE_S``): they
@@ -46,6 +47,9 @@ from gpufleet.sim.trace import TraceJob
 
 TEAMS = {"vision": ("alice", "bob"), "language": ("carol", "dave"), "speech": ("erin",)}
 ADMIN_TEAM = "demo"
+BUDGETS = {"speech": (25.0, 60.0)}
+"""Monthly budgets: a few minutes into the demo team speech passes its soft budget (the
+page and ``gpufleet admin teams`` show it) and later its hard one (its new jobs wait)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,6 +124,8 @@ class Demo:
                 db_url,
                 "--node-timeout",
                 "30s",
+                "--prices",
+                str(resources.files("gpufleet") / "data" / "prices-example.json"),
             ],
             env={**os.environ, "GPUFLEET_ADMIN_TOKEN": self.token},
             stdin=subprocess.DEVNULL,
@@ -159,6 +165,8 @@ class Demo:
             for team in (ADMIN_TEAM, *TEAMS):
                 c.post("/teams", json={"name": team})
             c.post(f"/teams/{ADMIN_TEAM}/members", json={"user": "admin"})
+            for team, (soft, hard) in BUDGETS.items():
+                c.put(f"/teams/{team}/budget", json={"soft": soft, "hard": hard})
             for team, names in TEAMS.items():
                 for name in names:
                     made = c.post("/users", json={"name": name, "role": "user", "teams": [team]})

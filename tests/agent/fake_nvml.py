@@ -1,5 +1,7 @@
 """A pynvml-shaped fake: the functions, constants and ``NVMLError`` that ``NvmlProbe``
-uses, over a list of ``FakeGpu`` s. Passed to ``NvmlProbe(nvml=...)``; nothing patched."""
+uses, over a list of ``FakeGpu`` s. Passed to ``NvmlProbe(nvml=...)``; nothing patched.
+Errors are raised through ``self.NVMLError`` / ``self.NVMLError_NotSupported``, so a test
+can swap in pynvml's own exception classes."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
 TIMEOUT = 10
 GPU_IS_LOST = 15
@@ -17,6 +20,13 @@ class NVMLError(Exception):
     def __init__(self, value: int) -> None:
         super().__init__(f"NVML error {value}")
         self.value = value
+
+
+class NVMLError_NotSupported(NVMLError):  # pynvml's name
+    """pynvml raises a subclass per return code; this is the one for NOT_SUPPORTED."""
+
+    def __init__(self) -> None:
+        super().__init__(NOT_SUPPORTED)
 
 
 @dataclass
@@ -39,12 +49,17 @@ class FakeGpu:
     links: list[str] = field(default_factory=list)
     """Remote PCI bus id per active NVLink."""
     mig: int = 0
+    retired_sbe: int = 0
+    """Pages retired for multiple single-bit ECC errors."""
+    retired_dbe: int = 0
+    """Pages retired for a double-bit ECC error."""
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
 
 
 class FakeNvml:
-    NVMLError = NVMLError
+    NVMLError: Any = NVMLError
+    NVMLError_NotSupported: Any = NVMLError_NotSupported
     NVML_NVLINK_MAX_LINKS = 18
     NVML_TEMPERATURE_GPU = 0
     NVML_CLOCK_SM = 1
@@ -52,6 +67,8 @@ class FakeNvml:
     NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     NVML_VOLATILE_ECC = 0
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
     nvmlEventTypeXidCriticalError = 8
     nvmlClocksThrottleReasonGpuIdle = 0x1
     nvmlClocksThrottleReasonSwPowerCap = 0x4
@@ -66,14 +83,14 @@ class FakeNvml:
     def _gpu(self, h: int, what: str) -> FakeGpu:
         g = self.gpus[h]
         if g.lost:
-            raise NVMLError(GPU_IS_LOST)
+            raise self.NVMLError(GPU_IS_LOST)
         if what in g.unsupported:
-            raise NVMLError(NOT_SUPPORTED)
+            raise self.NVMLError_NotSupported()
         return g
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:
-            raise NVMLError(self.init_error)
+            raise self.NVMLError(self.init_error)
 
     def nvmlShutdown(self) -> None:
         self.shut_down = True
@@ -118,7 +135,7 @@ class FakeNvml:
     def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
         g = self._gpu(h, "nvlink")
         if link >= len(g.links):
-            raise NVMLError(NOT_SUPPORTED)
+            raise self.NVMLError_NotSupported()
         return 1
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, h: int, link: int) -> Any:
@@ -147,6 +164,18 @@ class FakeNvml:
     def nvmlDeviceGetPcieReplayCounter(self, h: int) -> int:
         return self._gpu(h, "replay").replay
 
+    def nvmlDeviceGetRetiredPages(self, h: int, cause: int) -> list[int]:
+        """Like pynvml's: the retired pages' addresses for one cause (NOT_SUPPORTED on GPUs
+        that remap rows instead, e.g. A100 and H100)."""
+        g = self._gpu(h, "retired_pages")
+        if cause == self.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS:
+            n, base = g.retired_sbe, 0x1000_0000
+        elif cause == self.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR:
+            n, base = g.retired_dbe, 0x2000_0000
+        else:
+            raise self.NVMLError(INVALID_ARGUMENT)
+        return [base + 0x1000 * i for i in range(n)]
+
     def nvmlEventSetCreate(self) -> str:
         return "events"
 
@@ -155,7 +184,7 @@ class FakeNvml:
 
     def nvmlEventSetWait(self, events: str, timeout_ms: int) -> Any:
         if not self.xids:
-            raise NVMLError(TIMEOUT)
+            raise self.NVMLError(TIMEOUT)
         index, xid = self.xids.pop(0)
         return SimpleNamespace(device=index, eventData=xid, eventType=8)
 

@@ -174,6 +174,42 @@ def test_nvml_unsupported_fields_are_none() -> None:
     assert (g.mig_enabled, g.pcie_gen) == (None, None)
 
 
+@pytest.mark.parametrize(
+    ("sbe_pages", "dbe_pages", "want"),
+    [(0, 0, 0), (3, 0, 3), (0, 2, 2), (40, 25, 65)],
+    ids=["none", "single-bit-only", "double-bit-only", "both-causes"],
+)
+def test_nvml_retired_pages_count_both_causes(sbe_pages: int, dbe_pages: int, want: int) -> None:
+    s = NvmlProbe(nvml=FakeNvml(board(1, retired_sbe=sbe_pages, retired_dbe=dbe_pages))).sample()[0]
+    assert s.retired_pages == want
+
+
+class PynvmlErrors(FakeNvml):
+    """The fake raising pynvml's own exception classes (a subclass per return code)."""
+
+    def __init__(self, gpus: list[FakeGpu]) -> None:
+        super().__init__(gpus)
+        pynvml = pytest.importorskip("pynvml")
+        self.NVMLError = pynvml.NVMLError
+        self.NVMLError_NotSupported = pynvml.NVMLError_NotSupported
+
+
+@pytest.mark.parametrize("lib", [FakeNvml, PynvmlErrors], ids=["fake-errors", "pynvml-errors"])
+def test_nvml_retired_pages_unsupported_is_none(lib: Callable[[list[FakeGpu]], FakeNvml]) -> None:
+    gpus = board(2, retired_dbe=70)
+    gpus[0].unsupported = {"retired_pages"}  # row remapping (A100, H100): no page retirement
+    samples = NvmlProbe(nvml=lib(gpus)).sample()
+    assert samples[0].retired_pages is None and samples[0].temperature_c == 55.0 and not samples[0].lost
+    assert samples[1].retired_pages == 70
+
+
+def test_nvml_without_retired_pages_function_is_none() -> None:
+    class OldNvml(FakeNvml):
+        nvmlDeviceGetRetiredPages = None  # type: ignore[assignment]  # bindings predating the call
+
+    assert NvmlProbe(nvml=OldNvml(board(1))).sample()[0].retired_pages is None
+
+
 def test_nvml_xid_events_are_drained_per_gpu_without_blocking() -> None:
     lib = FakeNvml(board(2))
     probe = NvmlProbe(nvml=lib)

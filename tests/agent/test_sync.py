@@ -12,11 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
+from agent.fake_nvml import FakeGpu, FakeNvml
 from gpufleet.agent import (
     Agent,
     AgentConfig,
     AgentTransportError,
     HttpTransport,
+    NvmlProbe,
     SimSpec,
     SimulatedProbe,
     make_agent,
@@ -122,6 +124,37 @@ def test_agent_registers_its_gpus_and_telemetry(server: Server, tmp_path: Path) 
     assert gpus[3]["telemetry"]["health"] == ["xid 79"]
 
 
+def test_nvml_retired_pages_over_the_limit_cordon_that_gpu(server: Server, tmp_path: Path) -> None:
+    """NVML's retired pages (both causes) through the agent's sync to the server's
+    ``retired_pages`` rule (default limit 60): that GPU is cordoned, its neighbour is not."""
+    node = unique("nvml")
+    with server.client() as c:
+        ok(c.put(f"/nodes/{node}", json={"pool": make_pool(server), "gpus": []}))
+    gpus = [FakeGpu(uuid=f"GPU-{i}", bus_id=f"00000000:{0x18 + i:02X}:00.0") for i in range(2)]
+    gpus[1].retired_sbe = 10
+    config = AgentConfig(node=node, work_dir=tmp_path / node, address="127.0.0.1", news_gap_s=0.0)
+    transport = HttpTransport(server.url, join_token(server, node))
+    agent = make_agent(config=config, probe=NvmlProbe(nvml=FakeNvml(gpus)), transport=transport)
+    try:
+        assert agent.sync_once()
+        with server.client() as c:
+            out = ok(c.get(f"/nodes/{node}"))["gpus"]
+        assert [g["telemetry"]["retired_pages"] for g in out] == [0, 10]
+        gpus[1].retired_dbe = 50
+        assert agent.sync_once()
+        deadline = time.monotonic() + 10
+        while True:
+            with server.client() as c:
+                out = ok(c.get(f"/nodes/{node}"))["gpus"]
+            if out[1]["cordoned"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert [g["cordoned"] for g in out] == [False, True]
+        assert out[1]["cordon_reason"] == "60 retired pages"
+    finally:
+        agent.close()
+
+
 def test_real_job_runs_with_logs_and_ownership(server: Server, team: str, tmp_path: Path) -> None:
     pool = make_pool(server)
     agent, _ = new_agent(server, tmp_path, pool=pool)
@@ -139,6 +172,22 @@ def test_real_job_runs_with_logs_and_ownership(server: Server, team: str, tmp_pa
     with server.client(other) as c:
         assert c.get(f"/jobs/{jid}/logs").status_code == 404
     drive(agent, lambda: not agent.jobs)  # reported and forgotten
+
+
+def test_a_job_shorter_than_the_accrual_tick_gets_its_energy(
+    server: Server, team: str, tmp_path: Path
+) -> None:
+    """The exit sync closes the job's accrual with the node's latest power readings
+    (the accounting loop's 15 s tick never sees a 1-second job)."""
+    pool = make_pool(server)
+    agent, _ = new_agent(server, tmp_path, pool=pool)
+    agent.sync_once()
+    jid = submit(server, pool=pool, team=team, command=[PY, "-c", "import time; time.sleep(1)"])
+    drive(agent, lambda: job_state(server, jid) == "COMPLETED")
+    with server.client() as c:
+        job = ok(c.get(f"/jobs/{jid}"))
+    # 1 GPU for about a second at the simulated GPU's power (tens to hundreds of watts)
+    assert 0 < job["energy_kwh"] < 0.001
 
 
 def test_duplicate_and_lost_messages_start_a_job_once(server: Server, team: str, tmp_path: Path) -> None:

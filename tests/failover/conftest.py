@@ -6,7 +6,7 @@ set."""
 
 from __future__ import annotations
 
-import os
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from gpufleet.agent import Agent, AgentConfig, HttpTransport, SimSpec, SimulatedProbe, make_agent
-from server.conftest import Server, make_team, ok, reset_postgres, start_server, stop_server, unique
+from server.conftest import Server, make_team, ok, scratch_postgres, start_server, stop_server, unique
 
 NODE_TIMEOUT_S = 1.0
 REQUEUE_AFTER_S = 2.0
@@ -29,44 +27,16 @@ FAST = (
 )  # fmt: skip
 
 
-def own_postgres(url: str, name: str) -> str:
-    """A database ``name`` next to the one in ``url`` (created if missing), emptied."""
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as c:
-            if c.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first() is None:
-                c.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        admin.dispose()
-    own = make_url(url).set(database=name).render_as_string(hide_password=False)
-    reset_postgres(own)
-    return own
-
-
-def drop_postgres(url: str) -> None:
-    name = make_url(url).database
-    admin = create_engine(make_url(url).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
-
-
 @pytest.fixture(scope="package", params=["sqlite", "postgresql"])
 def fast_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if request.param == "sqlite":
-        db_url = f"sqlite:///{tmp_path_factory.mktemp('failover') / 'gpufleet.db'}"
-    else:
-        pg = os.environ.get("GPUFLEET_TEST_DATABASE_URL")
-        if not pg:
-            pytest.skip("GPUFLEET_TEST_DATABASE_URL not set: PostgreSQL tests skipped")
-        db_url = own_postgres(pg, f"gpufleet_failover_{os.getpid()}")  # runs side by side stay apart
-    srv = start_server(db_url, extra=FAST)
-    yield srv
-    stop_server(srv)
-    if request.param == "postgresql":
-        drop_postgres(db_url)
+    with contextlib.ExitStack() as stack:
+        if request.param == "sqlite":
+            db_url = f"sqlite:///{tmp_path_factory.mktemp('failover') / 'gpufleet.db'}"
+        else:
+            db_url = stack.enter_context(scratch_postgres("failover"))  # runs side by side stay apart
+        srv = start_server(db_url, extra=FAST)
+        yield srv
+        stop_server(srv)
 
 
 @pytest.fixture(scope="package")

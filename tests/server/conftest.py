@@ -7,6 +7,7 @@ Tests talk to it over HTTP with httpx and count rows straight in its database.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
@@ -21,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import MetaData, create_engine, func, select, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
 ADMIN_TOKEN = "gf_test_admin_token"
 _names = itertools.count(1)
@@ -112,6 +113,46 @@ def reset_postgres(url: str) -> None:
         meta.drop_all(engine)
     finally:
         engine.dispose()
+
+
+def own_postgres(url: str, name: str) -> str:
+    """A database ``name`` next to the one in ``url`` (created if missing), emptied. Tests
+    that write to PostgreSQL in process use one: the session server's scheduler (a real
+    clock) owns ``url``'s database and would start their jobs."""
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            if c.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first() is None:
+                c.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    own = make_url(url).set(database=name).render_as_string(hide_password=False)
+    reset_postgres(own)
+    return own
+
+
+def drop_postgres(url: str) -> None:
+    name = make_url(url).database
+    admin = create_engine(make_url(url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def scratch_postgres(label: str) -> Iterator[str]:
+    """A PostgreSQL database of its own for an in-process test (skips without one),
+    dropped afterwards."""
+    pg = os.environ.get("GPUFLEET_TEST_DATABASE_URL")
+    if not pg:
+        pytest.skip("GPUFLEET_TEST_DATABASE_URL not set: PostgreSQL tests skipped")
+    url = own_postgres(pg, f"gpufleet_{label}_{os.getpid()}")
+    try:
+        yield url
+    finally:
+        drop_postgres(url)
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgresql"])

@@ -1,5 +1,6 @@
 """The group-commit writer: what a batch commits when some of its items are refused,
-raise, or were cancelled. Runs on SQLite (the HTTP tests cover both backends)."""
+raise, or were cancelled; agents' registrations, syncs and heartbeats through it. Runs
+on SQLite (the HTTP tests cover both backends)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpufleet.server import db as dbmod
-from gpufleet.server.models import Team
-from gpufleet.server.problems import Failure, invalid
-from gpufleet.server.writer import GroupCommitWriter
+from gpufleet.server.hot import HotState
+from gpufleet.server.models import GpuRow, NodeRow, Team
+from gpufleet.server.problems import Failure, Kind, invalid
+from gpufleet.server.schemas import GpuIn, NodeSync, SyncReply
+from gpufleet.server.services import sync
+from gpufleet.server.writer import GroupCommitWriter, InlineWriter
 
 TEAMS = Team.metadata.tables["teams"]
 
@@ -116,3 +120,111 @@ def test_run_rolls_back_a_failure(database: dbmod.Database) -> None:
     finally:
         writer.close()
     assert teams(database) == {"real"}
+
+
+# -- agents' writes through the writer (registration, syncs, heartbeats) -----------------------
+
+
+def register(writer: GroupCommitWriter, database: dbmod.Database, hot: HotState, name: str) -> object:
+    body = NodeSync(gpus=[GpuIn(index=i, model="H100") for i in range(2)], address="10.0.0.1")
+    return sync.sync_node(
+        db=database,
+        writer=writer,
+        hot=hot,
+        actor=sync.AgentActor(name="admin", node=None),
+        name=name,
+        body=body,
+        now=100.0,
+        fleets_invalidate=lambda: None,
+        waker=lambda: None,
+    )
+
+
+def test_registrations_share_commits_and_reply_after_them(database: dbmod.Database) -> None:
+    """Fifty agents registering at once: every reply comes after its node is committed,
+    and the writes took fewer transactions than agents."""
+    writer, hot = GroupCommitWriter(database), HotState()
+    names = [f"n{i:02d}" for i in range(50)]
+    replies: dict[str, object] = {}
+    committed: dict[str, bool] = {}
+
+    def agent(name: str) -> None:
+        replies[name] = register(writer, database, hot, name)
+        with database.read() as s:
+            committed[name] = s.get(NodeRow, name) is not None
+
+    try:
+        gate = threading.Event()
+        blocker = writer.apply(lambda s, items: [gate.wait(10)], None)
+        threads = [threading.Thread(target=agent, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        gate.set()
+        blocker.result(10)
+        for t in threads:
+            t.join(10)
+    finally:
+        writer.close()
+    assert all(isinstance(r, SyncReply) and r.node == n for n, r in replies.items()) and len(replies) == 50
+    assert all(committed[n] for n in names)
+    with database.read() as s:
+        assert s.scalar(select(func.count()).select_from(GpuRow)) == 100
+    assert writer.batches < 1 + 50
+
+
+def test_a_refused_sync_writes_nothing_next_to_others(database: dbmod.Database) -> None:
+    writer, hot = GroupCommitWriter(database), HotState()
+    try:
+        assert isinstance(register(writer, database, hot, "good"), SyncReply)
+        unknown = sync.sync_node(
+            db=database,
+            writer=writer,
+            hot=hot,
+            actor=sync.AgentActor(name="admin", node=None),
+            name="ghost",
+            body=NodeSync(address="10.0.0.2"),
+            now=100.0,
+            fleets_invalidate=lambda: None,
+            waker=lambda: None,
+        )
+    finally:
+        writer.close()
+    assert isinstance(unknown, Failure) and unknown.kind == Kind.NOT_FOUND
+    with database.read() as s:
+        assert set(s.scalars(select(NodeRow.name))) == {"good"}
+
+
+def last_seen(database: dbmod.Database) -> dict[str, float | None]:
+    with database.read() as s:
+        return {n: t for n, t in s.execute(select(NodeRow.name, NodeRow.last_seen))}
+
+
+def test_heartbeats_go_through_the_writer_and_stay_visible_until_committed(database: dbmod.Database) -> None:
+    writer, hot = GroupCommitWriter(database), HotState()
+    try:
+        for name in ("a", "b"):
+            assert isinstance(register(writer, database, hot, name), SyncReply)  # last_seen 100
+        gate = threading.Event()
+        blocker = writer.apply(lambda s, items: [gate.wait(10)], None)
+        hot.heartbeats.note("a", 150.0)
+        hot.heartbeats.note("b", 50.0)  # older than the stored one: never moves it back
+        hot.heartbeats.maybe_flush(writer)
+        assert hot.heartbeats.latest() == {"a": 150.0, "b": 50.0}, "in flight: still reported"
+        gate.set()
+        blocker.result(10)
+        writer.run(lambda s: None)  # the batch after the heartbeats' one
+    finally:
+        writer.close()
+    assert hot.heartbeats.latest() == {}
+    assert last_seen(database) == {"a": 150.0, "b": 100.0}
+
+
+def test_failed_heartbeat_write_is_put_back(tmp_path: Path) -> None:
+    hot = HotState()
+    empty = dbmod.Database.connect(f"sqlite:///{tmp_path / 'no-tables.db'}")  # the UPDATE fails
+    try:
+        hot.heartbeats.note("a", 1.0)
+        hot.heartbeats.flush(InlineWriter(empty))
+    finally:
+        empty.dispose()
+    assert hot.heartbeats.latest() == {"a": 1.0}

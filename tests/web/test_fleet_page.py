@@ -1,8 +1,8 @@
 """The fleet page in a real headless Chromium (Debian's /usr/bin/chromium, driven by
 Playwright; no browser is downloaded): against the demo fleet it signs in, shows 400 GPU
-tiles, opens a node, shows the queue and the running jobs, updates live, and works from
-the keyboard; a synthetic 4,000-GPU snapshot stays on about one screen. The screenshot
-is saved to ``test-artifacts/fleet.png``."""
+tiles, opens a node, shows the queue, the running jobs and usage and cost per team (table
+and chart), updates live, and works from the keyboard; a synthetic 4,000-GPU snapshot
+stays on about one screen. The screenshot is saved to ``test-artifacts/fleet.png``."""
 
 from __future__ import annotations
 
@@ -95,7 +95,19 @@ def test_fleet_page_against_the_demo(page: Any, demo_fleet: DemoFleet) -> None:
         sync_api.expect(row).to_be_visible(timeout=10_000)
         sync_api.expect(row.locator(".code")).to_have_count(1)
         assert page.locator("#running tbody tr").count() > 0
-        sync_api.expect(page.locator("#usage .bar").first).to_be_visible()
+        # usage and cost this month: a row per team (speech has its demo budget), the chart
+        usage = page.locator("#usage-table tbody tr")
+        page.wait_for_function(
+            "document.querySelectorAll('#usage-table tbody tr').length > 0", timeout=30_000
+        )
+        speech = page.locator("#usage-table tbody tr", has_text="speech")
+        sync_api.expect(speech).to_contain_text("soft 25 · hard 60")
+        assert usage.count() >= 1
+        chart = page.locator("#usage svg[role=img]")
+        sync_api.expect(chart).to_have_count(1)
+        assert (chart.get_attribute("aria-label") or "").startswith("Cost this month per team: ")
+        assert chart.locator("rect.bar").count() == usage.count()
+        sync_api.expect(page.locator("#usage-period")).to_contain_text("Europe/Berlin")
         # reservations: a table (or "No reservations.") when the API offers them, else a clear empty state
         with demo_fleet.client() as c:
             offered = "/v1/reservations" in c.get(demo_fleet.url + "/openapi.json").json()["paths"]
@@ -107,11 +119,16 @@ def test_fleet_page_against_the_demo(page: Any, demo_fleet: DemoFleet) -> None:
             sync_api.expect(resv).to_contain_text("not available on this server yet")
 
         # live: the status line changes without a reload (and the workload gets going
-        # for the screenshot: up to 15 s more for a few dozen busy GPUs)
+        # for the screenshot: up to 15 s more for a few dozen busy GPUs, and until the
+        # usage section shows cost)
         with demo_fleet.client() as c:
             deadline = time.monotonic() + 15
             while c.get("/fleet/summary").json()["gpus_busy"] < 40 and time.monotonic() < deadline:
                 time.sleep(1)
+        page.wait_for_function(
+            "[...document.querySelectorAll('#usage svg rect.bar')].some(r => +r.getAttribute('width') > 0)",
+            timeout=30_000,
+        )
         before = page.locator("#live").inner_text()
         page.wait_for_function(
             "b => document.getElementById('live').innerText !== b", arg=before, timeout=10_000
@@ -197,3 +214,38 @@ def test_layout_function(page: Any, demo_fleet: DemoFleet, gpus: int, tile: int,
     page.goto(demo_fleet.url + "/")
     got = page.evaluate(f"GF.layout({gpus}, 8, 1130, 750)")
     assert (got["tile"], got["compact"], got["gcols"]) == (tile, compact, 4)
+
+
+def usage_row(key: str, cost: float, util: float | None) -> dict[str, Any]:
+    return {"key": key, "jobs": 1, "gpu_hours": 2.0, "cost": cost, "energy_kwh": 1.0,
+            "avg_util_pct": util, "idle_gpu_hours": 0.5}  # fmt: skip
+
+
+USAGE = {"rows": [usage_row("vision", 12.5, 80.0), usage_row("speech", 57.0, None)]}
+TEAMS = [
+    {"name": "audio", "budget_soft": None, "budget_hard": 50.0},
+    {"name": "demo", "budget_soft": None, "budget_hard": None},
+    {"name": "speech", "budget_soft": 25.0, "budget_hard": 60.0},
+    {"name": "vision", "budget_soft": 10.0, "budget_hard": 100.0},
+]
+
+
+@pytest.mark.parametrize(
+    ("me", "want"),
+    [
+        (
+            {"role": "admin", "teams": ["demo"]},
+            [("speech", 57.0, "near limit"), ("vision", 12.5, "over soft"), ("audio", 0, "ok")],
+        ),
+        # a plain user: the server sent their teams' usage only; their idle team shows too
+        ({"role": "user", "teams": ["demo", "vision"]}, [("vision", 12.5, "over soft"), ("demo", 0, "")]),
+    ],
+    ids=["admin", "user"],
+)
+def test_team_usage_rows(
+    page: Any, demo_fleet: DemoFleet, me: dict[str, Any], want: list[tuple[str, float, str]]
+) -> None:
+    page.goto(demo_fleet.url + "/")
+    usage = USAGE if me["role"] == "admin" else {"rows": USAGE["rows"][:1]}
+    rows = page.evaluate("a => GF.teamUsage(a[0], a[1], a[2])", [usage, TEAMS, me])
+    assert [(r["team"], r["cost"], r["status"]) for r in rows] == want

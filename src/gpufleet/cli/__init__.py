@@ -42,9 +42,10 @@ from gpufleet.cli import agent_cmds  # noqa: E402
 
 agent_cmds.register(app)
 
-from gpufleet.cli import reservation_cmds  # noqa: E402
+from gpufleet.cli import chargeback_cmds, reservation_cmds  # noqa: E402
 
 reservation_cmds.register(app)
+chargeback_cmds.register(app)
 
 from gpufleet.cli import db_cmds, node_cmds  # noqa: E402, F401  (commands on `db` and `node`)
 

@@ -7,6 +7,7 @@ option), 1 for everything else (unreachable server, 401, 403, 404, 409).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -93,6 +94,14 @@ def server(
     idle_release: str = typer.Option(
         "15m", "--idle-release", help="Release a started reservation no owner job used for this long."
     ),
+    prices: Path | None = typer.Option(
+        None, "--prices", help="Price schedule (JSON or .toml) to put in force at start."
+    ),
+    scheduler_thread: bool = typer.Option(
+        False,
+        "--scheduler-thread",
+        help="Run scheduling passes in a thread of the API process (default: a child process).",
+    ),
 ) -> None:
     """Run the control plane (API under /v1, scheduling and node-lifecycle loops).
 
@@ -103,6 +112,7 @@ def server(
     from gpufleet.server import ServerConfig, StartupError, run
     from gpufleet.server.db import default_database_url
     from gpufleet.server.health import HealthRules
+    from gpufleet.server.pricing import load_prices
 
     if policy not in POLICIES:
         raise _fail(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}", 2)
@@ -119,8 +129,9 @@ def server(
         requeue_s = parse_duration(requeue_after)
         queue_wait_s = parse_duration(queue_wait_alert)
         idle_release_s = parse_duration(idle_release)
-    except ValueError as exc:
-        raise _fail(str(exc), 2) from None
+        schedule = None if prices is None else load_prices(prices)
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        raise _fail(f"--prices {prices}: {exc}" if isinstance(exc, OSError) else str(exc), 2) from None
     config = ServerConfig(
         database_url=database_url or default_database_url(),
         policy=policy,
@@ -131,6 +142,8 @@ def server(
         alert_webhook=alert_webhook or None,
         queue_wait_alert_s=queue_wait_s,
         reservation_idle_release_s=idle_release_s,
+        prices=schedule,
+        scheduler_process=not scheduler_thread,
     )
     try:
         run(config, host=host, port=port)
@@ -251,10 +264,17 @@ def submit(
         spec["reservation"] = reservation
     with _client() as c:
         job = c.submit(spec)
-    if json_out:
-        _json(job.model_dump())
-    else:
+        for w in job.warnings:
+            typer.echo(f"gpufleet: warning: {w}", err=True)
+        if json_out:
+            _json(job.model_dump())
+            return
         typer.echo(job.id)
+        from gpufleet.cli.chargeback_cmds import price_hint
+
+        with contextlib.suppress(ClientError):  # the job is in: a price is a courtesy
+            for line in price_hint(c, job):
+                typer.echo(f"gpufleet: {line}", err=True)
 
 
 def queue(
@@ -496,15 +516,26 @@ def list_users(json_out: bool = JSON_OPT) -> None:
 
 @admin_app.command("teams")
 def list_teams(json_out: bool = JSON_OPT) -> None:
-    """List teams and quotas."""
+    """List teams, quotas and budgets."""
     with _client() as c:
         items = c.teams()
     if json_out:
         _json([t.model_dump() for t in items])
     else:
         _table(
-            ("TEAM", "QUOTA", "LIMIT", "MEMBERS"),
-            [(t.name, t.quota_gpus, t.quota_limit, ",".join(t.members)) for t in items],
+            ("TEAM", "QUOTA", "LIMIT", "BUDGET SOFT", "HARD", "SPENT (MONTH)", "MEMBERS"),
+            [
+                (
+                    t.name,
+                    t.quota_gpus,
+                    t.quota_limit,
+                    t.budget_soft,
+                    t.budget_hard,
+                    None if t.month_cost is None else f"{t.month_cost:.2f}",
+                    ",".join(t.members),
+                )
+                for t in items
+            ],
         )
 
 

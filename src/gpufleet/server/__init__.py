@@ -14,8 +14,10 @@ if TYPE_CHECKING:
 
 
 def run(config: ServerConfig, *, host: str, port: int) -> None:
-    """Serve until interrupted: uvicorn, one process; API handlers run in its thread
-    pool, the scheduling loop in its own thread. Raises StartupError on a bad schema."""
+    """Serve until interrupted: uvicorn, one API process (handlers on its event loop and
+    thread pool); the scheduling loop runs in a child process when
+    ``config.scheduler_process`` (``gpufleet server``'s default), else in a thread.
+    Raises StartupError on a bad schema."""
     import uvicorn
 
     from gpufleet.server.app import create_app

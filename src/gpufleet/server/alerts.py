@@ -4,12 +4,15 @@ receivers written for Alertmanager (chat bridges, pagers) take them unchanged.
 
 Rules (``evaluate``, a pure function of a ``FleetView`` and the hot telemetry):
 
-=================  ========================================================  ========
-``GpuHot``         GPU temperature >= ``hot_c`` (85 C)                       warning
-``GpuFatalXid``    a fatal XID (``FATAL_XIDS``) in the last ``xid_window_s``  critical
-``NodeNotReady``   no sync from the node for the node timeout                critical
-``QueueWaitHigh``  a pool's oldest pending job waited >= ``queue_wait_s``    warning
-=================  ========================================================  ========
+===================  ========================================================  ========
+``GpuHot``           GPU temperature >= ``hot_c`` (85 C)                       warning
+``GpuFatalXid``      a fatal XID (``FATAL_XIDS``) in the last ``xid_window_s``  critical
+``NodeNotReady``     no sync from the node for the node timeout                critical
+``QueueWaitHigh``    a pool's oldest pending job waited >= ``queue_wait_s``    warning
+``BudgetNearLimit``  a team spent >= ``budget_ratio`` (90 %) of its hard        warning
+                     budget this month, not yet all of it
+``BudgetExhausted``  a team spent its hard budget: its new jobs are held        critical
+===================  ========================================================  ========
 
 The same rules, for Prometheus, are in ``prometheus/gpufleet-rules.yml``.
 
@@ -48,6 +51,7 @@ class AlertRules:
     hot_c: float = HOT_C
     xid_window_s: float = 600.0
     queue_wait_s: float = 1800.0
+    budget_ratio: float = 0.9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +121,33 @@ def evaluate(view: FleetView, hot: HotState, *, rules: AlertRules = AlertRules()
                     summary=f"a job in pool {q.pool} has waited {waited / 60:.0f} min ({q.pending} pending)",
                 )
             )
+    out.extend(_budgets(view, rules))
+    return out
+
+
+def _budgets(view: FleetView, rules: AlertRules) -> list[Alert]:
+    """Against the hard budget, the one with a consequence (the soft one warns at submit).
+    Exhausted is ``spent >= hard``, as ``BudgetState.over_hard`` holds jobs."""
+    out = []
+    for t in view.spend:
+        hard = t.budget_hard
+        if hard is None:
+            continue
+        spent = f"{t.cost:.2f} of its monthly hard budget {hard:.2f}"
+        if t.cost >= hard:
+            name, severity, what = "BudgetExhausted", "critical", "; its new jobs are held"
+        elif hard > 0 and t.cost >= rules.budget_ratio * hard:
+            name, severity, what = "BudgetNearLimit", "warning", ""
+        else:
+            continue
+        out.append(
+            Alert(
+                name=name,
+                labels=(("team", t.team),),
+                severity=severity,
+                summary=f"team {t.team} has spent {spent}{what}",
+            )
+        )
     return out
 
 

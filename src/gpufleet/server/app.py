@@ -16,7 +16,7 @@ from fastapi import APIRouter, FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpufleet import __version__
-from gpufleet.scheduler import make_policy
+from gpufleet.server import accounting
 from gpufleet.server import db as dbmod
 from gpufleet.server.clock import Clock, SystemClock
 from gpufleet.server.config import ServerConfig
@@ -27,9 +27,11 @@ from gpufleet.server.lifecycle import LifecycleConfig, LifecycleLoop
 from gpufleet.server.metrics import wiring as observability
 from gpufleet.server.problems import BodyLimitMiddleware, ProblemError, install_handlers
 from gpufleet.server.routers import accounts, agents, jobs, logs, maintenance, nodes
+from gpufleet.server.routers import chargeback as chargeback_router
 from gpufleet.server.routers import reservations as reservations_router
-from gpufleet.server.scheduling import SchedulerLoop
+from gpufleet.server.schedproc import ChildScheduler, LoopSpec
 from gpufleet.server.schemas import Health
+from gpufleet.server.services import chargeback
 from gpufleet.server.services.accounts import TokenCache, bootstrap_admin
 from gpufleet.server.services.inventory import FleetCache
 from gpufleet.server.writer import GroupCommitWriter
@@ -88,15 +90,21 @@ def create_app(
 ) -> FastAPI:
     clock = clock or SystemClock()
     database = db if db is not None else prepare(config, clock=clock)
-    loop = SchedulerLoop(
-        db=database,
-        policy=make_policy(config.policy),
-        clock=clock,
+    spec = LoopSpec(
+        database_url=database.url,
+        policy=config.policy,
         node_timeout_s=config.node_timeout_s,
         interval_s=config.schedule_interval_s,
         reservation_idle_release_s=config.reservation_idle_release_s,
     )
+    loop = spec.loop(database, clock)
+    if config.scheduler_process:
+        loop.elsewhere = ChildScheduler(spec=spec, loop=loop)
     writer = GroupCommitWriter(database)
+    hot = HotState(health=HealthMonitor(config.health))
+    readings = accounting.telemetry_readings(
+        hot, clock, max_age_s=max(config.node_timeout_s, 2 * config.accrual_interval_s)
+    )
     parts = Parts(
         config=config,
         db=database,
@@ -105,9 +113,20 @@ def create_app(
         fleets=FleetCache(),
         tokens=TokenCache(),
         writer=writer,
+        readings=readings,
     )
-
-    hot = HotState(health=HealthMonitor(config.health))
+    if config.prices is not None:
+        chargeback.ensure_prices(
+            db=database, schedule=config.prices, actor="server --prices", now=clock.now()
+        )
+    parts.budget_warnings.refresh(database, clock.now())
+    accrual = accounting.AccountingLoop(
+        db=database,
+        clock=clock,
+        readings=readings,
+        interval_s=config.accrual_interval_s,
+        after_tick=lambda now: parts.budget_warnings.refresh(database, now),
+    )
     lifecycle = LifecycleLoop(
         db=database,
         hot=hot,
@@ -126,12 +145,14 @@ def create_app(
         loop.start()
         obs.start()
         lifecycle.start()
+        accrual.start()
         # What start-up built (routes, schemas, SQLAlchemy metadata) lives as long as the
         # process: keep it out of every garbage collection (p99 under load: 165 -> 45 ms).
         gc.freeze()
         try:
             yield
         finally:
+            accrual.stop()
             lifecycle.stop()
             obs.stop()
             loop.stop()
@@ -143,10 +164,15 @@ def create_app(
         version=__version__,
         description="One control plane for a shared GPU cluster. Errors are RFC 9457 problem+json.",
         lifespan=lifespan,
+        # FastAPI's native OpenTelemetry hooks: off. gpufleet exports Prometheus metrics
+        # (``/metrics``) and never sets an OTel provider; left on, every request asks the
+        # OTel API (environment look-ups) whether one was set.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.parts = parts
     app.state.hot = hot
     install_handlers(app)
+    app.add_middleware(jobs.FastSubmit, parts=parts)  # innermost: inside the body limit
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     v1 = APIRouter(prefix="/v1")
     v1.include_router(_health_router())
@@ -157,6 +183,7 @@ def create_app(
     v1.include_router(logs.router)
     v1.include_router(maintenance.router)
     v1.include_router(reservations_router.router)
+    v1.include_router(chargeback_router.router)
     app.include_router(v1)
     obs = observability.install(app, parts)  # /metrics, the fleet page, alerts
     return app

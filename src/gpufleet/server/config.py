@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufleet.server.health import HealthRules
+from gpufleet.server.pricing import PriceSchedule
 
 MIB = 1024 * 1024
 
@@ -22,6 +23,9 @@ class ServerConfig:
     health: HealthRules = field(default_factory=HealthRules)
     """Per-GPU health rules (``health.py``)."""
     schedule_interval_s: float = 1.0
+    scheduler_process: bool = False
+    """Run the scheduling passes in a child process (``schedproc.py``; ``gpufleet server``
+    does) instead of a thread of the API process. The child uses the system clock."""
     max_body_bytes: int = MIB
     admin_token: str | None = None
     """GPUFLEET_ADMIN_TOKEN: the admin's token on first start with an empty database."""
@@ -31,4 +35,8 @@ class ServerConfig:
     queue_wait_alert_s: float = 1800.0
     """QueueWaitHigh fires when a pool's oldest pending job has waited this long."""
     reservation_idle_release_s: float = 900.0
+    prices: PriceSchedule | None = None
+    """``--prices FILE``: put this schedule in force at start unless it already is."""
+    accrual_interval_s: float = 15.0
+    """Cost, energy and utilisation of running jobs are accrued this often."""
     """A started reservation no owner job used for this long is released (``--idle-release``)."""

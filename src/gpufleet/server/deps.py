@@ -7,18 +7,20 @@ on the event loop; only a miss goes to the database, in the thread pool.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
+from gpufleet.server.accounting import Readings, no_readings
 from gpufleet.server.clock import Clock
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.db import Database
 from gpufleet.server.problems import ProblemError
 from gpufleet.server.scheduling import SchedulerLoop
 from gpufleet.server.services.accounts import Principal, TokenCache, authenticate, hash_token
+from gpufleet.server.services.chargeback import BudgetWarnings
 from gpufleet.server.services.inventory import FleetCache
 from gpufleet.server.writer import Writer
 
@@ -34,6 +36,10 @@ class Parts:
     fleets: FleetCache
     tokens: TokenCache
     writer: Writer
+    budget_warnings: BudgetWarnings = field(default_factory=BudgetWarnings)
+    """Soft-budget warnings per team, refreshed by the accounting loop."""
+    readings: Readings = no_readings
+    """The agents' latest GPU readings (energy and utilisation accrue from them)."""
 
     def now(self) -> float:
         return self.clock.now()
@@ -63,6 +69,18 @@ async def get_principal(
     if who is None:
         raise ProblemError(401, "invalid or revoked token", title="Unauthorized")
     return who
+
+
+def cached_principal(tokens: TokenCache, authorization: str | None) -> Principal | None:
+    """The caller when ``authorization`` is a well-formed bearer token the cache knows;
+    None for anything else (``get_principal`` then answers it)."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return tokens.get(hash_token(token))
 
 
 PartsDep = Annotated[Parts, Depends(get_parts)]

@@ -2,9 +2,9 @@
 
 - latest telemetry per node (``GET /v1/nodes/{name}`` shows it; history in SQL is a
   later issue),
-- heartbeats: a sync that changes nothing durable only notes the time here; a flusher
-  writes all noted ``last_seen`` values in one transaction at most every ``flush_s``, so
-  a fleet of idle agents costs one write a second instead of one per sync,
+- heartbeats: a sync that changes nothing durable only notes the time here; all noted
+  ``last_seen`` values go to the group-commit writer at most every ``flush_s``, so a
+  fleet of idle agents costs one statement a second instead of one write per sync,
 - the node-credential cache, and sync latency figures (``GET /v1/fleet/summary``).
 
 One ``HotState`` per app (``app.state.hot``). With several server processes each keeps
@@ -13,19 +13,22 @@ its own telemetry; liveness is shared through the database.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from sqlalchemy import bindparam, update
+from sqlalchemy.orm import Session
 
-from gpufleet.server.db import Database
 from gpufleet.server.health import HealthMonitor
 from gpufleet.server.models import NodeRow
 from gpufleet.server.schemas import GpuTelemetry, SyncStats
+from gpufleet.server.writer import Writer
 
 log = logging.getLogger("gpufleet.server")
 
@@ -66,15 +69,35 @@ class TelemetryStore:
         self._nodes.pop(node, None)
 
 
+def write_heartbeats(s: Session, batches: Sequence[dict[str, float]]) -> list[None]:
+    """A ``BulkOp``: each batch's ``last_seen`` values in one executemany (never moving
+    a node's ``last_seen`` back)."""
+    latest: dict[str, float] = {}
+    for batch in batches:
+        for node, at in batch.items():
+            latest[node] = max(at, latest.get(node, at))
+    if latest:
+        stmt = (
+            update(NodeRow)
+            .where(NodeRow.name == bindparam("n"))
+            .where(NodeRow.last_seen.is_(None) | (NodeRow.last_seen < bindparam("t")))
+            .values(last_seen=bindparam("t"))
+        )
+        s.connection().execute(stmt, [{"n": n, "t": t} for n, t in sorted(latest.items())])
+    return [None] * len(batches)
+
+
 @dataclass(slots=True)
 class Heartbeats:
-    """``last_seen`` values not yet written. ``maybe_flush`` starts one short-lived
-    writer thread when a flush is due and none is running (the request never waits)."""
+    """``last_seen`` values not yet written. ``maybe_flush`` hands them, when a flush is
+    due and none is in flight, to the group-commit writer (they share a transaction
+    with the syncs' writes; the request never waits). Until that commit they stay in
+    ``latest()``."""
 
     flush_s: float = 1.0
     _pending: dict[str, float] = field(default_factory=dict)
+    _inflight: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _flushing: bool = False
     _last_flush: float = 0.0
 
     def note(self, node: str, at: float) -> None:
@@ -83,38 +106,40 @@ class Heartbeats:
                 self._pending[node] = at
 
     def latest(self) -> dict[str, float]:
-        """Sightings not yet written (the node-lifecycle loop adds them to ``last_seen``)."""
+        """Sightings not yet committed (the node-lifecycle loop adds them to ``last_seen``)."""
         with self._lock:
-            return dict(self._pending)
+            out = dict(self._inflight)
+            for node, at in self._pending.items():
+                out[node] = max(at, out.get(node, at))
+            return out
 
-    def maybe_flush(self, db: Database) -> None:
+    def maybe_flush(self, writer: Writer) -> None:
         now = time.monotonic()
         with self._lock:
-            if self._flushing or not self._pending or now - self._last_flush < self.flush_s:
+            if self._inflight or not self._pending or now - self._last_flush < self.flush_s:
                 return
-            self._flushing, self._last_flush = True, now
-        threading.Thread(target=self.flush, args=(db,), name="gpufleet-heartbeats", daemon=True).start()
+            batch, self._pending, self._inflight, self._last_flush = self._pending, {}, self._pending, now
+        writer.apply(write_heartbeats, batch).add_done_callback(self._written)
 
-    def flush(self, db: Database) -> None:
+    def flush(self, writer: Writer) -> None:
+        """Write what is pending now and wait for it (tests, shutdown)."""
         with self._lock:
-            batch, self._pending = self._pending, {}
-        try:
-            if batch:
-                stmt = (
-                    update(NodeRow)
-                    .where(NodeRow.name == bindparam("n"))
-                    .where(NodeRow.last_seen.is_(None) | (NodeRow.last_seen < bindparam("t")))
-                    .values(last_seen=bindparam("t"))
-                )
-                with db.write() as s:  # one executemany: cheap in the GIL, one fsync
-                    s.connection().execute(stmt, [{"n": n, "t": t} for n, t in sorted(batch.items())])
-        except Exception:  # hot data: log and put back, the next flush retries
-            log.exception("writing %d heartbeats failed", len(batch))
+            if self._inflight or not self._pending:
+                return
+            batch, self._pending, self._inflight = self._pending, {}, self._pending
+        fut = writer.apply(write_heartbeats, batch)
+        fut.add_done_callback(self._written)
+        with contextlib.suppress(Exception):
+            fut.result()
+
+    def _written(self, fut: Future[None]) -> None:
+        with self._lock:
+            batch, self._inflight = self._inflight, {}
+        error = "cancelled" if fut.cancelled() else fut.exception()
+        if error is not None:  # hot data: put back, the next flush retries
+            log.warning("writing %d heartbeats failed: %s", len(batch), error)
             for node, at in batch.items():
                 self.note(node, at)
-        finally:
-            with self._lock:
-                self._flushing = False
 
 
 @dataclass(slots=True)

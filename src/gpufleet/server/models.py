@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -38,6 +39,10 @@ class Team(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     quota_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
     quota_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    budget_soft: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Monthly spend at which the team is warned (None: no warning)."""
+    budget_hard: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Monthly spend at which its pending jobs are held (None: never held)."""
 
 
 class Membership(Base):
@@ -103,7 +108,17 @@ class GpuRow(Base):
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_state_id", "state", "id"),)
+    __table_args__ = (
+        Index("ix_jobs_state_id", "state", "id"),
+        # Every agent sync asks whether a job waits for this node's stop confirmation:
+        # only the few jobs with ``stopping_on`` set are in this index.
+        Index(
+            "ix_jobs_stopping_on",
+            "stopping_on",
+            sqlite_where=text("stopping_on IS NOT NULL"),
+            postgresql_where=text("stopping_on IS NOT NULL"),
+        ),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128))
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
@@ -144,6 +159,13 @@ class Job(Base):
     wait_reason: Mapped[str | None] = mapped_column(String(512), nullable=True)
     reservation_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     """The reservation this job must run in (``submit --reservation``); None: any GPUs."""
+    # Accounting (``server/accounting.py``): accrued while the job holds GPUs.
+    cost: Mapped[float] = mapped_column(Float, default=0.0)
+    energy_wh: Mapped[float] = mapped_column(Float, default=0.0)
+    accrued_to: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Cost is accrued up to here; None: the job holds no GPUs (nothing accrues)."""
+    charge_model: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """The GPU model of its current allocation (its price)."""
 
 
 class Allocation(Base):
@@ -287,3 +309,44 @@ class ReservationEvent(Base):
     actor: Mapped[str] = mapped_column(String(64))
     kind: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(String(512), default="")
+
+
+class UsageRow(Base):
+    """What one job used in one UTC hour: the ledger ``gpufleet usage`` sums.
+
+    Written as cost accrues (every accounting tick and when the job lets its GPUs go),
+    so a report over any whole hours is a sum, never a recomputation. ``observed_gpu_s``
+    is the part of ``gpu_s`` with fresh telemetry; utilisation and idle waste are over it.
+    """
+
+    __tablename__ = "usage"
+    __table_args__ = (
+        UniqueConstraint("job_id", "hour", name="uq_usage_job_hour"),
+        Index("ix_usage_hour", "hour"),
+        Index("ix_usage_team_hour", "team_id", "hour"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(Integer)
+    hour: Mapped[float] = mapped_column(Float)
+    user_id: Mapped[int] = mapped_column(Integer)
+    team_id: Mapped[int] = mapped_column(Integer)
+    pool: Mapped[str] = mapped_column(String(64))
+    gpu_type: Mapped[str] = mapped_column(String(64))
+    gpu_s: Mapped[float] = mapped_column(Float, default=0.0)
+    cost: Mapped[float] = mapped_column(Float, default=0.0)
+    energy_wh: Mapped[float] = mapped_column(Float, default=0.0)
+    observed_gpu_s: Mapped[float] = mapped_column(Float, default=0.0)
+    util_gpu_s: Mapped[float] = mapped_column(Float, default=0.0)
+    """Sum of utilisation (0..1) x GPU-seconds over the observed part."""
+    idle_gpu_s: Mapped[float] = mapped_column(Float, default=0.0)
+    """Observed GPU-seconds at under 5% utilisation."""
+
+
+class PriceScheduleRow(Base):
+    """Every price schedule ever set; the newest is in force (``PUT /v1/prices``)."""
+
+    __tablename__ = "price_schedules"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(64))
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)

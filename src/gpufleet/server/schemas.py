@@ -95,6 +95,12 @@ class JobOut(Reply):
     estimated_start: float | None
     wait_reason: str | None
     allocation: list[AllocationOut]
+    reservation: int | None = Field(
+        default=None, description="the reservation it runs in (submit --reservation)"
+    )
+    cost: float = Field(default=0.0, description="accrued while it held GPUs, at the prices in force")
+    energy_kwh: float = Field(default=0.0, description="from its GPUs' power telemetry")
+    warnings: list[str] = Field(default_factory=list, description="e.g. its team is over its soft budget")
 
 
 class JobDetail(JobOut):
@@ -355,6 +361,54 @@ class TeamOut(Reply):
     members: list[str]
     quota_gpus: int | None
     quota_limit: int | None
+    budget_soft: float | None = None
+    budget_hard: float | None = None
+    month_cost: float | None = Field(default=None, description="spent this month (with a budget set)")
+
+
+class BudgetIn(Request):
+    soft: float | None = Field(default=None, ge=0, description="monthly spend that warns; null: none")
+    hard: float | None = Field(
+        default=None, ge=0, description="monthly spend that holds new jobs; null: none"
+    )
+
+
+# -- prices and usage ---------------------------------------------------------------------------
+
+
+class PriceNow(Reply):
+    gpu_type: str
+    price: float = Field(description="per GPU-hour now, priority 0")
+    base: float
+    next_cheaper_at: float | None = Field(description="when the price first drops, within a week")
+    next_cheaper_price: float | None
+
+
+class PricesOut(Reply):
+    schedule: dict[str, object] | None = Field(description="the schedule in force; null: no prices set")
+    set_at: float | None
+    set_by: str | None
+    now: float
+    prices: list[PriceNow]
+
+
+class UsageRowOut(Reply):
+    key: str
+    jobs: int
+    gpu_hours: float
+    cost: float
+    energy_kwh: float
+    avg_util_pct: float | None = Field(description="of allocated GPUs, over the time with telemetry")
+    idle_gpu_hours: float = Field(description="allocated GPU-hours observed at under 5% utilisation")
+
+
+class UsageReport(Reply):
+    by: str
+    start: float
+    end: float
+    timezone: str
+    rows: list[UsageRowOut]
+    total: UsageRowOut
 
 
 class TokenIn(Request):

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
+from gpufleet.server import accounting
 from gpufleet.server.models import Allocation, Job, JobEvent
 from gpufleet.server.states import ACTIVE, JobState, allowed
 
@@ -84,12 +85,21 @@ def move(
     return True
 
 
-def stop_values(s: Session, job: Job, *, now: float, confirmed: bool) -> dict[str, Any]:
+def stop_values(
+    s: Session,
+    job: Job,
+    *,
+    now: float,
+    confirmed: bool,
+    readings: accounting.Readings = accounting.no_readings,
+) -> dict[str, Any]:
     """Column values for a job leaving SCHEDULED/RUNNING: its GPUs are released (rows
     deleted here), GPU-seconds and run time accumulated, and, unless the agent confirmed
-    the exit, its nodes recorded in ``stopping_on`` until they confirm."""
+    the exit, its nodes recorded in ``stopping_on`` until they confirm. Its cost stops
+    accruing (``accounting.close``)."""
     if JobState(job.state) not in ACTIVE:
         return {}
+    accounting.close(s, job.id, now, readings=readings)
     nodes = sorted(set(s.scalars(select(Allocation.node).where(Allocation.job_id == job.id))))
     s.execute(delete(Allocation).where(Allocation.job_id == job.id))
     ran = (

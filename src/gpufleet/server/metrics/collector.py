@@ -16,8 +16,23 @@ DCGM names, units and meaning (``dcgm-exporter``'s default counters):
 Labels: ``gpu`` (index), ``UUID``, ``device`` (``nvidiaN``), ``modelName``, ``Hostname``
 (the node name). A GPU without telemetry yet has no DCGM series.
 
-Not exported (yet): reservation utilisation and cost per team come with reservations
-and pricing (later issues); nothing is invented for them in the meantime.
+Usage and cost (``FleetView.spend``: the ledger, refreshed every ``ViewCache.spend_ttl_s``)
+are this calendar month's, in the finance time zone (the price schedule's; UTC without
+one), so they fall back to 0 when a month begins; every team has them:
+
+================================================  ====================================
+``gpufleet_team_cost_accrued{team}``              cost accrued (price schedule's unit)
+``gpufleet_team_gpu_hours{team}``                 GPU-hours held by the team's jobs
+``gpufleet_team_energy_kwh{team}``                energy its GPUs drew, kWh
+``gpufleet_team_budget{team,kind}``               monthly budget, ``kind`` soft | hard
+                                                  (only the kinds a team has)
+================================================  ====================================
+
+Reservation utilisation (``FleetView.reservations``), one series each per BOOKED
+reservation whose window is open now (maintenance windows aside), labels
+``reservation`` (id), ``name``, ``team`` ("" without one) and ``pool``:
+``gpufleet_reservation_gpus`` (reserved) and ``gpufleet_reservation_used_gpus`` (of
+those, held by its owner jobs; ``ReservationUse``). Utilisation is their ratio.
 """
 
 from __future__ import annotations
@@ -64,6 +79,8 @@ class FleetCollector(Collector):
         yield from self._dcgm(view)
         yield from self._fleet(view)
         yield from self._queue(view)
+        yield from self._cost(view)
+        yield from self._reservations(view)
         yield from self._scheduler()
 
     def _dcgm(self, view: FleetView) -> Iterator[Metric]:
@@ -151,6 +168,52 @@ class FleetCollector(Collector):
             if q.oldest_since is not None:
                 oldest.add_metric([q.pool], max(0.0, view.at - q.oldest_since))
         yield from (jobs, pending, oldest)
+
+    def _cost(self, view: FleetView) -> Iterator[Metric]:
+        cost = GaugeMetricFamily(
+            "gpufleet_team_cost_accrued",
+            "Cost accrued by the team's jobs this calendar month (finance time zone).",
+            labels=["team"],
+        )
+        hours = GaugeMetricFamily(
+            "gpufleet_team_gpu_hours",
+            "GPU-hours held by the team's jobs this calendar month.",
+            labels=["team"],
+        )
+        energy = GaugeMetricFamily(
+            "gpufleet_team_energy_kwh",
+            "Energy drawn by the team's GPUs this calendar month (kWh).",
+            labels=["team"],
+        )
+        budget = GaugeMetricFamily(
+            "gpufleet_team_budget",
+            "The team's monthly budget: soft warns, hard holds new jobs.",
+            labels=["team", "kind"],
+        )
+        for t in view.spend:
+            cost.add_metric([t.team], t.cost)
+            hours.add_metric([t.team], t.gpu_hours)
+            energy.add_metric([t.team], t.energy_kwh)
+            for kind, value in (("soft", t.budget_soft), ("hard", t.budget_hard)):
+                if value is not None:
+                    budget.add_metric([t.team, kind], value)
+        yield from (cost, hours, energy, budget)
+
+    def _reservations(self, view: FleetView) -> Iterator[Metric]:
+        labels = ["reservation", "name", "team", "pool"]
+        gpus = GaugeMetricFamily(
+            "gpufleet_reservation_gpus", "GPUs reserved by an open reservation.", labels=labels
+        )
+        used = GaugeMetricFamily(
+            "gpufleet_reservation_used_gpus",
+            "Of an open reservation's GPUs, those its owner jobs hold.",
+            labels=labels,
+        )
+        for r in view.reservations:
+            key = [str(r.id), r.name, r.team, r.pool]
+            gpus.add_metric(key, r.gpus)
+            used.add_metric(key, r.used)
+        yield from (gpus, used)
 
     def _scheduler(self) -> Iterator[Metric]:
         m = self.metrics

@@ -43,7 +43,7 @@ def create_user(spec: UserIn, parts: PartsDep, me: Me) -> UserCreated:
 
 @router.get("/teams", response_model=list[TeamOut], tags=["teams"])
 def list_teams(parts: PartsDep, me: Me) -> list[TeamOut]:
-    return accounts.list_teams(db=parts.db, actor=me)
+    return accounts.list_teams(db=parts.db, actor=me, now=parts.now())
 
 
 @router.post("/teams", status_code=201, response_model=TeamOut, tags=["teams"])
@@ -53,7 +53,7 @@ def create_team(spec: TeamIn, parts: PartsDep, me: Me) -> TeamOut:
 
 @router.get("/teams/{name}", response_model=TeamOut, tags=["teams"])
 def get_team(name: str, parts: PartsDep, me: Me) -> TeamOut:
-    return unwrap(accounts.get_team(db=parts.db, actor=me, name=name))
+    return unwrap(accounts.get_team(db=parts.db, actor=me, name=name, now=parts.now()))
 
 
 @router.post("/teams/{name}/members", response_model=TeamOut, tags=["teams"])

@@ -60,7 +60,7 @@ def _resolve(parts: Parts, hot: HotState, token: str, name: str) -> NodeCred:
     cred = nodecreds.authenticate_node(db=parts.db, token=token, cache=hot.creds)
     if cred is None:
         raise ProblemError(401, "invalid or revoked node credential", title="Unauthorized")
-    return nodecreds.bind(db=parts.db, token=token, cred=cred, node=name, cache=hot.creds)
+    return nodecreds.bind(writer=parts.writer, token=token, cred=cred, node=name, cache=hot.creds)
 
 
 @router.post("/nodes/join-tokens", status_code=201, response_model=JoinTokenOut)
@@ -80,6 +80,7 @@ def sync_node(
     t0 = time.perf_counter()
     out = sync.sync_node(
         db=parts.db,
+        writer=parts.writer,
         hot=hot,
         actor=actor,
         name=name,
@@ -87,6 +88,7 @@ def sync_node(
         now=parts.now(),
         fleets_invalidate=parts.fleets.invalidate,
         waker=parts.scheduler.wake,
+        readings=parts.readings,
     )
     hot.latencies.add(time.perf_counter() - t0)
     return unwrap(out)

@@ -1,32 +1,134 @@
+"""Jobs: submit, list, show, cancel, hold, release, priority.
+
+``FastSubmit`` serves the plain case of ``POST /v1/jobs`` before FastAPI's routing (see
+its docstring); every other request, and every submission it does not take, goes to
+the routes here."""
+
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpufleet.server.deps import Me, PartsDep
-from gpufleet.server.problems import ProblemError, unwrap
+from gpufleet.server.deps import Me, Parts, PartsDep, cached_principal
+from gpufleet.server.problems import Failure, ProblemError, problem_response, unwrap
 from gpufleet.server.schemas import JobDetail, JobPage, JobSubmit, PriorityChange
 from gpufleet.server.services import jobs
+from gpufleet.server.services.accounts import Principal
 from gpufleet.server.states import JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=201, response_model=JobDetail)
-async def submit(spec: JobSubmit, parts: PartsDep, me: Me) -> JobDetail:
+async def submit(spec: JobSubmit, parts: PartsDep, me: Me) -> Response:
     """Async (the only async handler here): it waits on the group commit, not in a
-    thread of the pool, so a submit costs no thread hand-off."""
-    return unwrap(
-        await jobs.submit(
-            writer=parts.writer,
-            actor=me,
-            spec=spec,
-            now=parts.now(),
-            fleets=parts.fleets,
-            waker=parts.scheduler.wake,
-        )
+    thread of the pool, so a submit costs no thread hand-off. The reply is serialised
+    here, once: the service built it from validated values, so FastAPI's validation of
+    the returned model against ``response_model`` would only repeat work."""
+    return _created(unwrap(await _submit(parts, me, spec)))
+
+
+async def _submit(parts: Parts, me: Principal, spec: JobSubmit) -> JobDetail | Failure:
+    return await jobs.submit(
+        writer=parts.writer,
+        actor=me,
+        spec=spec,
+        now=parts.now(),
+        fleets=parts.fleets,
+        waker=parts.scheduler.wake,
+        budget_warning=parts.budget_warnings.get,
     )
+
+
+def _created(out: JobDetail) -> Response:
+    return Response(out.model_dump_json(), status_code=201, media_type="application/json")
+
+
+class FastSubmit:
+    """``POST /v1/jobs`` without FastAPI's per-request machinery (routing, dependency
+    solving, body parsing: about 0.25 ms of CPU a request, a sixth of what a submit costs
+    the API process). A pure ASGI middleware, innermost of the app's own (inside the body
+    limit and the latency histogram, which see it as the route).
+
+    It takes only the plain case: ``Content-Type: application/json``, a bearer token the
+    token cache knows, a body that is JSON and validates as ``JobSubmit`` (the same
+    ``json.loads`` + model validation FastAPI does). For anything else it hands the
+    request to the app with the body it read replayed, so the route answers exactly as
+    before: errors, token look-ups in the database, everything. A submission it took
+    and the service refused is the same problem+json the route's ``unwrap`` gives.
+    """
+
+    def __init__(self, app: ASGIApp, *, parts: Parts, path: str = "/v1/jobs") -> None:
+        self.app = app
+        self.parts = parts
+        self.path = path
+        self.route = next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is submit)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        me = self._plain(scope)
+        if me is None:
+            await self.app(scope, receive, send)
+            return
+        body, more = await _read(receive)
+        spec = None if more else _spec(body)
+        if spec is None:
+            await self.app(scope, _replay(body, more, receive), send)
+            return
+        scope["route"] = self.route  # what the latency histogram labels by
+        out = await _submit(self.parts, me, spec)
+        if isinstance(out, Failure):  # what ``unwrap`` and the ProblemError handler make of it
+            await problem_response(Request(scope), out.kind.value, out.detail)(scope, receive, send)
+            return
+        await _created(out)(scope, receive, send)
+
+    def _plain(self, scope: Scope) -> Principal | None:
+        content_type = authorization = None
+        for name, value in scope["headers"]:
+            if name == b"content-type" and content_type is None:
+                content_type = value
+            elif name == b"authorization" and authorization is None:
+                authorization = value.decode("latin-1")
+        if content_type != b"application/json":
+            return None
+        return cached_principal(self.parts.tokens, authorization)
+
+
+async def _read(receive: Receive) -> tuple[bytes, list[Message]]:
+    """The request body; a message other than a body part (a disconnect) stops the
+    reading and is kept, for the app to receive after the replayed body."""
+    chunks: list[bytes] = []
+    while True:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            return b"".join(chunks), [msg]
+        chunks.append(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return b"".join(chunks), []
+
+
+def _spec(body: bytes) -> JobSubmit | None:
+    try:
+        raw: Any = json.loads(body)
+        return JobSubmit.model_validate(raw)
+    except (ValueError, ValidationError):  # JSONDecodeError is a ValueError
+        return None
+
+
+def _replay(body: bytes, more: list[Message], receive: Receive) -> Receive:
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}, *more]
+
+    async def again() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return again
 
 
 def _states(raw: list[str]) -> list[JobState]:

@@ -1,7 +1,7 @@
 """The fleet page (``GET /``, static files under ``/static``) and the small read
-endpoints it polls: ``/v1/fleet/snapshot``, ``/v1/fleet/usage``,
-``/v1/nodes/{name}/history``. The page holds no data of its own: it signs in with an API
-token and calls the JSON API like any client."""
+endpoints only it polls: ``/v1/fleet/snapshot`` and ``/v1/nodes/{name}/history``. For
+the rest (jobs, usage, teams, prices, reservations) it calls the same JSON API as any
+client, signed in with an API token; the page holds no data of its own."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.agents import HotDep
 from gpufleet.server.services import dashboard
 from gpufleet.server.services.dashboard import FleetView, ViewCache
-from gpufleet.server.web.schemas import FleetSnapshot, NodeHistory, UsageReport
+from gpufleet.server.web.schemas import FleetSnapshot, NodeHistory
 
 page = APIRouter(include_in_schema=False)
 api = APIRouter(tags=["fleet"])
@@ -50,11 +50,6 @@ def current_view(parts: PartsDep, views: Annotated[ViewCache, Depends(get_views)
 def fleet_snapshot(view: Annotated[FleetView, Depends(current_view)], hot: HotDep, me: Me) -> FleetSnapshot:
     """Every GPU in a few numbers (the page's heatmap)."""
     return dashboard.snapshot(view, hot)
-
-
-@api.get("/fleet/usage", response_model=UsageReport)
-def fleet_usage(parts: PartsDep, me: Me) -> UsageReport:
-    return dashboard.usage(db=parts.db, now=parts.now())
 
 
 @api.get("/nodes/{name}/history", response_model=NodeHistory, tags=["nodes"])

@@ -10,11 +10,13 @@ import hashlib
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpufleet.server import accounting
 from gpufleet.server.db import Database
 from gpufleet.server.models import Membership, Team, Token, User
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
@@ -173,11 +175,31 @@ def whoami(*, db: Database, actor: Principal) -> UserOut:
         return _user_out(s, me)
 
 
-def _team_out(s: Session, t: Team) -> TeamOut:
+def team_out(s: Session, t: Team, *, now: float | None = None, finances: bool = True) -> TeamOut:
+    """With ``now`` and a budget set, also what the team spent this month. Without
+    ``finances`` (a user who is not in the team) budgets and spend are left out: names,
+    members and quotas are public, as in ``sacctmgr show assoc``; money is not."""
     q = select(User.name).join(Membership, Membership.user_id == User.id).where(Membership.team_id == t.id)
+    spent = None
+    if finances and now is not None and (t.budget_soft is not None or t.budget_hard is not None):
+        spent = round(accounting.month_spend(s, now, [t.id]).get(t.id, 0.0), 4)
     return TeamOut(
-        name=t.name, members=sorted(s.scalars(q)), quota_gpus=t.quota_gpus, quota_limit=t.quota_limit
+        name=t.name,
+        members=sorted(s.scalars(q)),
+        quota_gpus=t.quota_gpus,
+        quota_limit=t.quota_limit,
+        budget_soft=t.budget_soft if finances else None,
+        budget_hard=t.budget_hard if finances else None,
+        month_cost=spent,
     )
+
+
+def _sees_finances(s: Session, actor: Principal) -> Callable[[Team], bool]:
+    """Operators and admins see every team's budget and spend; a user only their own."""
+    if actor.is_operator:
+        return lambda _: True
+    mine = set(s.scalars(select(Membership.team_id).where(Membership.user_id == actor.user_id)))
+    return lambda t: t.id in mine
 
 
 def create_team(*, db: Database, actor: Principal, name: str) -> TeamOut | Failure:
@@ -189,18 +211,22 @@ def create_team(*, db: Database, actor: Principal, name: str) -> TeamOut | Failu
         team = Team(name=name)
         s.add(team)
         s.flush()
-        return _team_out(s, team)
+        return team_out(s, team)
 
 
-def list_teams(*, db: Database, actor: Principal) -> list[TeamOut]:
+def list_teams(*, db: Database, actor: Principal, now: float | None = None) -> list[TeamOut]:
     with db.read() as s:
-        return [_team_out(s, t) for t in s.scalars(select(Team).order_by(Team.name))]
+        sees = _sees_finances(s, actor)
+        teams = s.scalars(select(Team).order_by(Team.name))
+        return [team_out(s, t, now=now, finances=sees(t)) for t in teams]
 
 
-def get_team(*, db: Database, actor: Principal, name: str) -> TeamOut | Failure:
+def get_team(*, db: Database, actor: Principal, name: str, now: float | None = None) -> TeamOut | Failure:
     with db.read() as s:
         team = s.scalar(select(Team).where(Team.name == name))
-        return not_found(f"no team {name}") if team is None else _team_out(s, team)
+        if team is None:
+            return not_found(f"no team {name}")
+        return team_out(s, team, now=now, finances=_sees_finances(s, actor)(team))
 
 
 def add_member(*, db: Database, actor: Principal, team: str, user: str) -> TeamOut | Failure:
@@ -214,7 +240,7 @@ def add_member(*, db: Database, actor: Principal, team: str, user: str) -> TeamO
         if s.get(Membership, (u.id, t.id)) is None:
             s.add(Membership(user_id=u.id, team_id=t.id))
             s.flush()
-        return _team_out(s, t)
+        return team_out(s, t)
 
 
 def set_quota(*, db: Database, actor: Principal, team: str, quota: QuotaIn) -> TeamOut | Failure:
@@ -228,7 +254,7 @@ def set_quota(*, db: Database, actor: Principal, team: str, quota: QuotaIn) -> T
             return not_found(f"no team {team}")
         t.quota_gpus, t.quota_limit = quota.gpus, quota.limit
         s.flush()
-        return _team_out(s, t)
+        return team_out(s, t)
 
 
 # -- tokens -------------------------------------------------------------------------------------
@@ -266,7 +292,7 @@ def list_tokens(*, db: Database, actor: Principal, user: str | None) -> list[Tok
             q = q.where(User.name == user)
         elif not actor.is_admin:
             q = q.where(Token.user_id == actor.user_id)
-        return [_token_out(t, name) for t, name in s.execute(q).tuples()]
+        return [_token_out(t, name) for t, name in s.execute(q)]
 
 
 def revoke_token(

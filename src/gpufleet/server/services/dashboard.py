@@ -1,6 +1,8 @@
 """Read models for the fleet page, ``/metrics`` and the built-in alerts: one cheap pass
-over nodes, GPUs, allocations and job counts (``FleetView``), cached for a second so a
-page poll, a Prometheus scrape and an alert evaluation in the same second share it.
+over nodes, GPUs, allocations, job counts and open reservations (``FleetView``), cached
+for a second so a page poll, a Prometheus scrape and an alert evaluation in the same
+second share it. Each team's month so far (``TeamSpend``: a sum over the ledger) rides
+along, cached for ``ViewCache.spend_ttl_s``: the ledger only moves at accounting ticks.
 
 Also the page's small read endpoints: the compact fleet snapshot (a few numbers per GPU,
 ~40 bytes each, so 4,000 GPUs stay ~200 kB), one node's telemetry history and jobs, and
@@ -9,27 +11,31 @@ GPU-hours per team.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy import func, literal, select
+from sqlalchemy.orm import Session
 
+from gpufleet.scheduler import JobRequest
+from gpufleet.server import accounting
 from gpufleet.server.db import Database
 from gpufleet.server.hot import HotState
 from gpufleet.server.metrics.history import FATAL_XIDS, RecordingTelemetryStore
-from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow, Team, User
+from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow, ReservationRow, Team, UsageRow, User
 from gpufleet.server.problems import Failure, not_found
 from gpufleet.server.schemas import GpuTelemetry
 from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.reservations import BOOKED, to_core
 from gpufleet.server.states import JobState
 from gpufleet.server.web.schemas import (
     FleetSnapshot,
     NodeHistory,
     NodeJob,
     SnapshotNode,
-    TeamUsage,
-    UsageReport,
 )
 
 HOT_C = 85.0
@@ -68,6 +74,39 @@ class QueueStat:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TeamSpend:
+    """A team's calendar month so far in the finance time zone, from the ledger (so up to
+    the last accounting tick; the window of ``accounting.month_spend``, which holds jobs),
+    and its monthly budget. Cost is in the price schedule's unit (0 without prices)."""
+
+    team: str
+    cost: float
+    gpu_hours: float
+    energy_kwh: float
+    budget_soft: float | None = None
+    budget_hard: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReservationUse:
+    """A BOOKED reservation whose window ``[start, end)`` holds the view's time; not a
+    maintenance one (it owns no jobs: nothing to use).
+
+    ``gpus``: the GPUs it reserves (its node map). ``used``: how many of them its owner
+    jobs hold (SCHEDULED or RUNNING; owners as ``Reservation.owns``: jobs naming it, else
+    jobs of its users or team), counted per node and capped at what it reserves on that
+    node, since an owner job on a reserved node runs on the reservation's GPUs. An owner
+    job of two open reservations on one node counts towards both."""
+
+    id: int
+    name: str
+    team: str
+    pool: str
+    gpus: int
+    used: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FleetView:
     at: float
     nodes: tuple[NodeInfo, ...]
@@ -79,9 +118,13 @@ class FleetView:
     queues: tuple[QueueStat, ...]
     team_gpus: dict[str, int] = field(default_factory=dict)
     """GPUs held by each team's running jobs"""
+    reservations: tuple[ReservationUse, ...] = ()
+    spend: tuple[TeamSpend, ...] = ()
+    """every team, by name"""
 
 
-def load_view(db: Database, *, now: float, live_since: float) -> FleetView:
+def load_view(db: Database, *, now: float, live_since: float, spend: tuple[TeamSpend, ...] = ()) -> FleetView:
+    """``spend`` comes from ``load_spend`` (on its own, slower, cache)."""
     with db.read() as s:
         nodes = tuple(
             NodeInfo(
@@ -144,6 +187,7 @@ def load_view(db: Database, *, now: float, live_since: float) -> FleetView:
             .group_by(Team.name)
         )
         team_gpus = {t: int(n or 0) for t, n in s.execute(tq)}
+        reservations = load_reservations(s, now=now, held=held)
     return FleetView(
         at=now,
         nodes=nodes,
@@ -152,13 +196,98 @@ def load_view(db: Database, *, now: float, live_since: float) -> FleetView:
         jobs=dict(sorted(jobs.items())),
         queues=tuple(sorted(queues, key=lambda x: x.pool)),
         team_gpus=team_gpus,
+        reservations=reservations,
+        spend=spend,
     )
+
+
+def load_reservations(
+    s: Session, *, now: float, held: Mapping[tuple[str, int], int]
+) -> tuple[ReservationUse, ...]:
+    """``ReservationUse`` of the open reservations; ``held``: (node, GPU index) -> job id."""
+    rows = list(
+        s.scalars(
+            select(ReservationRow)
+            .where(
+                ReservationRow.state == BOOKED,
+                ReservationRow.start <= now,
+                ReservationRow.end > now,
+                ReservationRow.maintenance.is_(False),
+            )
+            .order_by(ReservationRow.id)
+        )
+    )
+    if not rows:
+        return ()
+    nodes = {str(n) for r in rows for n, _ in r.node_map}
+    on: dict[int, dict[str, int]] = {}  # job -> node -> GPUs it holds there
+    for (node, _), jid in held.items():
+        if node in nodes:
+            per = on.setdefault(jid, {})
+            per[node] = per.get(node, 0) + 1
+    jobs: dict[int, JobRequest] = {}
+    if on:
+        q = (
+            select(Job.id, User.name, Team.name, Job.reservation_id)
+            .join(User, User.id == Job.user_id)
+            .join(Team, Team.id == Job.team_id)
+            .where(Job.id.in_(list(on)))
+        )
+        for jid, user, team, rid in s.execute(q):
+            res = None if rid is None else str(rid)
+            jobs[jid] = JobRequest(
+                id=str(jid), gpus=0, submit_time=0.0, user=user, team=team, reservation=res
+            )
+    out: list[ReservationUse] = []
+    for r in rows:
+        core = to_core(r)
+        owners = [on[jid] for jid, job in jobs.items() if core.owns(job)]
+        used = sum(min(n, sum(per.get(node, 0) for per in owners)) for node, n in core.nodes)
+        out.append(
+            ReservationUse(id=r.id, name=r.name, team=r.team or "", pool=r.pool, gpus=core.gpus, used=used)
+        )
+    return tuple(out)
+
+
+def load_spend(db: Database, *, now: float) -> tuple[TeamSpend, ...]:
+    """Every team's ``TeamSpend``: one grouped sum over this month's ledger rows."""
+    with db.read() as s:
+        month = accounting.month_start(now, accounting.finance_zone(s))
+        since = math.floor(month / accounting.HOUR) * accounting.HOUR
+        q = (
+            select(
+                UsageRow.team_id,
+                func.sum(UsageRow.cost),
+                func.sum(UsageRow.gpu_s),
+                func.sum(UsageRow.energy_wh),
+            )
+            .where(UsageRow.hour >= since)
+            .group_by(UsageRow.team_id)
+        )
+        sums = {tid: (float(c or 0), float(g or 0), float(e or 0)) for tid, c, g, e in s.execute(q)}
+        teams = s.execute(select(Team.id, Team.name, Team.budget_soft, Team.budget_hard).order_by(Team.name))
+        out = []
+        for tid, name, soft, hard in teams:
+            cost, gpu_s, wh = sums.get(tid, (0.0, 0.0, 0.0))
+            out.append(
+                TeamSpend(
+                    team=name,
+                    cost=cost,
+                    gpu_hours=gpu_s / accounting.HOUR,
+                    energy_kwh=wh / 1000.0,
+                    budget_soft=soft,
+                    budget_hard=hard,
+                )
+            )
+    return tuple(out)
 
 
 @dataclass(slots=True)
 class ViewCache:
     ttl_s: float = 1.0
+    spend_ttl_s: float = 10.0
     _hit: tuple[float, FleetView] | None = None
+    _spend: tuple[float, tuple[TeamSpend, ...]] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def get(self, db: Database, *, now: float, live_since: float) -> FleetView:
@@ -166,7 +295,9 @@ class ViewCache:
             hit = self._hit
             if hit is not None and hit[0] > time.monotonic():
                 return hit[1]
-            view = load_view(db, now=now, live_since=live_since)
+            if self._spend is None or self._spend[0] <= time.monotonic():
+                self._spend = (time.monotonic() + self.spend_ttl_s, load_spend(db, now=now))
+            view = load_view(db, now=now, live_since=live_since, spend=self._spend[1])
             self._hit = (time.monotonic() + self.ttl_s, view)
             return view
 
@@ -272,30 +403,3 @@ def node_history(
         samples=[[x.at, [list(g) for g in x.gpus]] for x in samples],
         jobs=list(jobs.values()),
     )
-
-
-def usage(*, db: Database, now: float) -> UsageReport:
-    """GPU-hours per team: finished attempts (``attained_service_s``, GPU-seconds) plus
-    what running jobs have used so far. Cost per team comes with pricing (a later issue)."""
-    with db.read() as s:
-        done = dict(
-            s.execute(
-                select(Team.name, func.sum(Job.attained_service_s))
-                .join(Job, Job.team_id == Team.id)
-                .group_by(Team.name)
-            ).all()
-        )
-        running: dict[str, float] = {}
-        q = (
-            select(Team.name, Job.gpus, Job.started_at)
-            .join(Job, Job.team_id == Team.id)
-            .where(Job.state == str(JobState.RUNNING), Job.started_at.is_not(None))
-        )
-        for team, gpus, started in s.execute(q):
-            running[team] = running.get(team, 0.0) + gpus * max(0.0, now - (started or now))
-        teams = [str(t) for t in s.scalars(select(Team.name).order_by(Team.name))]
-    rows = [
-        TeamUsage(team=t, gpu_hours=round(((done.get(t) or 0.0) + running.get(t, 0.0)) / 3600, 3))
-        for t in teams
-    ]
-    return UsageReport(at=now, teams=sorted(rows, key=lambda r: -r.gpu_hours), cost_available=False)

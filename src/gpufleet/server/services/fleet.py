@@ -23,7 +23,7 @@ def summary(*, db: Database, hot: HotState, live_since: float) -> FleetSummary:
             s.scalar(select(func.count()).select_from(Allocation).where(Allocation.gpu_index.is_not(None)))
             or 0
         )
-        jobs = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).tuples().all())
+        jobs = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
     return FleetSummary(
         nodes=nodes,
         nodes_ready=ready,

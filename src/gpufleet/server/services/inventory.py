@@ -92,24 +92,37 @@ class LiveFleet:
 
 @dataclass(slots=True)
 class FleetCache:
-    """Per-pool registered fleets, kept ``ttl_s`` seconds or until ``invalidate`` (called
-    by every node write in this process). Submit checks read it on every request."""
+    """Per-pool registered fleets, fresh for ``ttl_s`` seconds or until ``invalidate``
+    (called by every node write in this process). Submit checks read it on every request.
+
+    A fleet loaded less than ``stale_s`` ago is kept after it goes stale:
+    ``registered(..., stale_ok=True)`` returns it. Submissions accept a job that fits it
+    and reload only to confirm a refusal (``is_fresh``): while a thousand nodes register,
+    each invalidating the cache, job submissions would otherwise reload thousands of GPU
+    rows inside the group commit for every batch."""
 
     ttl_s: float = 2.0
-    _cache: dict[str, tuple[float, Fleet]] = field(default_factory=dict)
+    stale_s: float = 10.0
+    _cache: dict[str, tuple[float, float, Fleet]] = field(default_factory=dict)
+    """pool -> (fresh until, loaded at, fleet)"""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def registered(self, s: Session, pool: str) -> Fleet:
+    def registered(self, s: Session, pool: str, *, stale_ok: bool = False) -> Fleet:
         now = time.monotonic()
         with self._lock:
             hit = self._cache.get(pool)
-        if hit is not None and hit[0] > now:
-            return hit[1]
+        if hit is not None and (hit[0] > now or (stale_ok and now - hit[1] < self.stale_s)):
+            return hit[2]
         fleet = _build(*_rows(s, pool), live_since=None)
         with self._lock:
-            self._cache[pool] = (now + self.ttl_s, fleet)
+            self._cache[pool] = (now + self.ttl_s, now, fleet)
         return fleet
+
+    def is_fresh(self, pool: str, fleet: Fleet) -> bool:
+        with self._lock:
+            hit = self._cache.get(pool)
+        return hit is not None and hit[2] is fleet and hit[0] > time.monotonic()
 
     def invalidate(self) -> None:
         with self._lock:
-            self._cache.clear()
+            self._cache = {pool: (0.0, at, fleet) for pool, (_, at, fleet) in self._cache.items()}

@@ -127,22 +127,29 @@ def _shape_problem(ctx: _Ctx, spec: JobSubmit, fleets: FleetCache) -> Failure | 
         return ctx.shapes[key]
     fleet = ctx.fleets.get(spec.pool)
     if fleet is None:
+        fleet = ctx.fleets[spec.pool] = fleets.registered(ctx.s, spec.pool, stale_ok=True)
+    problem = _never_fits(fleet, spec)
+    if problem is not None and not fleets.is_fresh(spec.pool, fleet):  # confirm on today's fleet
         fleet = ctx.fleets[spec.pool] = fleets.registered(ctx.s, spec.pool)
-    problem: Failure | None = None
-    if fleet.nodes:  # an empty pool: the job waits (Unschedulable) until nodes register
-        req = JobRequest(
-            id="submit",
-            gpus=spec.gpus,
-            submit_time=0.0,
-            gpus_per_node=spec.gpus_per_node,
-            nodes=spec.nodes,
-            gpu_type=spec.gpu_type,
-            pool=spec.pool,
-        )
-        opts = job_options(fleet_index(fleet), req)
-        problem = invalid(f"cannot ever run: {opts}") if isinstance(opts, str) else None
+        problem = _never_fits(fleet, spec)
     ctx.shapes[key] = problem
     return problem
+
+
+def _never_fits(fleet: Fleet, spec: JobSubmit) -> Failure | None:
+    if not fleet.nodes:  # an empty pool: the job waits (Unschedulable) until nodes register
+        return None
+    req = JobRequest(
+        id="submit",
+        gpus=spec.gpus,
+        submit_time=0.0,
+        gpus_per_node=spec.gpus_per_node,
+        nodes=spec.nodes,
+        gpu_type=spec.gpu_type,
+        pool=spec.pool,
+    )
+    opts = job_options(fleet_index(fleet), req)
+    return invalid(f"cannot ever run: {opts}") if isinstance(opts, str) else None
 
 
 def _reservation_problem(ctx: _Ctx, new: NewJob) -> Failure | None:
@@ -267,6 +274,12 @@ def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event:
         estimated_start=None,
         wait_reason=None,
         allocation=[],
+        reservation=row["reservation_id"],
+        cost=0.0,
+        energy_kwh=0.0,
+        # Every field given: a default_factory left to ``model_construct`` makes pydantic
+        # inspect the factory's signature per call (a third of the writer's CPU per job).
+        warnings=[],
         env=row["env"],
         output=row["output"],
         error=row["error"],
@@ -282,10 +295,11 @@ async def submit(
     now: float,
     fleets: FleetCache,
     waker: Waker,
+    budget_warning: Callable[[str], str | None] = lambda team: None,
 ) -> JobDetail | Failure:
     """Validate and insert in one transaction (shared with concurrent submits through
     the group-commit ``writer``); returns once committed, without holding a thread
-    while it waits."""
+    while it waits. The reply warns when the job's team is over its soft budget."""
     limit = _time_limit(spec.time_limit)
     if isinstance(limit, Failure):
         return limit
@@ -294,9 +308,11 @@ async def submit(
         return backoff
     new = NewJob(actor=actor, spec=spec, time_limit_s=limit, now=now, fleets=fleets, backoff_s=backoff)
     out = await call(writer, insert_jobs, new)
-    if not isinstance(out, Failure):
-        waker()
-    return out
+    if isinstance(out, Failure):
+        return out
+    waker()
+    warning = budget_warning(out.team)
+    return out if warning is None else out.model_copy(update={"warnings": [warning]})
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -307,7 +323,7 @@ def _allocs(s: Session, ids: Sequence[int]) -> dict[int, list[AllocationOut]]:
         return {}
     per: dict[int, dict[str, list[int]]] = {}
     q = select(Allocation.job_id, Allocation.node, Allocation.gpu_index).where(Allocation.job_id.in_(ids))
-    for jid, node, idx in s.execute(q).tuples():
+    for jid, node, idx in s.execute(q):
         gpus = per.setdefault(jid, {}).setdefault(node, [])
         if idx is not None:
             gpus.append(idx)
@@ -346,6 +362,9 @@ def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[
         "estimated_start": job.estimated_start if job.state == JobState.PENDING else None,
         "wait_reason": job.wait_reason if job.state in (JobState.PENDING, JobState.HELD) else None,
         "allocation": alloc,
+        "reservation": job.reservation_id,
+        "cost": round(job.cost, 6),
+        "energy_kwh": round(job.energy_wh / 1000.0, 6),
     }
 
 
@@ -379,7 +398,8 @@ def _load(s: Session, actor: Principal, job_id: int) -> tuple[Job, str, str] | F
     ).first()
     if row is None or (not actor.is_operator and row[0].user_id != actor.user_id):
         return not_found(f"no job {job_id}")
-    return row.tuple()
+    job, user, team = row
+    return job, user, team
 
 
 def show(*, db: Database, actor: Principal, job_id: int) -> JobDetail | Failure:
@@ -426,7 +446,7 @@ def list_jobs(
     if offset:
         q = q.offset(offset)
     with db.read() as s:
-        rows = [r.tuple() for r in s.execute(q)]
+        rows: list[tuple[Job, str, str]] = [(j, u, t) for j, u, t in s.execute(q)]
         more = len(rows) > limit
         rows = rows[:limit]
         allocs = _allocs(s, [j.id for j, _, _ in rows])

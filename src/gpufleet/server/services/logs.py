@@ -40,7 +40,7 @@ def read_logs(
             .order_by(JobLogChunk.id)
             .limit(limit)
         )
-        rows = s.execute(q).tuples().all()
+        rows = s.execute(q).all()
     return LogPage(
         chunks=tuple(d for _, d in rows),
         last_id=rows[-1][0] if rows else after,

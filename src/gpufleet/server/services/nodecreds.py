@@ -10,8 +10,10 @@ token cannot both own it). Speaking for another node is a 403.
 from __future__ import annotations
 
 import secrets
+from functools import partial
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from gpufleet.server.db import Database
 from gpufleet.server.hot import CredCache, NodeCred
@@ -19,6 +21,7 @@ from gpufleet.server.models import NodeCredential
 from gpufleet.server.problems import Failure, forbidden
 from gpufleet.server.schemas import JoinTokenOut
 from gpufleet.server.services.accounts import Principal, hash_token
+from gpufleet.server.writer import Writer
 
 PREFIX = "gfn_"
 
@@ -60,18 +63,23 @@ def authenticate_node(*, db: Database, token: str, cache: CredCache) -> NodeCred
     return cred
 
 
-def bind(*, db: Database, token: str, cred: NodeCred, node: str, cache: CredCache) -> NodeCred:
-    """The credential bound to ``node`` if it was unbound; whatever it is bound to now."""
+def _bind(s: Session, *, cred_id: int, node: str) -> str | None:
+    s.execute(
+        update(NodeCredential)
+        .where(NodeCredential.id == cred_id, NodeCredential.node.is_(None))
+        .values(node=node)
+        .execution_options(synchronize_session=False)
+    )
+    return s.scalar(select(NodeCredential.node).where(NodeCredential.id == cred_id))
+
+
+def bind(*, writer: Writer, token: str, cred: NodeCred, node: str, cache: CredCache) -> NodeCred:
+    """The credential bound to ``node`` if it was unbound; whatever it is bound to now.
+    Through the group-commit ``writer``: a fleet registering at once with fresh tokens
+    shares its write transactions."""
     if cred.node is not None:
         return cred
-    with db.write() as s:
-        s.execute(
-            update(NodeCredential)
-            .where(NodeCredential.id == cred.id, NodeCredential.node.is_(None))
-            .values(node=node)
-            .execution_options(synchronize_session=False)
-        )
-        bound = s.scalar(select(NodeCredential.node).where(NodeCredential.id == cred.id))
+    bound = writer.run(partial(_bind, cred_id=cred.id, node=node))
     out = NodeCred(id=cred.id, node=bound)
     cache.put(hash_token(token), out)
     return out

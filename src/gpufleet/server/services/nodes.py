@@ -30,9 +30,7 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: HotState | None = 
             select(Allocation.gpu_index, Allocation.job_id).where(
                 Allocation.node == n.name, Allocation.gpu_index.is_not(None)
             )
-        )
-        .tuples()
-        .all()
+        ).all()
     )
     ready = n.last_seen is not None and n.last_seen >= live_since
     tel = hot.telemetry.get(n.name) if hot is not None else None

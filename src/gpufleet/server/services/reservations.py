@@ -128,9 +128,7 @@ def _fleet_for(s: Session, spec: ReservationIn, fleets: FleetCache) -> Fleet | F
     pools = {spec.pool}
     if spec.node_names:
         found = dict(
-            s.execute(select(NodeRow.name, NodeRow.pool).where(NodeRow.name.in_(spec.node_names)))
-            .tuples()
-            .all()
+            s.execute(select(NodeRow.name, NodeRow.pool).where(NodeRow.name.in_(spec.node_names))).all()
         )
         missing = sorted(set(spec.node_names) - set(found))
         if missing:
@@ -250,7 +248,7 @@ def list_reservations(
         q = select(ReservationRow, User.name).join(User, User.id == ReservationRow.owner_id)
         if not include_past:
             q = q.where(ReservationRow.end > now)
-        rows = s.execute(q.order_by(ReservationRow.start, ReservationRow.id)).tuples().all()
+        rows = s.execute(q.order_by(ReservationRow.start, ReservationRow.id)).all()
         teams = set() if actor.is_operator else _my_teams(s, actor)
     return [
         _out(r, owner, now)

@@ -24,20 +24,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Protocol
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import bindparam, func, insert, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from gpufleet.server import accounting
 from gpufleet.server.db import Database
 from gpufleet.server.hot import HotState
 from gpufleet.server.models import Allocation, GpuRow, Job, JobLogChunk, NodeRow, User
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.requeue import Conflict, requeue
-from gpufleet.server.schemas import DesiredJob, LogAck, NodeSync, ObservedJob, PeerNode, SyncReply
+from gpufleet.server.schemas import DesiredJob, GpuIn, LogAck, NodeSync, ObservedJob, PeerNode, SyncReply
 from gpufleet.server.services.nodes import _check_gpus, _set_gpus
 from gpufleet.server.states import ACTIVE, TERMINAL, JobState
 from gpufleet.server.transitions import move, ref, stop_values
+from gpufleet.server.writer import Writer
 
 Waker = Callable[[], None]
 PORT_BASE = 20_000
@@ -79,7 +83,7 @@ def _desired(s: Session, node: str) -> list[DesiredJob]:
         .order_by(Job.id)
     )
     jobs: dict[int, tuple[Job, str]] = {}
-    for job, user in s.execute(q).tuples():
+    for job, user in s.execute(q):
         jobs.setdefault(job.id, (job, user))
     if not jobs:
         return []
@@ -89,14 +93,12 @@ def _desired(s: Session, node: str) -> list[DesiredJob]:
         .where(Allocation.job_id.in_(jobs))
         .order_by(Allocation.id)
     )
-    for jid, n, idx in s.execute(aq).tuples():
+    for jid, n, idx in s.execute(aq):
         gpus = placement[jid].setdefault(n, [])
         if idx is not None:
             gpus.append(idx)
     names = {n for p in placement.values() for n in p}
-    addresses = dict(
-        s.execute(select(NodeRow.name, NodeRow.address).where(NodeRow.name.in_(names))).tuples().all()
-    )
+    addresses = dict(s.execute(select(NodeRow.name, NodeRow.address).where(NodeRow.name.in_(names))).all())
     return [_desired_job(job, user, node, placement[jid], addresses) for jid, (job, user) in jobs.items()]
 
 
@@ -166,7 +168,9 @@ def _mine(s: Session, node: str, seen: dict[int, ObservedJob]) -> list[Job]:
     return list(s.scalars(select(Job).where(Job.id.in_(seen), Job.id.in_(here))))
 
 
-def _observe(s: Session, node: str, body: NodeSync, actor: str, now: float) -> bool:
+def _observe(
+    s: Session, node: str, body: NodeSync, actor: str, now: float, readings: accounting.Readings
+) -> bool:
     """Apply the observations; True if a job changed. Raises _Retry on a lost CAS."""
     changed = False
     seen = {o.job_id: o for o in body.jobs}
@@ -187,7 +191,7 @@ def _observe(s: Session, node: str, body: NodeSync, actor: str, now: float) -> b
             reason = f"running on {node}"
         else:
             code = o.exit_code if o.exit_code is not None else -1
-            values = stop_values(s, job, now=now, confirmed=True) | {"exit_code": code}
+            values = stop_values(s, job, now=now, confirmed=True, readings=readings) | {"exit_code": code}
             reason = f"exited with code {code} on {node}"
         if not move(s, ref(job), to, actor=actor, reason=reason, now=now, values=values):
             raise _Retry
@@ -262,19 +266,41 @@ def _ingest_logs(s: Session, node: str, body: NodeSync, now: float) -> list[LogA
 # -- the endpoint ----------------------------------------------------------------------------------
 
 
-def _same_gpus(s: Session, node: str, gpus: Sequence[object]) -> bool:
-    stored = [
-        (g.index, g.uuid, g.model, g.memory_mb, g.nvlink_domain, g.healthy)
-        for g in s.scalars(select(GpuRow).where(GpuRow.node == node).order_by(GpuRow.index))
-    ]
-    sent = sorted(
-        (g.index, g.uuid, g.model, g.memory_mb, g.nvlink_domain, g.healthy)  # type: ignore[attr-defined]
-        for g in gpus
-    )
+_STORED_GPUS = (
+    select(GpuRow.index, GpuRow.uuid, GpuRow.model, GpuRow.memory_mb, GpuRow.nvlink_domain, GpuRow.healthy)
+    .where(GpuRow.node == bindparam("node"))
+    .order_by(GpuRow.index)
+)
+_NODE = select(NodeRow.last_seen, NodeRow.leaf, NodeRow.rack, NodeRow.address).where(
+    NodeRow.name == bindparam("node")
+)
+
+
+_JOB_HERE = select(Allocation.id).where(Allocation.node == bindparam("node")).limit(1)
+"""Allocations exist only for SCHEDULED/RUNNING jobs (``stop_values`` deletes them)."""
+_STOPPING = (
+    select(Job.id).where(Job.stopping_on.is_not(None), Job.stopping_on.like(bindparam("like"))).limit(1)
+)
+
+
+def _same_gpus(s: Session, node: str, gpus: Sequence[GpuIn]) -> bool:
+    stored = [tuple(r) for r in s.connection().execute(_STORED_GPUS, {"node": node})]
+    sent = sorted((g.index, g.uuid, g.model, g.memory_mb, g.nvlink_domain, g.healthy) for g in gpus)
     return stored == sent
 
 
-def _node_differs(n: NodeRow, body: NodeSync) -> bool:
+class _Placed(Protocol):
+    """Where a node is (a NodeRow, or a row of ``_NODE``)."""
+
+    @property
+    def leaf(self) -> str | None: ...
+    @property
+    def rack(self) -> str | None: ...
+    @property
+    def address(self) -> str | None: ...
+
+
+def _node_differs(n: _Placed, body: NodeSync) -> bool:
     return any(
         new is not None and new != old
         for new, old in ((body.leaf, n.leaf), (body.rack, n.rack), (body.address, n.address))
@@ -282,23 +308,70 @@ def _node_differs(n: NodeRow, body: NodeSync) -> bool:
 
 
 def _fast_reply(db: Database, name: str, body: NodeSync) -> SyncReply | None:
-    """The answer when this sync changes nothing durable, else None."""
+    """The answer when this sync changes nothing durable, else None. Most syncs of a
+    fleet end here (a heartbeat and telemetry): plain Core statements, no ORM objects
+    unless the node runs jobs."""
     if body.logs:
         return None
     with db.read() as s:
-        n = s.get(NodeRow, name)
+        n = s.connection().execute(_NODE, {"node": name}).first()
         if n is None or n.last_seen is None or _node_differs(n, body):
             return None
         if body.gpus is not None and not _same_gpus(s, name, body.gpus):
             return None
-        if _would_change(s, name, body):
+        c = s.connection()
+        busy = c.execute(_JOB_HERE, {"node": name}).first() is not None
+        stopping = c.execute(_STOPPING, {"like": f"%{name}%"}).first() is not None
+        if (busy or stopping) and _would_change(s, name, body):
             return None
-        return SyncReply(node=name, jobs=_desired(s, name))
+        return SyncReply(node=name, jobs=_desired(s, name) if busy else [])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Written:
+    reply: SyncReply
+    reshaped: bool
+    changed: bool
+    first_seen: bool
+
+
+def _write(
+    s: Session, *, name: str, body: NodeSync, actor: str, now: float, readings: accounting.Readings
+) -> _Written | Failure:
+    """The durable half of a sync, in the caller's transaction (the group commit's
+    SAVEPOINT): register or update the node, apply the observations, ingest the logs.
+    Raises _Retry on a lost compare-and-set."""
+    node = s.get(NodeRow, name)
+    if node is None:
+        if body.gpus is None:
+            return not_found(f"no node {name}: register it or send its gpus")
+        node = NodeRow(name=name, created_at=now, pool="default")
+        s.add(node)
+    was_seen_at = node.last_seen
+    reshaped = _node_differs(node, body) or (body.gpus is not None and not _same_gpus(s, name, body.gpus))
+    node.last_seen = now
+    node.leaf = body.leaf or node.leaf or "leaf-0"
+    node.rack = body.rack or node.rack or "rack-0"
+    node.address = body.address or node.address
+    s.flush()
+    if body.gpus is not None and reshaped:
+        _set_gpus(s, name, body.gpus)
+        s.flush()
+    changed = _observe(s, name, body, actor, now, readings)
+    acks = _ingest_logs(s, name, body, now)
+    s.flush()
+    return _Written(
+        reply=SyncReply(node=name, jobs=_desired(s, name), log_acks=acks),
+        reshaped=reshaped,
+        changed=changed,
+        first_seen=was_seen_at is None,
+    )
 
 
 def sync_node(
     *,
     db: Database,
+    writer: Writer,
     hot: HotState,
     actor: AgentActor,
     name: str,
@@ -306,7 +379,14 @@ def sync_node(
     now: float,
     fleets_invalidate: Callable[[], None],
     waker: Waker,
+    readings: accounting.Readings = accounting.no_readings,
 ) -> SyncReply | Failure:
+    """Answer one sync. ``readings``: the latest GPU telemetry, for the energy of jobs
+    that ended. A sync that changes something durable (a registration, a job
+    observation, log bytes, a new address or GPU set) goes through the group-commit
+    ``writer``: many agents' writes share one transaction (on SQLite one write lock and
+    one fsync per batch instead of per agent), and the reply leaves only after the
+    commit."""
     if actor.node is not None and actor.node != name:
         return forbidden(f"this node credential belongs to node {actor.node}, not {name}")
     if body.gpus is not None:
@@ -325,38 +405,19 @@ def sync_node(
     fast = _fast_reply(db, name, body)
     if fast is not None:
         hot.heartbeats.note(name, now)
-        hot.heartbeats.maybe_flush(db)
+        hot.heartbeats.maybe_flush(writer)
         return fast
+    write = partial(_write, name=name, body=body, actor=actor.name, now=now, readings=readings)
     for _ in range(5):
         try:
-            with db.write() as s:
-                node = s.get(NodeRow, name)
-                if node is None:
-                    if body.gpus is None:
-                        return not_found(f"no node {name}: register it or send its gpus")
-                    node = NodeRow(name=name, created_at=now, pool="default")
-                    s.add(node)
-                was_seen_at = node.last_seen
-                reshaped = _node_differs(node, body) or (
-                    body.gpus is not None and not _same_gpus(s, name, body.gpus)
-                )
-                node.last_seen = now
-                node.leaf = body.leaf or node.leaf or "leaf-0"
-                node.rack = body.rack or node.rack or "rack-0"
-                node.address = body.address or node.address
-                s.flush()
-                if body.gpus is not None and reshaped:
-                    _set_gpus(s, name, body.gpus)
-                    s.flush()
-                changed = _observe(s, name, body, actor.name, now)
-                acks = _ingest_logs(s, name, body, now)
-                s.flush()
-                reply = SyncReply(node=name, jobs=_desired(s, name), log_acks=acks)
-        except (_Retry, OperationalError):  # a lost CAS, or SQLite's write lock busy too long
+            out = writer.run(write)
+        except (_Retry, OperationalError):  # a lost CAS, or the commit failed (SQLite busy too long)
             continue
-        if reshaped:
+        if isinstance(out, Failure):
+            return out
+        if out.reshaped:
             fleets_invalidate()
-        if changed or reshaped or was_seen_at is None:
+        if out.changed or out.reshaped or out.first_seen:
             waker()
-        return reply
+        return out.reply
     return conflict(f"node {name}: the database is busy or its jobs change too fast; sync again")

@@ -47,14 +47,3 @@ class NodeHistory(Reply):
         description="[at, [[value of each series] per GPU]] oldest first"
     )
     jobs: list[NodeJob]
-
-
-class TeamUsage(Reply):
-    team: str
-    gpu_hours: float
-
-
-class UsageReport(Reply):
-    at: float
-    teams: list[TeamUsage]
-    cost_available: bool = Field(description="false until prices exist (a later issue)")

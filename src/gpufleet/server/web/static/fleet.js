@@ -86,7 +86,10 @@
   }
   function slowTick() {
     if (!S.token) return;
-    api("/v1/fleet/usage").then(renderUsage).catch(fail);
+    // This month per team (the server keeps a plain user to their own teams), the
+    // budgets, and whether prices are set; the ledger moves every accounting tick (15 s).
+    Promise.all([api("/v1/usage?by=team"), api("/v1/teams"), api("/v1/prices")])
+      .then(function (r) { renderUsage(r[0], r[1], r[2]); }).catch(fail);
     renderReservations();
   }
 
@@ -338,18 +341,68 @@
                 j.started_at ? GF.ago(now - j.started_at) : "starting", el("span", { class: "pill " + j.state, text: j.state })];
       }), [false, false, true, false, true, false], "Running jobs"));
   }
-  function renderUsage(u) {
-    if (!u.teams.length) { $("usage").replaceChildren(el("p", { class: "empty", text: "No team has used GPUs yet." })); return; }
-    var max = Math.max.apply(null, u.teams.map(function (t) { return t.gpu_hours; }).concat([0.001]));
-    var bars = el("div", { class: "bars", role: "list", "aria-label": "GPU-hours per team" }, u.teams.map(function (t) {
-      return el("div", { class: "bar", role: "listitem", "aria-label": t.team + ": " + t.gpu_hours.toFixed(1) + " GPU-hours" }, [
-        el("span", { text: t.team }),
-        el("span", { class: "track", "aria-hidden": "true" }, [el("span", { class: "fill", style: "display:block;width:" + (100 * t.gpu_hours / max).toFixed(1) + "%" })]),
-        el("span", { class: "val", text: t.gpu_hours.toFixed(t.gpu_hours < 10 ? 2 : 1) }),
-      ]);
-    }));
-    var note = el("p", { class: "muted small", text: u.cost_available ? "" : "Cost per team appears here once GPU prices are configured." });
-    $("usage").replaceChildren(bars, note);
+  // -- usage and cost -------------------------------------------------------------------
+  var STATUS = { held: "held: new jobs wait", "over soft": "soft budget reached", "near limit": "near hard budget", ok: "within budget" };
+  function renderUsage(u, teams, prices) {
+    var priced = prices.schedule !== null;
+    var month = new Date((u.start + 3600) * 1000).toLocaleDateString("en", { month: "long", year: "numeric", timeZone: u.timezone });
+    $("usage-period").textContent = month + " so far · " + u.timezone;
+    var rows = GF.teamUsage(u, teams, S.me);
+    var box = $("usage");
+    if (!rows.length) { box.replaceChildren(el("p", { class: "empty", text: "No team has used GPUs this month yet." })); return; }
+    var hours = function (x) { return x.toFixed(x < 10 ? 2 : 1); };
+    var short = function (x) { return Number.isInteger(x) ? String(x) : GF.money(x); };
+    var table0 = table(["Team", "Jobs", "GPU-h", "Cost", "kWh", "Util", "Idle GPU-h", "Budget"],
+      rows.map(function (r) {
+        var budget = r.soft === null && r.hard === null ? el("span", { class: "muted", text: "none" }) :
+          el("span", { class: "budget" }, [
+            el("span", { text: [r.soft !== null ? "soft " + short(r.soft) : null, r.hard !== null ? "hard " + short(r.hard) : null]
+                                  .filter(Boolean).join(" · ") }), " ",
+            el("span", { class: "pill budget-" + r.status.replace(" ", "-"), text: STATUS[r.status] })]);
+        return [r.team, String(r.jobs), hours(r.gpu_hours), GF.money(r.cost), hours(r.energy_kwh),
+                r.avg_util_pct === null ? "–" : Math.round(r.avg_util_pct) + " %", hours(r.idle_gpu_hours), budget];
+      }), [false, true, true, true, true, true, true, false], "Usage and cost per team, " + month);
+    table0.id = "usage-table";
+    var kids = [el("div", { class: "usage-grid" }, [usageChart(rows, priced, box), el("div", { class: "table-wrap" }, [table0])])];
+    if (!priced) kids.push(el("p", { class: "muted small", text: "No GPU prices are set, so every cost is 0 (an admin sets them: gpufleet admin set-prices FILE)." }));
+    box.replaceChildren.apply(box, kids);
+  }
+  var BAR = { ok: "#0d9488", "": "#0d9488", "near limit": "#b45309", "over soft": "#b45309", held: "#b91c1c" };
+  function usageChart(rows, priced, box) {
+    var shown = rows.slice(0, 12), key = priced ? "cost" : "gpu_hours";
+    var fmt = priced ? GF.money : function (x) { return x.toFixed(1); };
+    var W = Math.max(300, Math.min(560, Math.round((box.clientWidth || 900) * 0.4))), L = 96, R = 110, RH = 28, T = 6;
+    var H = T + shown.length * RH + 4;
+    var max = Math.max.apply(null, shown.map(function (r) {
+      return Math.max(r[key], priced && r.hard !== null ? r.hard : 0, priced && r.soft !== null ? r.soft : 0);
+    }).concat([1e-9]));
+    var x = function (v) { return L + (W - L - R) * Math.min(1, v / max); };
+    var s = svg("svg", { viewBox: "0 0 " + W + " " + H, width: W, height: H, role: "img", class: "usage-svg" });
+    var said = [];
+    shown.forEach(function (r, i) {
+      var y = T + i * RH, mid = y + RH / 2;
+      var name = svg("text", { x: L - 8, y: mid + 4, "text-anchor": "end", class: "team" });
+      name.textContent = r.team.length > 13 ? r.team.slice(0, 12) + "…" : r.team; s.append(name);
+      s.append(svg("rect", { x: L, y: mid - 7, width: W - L - R, height: 14, rx: 3, class: "track" }));
+      var bar = svg("rect", { x: L, y: mid - 7, width: Math.max(r[key] > 0 ? 2 : 0, x(r[key]) - L), height: 14, rx: 3,
+                              class: "bar", fill: priced ? BAR[r.status] : BAR.ok });
+      var tip = svg("title", {}); tip.textContent = r.team + ": " + fmt(r[key]) + (priced ? "" : " GPU-hours"); bar.append(tip);
+      s.append(bar);
+      if (priced && r.soft !== null) s.append(svg("line", { x1: x(r.soft), x2: x(r.soft), y1: mid - 10, y2: mid + 10, class: "soft" }));
+      if (priced && r.hard !== null) s.append(svg("line", { x1: x(r.hard), x2: x(r.hard), y1: mid - 10, y2: mid + 10, class: "hard" }));
+      var val = svg("text", { x: W - R + 8, y: mid + 4, class: "val" });
+      val.textContent = fmt(r[key]) + (priced && r.hard !== null ? " of " + fmt(r.hard) : "");
+      s.append(val);
+      said.push(r.team + " " + fmt(r[key]) + (priced && r.hard !== null ? " of hard budget " + fmt(r.hard) : ""));
+    });
+    var what = priced ? "Cost this month per team" : "GPU-hours this month per team";
+    s.setAttribute("aria-label", what + ": " + said.join("; ") + (rows.length > shown.length ? "; " + (rows.length - shown.length) + " more in the table" : ""));
+    var legend = priced ? el("ul", { class: "legend usage-legend", "aria-hidden": "true" }, [
+      el("li", null, [el("span", { class: "sw cost" }), "cost"]),
+      el("li", null, [el("span", { class: "sw soft" }), "soft budget"]),
+      el("li", null, [el("span", { class: "sw hard" }), "hard budget"]),
+    ]) : null;
+    return el("figure", { class: "usage-chart" }, [el("h3", { text: what }), s, legend]);
   }
 
   // -- reservations (a later issue: shown only when the API offers them) ----------------------

@@ -59,5 +59,41 @@
     return m ? m[1] : "";
   }
 
-  root.GF = { group: group, layout: layout, utilColor: utilColor, ago: ago, waitCode: waitCode };
+  /* The usage and cost section's rows: GET /v1/usage?by=team (this month; the server keeps
+     a plain user to their own teams) joined with the budgets of GET /v1/teams. Admins also
+     get budgeted teams without usage yet; anyone else gets their own teams (me.teams) and
+     no other team's budget. Sorted by cost, then GPU-hours, then name. */
+  function teamUsage(usage, teams, me) {
+    var admin = me.role === "admin", mine = new Set(me.teams || []);
+    var budget = new Map((teams || []).map(function (t) { return [t.name, t]; }));
+    var rows = new Map();
+    function add(name, r) {
+      var b = budget.get(name) || {}, cost = r ? r.cost : 0;
+      var soft = b.budget_soft === undefined ? null : b.budget_soft, hard = b.budget_hard === undefined ? null : b.budget_hard;
+      var status = "";
+      if (hard !== null && cost >= hard) status = "held";
+      else if (hard !== null && cost >= 0.9 * hard) status = "near limit";
+      else if (soft !== null && cost >= soft) status = "over soft";
+      else if (soft !== null || hard !== null) status = "ok";
+      rows.set(name, {
+        team: name, jobs: r ? r.jobs : 0, gpu_hours: r ? r.gpu_hours : 0, cost: cost,
+        energy_kwh: r ? r.energy_kwh : 0, avg_util_pct: r ? r.avg_util_pct : null,
+        idle_gpu_hours: r ? r.idle_gpu_hours : 0, soft: soft, hard: hard, status: status,
+      });
+    }
+    (usage.rows || []).forEach(function (r) { add(r.key, r); });
+    (teams || []).forEach(function (t) {
+      if (rows.has(t.name)) return;
+      if (admin ? (t.budget_soft !== null && t.budget_soft !== undefined) || (t.budget_hard !== null && t.budget_hard !== undefined)
+                : mine.has(t.name)) add(t.name, null);
+    });
+    return Array.from(rows.values()).sort(function (a, b) {
+      return b.cost - a.cost || b.gpu_hours - a.gpu_hours || natural.compare(a.team, b.team);
+    });
+  }
+
+  function money(x) { return x === null || x === undefined ? "–" : x.toLocaleString("en", { minimumFractionDigits: 2, maximumFractionDigits: 2 }); }
+
+  root.GF = { group: group, layout: layout, utilColor: utilColor, ago: ago, waitCode: waitCode,
+              teamUsage: teamUsage, money: money };
 })(window);
