@@ -195,8 +195,10 @@ def demo(
     nodes_per_leaf: int = typer.Option(10, "--nodes-per-leaf", min=1),
     speed: float = typer.Option(300.0, "--speed", min=1.0, help="Trace time compression."),
 ) -> None:
-    """A whole simulated fleet on this machine: server on SQLite, agents with simulated
-    H100s, a replay of the bundled Philly sample. Ctrl-C stops everything."""
+    """A whole simulated fleet on this machine. Ctrl-C stops everything.
+
+    The server on SQLite, agents with simulated H100s, a replay of the bundled Philly
+    sample, the fleet page and an admin token."""
     from gpufleet.demo import DemoOptions, run_demo
 
     code = run_demo(

@@ -87,8 +87,9 @@ def usage(
     csv_out: bool = typer.Option(False, "--csv", help="Print CSV."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """GPU-hours, cost, energy, jobs, average utilisation and idle waste (GPU-hours at
-    under 5% utilisation) per user, team, pool or GPU model. Admins see everyone; others
+    """GPU-hours, cost, energy, jobs, utilisation and idle waste per user, team, pool or model.
+
+    Idle waste: GPU-hours allocated at under 5% utilisation. Admins see everyone; others
     see their teams."""
     if by not in ("user", "team", "pool", "gpu-type"):
         raise _fail(f"--by: expected user, team, pool or gpu-type, got {by!r}", 2)
