@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from types import FrameType
@@ -180,6 +181,65 @@ class Demo:
     def join_tokens(self, names: list[str]) -> dict[str, str]:
         with self.api() as c:
             return {n: c.post("/nodes/join-tokens", json={"node": n}).json()["token"] for n in names}
+
+    # -- bookings ---------------------------------------------------------------------------
+    def book_reservations(self) -> None:
+        """A few bookings for the page's calendar, once the nodes have registered (a booking
+        is admitted against registered GPUs): team vision's daily 09:00-13:00 window for 16
+        GPUs on 2 nodes this week, an evaluation run of team language in two hours, and a
+        maintenance window on the last node tomorrow. Skipped on a reused data dir that has
+        them already."""
+        from gpufleet.cli.reservation_cmds import local_zone
+
+        o = self.opts
+        with self.api() as c:
+            deadline = time.monotonic() + 60
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                    if c.get("/fleet/summary").json()["nodes"] >= o.nodes:
+                        break
+                self.stop.wait(0.5)
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                booked = {  # a repeat's windows are named name#1, name#2, ...
+                    r["name"].split("#")[0]
+                    for r in c.get("/reservations").json()
+                    if r["state"] != "CANCELLED"
+                }
+                now = time.time()
+                nine = datetime.now().astimezone().replace(hour=9, minute=0, second=0, microsecond=0)
+                if nine.timestamp() <= now:
+                    nine += timedelta(days=1)
+                tz = local_zone()  # a repeat keeps 09:00 on this machine's wall clock
+                wants = [
+                    {
+                        "name": "vision-sprint",
+                        "team": "vision",
+                        "gpus": 2 * o.gpus_per_node,
+                        "nodes": 2,
+                        "start": nine.timestamp(),
+                        "duration_s": 4 * 3600,
+                        "repeat": "daily",
+                        "count": 5,
+                        "timezone": tz,
+                    },
+                    {
+                        "name": "eval-run",
+                        "team": "language",
+                        "gpus": o.gpus_per_node,
+                        "start": now + 2 * 3600,
+                        "duration_s": 3 * 3600,
+                    },
+                    {
+                        "name": "driver upgrade",
+                        "node_names": [f"node-{o.nodes - 1:03d}"],
+                        "maintenance": True,
+                        "start": now + 26 * 3600,
+                        "duration_s": 2 * 3600,
+                    },
+                ]
+                for spec in wants:
+                    if spec["name"] not in booked:
+                        c.post("/reservations", json=spec)
 
     # -- agents -----------------------------------------------------------------------------
     def start_agents(self) -> None:
@@ -365,10 +425,12 @@ def run_demo(opts: DemoOptions) -> int:
             users = demo.setup_accounts()
             demo.start_agents()
             demo.threads.append(_background(demo.poll_summary, name="summary"))
+            demo.threads.append(_background(demo.book_reservations, name="bookings"))
             if opts.workload:
                 demo.threads.append(_background(demo.run_workload, users, name="workload"))
             console.print(
                 f"gpufleet demo: {opts.nodes} nodes x {opts.gpus_per_node} simulated GPUs\n"
+                f"  page     {demo.url}/   (sign in with the admin token)\n"
                 f"  API      {demo.url}/v1   (docs: {demo.url}/docs)\n"
                 f"  admin    {demo.token}\n"
                 f"  data     {demo.data}{' (removed at exit)' if demo.cleanup else ''}\n"

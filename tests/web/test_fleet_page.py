@@ -108,15 +108,23 @@ def test_fleet_page_against_the_demo(page: Any, demo_fleet: DemoFleet) -> None:
         assert (chart.get_attribute("aria-label") or "").startswith("Cost this month per team: ")
         assert chart.locator("rect.bar").count() == usage.count()
         sync_api.expect(page.locator("#usage-period")).to_contain_text("Europe/Berlin")
-        # reservations: a table (or "No reservations.") when the API offers them, else a clear empty state
-        with demo_fleet.client() as c:
-            offered = "/v1/reservations" in c.get(demo_fleet.url + "/openapi.json").json()["paths"]
-        resv = page.locator("#reservations")
-        if offered:
-            sync_api.expect(resv.locator("table, p.empty")).to_have_count(1)
-            assert "not available" not in resv.inner_text()
-        else:
-            sync_api.expect(resv).to_contain_text("not available on this server yet")
+        # reservations: the demo's bookings on the week's calendar, one lane each (the daily
+        # window's five repeats share theirs), the maintenance window marked, exact times below
+        page.wait_for_function(
+            "document.querySelectorAll('#reservations .cal-row').length === 3", timeout=30_000
+        )
+        lanes = page.locator("#reservations .cal-row")
+        sprint = lanes.filter(has_text="vision-sprint")
+        sync_api.expect(sprint).to_contain_text("vision · 5 windows")
+        sync_api.expect(sprint.locator(".cal-bar.BOOKED")).to_have_count(5)
+        label = sprint.locator(".cal-bar").first.get_attribute("aria-label") or ""
+        assert "16 GPUs" in label and "booked" in label, label
+        sync_api.expect(lanes.filter(has_text="driver upgrade").locator(".cal-bar.maint")).to_have_count(1)
+        sync_api.expect(lanes.filter(has_text="eval-run")).to_contain_text("language")
+        assert page.locator("#reservations .cal-now").count() == 1
+        page.locator("#reservations summary").click()
+        sync_api.expect(page.locator("#reservations details tbody tr")).to_have_count(7)
+        sync_api.expect(page.locator("#resv-count")).to_have_text("7 active or booked")
 
         # live: the status line changes without a reload (and the workload gets going
         # for the screenshot: up to 15 s more for a few dozen busy GPUs, and until the

@@ -5,7 +5,7 @@
   var GF = window.GF;
   var POLL_MS = 3000, SLOW_MS = 15000, KEY = "gpufleet.token";
   var S = { token: null, me: null, snap: null, key: "", nodeEls: new Map(), selected: null,
-            timer: null, slowTimer: null, lastSlow: 0, reservations: null, busy: false };
+            timer: null, slowTimer: null, lastSlow: 0, busy: false };
   var $ = function (id) { return document.getElementById(id); };
 
   function el(tag, attrs, kids) {
@@ -48,7 +48,6 @@
       sessionStorage.setItem(KEY, token);
       $("login").hidden = true; $("app").hidden = false; $("kpis").hidden = false; $("session").hidden = false;
       $("who").textContent = me.name + " · " + me.role;
-      detectReservations();
       tick(); slowTick();
       S.timer = setInterval(tick, POLL_MS);
       S.slowTimer = setInterval(slowTick, SLOW_MS);
@@ -405,28 +404,82 @@
     return el("figure", { class: "usage-chart" }, [el("h3", { text: what }), s, legend]);
   }
 
-  // -- reservations (a later issue: shown only when the API offers them) ----------------------
-  function detectReservations() {
-    fetch("/openapi.json").then(function (r) { return r.ok ? r.json() : { paths: {} }; }).then(function (spec) {
-      S.reservations = Object.keys(spec.paths || {}).indexOf("/v1/reservations") >= 0;
-      renderReservations();
-    }).catch(function () { S.reservations = false; renderReservations(); });
+  // -- reservations: a calendar of the coming week, and the exact times in a table -----
+  var CAL_DAYS = 7, HOUR = 3600;
+  function calStart(now) { var d = new Date(now * 1000); d.setHours(0, 0, 0, 0); return d.getTime() / 1000; }
+  function dayLabel(t) { return new Date(t * 1000).toLocaleDateString(undefined, { weekday: "short", day: "numeric", month: "short" }); }
+  function timeLabel(t) { return new Date(t * 1000).toLocaleString(undefined, { weekday: "short", day: "numeric", month: "short", hour: "2-digit", minute: "2-digit" }); }
+  // a repeat's windows are named "name#1", "name#2", ...: they share one lane
+  function resvBase(x) { return x.name ? x.name.replace(/#\d+$/, "") : "#" + x.id; }
+  function resvLane(x) { return (x.maintenance ? "maintenance" : (x.team || x.owner)) + "\u0000" + resvBase(x); }
+  function resvWhat(x) {
+    var where = x.nodes && x.nodes.length ? x.nodes.map(function (n) { return n[0]; }).join(", ") : x.pool;
+    return x.gpus + " GPUs" + (x.gpu_type ? " " + x.gpu_type : "") + " · " + where;
+  }
+  function renderCalendar(items, now) {
+    var t0 = calStart(now), t1 = t0 + CAL_DAYS * 86400, span = t1 - t0;
+    var pct = function (t) { return (Math.min(Math.max(t, t0), t1) - t0) / span * 100; };
+    var lanes = new Map(), later = 0;
+    items.forEach(function (x) {
+      if (x.end <= t0) return;
+      if (x.start >= t1) { later++; return; }
+      var k = resvLane(x);
+      if (!lanes.has(k)) lanes.set(k, []);
+      lanes.get(k).push(x);
+    });
+    var head = el("div", { class: "cal-days", "aria-hidden": "true" }, []);
+    for (var d = 0; d < CAL_DAYS; d++) {
+      var at = t0 + d * 86400;
+      head.append(el("span", { class: "cal-day" + (d === 0 ? " today" : ""), style: "left:" + (d / CAL_DAYS * 100) + "%", text: d === 0 ? "Today" : dayLabel(at) }));
+    }
+    var rows = [];
+    Array.from(lanes.keys()).sort(function (a, b) { return lanes.get(a)[0].start - lanes.get(b)[0].start; }).forEach(function (k) {
+      var list = lanes.get(k).sort(function (a, b) { return a.start - b.start; });
+      var first = list[0];
+      var who = first.maintenance ? "maintenance" : (first.team || first.owner);
+      var bars = list.map(function (x) {
+        var left = pct(x.start), width = Math.max(pct(x.end) - left, 0.6);
+        var said = (x.name || "#" + x.id) + ", " + who + ": " + resvWhat(x) + ", " + timeLabel(x.start) + " to " + timeLabel(x.end) + ", " + x.state.toLowerCase() + (x.reason ? " (" + x.reason + ")" : "");
+        return el("li", { class: "cal-bar " + x.state + (x.maintenance ? " maint" : ""), style: "left:" + left + "%;width:" + width + "%", title: said, "aria-label": said, tabindex: "0" },
+          [el("span", { text: width > 7 ? x.gpus + " GPUs" : "" })]);
+      });
+      rows.push(el("div", { class: "cal-row" }, [
+        el("div", { class: "cal-name" }, [el("strong", { text: resvBase(first) }), el("span", { class: "muted", text: who + (list.length > 1 ? " · " + list.length + " windows" : "") })]),
+        el("ul", { class: "cal-lane", "aria-label": resvBase(first) + " (" + who + ")" }, bars),
+      ]));
+    });
+    // day lines and the now line lie over the lanes' column
+    var overlay = el("div", { class: "cal-overlay", "aria-hidden": "true" }, []);
+    for (var g = 1; g < CAL_DAYS; g++) overlay.append(el("span", { class: "cal-line", style: "left:" + (g / CAL_DAYS * 100) + "%" }));
+    overlay.append(el("span", { class: "cal-now", style: "left:" + pct(now) + "%" }));
+    var body = el("div", { class: "cal-body" }, [overlay].concat(rows));
+    var legend = el("ul", { class: "legend cal-legend", "aria-hidden": "true" }, [
+      el("li", null, [el("span", { class: "sw cal-sw ACTIVE" }), "active"]),
+      el("li", null, [el("span", { class: "sw cal-sw BOOKED" }), "booked"]),
+      el("li", null, [el("span", { class: "sw cal-sw maint" }), "maintenance"]),
+      el("li", null, [el("span", { class: "sw cal-sw RELEASED" }), "ended or released"]),
+    ]);
+    var note = later ? el("p", { class: "muted small", text: later + " more after " + dayLabel(t1 - 1) + " (in the table)." }) : null;
+    return el("figure", { class: "calendar", "aria-label": "Reservations over the next " + CAL_DAYS + " days" }, [
+      el("div", { class: "cal-head" }, [el("div", { class: "cal-name" }), head]), body, legend, note]);
   }
   function renderReservations() {
     var box = $("reservations");
-    if (S.reservations === null) return;
-    if (!S.reservations) {
-      box.replaceChildren(el("p", { class: "empty", text: "Reservations are not available on this server yet. When booking GPUs ahead is enabled, the calendar of reservations appears here." }));
-      return;
-    }
     api("/v1/reservations").then(function (r) {
-      var items = Array.isArray(r) ? r : (r.items || []);
-      if (!items.length) { box.replaceChildren(el("p", { class: "empty", text: "No reservations." })); return; }
-      box.replaceChildren(table(["Name", "Team", "GPUs", "From", "To", "State"], items.map(function (x) {
-        return [String(x.name || "#" + x.id), String(x.team || x.owner || ""), String(x.gpus || ""),
-                x.start ? new Date(x.start * 1000).toLocaleString() : "", x.end ? new Date(x.end * 1000).toLocaleString() : "",
-                String(x.state || "")];
-      }), [false, false, true, false, false, false], "Reservations"));
+      var items = (Array.isArray(r) ? r : (r.items || [])).filter(function (x) { return x.state !== "CANCELLED"; });
+      var now = S.snap ? S.snap.at : Date.now() / 1000;
+      var upcoming = items.filter(function (x) { return x.end > now; });
+      $("resv-count").textContent = upcoming.length ? upcoming.length + " active or booked" : "";
+      if (!items.length) { box.replaceChildren(el("p", { class: "empty", text: "No reservations. Book GPUs ahead with gpufleet reserve." })); return; }
+      items.sort(function (a, b) { return a.start - b.start; });
+      var rows = items.filter(function (x) { return x.end > now - 86400; }).map(function (x) {
+        return [String(x.name || "#" + x.id), x.maintenance ? "maintenance" : String(x.team || x.owner), resvWhat(x),
+                timeLabel(x.start), timeLabel(x.end), el("span", { class: "pill resv-" + x.state, text: x.state.toLowerCase() })];
+      });
+      box.replaceChildren(renderCalendar(items, now), el("details", { class: "resv-details" }, [
+        el("summary", { text: "Exact times (" + rows.length + ")" }),
+        el("div", { class: "table-wrap" }, [table(["Name", "Team", "What", "From", "To", "State"], rows, null, "Reservations")]),
+      ]));
     }).catch(fail);
   }
 
