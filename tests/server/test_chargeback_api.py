@@ -100,7 +100,7 @@ def test_cli_price_usage_and_budget(server: Server, tmp_path: Path) -> None:
         pytest.skip("the CLI is a client of the API: its tests run once, on SQLite")
     env = server.env()
     prices = tmp_path / "prices.toml"
-    prices.write_text('timezone = "UTC"\n[base]\nH100 = 3.0\n"*" = 1.0\n')
+    prices.write_text('timezone = "UTC"\n[base]\nH100 = 3.0\nB200 = 9.0\n"*" = 1.0\n')
     out = gpufleet("admin", "set-prices", str(prices), env=env)
     assert out.returncode == 0, out.stderr
     shown = gpufleet("price", "--json", env=env)
@@ -115,6 +115,15 @@ def test_cli_price_usage_and_budget(server: Server, tmp_path: Path) -> None:
     assert sub.returncode == 0 and sub.stdout.strip().isdigit(), sub.stderr
     assert "H100 costs 3/GPU-hour now (2 GPUs: 6/h)" in sub.stderr  # the price at submit time
     assert gpufleet("cancel", sub.stdout.strip(), env=env).returncode == 0
+    listed = {
+        p["gpu_type"]: p["in_fleet"]
+        for p in json.loads(gpufleet("price", "--json", env=env).stdout)["prices"]
+    }
+    assert listed["H100"] and not listed["B200"]  # priced, but no B200 is registered
+    anymodel = gpufleet("submit", "--gpus", "1", "--pool", pool, "--team", args[-1], "--", "true", env=env)
+    assert anymodel.returncode == 0 and "H100 costs 3" in anymodel.stderr, anymodel.stderr
+    assert "B200" not in anymodel.stderr  # the hint names only models the job could get
+    assert gpufleet("cancel", anymodel.stdout.strip(), env=env).returncode == 0
     bad = tmp_path / "bad.json"
     bad.write_text('{"base": {"H100": -1}}')
     refused = gpufleet("admin", "set-prices", str(bad), env=env)

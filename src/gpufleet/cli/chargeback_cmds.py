@@ -69,7 +69,10 @@ def price_hint(c: GpufleetClient, job: JobOut) -> list[str]:
     if out.schedule is None:
         return []
     zone = local_zone()
-    rows = [p for p in out.prices if p.gpu_type == job.gpu_type] if job.gpu_type else out.prices
+    if job.gpu_type:
+        rows = [p for p in out.prices if p.gpu_type == job.gpu_type]
+    else:  # the models the job could get: those in the fleet (all, before any node registered)
+        rows = [p for p in out.prices if p.in_fleet] or out.prices
     lines = []
     for p in rows[:4]:
         line = f"{p.gpu_type} costs {p.price:.4g}/GPU-hour now ({job.gpus} GPUs: {p.price * job.gpus:.4g}/h)"

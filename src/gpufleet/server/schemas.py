@@ -382,6 +382,7 @@ class PriceNow(Reply):
     base: float
     next_cheaper_at: float | None = Field(description="when the price first drops, within a week")
     next_cheaper_price: float | None
+    in_fleet: bool = Field(default=False, description="some registered GPU is of this model")
 
 
 class PricesOut(Reply):

@@ -42,7 +42,8 @@ def _prices_out(s: Session, now: float) -> PricesOut:
     if found is None:
         return PricesOut(schedule=None, set_at=None, set_by=None, now=now, prices=[])
     schedule, row = found
-    models = set(s.scalars(select(GpuRow.model).distinct())) | {m for m in schedule.base if m != "*"}
+    fleet = set(s.scalars(select(GpuRow.model).distinct()))
+    models = fleet | {m for m in schedule.base if m != "*"}
     prices: list[PriceNow] = []
     for m in sorted(models):
         nxt = schedule.next_cheaper(m, now)
@@ -53,6 +54,7 @@ def _prices_out(s: Session, now: float) -> PricesOut:
                 base=schedule.base_price(m),
                 next_cheaper_at=None if nxt is None else nxt[0],
                 next_cheaper_price=None if nxt is None else round(nxt[1], 6),
+                in_fleet=m in fleet,
             )
         )
     return PricesOut(schedule=row.body, set_at=row.created_at, set_by=row.created_by, now=now, prices=prices)
