@@ -405,7 +405,7 @@
   }
 
   // -- reservations: a calendar of the coming week, and the exact times in a table -----
-  var CAL_DAYS = 7, HOUR = 3600;
+  var CAL_DAYS = 7;
   function calStart(now) { var d = new Date(now * 1000); d.setHours(0, 0, 0, 0); return d.getTime() / 1000; }
   function dayLabel(t) { return new Date(t * 1000).toLocaleDateString(undefined, { weekday: "short", day: "numeric", month: "short" }); }
   function timeLabel(t) { return new Date(t * 1000).toLocaleString(undefined, { weekday: "short", day: "numeric", month: "short", hour: "2-digit", minute: "2-digit" }); }
@@ -468,7 +468,7 @@
     api("/v1/reservations").then(function (r) {
       var items = (Array.isArray(r) ? r : (r.items || [])).filter(function (x) { return x.state !== "CANCELLED"; });
       var now = S.snap ? S.snap.at : Date.now() / 1000;
-      var upcoming = items.filter(function (x) { return x.end > now; });
+      var upcoming = items.filter(function (x) { return x.state === "ACTIVE" || x.state === "BOOKED"; });
       $("resv-count").textContent = upcoming.length ? upcoming.length + " active or booked" : "";
       if (!items.length) { box.replaceChildren(el("p", { class: "empty", text: "No reservations. Book GPUs ahead with gpufleet reserve." })); return; }
       items.sort(function (a, b) { return a.start - b.start; });
@@ -476,7 +476,8 @@
         return [String(x.name || "#" + x.id), x.maintenance ? "maintenance" : String(x.team || x.owner), resvWhat(x),
                 timeLabel(x.start), timeLabel(x.end), el("span", { class: "pill resv-" + x.state, text: x.state.toLowerCase() })];
       });
-      box.replaceChildren(renderCalendar(items, now), el("details", { class: "resv-details" }, [
+      var was = box.querySelector("details"), open = was !== null && was.open;  // redrawn every 15 s: stay open
+      box.replaceChildren(renderCalendar(items, now), el("details", { class: "resv-details", open: open }, [
         el("summary", { text: "Exact times (" + rows.length + ")" }),
         el("div", { class: "table-wrap" }, [table(["Name", "Team", "What", "From", "To", "State"], rows, null, "Reservations")]),
       ]));
