@@ -12,7 +12,8 @@
   demo users in three teams. Trace jobs are *simulated* (``GPUFLEET_SIMULATE_S``): they
   hold their GPUs and drive the simulated telemetry, nothing runs. Jobs you submit
   yourself (``gpufleet submit -- echo hi``, as admin: member of team ``demo``) run as
-  real processes on the simulated nodes; ``gpufleet logs ID`` shows their output.
+  real processes on the simulated nodes, as ``nobody`` when the demo runs as root (its
+  users have no accounts here); ``gpufleet logs ID`` shows their output.
 
 Ctrl-C (SIGINT) or SIGTERM stops the workload, the agents' jobs, the agents and the
 server, and exits 0. The server dies with the demo even if the demo is killed.
@@ -42,12 +43,24 @@ from typing import Any
 
 import httpx
 
-from gpufleet.agent import Agent, AgentConfig, HttpTransport, SimSpec, SimulatedProbe, make_agent
+from gpufleet.agent import (
+    Agent,
+    AgentConfig,
+    HttpTransport,
+    RunAs,
+    SimSpec,
+    SimulatedProbe,
+    UserMap,
+    make_agent,
+)
 from gpufleet.agent.jobs import SIMULATE_ENV, SIMULATE_UTIL_ENV
 from gpufleet.sim.trace import TraceJob
 
 TEAMS = {"vision": ("alice", "bob"), "language": ("carol", "dave"), "speech": ("erin",)}
 ADMIN_TEAM = "demo"
+DEMO_ACCOUNT = "nobody"
+"""The POSIX account every demo user's real jobs run as when the demo runs as root:
+not even the demo runs a job as root. (Run as another user, jobs run as that user.)"""
 BUDGETS = {"speech": (25.0, 60.0)}
 """Monthly budgets: a few minutes into the demo team speech passes its soft budget (the
 page and ``gpufleet admin teams`` show it) and later its hard one (its new jobs wait)."""
@@ -102,6 +115,7 @@ class Demo:
         self.summary: dict[str, Any] = {}
         self.submitted = 0
         self.token = ""
+        self.scratch: Path | None = None
 
     # -- server -----------------------------------------------------------------------------
     def start_server(self) -> str | None:
@@ -242,15 +256,32 @@ class Demo:
                         c.post("/reservations", json=spec)
 
     # -- agents -----------------------------------------------------------------------------
+    def agents_root(self) -> Path:
+        """Where the agents keep their jobs. Run as root, the demo runs every job as
+        ``nobody`` (its users are made up: ``DEMO_ACCOUNT``), which must pass through
+        this directory's parents to reach its own; a data dir under a private home does
+        not allow that, so the agents then work in a scratch dir removed at exit."""
+        root = self.data / "agents"
+        if os.geteuid() != 0:
+            return root
+        if self.cleanup:
+            self.data.chmod(0o711)  # our own temp dir (mkdtemp makes it 0700)
+        if all(p.stat().st_mode & 0o001 for p in (self.data, *self.data.parents)):
+            return root
+        self.scratch = Path(tempfile.mkdtemp(prefix="gpufleet-demo-agents-"))
+        self.scratch.chmod(0o711)
+        return self.scratch
+
     def start_agents(self) -> None:
         o = self.opts
         names = [f"node-{i:03d}" for i in range(o.nodes)]
         tokens = self.join_tokens(names)
+        work = self.agents_root()
         for i, name in enumerate(names):
             leaf = i // o.nodes_per_leaf
             config = AgentConfig(
                 node=name,
-                work_dir=self.data / "agents" / name,
+                work_dir=work / name,
                 leaf=f"leaf-{leaf}",
                 rack=f"rack-{leaf // 2}",
                 address="127.0.0.1",
@@ -258,7 +289,12 @@ class Demo:
                 grace_s=5.0,
             )
             probe = SimulatedProbe(node=name, spec=SimSpec(gpus=o.gpus_per_node, model="H100-80GB"))
-            bot = make_agent(config=config, probe=probe, transport=HttpTransport(self.url, tokens[name]))
+            bot = make_agent(
+                config=config,
+                probe=probe,
+                transport=HttpTransport(self.url, tokens[name]),
+                run_as=RunAs(users=UserMap(fallback=DEMO_ACCOUNT), node=name),
+            )
             bot.restore()
             self.agents.append(bot)
         groups = max(1, min(o.agent_threads, len(self.agents)))
@@ -389,6 +425,8 @@ class Demo:
                 self.server.wait()
         if self.cleanup:
             shutil.rmtree(self.data, ignore_errors=True)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -1,11 +1,11 @@
 """Runners with real child processes (env, logs, exit codes, SIGTERM -> SIGKILL,
-re-adoption after an agent restart), the container spec as data, the simulated runner."""
+re-adoption after an agent restart) and the simulated runner; containers are in
+``test_container.py``, accounts and isolation in ``test_isolation.py``."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -17,15 +17,14 @@ from gpufleet.agent import (
     LocalJob,
     ProcessRunner,
     SimulatedRunner,
-    container_spec,
     launch_env,
     read_chunk,
 )
-from gpufleet.agent.container import ContainerRunner, load_docker
 from gpufleet.agent.jobs import Peer
 from gpufleet.agent.runners import VANISHED
+from jobaccounts import PYTHON, passable, run_as
 
-PY = sys.executable
+PY = PYTHON
 
 
 def spec(job_id: int = 7, *command: str, attempt: int = 1, **kw: object) -> JobSpec:
@@ -44,12 +43,13 @@ def run_to_end(runner: ProcessRunner, job: LocalJob, timeout: float = 10) -> int
 
 @pytest.fixture
 def store(tmp_path: Path) -> JobStore:
+    passable(tmp_path)  # jobs run as an unprivileged account: it must reach its directories
     return JobStore(tmp_path / "work")
 
 
 def test_process_gets_exactly_its_gpus_and_env(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUFLEET_TOKEN", "secret")  # the agent's own credential must not leak
-    runner = ProcessRunner(store, node="n1")
+    runner = ProcessRunner(store, node="n1", run_as=run_as())
     script = (
         "import os;"
         "keys='CUDA_VISIBLE_DEVICES NVIDIA_VISIBLE_DEVICES GPUFLEET_JOB_ID GPUFLEET_CHECKPOINT_DIR "
@@ -79,7 +79,7 @@ def test_process_gets_exactly_its_gpus_and_env(store: JobStore, monkeypatch: pyt
     ids=["exit-3-with-both-streams", "command-not-found", "killed-by-signal"],
 )
 def test_exit_codes_and_logs(store: JobStore, command: tuple[str, ...], code: int, text: str) -> None:
-    runner = ProcessRunner(store, node="n1")
+    runner = ProcessRunner(store, node="n1", run_as=run_as())
     job = runner.start(spec(8, *command), now=time.time())
     assert run_to_end(runner, job) == code
     assert text in job.log_path.read_text()
@@ -92,7 +92,7 @@ def test_exit_codes_and_logs(store: JobStore, command: tuple[str, ...], code: in
     ids=["sigterm-suffices", "sigkill-after-grace"],
 )
 def test_stop_escalates_from_sigterm_to_sigkill(store: JobStore, ignores_term: bool, want: int) -> None:
-    runner = ProcessRunner(store, node="n1")
+    runner = ProcessRunner(store, node="n1", run_as=run_as())
     ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN); " if ignores_term else ""
     body = f"import signal, time; {ignore}print('ready', flush=True); time.sleep(60)"
     job = runner.start(spec(9, PY, "-c", body), now=0.0)
@@ -112,17 +112,17 @@ def test_stop_escalates_from_sigterm_to_sigkill(store: JobStore, ignores_term: b
 
 
 def test_restarted_runner_adopts_a_running_job_and_reads_its_exit_code(store: JobStore) -> None:
-    first = ProcessRunner(store, node="n1")
+    first = ProcessRunner(store, node="n1", run_as=run_as())
     job = first.start(spec(10, PY, "-c", "import time, sys; time.sleep(1.0); sys.exit(4)"), now=time.time())
     store.save(job)
     (saved,) = store.load_all()
-    second = ProcessRunner(store, node="n1")  # a new agent process: not the job's parent
+    second = ProcessRunner(store, node="n1", run_as=run_as())  # a new agent process: not the job's parent
     assert saved == job and second.poll(saved, now=time.time()) is None
     assert run_to_end(second, saved) == 4
 
 
 def test_a_reused_pid_is_not_mistaken_for_the_job(store: JobStore, tmp_path: Path) -> None:
-    runner = ProcessRunner(store, node="n1")
+    runner = ProcessRunner(store, node="n1", run_as=run_as())
     ghost = LocalJob(
         job_id=11,
         attempt=1,
@@ -180,103 +180,3 @@ def test_read_chunk(tmp_path: Path, data: bytes, limit: int, want_end: int, want
     end, text = read_chunk(path, 0, limit) or (0, "")
     assert end == want_end and data[:end].decode() == text
     assert text.startswith(want_text[:3])
-
-
-# -- containers --------------------------------------------------------------------------------
-
-
-def cspec(**kw: object) -> dict[str, object]:
-    s = spec(31, "python", "train.py", image="pytorch:24.01", gpus=(2, 5), **kw)
-    present = {"/dev/nvidiactl", "/dev/nvidia-uvm"}
-    cs = container_spec(
-        s,
-        node="n1",
-        job_dir=Path("/w/jobs/31-1"),
-        checkpoint_dir=Path("/w/ck/31"),
-        device_exists=present.__contains__,
-    )
-    return cs.docker_kwargs()
-
-
-@pytest.mark.parametrize(
-    ("key", "want"),
-    [
-        ("privileged", False),
-        ("security_opt", ["no-new-privileges"]),
-        ("cap_drop", ["ALL"]),
-        ("user", "65534:65534"),
-        (
-            "devices",
-            [
-                "/dev/nvidia2:/dev/nvidia2:rwm",
-                "/dev/nvidia5:/dev/nvidia5:rwm",
-                "/dev/nvidiactl:/dev/nvidiactl:rwm",
-                "/dev/nvidia-uvm:/dev/nvidia-uvm:rwm",
-            ],
-        ),
-        ("command", ["python", "train.py"]),
-        ("name", "gpufleet-n1-31-1"),
-        ("working_dir", "/work"),
-    ],
-    ids=lambda v: str(v)[:20],
-)
-def test_container_spec_is_unprivileged_with_only_its_gpus(key: str, want: object) -> None:
-    assert cspec()[key] == want
-
-
-def test_container_spec_env_volumes_and_overrides() -> None:
-    kw = cspec(env={"GPUFLEET_CONTAINER_USER": "1000:1000"})
-    env = kw["environment"]
-    assert isinstance(env, dict)
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "2,5" and env["GPUFLEET_CHECKPOINT_DIR"] == "/checkpoint"
-    assert kw["user"] == "1000:1000" and "cap_add" not in kw and "network_mode" not in kw
-    assert kw["volumes"] == {
-        "/w/jobs/31-1/run": {"bind": "/work", "mode": "rw"},
-        "/w/ck/31": {"bind": "/checkpoint", "mode": "rw"},
-    }
-    s = spec(
-        31,
-        image="x",
-        gpus=(0,),
-        peers=(Peer(node="a", address="a", gpus=(0,)), Peer(node="b", address="b", gpus=(0,))),
-    )
-    multi = container_spec(
-        s,
-        node="a",
-        job_dir=Path("/j"),
-        checkpoint_dir=Path("/c"),
-        device_exists=lambda _: False,
-        allowed_caps=("IPC_LOCK",),
-    )
-    assert (
-        multi.network_mode == "host"
-        and multi.cap_add == ("IPC_LOCK",)
-        and multi.devices == ("/dev/nvidia0:/dev/nvidia0:rwm",)
-    )
-
-
-def test_container_job_without_engine_fails_clearly(store: JobStore) -> None:
-    class NoEngine(ContainerRunner):
-        @property
-        def client(self) -> object:
-            return None
-
-    job = NoEngine(store, node="n1").start(spec(32, "true", image="busybox"), now=0.0)
-    assert job.exit_code == 125 and "no Docker engine" in job.log_path.read_text()
-
-
-def test_container_runs_on_a_real_engine(store: JobStore) -> None:
-    client = load_docker()
-    if client is None:
-        pytest.skip("no Docker engine on this machine: container jobs are tested as data only")
-    runner = ContainerRunner(store, node="n1", client=client)
-    job = runner.start(
-        spec(33, "sh", "-c", "id -u; echo $NVIDIA_VISIBLE_DEVICES", image="busybox", gpus=()), now=0.0
-    )
-    deadline = time.monotonic() + 60
-    code = None
-    while code is None and time.monotonic() < deadline:
-        code = runner.poll(job, now=0.0)
-        time.sleep(0.2)
-    runner.release(job)
-    assert code == 0 and job.log_path.read_text().split()[0] == "65534"

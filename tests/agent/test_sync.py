@@ -23,6 +23,7 @@ from gpufleet.agent import (
     SimulatedProbe,
     make_agent,
 )
+from jobaccounts import passable, run_as
 from server.conftest import ADMIN_TOKEN, Server, make_pool, make_team, make_user, ok, unique, wait_for
 
 PY = "python3"
@@ -67,12 +68,13 @@ def new_agent(
     server: Server, work: Path, *, pool: str, node: str | None = None, token: str | None = None, gpus: int = 2
 ) -> tuple[Agent, Flaky]:
     node = node or unique("agent")
+    passable(work)  # jobs run as an unprivileged account: it must reach its directories
     with server.client() as c:
         ok(c.put(f"/nodes/{node}", json={"pool": pool, "gpus": []}))
     transport = Flaky(HttpTransport(server.url, token or join_token(server, node)))
     config = AgentConfig(node=node, work_dir=work / node, address="127.0.0.1", grace_s=1.0, news_gap_s=0.0)
     probe = SimulatedProbe(node=node, spec=SimSpec(gpus=gpus))
-    return make_agent(config=config, probe=probe, transport=transport), transport
+    return make_agent(config=config, probe=probe, transport=transport, run_as=run_as()), transport
 
 
 def drive(agent: Agent, until: Callable[[], bool], timeout: float = 15) -> None:
@@ -134,7 +136,9 @@ def test_nvml_retired_pages_over_the_limit_cordon_that_gpu(server: Server, tmp_p
     gpus[1].retired_sbe = 10
     config = AgentConfig(node=node, work_dir=tmp_path / node, address="127.0.0.1", news_gap_s=0.0)
     transport = HttpTransport(server.url, join_token(server, node))
-    agent = make_agent(config=config, probe=NvmlProbe(nvml=FakeNvml(gpus)), transport=transport)
+    agent = make_agent(
+        config=config, probe=NvmlProbe(nvml=FakeNvml(gpus)), transport=transport, run_as=run_as()
+    )
     try:
         assert agent.sync_once()
         with server.client() as c:

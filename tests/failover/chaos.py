@@ -29,6 +29,8 @@ from typing import Any
 import httpx
 import psutil
 
+from jobaccounts import JOB_ACCOUNT, ensure_account, passable, user_map_file
+
 ADMIN = "gf_chaos_admin_token"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}
 JOB_SH = (
@@ -106,7 +108,16 @@ class Cluster:
         self.agents: dict[str, subprocess.Popen[bytes] | None] = {}
         self.crashed_at: dict[str, list[float]] = {}
         self.http = httpx.Client(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
-        self.env = {**os.environ, "GPUFLEET_ADMIN_TOKEN": ADMIN, "CHAOS_LOG": str(self.log)}
+        self.env = {**os.environ, "GPUFLEET_ADMIN_TOKEN": ADMIN}
+        # jobs run as JOB_ACCOUNT (when the harness runs as root) and append to one log
+        ensure_account(JOB_ACCOUNT)
+        passable(work)
+        self.log.touch()
+        self.log.chmod(0o666)
+        self.user_map = user_map_file(work)
+        self.token_file = work / "agent.token"
+        self.token_file.write_text(ADMIN + "\n")
+        self.token_file.chmod(0o600)
 
     # -- processes ------------------------------------------------------------------------------
     def start_server(self) -> None:
@@ -128,7 +139,8 @@ class Cluster:
         raise RuntimeError("server did not come up")
 
     def start_agent(self, name: str) -> None:
-        args = ["agent", "--server", self.url, "--token", ADMIN, "--name", name]
+        args = ["agent", "--server", self.url, "--token-file", str(self.token_file), "--name", name]
+        args += ["--user-map", str(self.user_map)]
         args += ["--simulate-gpus", str(self.cfg.gpus_per_agent), "--work-dir", str(self.work / name)]
         args += ["--sync-interval", "0.5s", "--grace", "1s", "--address", "127.0.0.1"]
         self.agents[name] = subprocess.Popen(
@@ -216,7 +228,8 @@ def run_chaos(cfg: ChaosConfig, work: Path) -> Summary:
             cl.start_agent(n)
         specs = [
             {"command": ["sh", "-c", JOB_SH, "job", str(round(rng.uniform(*cfg.job_s), 2))], "name": f"c{i}",
-             "team": "chaos", "gpus": 1 if i % 5 else 2, "max_attempts": 50, "requeue_backoff": 0}
+             "team": "chaos", "gpus": 1 if i % 5 else 2, "max_attempts": 50, "requeue_backoff": 0,
+             "env": {"CHAOS_LOG": str(cl.log)}}
             for i in range(cfg.jobs)
         ]  # fmt: skip
         with ThreadPoolExecutor(16) as pool:  # concurrent submits share group commits

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from gpufleet.agent import Agent, AgentConfig, HttpTransport, SimSpec, SimulatedProbe, make_agent
+from jobaccounts import passable, run_as
 from server.conftest import Server, make_team, ok, scratch_postgres, start_server, stop_server, unique
 
 NODE_TIMEOUT_S = 1.0
@@ -77,6 +78,7 @@ def nodes(fast_server: Server, tmp_path: Path) -> Iterator[Callable[..., Node]]:
 
     def make(*, pool: str, gpus: int = 2) -> Node:
         name = unique("fnode")
+        passable(tmp_path)  # jobs run as an unprivileged account: it must reach its directories
         with fast_server.client() as c:
             ok(c.put(f"/nodes/{name}", json={"pool": pool, "gpus": []}))
             token = ok(c.post("/nodes/join-tokens", json={"node": name}), 201)["token"]
@@ -91,7 +93,9 @@ def nodes(fast_server: Server, tmp_path: Path) -> Iterator[Callable[..., Node]]:
             health_interval_s=0.1,
         )
         probe = SimulatedProbe(node=name, spec=SimSpec(gpus=gpus))
-        agent = make_agent(config=config, probe=probe, transport=HttpTransport(fast_server.url, token))
+        agent = make_agent(
+            config=config, probe=probe, transport=HttpTransport(fast_server.url, token), run_as=run_as()
+        )
         node = Node(name=name, agent=agent, probe=probe)
         node.agent.sync_once()
         node.resume()

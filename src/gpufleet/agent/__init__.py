@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpufleet.agent.agent import Agent, AgentConfig, AgentStats, read_chunk
-from gpufleet.agent.container import ContainerRunner, ContainerSpec, container_spec
+from gpufleet.agent.cgroups import Cgroups, Limits
+from gpufleet.agent.container import ContainerPolicy, ContainerRunner, ContainerSpec, container_spec
 from gpufleet.agent.jobs import SIMULATE_ENV, JobSpec, JobStore, LocalJob, launch_env
 from gpufleet.agent.nvml import NvmlProbe
 from gpufleet.agent.probe import (
@@ -32,6 +33,7 @@ from gpufleet.agent.probe import (
 from gpufleet.agent.runners import JobRunner, ProcessRunner, SimulatedRunner
 from gpufleet.agent.simprobe import SimSpec, SimulatedProbe
 from gpufleet.agent.transport import AgentTransportError, HttpTransport, SyncTransport
+from gpufleet.agent.users import FakeAccounts, PosixAccount, Refusal, RunAs, SystemAccounts, UserMap
 from gpufleet.server.clock import Clock
 
 
@@ -41,17 +43,19 @@ def make_agent(
     probe: GpuProbe,
     transport: SyncTransport,
     clock: Clock | None = None,
-    container_caps: tuple[str, ...] = (),
-    container_runtime: str | None = None,
+    run_as: RunAs | None = None,
+    cgroups: Cgroups | None = None,
+    limits: Limits = Limits(),
+    container_policy: ContainerPolicy = ContainerPolicy(),
 ) -> Agent:
-    """An agent with the standard runners over ``config.work_dir``."""
+    """An agent with the standard runners over ``config.work_dir``; jobs run as their
+    owners as ``run_as`` resolves them (default: the node's accounts, same names)."""
     store = JobStore(Path(config.work_dir), checkpoints=config.checkpoint_root)
+    run_as = run_as or RunAs(node=config.node)
     runners: dict[str, JobRunner] = {
-        "process": ProcessRunner(store, node=config.node),
+        "process": ProcessRunner(store, node=config.node, run_as=run_as, cgroups=cgroups, limits=limits),
         "simulated": SimulatedRunner(store),
-        "container": ContainerRunner(
-            store, node=config.node, allowed_caps=container_caps, runtime=container_runtime
-        ),
+        "container": ContainerRunner(store, node=config.node, policy=container_policy, run_as=run_as),
     }
     return Agent(config=config, probe=probe, transport=transport, runners=runners, store=store, clock=clock)
 
@@ -62,8 +66,11 @@ __all__ = [
     "AgentConfig",
     "AgentStats",
     "AgentTransportError",
+    "Cgroups",
+    "ContainerPolicy",
     "ContainerRunner",
     "ContainerSpec",
+    "FakeAccounts",
     "GpuInfo",
     "GpuProbe",
     "GpuSample",
@@ -72,15 +79,21 @@ __all__ = [
     "JobRunner",
     "JobSpec",
     "JobStore",
+    "Limits",
     "LocalJob",
     "NodeInventory",
     "NvmlProbe",
+    "PosixAccount",
     "ProbeError",
     "ProcessRunner",
+    "Refusal",
+    "RunAs",
     "SimSpec",
     "SimulatedProbe",
     "SimulatedRunner",
     "SyncTransport",
+    "SystemAccounts",
+    "UserMap",
     "Verdict",
     "container_spec",
     "gpu_health",

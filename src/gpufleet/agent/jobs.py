@@ -34,7 +34,6 @@ from gpufleet.server.schemas import DesiredJob
 SIMULATE_ENV = "GPUFLEET_SIMULATE_S"
 SIMULATE_UTIL_ENV = "GPUFLEET_SIMULATE_UTIL"
 SECRET_ENV = ("GPUFLEET_TOKEN", "GPUFLEET_ADMIN_TOKEN", "GPUFLEET_AGENT_TOKEN")
-GPU_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +106,7 @@ class LocalJob:
     pid: int | None = None
     create_time: float | None = None
     container: str | None = None
+    cgroup: str | None = None
     simulate_s: float | None = None
     util: float = 0.0
     stop_requested_at: float | None = None
@@ -134,14 +134,14 @@ class LocalJob:
 
 
 def launch_env(
-    spec: JobSpec, *, node: str, checkpoint_dir: str, hostfile: str, base: Mapping[str, str] | None = None
+    spec: JobSpec, *, node: str, checkpoint_dir: str, hostfile: str, base: Mapping[str, str]
 ) -> dict[str, str]:
-    """The job's environment: the agent's own (minus its secrets and GPU selection), the
-    job's ``env``, then what gpufleet sets, which the job cannot override."""
-    env = {k: v for k, v in (base if base is not None else os.environ).items() if k not in SECRET_ENV}
-    for k in GPU_ENV:
-        env.pop(k, None)
-    env.update(spec.env)
+    """The job's environment, built from scratch: ``base`` (``users.base_env`` for a
+    process: a minimal PATH and the account's identity; nothing for a container, whose
+    image brings its own), the job's ``env``, then what gpufleet sets, which the job
+    cannot override. Nothing of the agent's own environment reaches a job."""
+    env = dict(base)
+    env.update({k: v for k, v in spec.env.items() if k not in SECRET_ENV})
     visible = ",".join(map(str, spec.gpus))
     peers = spec.peers or (Peer(node=node, address=spec.master_addr, gpus=spec.gpus),)
     env.update(
@@ -173,12 +173,18 @@ def hostfile_text(spec: JobSpec) -> str:
 
 
 class JobStore:
-    """LocalJob records under ``<work_dir>/jobs``; each write is atomic (tmp + rename)."""
+    """LocalJob records under ``<work_dir>/jobs``; each write is atomic (tmp + rename).
+
+    Permissions: the work dir, ``jobs/`` and ``checkpoints/`` are 0711 (a job passes
+    through to its own directories, lists nothing), every record 0600; what a job may
+    touch is made its owner's by the runner (``runners._prepare``)."""
 
     def __init__(self, work_dir: Path, *, checkpoints: Path | None = None) -> None:
         self.root = work_dir / "jobs"
         self.checkpoints = (checkpoints or work_dir) / "checkpoints"
-        self.root.mkdir(parents=True, exist_ok=True)
+        for d in (work_dir, self.root, self.checkpoints):
+            d.mkdir(mode=0o711, parents=True, exist_ok=True)
+            d.chmod(0o711)
 
     def job_dir(self, job_id: int, attempt: int) -> Path:
         return self.root / f"{job_id}-{attempt}"
@@ -190,7 +196,9 @@ class JobStore:
         path = job.path / "state.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(job)))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(dataclasses.asdict(job)))
         os.replace(tmp, path)
 
     def load_all(self) -> list[LocalJob]:

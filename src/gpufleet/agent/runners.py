@@ -17,13 +17,14 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 import psutil
 
+from gpufleet.agent.cgroups import Cgroups, Limits
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob, hostfile_text, launch_env
+from gpufleet.agent.users import REFUSED, PosixAccount, Refusal, RunAs, base_env
 
 WRAPPER = Path(__file__).with_name("_wrapper.py")
 KILLED = 128 + int(signal.SIGKILL)
@@ -50,14 +51,36 @@ class JobRunner(Protocol):
         ...
 
 
-def _prepare(store: JobStore, spec: JobSpec, node: str) -> tuple[Path, dict[str, str]]:
+def _prepare(
+    store: JobStore, spec: JobSpec, node: str, account: PosixAccount | None = None
+) -> tuple[Path, dict[str, str]]:
+    """The attempt's directories, so that only its owner reaches its files: the attempt
+    dir is the agent's (0711: passable, not listable; state, log and exit code 0600
+    inside), ``run/`` (the job's working dir) and the checkpoint dir belong to the
+    account and are 0700. Without an account (an unprivileged agent) everything is the
+    agent's own, 0700."""
     d = store.job_dir(spec.job_id, spec.attempt)
-    (d / "run").mkdir(parents=True, exist_ok=True)
+    d.mkdir(mode=0o711, parents=True, exist_ok=True)
+    d.chmod(0o711)
+    run = d / "run"
     ckpt = store.checkpoint_dir(spec.job_id)
-    ckpt.mkdir(parents=True, exist_ok=True)
+    for own in (run, ckpt):
+        own.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if account is not None:
+            os.chown(own, account.uid, account.gid)
+        own.chmod(0o700)
     hostfile = d / "hostfile"
     hostfile.write_text(hostfile_text(spec) or f"{spec.master_addr} slots={max(1, len(spec.gpus))}\n")
+    hostfile.chmod(0o644)
     return d, {"checkpoint_dir": str(ckpt), "hostfile": str(hostfile)}
+
+
+def refused(job: LocalJob, why: str) -> LocalJob:
+    """A job that may not run here: over at once with ``REFUSED`` and the reason in its
+    log (the server records it FAILED; its owner reads why in ``gpufleet logs``)."""
+    with open(job.log_path, "a") as f:
+        f.write(f"gpufleet: not started: {why}\n")
+    return _replace(job, exit_code=REFUSED)
 
 
 def _read_exit(path: Path) -> int | None:
@@ -113,8 +136,10 @@ def _replace(job: LocalJob, **changes: object) -> LocalJob:
 
 
 class ProcessRunner:
-    """Runs the command in a new session (its own process group) under the wrapper, in
-    its own working dir, stdout+stderr to ``output.log``, with exactly its GPUs visible.
+    """Runs the command under the wrapper as the job's owner (``users.RunAs``), in a new
+    session (its own process group), its own cgroup where the node has cgroup v2
+    (``cgroups.Cgroups``), its own working dir, stdout+stderr to ``output.log``, with
+    exactly its GPUs visible and an environment built from scratch (``launch_env``).
 
     Liveness: the child we started is polled directly; a job re-adopted after an agent
     restart is alive while its pid exists with the recorded create time (a reused pid
@@ -122,15 +147,26 @@ class ProcessRunner:
 
     kind = "process"
 
-    def __init__(self, store: JobStore, *, node: str, base_env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        node: str,
+        run_as: RunAs | None = None,
+        cgroups: Cgroups | None = None,
+        limits: Limits = Limits(),
+    ) -> None:
         self.store = store
         self.node = node
-        self.base_env = base_env
+        self.run_as = run_as or RunAs(node=node)
+        self.cgroups = cgroups
+        self.limits = limits
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def start(self, spec: JobSpec, *, now: float) -> LocalJob:
-        d, paths = _prepare(self.store, spec, self.node)
-        env = launch_env(spec, node=self.node, base=self.base_env, **paths)
+        acct = self.run_as.resolve(spec.user)
+        switch = acct if isinstance(acct, PosixAccount) and self.run_as.privileged else None
+        d, paths = _prepare(self.store, spec, self.node, switch)
         job = LocalJob(
             job_id=spec.job_id,
             attempt=spec.attempt,
@@ -139,8 +175,21 @@ class ProcessRunner:
             dir=str(d),
             started_at=now,
         )
-        argv = [sys.executable, "-I", "-S", str(WRAPPER), str(d / "exit_code"), "--", *spec.command]
+        _private(job.log_path)
+        if isinstance(acct, Refusal):
+            return refused(job, acct.reason)
+        env = launch_env(spec, node=self.node, base=base_env(acct), **paths)
+        argv = [sys.executable, "-I", "-S", str(WRAPPER), str(d / "exit_code")]
+        cgroup = self.cgroups.create(spec.job_id, spec.attempt, self.limits) if self.cgroups else None
+        if cgroup is not None:
+            argv += ["--cgroup", str(cgroup)]
+        if switch is not None:
+            argv += ["--uid", str(switch.uid), "--gid", str(switch.gid)]
+            argv += ["--groups", ",".join(map(str, switch.groups))]
+        argv += ["--", *spec.command]
         with open(job.log_path, "ab") as log:
+            if self.run_as.note and not self.run_as.privileged:
+                log.write(f"gpufleet: {self.run_as.note}\n".encode())
             try:
                 proc = subprocess.Popen(
                     argv,
@@ -159,7 +208,7 @@ class ProcessRunner:
             created = psutil.Process(proc.pid).create_time()
         except psutil.Error:
             created = None
-        return _replace(job, pid=proc.pid, create_time=created)
+        return _replace(job, pid=proc.pid, create_time=created, cgroup=str(cgroup) if cgroup else None)
 
     def _alive(self, job: LocalJob) -> bool:
         if job.pid is None:
@@ -207,3 +256,11 @@ class ProcessRunner:
         child = self._children.pop(job.pid or -1, None)
         if child is not None:
             child.poll()
+        if self.cgroups is not None and job.cgroup:
+            self.cgroups.remove(Path(job.cgroup))
+
+
+def _private(path: Path) -> None:
+    """Create ``path`` (if missing) readable by the agent only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.close(fd)

@@ -1,9 +1,11 @@
 """``gpufleet agent``, ``gpufleet node join-token``, ``gpufleet logs`` and
 ``gpufleet demo``.
 
-Environment: ``GPUFLEET_AGENT_TOKEN`` (the agent's credential when ``--token`` is not
-given), ``GPUFLEET_URL``/``GPUFLEET_TOKEN`` (the user commands, as everywhere),
-``GPUFLEET_ADMIN_TOKEN`` (the demo's admin token).
+The agent's credential: ``--token-file`` (a file only its owner can read, as ssh wants of
+a private key), else ``GPUFLEET_AGENT_TOKEN``; ``--token`` on the command line still works
+for tests but warns, since every process on the node can read a command line.
+``GPUFLEET_URL``/``GPUFLEET_TOKEN`` are the user commands' connection, as everywhere;
+``GPUFLEET_ADMIN_TOKEN`` the demo's admin token.
 """
 
 from __future__ import annotations
@@ -51,12 +53,67 @@ def _local_address(server_url: str) -> str:
         return socket.gethostname()
 
 
+def _credential(token_file: Path | None, token: str | None) -> str:
+    """The node credential, from the file, the flag or the environment, in that order;
+    the environment variable is removed so that nothing the agent starts inherits it."""
+    from_env = os.environ.pop("GPUFLEET_AGENT_TOKEN", None)
+    if token_file is not None:
+        try:
+            st = token_file.stat()
+            secret = token_file.read_text().strip()
+        except OSError as exc:
+            raise _fail(f"--token-file: cannot read {token_file}: {exc.strerror}", 2) from None
+        if st.st_mode & 0o077:
+            raise _fail(f"--token-file: {token_file} is readable by others: chmod 600 {token_file}", 2)
+        if not secret:
+            raise _fail(f"--token-file: {token_file} is empty", 2)
+        return secret
+    if token:
+        typer.echo(
+            "gpufleet agent: warning: --token puts the credential on the command line, where every "
+            "process on this node can read it; use --token-file",
+            err=True,
+        )
+        return token
+    if from_env:
+        return from_env
+    raise _fail("--token-file (or GPUFLEET_AGENT_TOKEN) is required", 2)
+
+
+def _default_work_dir(node: str) -> Path:
+    """``/var/lib/gpufleet/agent/NODE`` for a root agent (as slurmd's spool dir): jobs,
+    running as their owners, must be able to pass through its parents to their own
+    directories, which a home directory does not allow. Else the user's data dir."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpufleet/agent") / node
+    return Path(platformdirs.user_data_dir("gpufleet")) / "agent" / node
+
+
+def _bytes(value: str, what: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    v = value.strip().upper().removesuffix("B").removesuffix("I")
+    num, unit = (v[:-1], v[-1]) if v and v[-1] in units else (v, "")
+    try:
+        n = int(float(num) * units[unit])
+    except ValueError:
+        raise _fail(f"{what}: expected a size like 512M or 64G, got {value!r}", 2) from None
+    if n <= 0:
+        raise _fail(f"{what}: must be above 0", 2)
+    return n
+
+
 def agent(
     server: str = typer.Option(..., "--server", help="Server URL, e.g. http://10.0.0.1:8080"),
+    token_file: Path | None = typer.Option(
+        None,
+        "--token-file",
+        help="File holding the node credential (gpufleet node join-token); mode 0600 or stricter.",
+        show_default=False,
+    ),
     token: str | None = typer.Option(
         None,
         "--token",
-        help="Node credential (gpufleet node join-token) or operator token.",
+        help="The credential itself (tests only: visible to every process on the node; use --token-file).",
         show_default=False,
     ),
     name: str | None = typer.Option(None, "--name", help="Node name (default: the hostname)."),
@@ -72,6 +129,38 @@ def agent(
     sync_interval: str = typer.Option("10s", "--sync-interval"),
     grace: str = typer.Option("30s", "--grace", help="SIGTERM -> SIGKILL grace period."),
     cap_add: list[str] = typer.Option([], "--container-cap-add", help="Capability containers may keep."),
+    container_allow_user: bool = typer.Option(
+        False,
+        "--container-allow-user",
+        help="Honour a job's GPUFLEET_CONTAINER_USER (never root); default: the owner's uid:gid.",
+    ),
+    container_read_only: bool = typer.Option(
+        False, "--container-read-only", help="Containers get a read-only root filesystem (and a /tmp tmpfs)."
+    ),
+    container_network: str | None = typer.Option(
+        None,
+        "--container-network",
+        help="Docker network for multi-node container jobs (e.g. a macvlan on the fabric).",
+    ),
+    container_host_network: bool = typer.Option(
+        False,
+        "--container-host-network",
+        help="Multi-node container jobs use the host's network (default: a bridge network per job).",
+    ),
+    user_map: Path | None = typer.Option(
+        None,
+        "--user-map",
+        help='TOML [users] table: gpufleet user = "POSIX account"; "*" for the rest (default: same name).',
+    ),
+    job_memory_max: str | None = typer.Option(
+        None, "--job-memory-max", help="Memory limit of each job (e.g. 64G): its cgroup (v2) or container."
+    ),
+    job_pids_max: int = typer.Option(
+        4096, "--job-pids-max", min=1, help="Process limit of each job: its cgroup (v2) or container."
+    ),
+    cgroup_root: Path = typer.Option(
+        Path("/sys/fs/cgroup/gpufleet"), "--cgroup-root", help="Parent cgroup (v2) of the jobs' cgroups."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the node agent: report GPUs and jobs, run what the server places here.
@@ -80,21 +169,38 @@ def agent(
     same --work-dir re-adopts them."""
     from gpufleet.agent import (
         AgentConfig,
+        Cgroups,
+        ContainerPolicy,
         HttpTransport,
+        Limits,
         NvmlProbe,
         ProbeError,
+        RunAs,
         SimSpec,
         SimulatedProbe,
+        UserMap,
         make_agent,
     )
     from gpufleet.agent.probe import GpuProbe
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
-    secret = token or os.environ.get("GPUFLEET_AGENT_TOKEN")
-    if not secret:
-        raise _fail("--token (or GPUFLEET_AGENT_TOKEN) is required", 2)
+    secret = _credential(token_file, token)
     node = name or socket.gethostname().split(".")[0]
-    wd = work_dir or Path(platformdirs.user_data_dir("gpufleet")) / "agent" / node
+    wd = work_dir or _default_work_dir(node)
+    try:
+        users = UserMap.load(user_map) if user_map is not None else UserMap()
+    except ValueError as exc:
+        raise _fail(f"--user-map: {exc}", 2) from None
+    run_as = RunAs(users=users, node=node)
+    if run_as.note:
+        typer.echo(f"gpufleet agent: {run_as.note}", err=True)
+    limits = Limits(
+        memory_max_bytes=_bytes(job_memory_max, "--job-memory-max") if job_memory_max else None,
+        pids_max=job_pids_max,
+    )
+    cgroups = Cgroups(cgroup_root) if os.geteuid() == 0 else None
+    if cgroups is not None and cgroups.disabled_reason:
+        typer.echo(f"gpufleet agent: {cgroups.disabled_reason}", err=True)
     probe: GpuProbe
     try:
         probe = (
@@ -115,7 +221,21 @@ def agent(
         checkpoint_root=checkpoint_root,
     )
     bot = make_agent(
-        config=config, probe=probe, transport=HttpTransport(server, secret), container_caps=tuple(cap_add)
+        config=config,
+        probe=probe,
+        transport=HttpTransport(server, secret),
+        run_as=run_as,
+        cgroups=cgroups,
+        limits=limits,
+        container_policy=ContainerPolicy(
+            allowed_caps=tuple(cap_add),
+            allow_user=container_allow_user,
+            pids_max=job_pids_max,
+            memory_max_bytes=limits.memory_max_bytes,
+            read_only_rootfs=container_read_only,
+            network=container_network,
+            host_network=container_host_network,
+        ),
     )
     adopted = bot.restore()
     stop = threading.Event()
