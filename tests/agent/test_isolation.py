@@ -20,9 +20,11 @@ from pathlib import Path
 import pytest
 
 from gpufleet.agent import (
+    Cgroups,
     FakeAccounts,
     JobSpec,
     JobStore,
+    Limits,
     PosixAccount,
     ProcessRunner,
     Refusal,
@@ -30,7 +32,7 @@ from gpufleet.agent import (
     UserMap,
 )
 from gpufleet.agent.users import REFUSED
-from jobaccounts import JOB_ACCOUNT, OTHER_ACCOUNT, PYTHON, ROOT, passable, user_map_file
+from jobaccounts import JOB_ACCOUNT, OTHER_ACCOUNT, PYTHON, ROOT, passable, run_as, user_map_file
 from server.conftest import Server, make_pool, make_team, ok, unique, wait_for
 
 root_only = pytest.mark.skipif(
@@ -236,3 +238,58 @@ def test_the_agent_refuses_an_unsafe_token_file(
         check=False,
     )
     assert done.returncode == 2 and want in done.stderr
+
+
+def _cgroupfs(tmp_path: Path) -> Path:
+    """A directory laid out like a cgroup v2 mount (what ``Cgroups`` reads and writes)."""
+    mount = tmp_path / "cgroup"
+    mount.mkdir()
+    (mount / "cgroup.controllers").write_text("cpu memory pids\n")
+    (mount / "cgroup.subtree_control").write_text("")
+    return mount
+
+
+@pytest.mark.parametrize(
+    ("limits", "files"),
+    [
+        (Limits(memory_max_bytes=1 << 30, pids_max=64), {"memory.max": "1073741824", "pids.max": "64"}),
+        (Limits(), {"pids.max": "4096"}),
+    ],
+    ids=["memory-and-pids", "default-pids-only"],
+)
+def test_a_job_cgroup_gets_its_limits_and_is_removed(
+    tmp_path: Path, limits: Limits, files: dict[str, str]
+) -> None:
+    mount = _cgroupfs(tmp_path)
+    groups = Cgroups(mount / "gpufleet", mount=mount)
+    path = groups.create(7, 3, limits)
+    assert path == mount / "gpufleet" / "job-7-3"
+    assert {f.name: f.read_text().strip() for f in path.iterdir()} == files
+    assert "+memory" in (mount / "gpufleet" / "cgroup.subtree_control").read_text()
+    groups.remove(path)
+    assert not path.exists()
+
+
+def test_no_cgroup_v2_means_no_cgroup_and_a_reason(tmp_path: Path) -> None:
+    groups = Cgroups(tmp_path / "gpufleet", mount=tmp_path)
+    assert groups.create(1, 1, Limits()) is None
+    assert groups.disabled_reason is not None and "no cgroup v2" in groups.disabled_reason
+
+
+def test_the_wrapper_puts_the_job_in_its_cgroup(tmp_path: Path) -> None:
+    passable(tmp_path)
+    mount = _cgroupfs(tmp_path)
+    store = JobStore(tmp_path / "work")
+    runner = ProcessRunner(
+        store, node="n1", run_as=run_as(), cgroups=Cgroups(mount / "gpufleet", mount=mount)
+    )
+    job = runner.start(JobSpec(job_id=4, attempt=2, command=("true",), user="someone"), now=0.0)
+    assert job.cgroup == str(mount / "gpufleet" / "job-4-2")
+    deadline = time.monotonic() + 10
+    while runner.poll(job, now=0.0) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    procs = (Path(job.cgroup) / "cgroup.procs").read_text().split()
+    assert procs == [str(job.pid)]  # the wrapper joined before it started the job
+    runner.release(job)
+    assert not Path(job.cgroup).exists()

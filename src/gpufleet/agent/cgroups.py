@@ -47,9 +47,15 @@ class Cgroups:
         for parent in (self.mount, self.root):
             ctl = parent / "cgroup.subtree_control"
             have = set(ctl.read_text().split()) if ctl.exists() else set()
-            for c in sorted(wanted - have):
-                with contextlib.suppress(OSError):  # a controller the kernel lacks: go on
-                    ctl.write_text(f"+{c}\n")
+            missing = sorted(wanted - have)
+            if not missing:
+                continue
+            try:
+                ctl.write_text(" ".join(f"+{c}" for c in missing) + "\n")
+            except OSError:  # one controller the kernel lacks fails the whole write
+                for c in missing:
+                    with contextlib.suppress(OSError):
+                        ctl.write_text(f"+{c}\n")
 
     def create(self, job_id: int, attempt: int, limits: Limits) -> Path | None:
         if self.disabled_reason is not None:
