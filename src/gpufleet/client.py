@@ -2,8 +2,9 @@
 
 Exceptions: every failure is a ``ClientError`` with a one-line ``message`` and, when the
 server answered, its HTTP ``status`` and problem ``detail``. httpx errors never leak.
-Connection settings: ``GPUFLEET_URL`` / ``GPUFLEET_TOKEN``, else the file written by
-``gpufleet login`` (``<user config dir>/gpufleet/config.json``, mode 0600).
+Connection settings: ``GPUFLEET_URL`` / ``GPUFLEET_TOKEN`` / ``GPUFLEET_CA_FILE`` (the
+cluster CA, for an https:// server whose certificate gpufleet's CA signed), else the file
+written by ``gpufleet login`` (``<user config dir>/gpufleet/config.json``, mode 0600).
 Pass ``transport=`` (e.g. ``httpx.MockTransport``) to test without a server.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -53,6 +55,12 @@ def config_path() -> Path:
 class Connection:
     url: str
     token: str | None
+    ca_file: str | None = None
+
+
+def tls_verify(ca_file: str | None) -> ssl.SSLContext | bool:
+    """httpx's ``verify``: the system's trust store, or exactly the cluster CA."""
+    return ssl.create_default_context(cafile=ca_file) if ca_file else True
 
 
 def load_connection() -> Connection:
@@ -65,7 +73,8 @@ def load_connection() -> Connection:
             raise ClientError(f"cannot read {path}: {exc}") from exc
     url = os.environ.get("GPUFLEET_URL") or saved.get("url") or "http://127.0.0.1:8080"
     token = os.environ.get("GPUFLEET_TOKEN") or saved.get("token")
-    return Connection(url=str(url), token=None if token is None else str(token))
+    ca = os.environ.get("GPUFLEET_CA_FILE") or saved.get("ca_file")
+    return Connection(url=str(url), token=None if token is None else str(token), ca_file=ca and str(ca))
 
 
 def save_connection(conn: Connection) -> Path:
@@ -73,7 +82,7 @@ def save_connection(conn: Connection) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"url": conn.url, "token": conn.token}, f)
+        json.dump({"url": conn.url, "token": conn.token, "ca_file": conn.ca_file}, f)
     os.chmod(path, 0o600)
     return path
 
@@ -86,17 +95,22 @@ class GpufleetClient:
         *,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        ca_file: str | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
         self._http = httpx.Client(
-            base_url=self.url + "/v1", headers=headers, timeout=timeout, transport=transport
+            base_url=self.url + "/v1",
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            verify=tls_verify(ca_file),
         )
 
     @classmethod
     def from_env(cls) -> GpufleetClient:
         conn = load_connection()
-        return cls(conn.url, conn.token)
+        return cls(conn.url, conn.token, ca_file=conn.ca_file)
 
     def close(self) -> None:
         self._http.close()

@@ -54,6 +54,7 @@ from gpufleet.agent import (
     make_agent,
 )
 from gpufleet.agent.jobs import SIMULATE_ENV, SIMULATE_UTIL_ENV
+from gpufleet.client import tls_verify
 from gpufleet.sim.trace import TraceJob
 
 TEAMS = {"vision": ("alice", "bob"), "language": ("carol", "dave"), "speech": ("erin",)}
@@ -77,6 +78,8 @@ class DemoOptions:
     nodes_per_leaf: int = 10
     speed: float = 300.0
     admin_token: str | None = None
+    tls: bool = False
+    """Serve HTTPS with the demo's own CA; agents enrol for node certificates (mTLS)."""
     sync_interval_s: float = 2.0
     agent_threads: int = 16
     max_job_s: float = 120.0
@@ -107,7 +110,8 @@ class Demo:
         self.cleanup = opts.data_dir is None
         self.data = opts.data_dir or Path(tempfile.mkdtemp(prefix="gpufleet-demo-"))
         self.data.mkdir(parents=True, exist_ok=True)
-        self.url = f"http://{opts.host}:{opts.port}"
+        self.url = f"{'https' if opts.tls else 'http'}://{opts.host}:{opts.port}"
+        self.ca_file: str | None = None
         self.stop = threading.Event()
         self.server: subprocess.Popen[bytes] | None = None
         self.agents: list[Agent] = []
@@ -125,6 +129,16 @@ class Demo:
         db.upgrade(db_url)
         self.token = _admin_token(self.data, self.opts.admin_token)
         log = open(self.data / "server.log", "ab")  # noqa: SIM115 (lives as long as the child)
+        tls: list[str] = []
+        if self.opts.tls:
+            from gpufleet.pki import CertificateAuthority
+
+            pki = self.data / "pki"
+            crt, key = CertificateAuthority.load_or_create(pki).issue_server(
+                [self.opts.host, "localhost"], pki
+            )
+            self.ca_file = str(pki / "ca.crt")
+            tls = ["--tls-cert", str(crt), "--tls-key", str(key), "--ca-dir", str(pki)]
         self.server = subprocess.Popen(
             [
                 sys.executable,
@@ -141,6 +155,7 @@ class Demo:
                 "30s",
                 "--prices",
                 str(resources.files("gpufleet") / "data" / "prices-example.json"),
+                *tls,
             ],
             env={**os.environ, "GPUFLEET_ADMIN_TOKEN": self.token},
             stdin=subprocess.DEVNULL,
@@ -156,14 +171,22 @@ class Demo:
                 tail = (self.data / "server.log").read_text(errors="replace")[-2000:]
                 return f"the server exited:\n{tail}"
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/v1/healthz", timeout=1).status_code == 200:
+                if (
+                    httpx.get(
+                        self.url + "/v1/healthz", timeout=1, verify=tls_verify(self.ca_file)
+                    ).status_code
+                    == 200
+                ):
                     return None
             time.sleep(0.1)
         return "the server did not answer within 30 s"
 
     def api(self, token: str | None = None) -> httpx.Client:
         return httpx.Client(
-            base_url=self.url + "/v1", headers={"Authorization": f"Bearer {token or self.token}"}, timeout=30
+            base_url=self.url + "/v1",
+            headers={"Authorization": f"Bearer {token or self.token}"},
+            timeout=30,
+            verify=tls_verify(self.ca_file),
         )
 
     # -- accounts, credentials ------------------------------------------------------------------
@@ -272,6 +295,18 @@ class Demo:
         self.scratch.chmod(0o711)
         return self.scratch
 
+    def transport(self, node: str, token: str, work: Path) -> HttpTransport:
+        """The agent's link to the server: its join token over HTTP, or with ``--tls``
+        the node certificate it trades the token for (mTLS, as a real agent does)."""
+        if not self.opts.tls:
+            return HttpTransport(self.url, token)
+        from gpufleet.agent.enroll import ensure_certificate
+
+        cert = ensure_certificate(
+            url=self.url, node=node, directory=work / "pki", token=token, ca_file=self.ca_file
+        )
+        return HttpTransport(self.url, ca_file=self.ca_file, cert=cert)
+
     def start_agents(self) -> None:
         o = self.opts
         names = [f"node-{i:03d}" for i in range(o.nodes)]
@@ -292,7 +327,7 @@ class Demo:
             bot = make_agent(
                 config=config,
                 probe=probe,
-                transport=HttpTransport(self.url, tokens[name]),
+                transport=self.transport(name, tokens[name], work / name),
                 run_as=RunAs(users=UserMap(fallback=DEMO_ACCOUNT), node=name),
             )
             bot.restore()
@@ -448,6 +483,16 @@ def _background(target: Any, *args: Any, name: str) -> threading.Thread:
     return t
 
 
+def _cli_path() -> str:
+    """How to run ``gpufleet`` from the caller's shell: the bare name when it is on PATH,
+    else the script beside this interpreter (a venv that is not activated)."""
+    beside = Path(sys.executable).parent / "gpufleet"
+    found = shutil.which("gpufleet")
+    if found and Path(found).resolve() == beside.resolve():
+        return "gpufleet"
+    return str(beside) if beside.exists() else "gpufleet"
+
+
 def run_demo(opts: DemoOptions) -> int:
     from rich.console import Console
     from rich.live import Live
@@ -466,14 +511,18 @@ def run_demo(opts: DemoOptions) -> int:
             demo.threads.append(_background(demo.book_reservations, name="bookings"))
             if opts.workload:
                 demo.threads.append(_background(demo.run_workload, users, name="workload"))
+            cli = _cli_path()
             console.print(
-                f"gpufleet demo: {opts.nodes} nodes x {opts.gpus_per_node} simulated GPUs\n"
+                f"gpufleet demo: {opts.nodes} nodes x {opts.gpus_per_node} simulated GPUs"
+                + (" (HTTPS; agents on mTLS)" if opts.tls else "")
+                + "\n"
                 f"  page     {demo.url}/   (sign in with the admin token)\n"
                 f"  API      {demo.url}/v1   (docs: {demo.url}/docs)\n"
                 f"  admin    {demo.token}\n"
                 f"  data     {demo.data}{' (removed at exit)' if demo.cleanup else ''}\n"
-                f"  try      export GPUFLEET_URL={demo.url} GPUFLEET_TOKEN={demo.token}\n"
-                "           gpufleet submit -- echo hi; gpufleet logs <id>\n"
+                f"  try      export GPUFLEET_URL={demo.url} GPUFLEET_TOKEN={demo.token}"
+                + (f" GPUFLEET_CA_FILE={demo.ca_file}" if demo.ca_file else "")
+                + f"\n           {cli} submit -- echo hi; {cli} logs <id>\n"
                 "  Ctrl-C stops everything.",
                 highlight=False,
                 soft_wrap=True,

@@ -24,6 +24,8 @@ import pytest
 from sqlalchemy import MetaData, create_engine, func, select, text
 from sqlalchemy.engine import Engine, make_url
 
+from gpufleet.client import tls_verify
+
 ADMIN_TOKEN = "gf_test_admin_token"
 _names = itertools.count(1)
 
@@ -56,10 +58,14 @@ class Server:
     db_url: str
     engine: Engine
     proc: subprocess.Popen[bytes]
+    ca_file: str | None = None
+    """The cluster CA of a server started with TLS (``start_server(tls_dir=...)``)."""
 
     def client(self, token: str | None = ADMIN_TOKEN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url + "/v1", headers=headers, timeout=30)
+        return httpx.Client(
+            base_url=self.url + "/v1", headers=headers, timeout=30, verify=tls_verify(self.ca_file)
+        )
 
     def counts(self) -> dict[str, int]:
         tables = ("jobs", "job_events", "allocations", "users", "teams", "tokens", "nodes", "gpus", "pools")
@@ -67,24 +73,31 @@ class Server:
             return {t: c.execute(select(func.count()).select_from(text(t))).scalar_one() for t in tables}
 
     def env(self, token: str = ADMIN_TOKEN) -> dict[str, str]:
-        return {"GPUFLEET_URL": self.url, "GPUFLEET_TOKEN": token}
+        return {"GPUFLEET_URL": self.url, "GPUFLEET_TOKEN": token, "GPUFLEET_CA_FILE": self.ca_file or ""}
 
 
-def start_server(db_url: str, *, extra: tuple[str, ...] = ()) -> Server:
+def start_server(db_url: str, *, extra: tuple[str, ...] = (), tls_dir: Path | None = None) -> Server:
+    """A ``gpufleet server`` process; with ``tls_dir`` (made by ``gpufleet ca init``) on
+    HTTPS with that directory's CA and server certificate (agents then use mTLS)."""
     up = gpufleet("db", "upgrade", "--database-url", db_url)
     assert up.returncode == 0, up.stderr
     port = free_port()
+    ca_file = None
+    if tls_dir is not None:
+        ca_file = str(tls_dir / "ca.crt")
+        tls = ("--tls-cert", str(tls_dir / "server.crt"), "--tls-key", str(tls_dir / "server.key"))
+        extra = (*extra, *tls, "--ca-dir", str(tls_dir))
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "server", "--port", str(port), "--database-url", db_url, *extra],
         env={**os.environ, "GPUFLEET_ADMIN_TOKEN": ADMIN_TOKEN},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls_dir else 'http'}://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while True:
         try:
-            if httpx.get(url + "/v1/healthz", timeout=1).status_code == 200:
+            if httpx.get(url + "/v1/healthz", timeout=1, verify=tls_verify(ca_file)).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
@@ -93,7 +106,7 @@ def start_server(db_url: str, *, extra: tuple[str, ...] = ()) -> Server:
             err = proc.stderr.read().decode() if proc.stderr else ""
             raise RuntimeError(f"server did not start: {err}")
         time.sleep(0.05)
-    return Server(url=url, db_url=db_url, engine=create_engine(db_url), proc=proc)
+    return Server(url=url, db_url=db_url, engine=create_engine(db_url), proc=proc, ca_file=ca_file)
 
 
 def stop_server(srv: Server) -> None:

@@ -10,12 +10,14 @@ for tests but warns, since every process on the node can read a command line.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
@@ -24,10 +26,13 @@ import httpx
 import platformdirs
 import typer
 
-from gpufleet.client import ClientError, GpufleetClient, load_connection
+from gpufleet.client import ClientError, GpufleetClient, load_connection, tls_verify
 from gpufleet.timefmt import parse_duration
 
-node_app = typer.Typer(help="Node credentials (operators).", no_args_is_help=True)
+node_app = typer.Typer(
+    help="Nodes (operators): credentials, cordon, drain, rollout, events.", no_args_is_help=True
+)
+ca_app = typer.Typer(help="The cluster's certificate authority (TLS for the server, mTLS for agents).")
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -53,9 +58,10 @@ def _local_address(server_url: str) -> str:
         return socket.gethostname()
 
 
-def _credential(token_file: Path | None, token: str | None) -> str:
+def _credential(token_file: Path | None, token: str | None, *, required: bool = True) -> str | None:
     """The node credential, from the file, the flag or the environment, in that order;
-    the environment variable is removed so that nothing the agent starts inherits it."""
+    the environment variable is removed so that nothing the agent starts inherits it.
+    Not ``required`` when the agent already holds its certificate (mTLS)."""
     from_env = os.environ.pop("GPUFLEET_AGENT_TOKEN", None)
     if token_file is not None:
         try:
@@ -75,7 +81,7 @@ def _credential(token_file: Path | None, token: str | None) -> str:
             err=True,
         )
         return token
-    if from_env:
+    if from_env or not required:
         return from_env
     raise _fail("--token-file (or GPUFLEET_AGENT_TOKEN) is required", 2)
 
@@ -115,6 +121,12 @@ def agent(
         "--token",
         help="The credential itself (tests only: visible to every process on the node; use --token-file).",
         show_default=False,
+    ),
+    ca_file: Path | None = typer.Option(
+        None, "--ca-file", help="The cluster CA (ca.crt) the https:// server's certificate must chain to."
+    ),
+    cert_dir: Path | None = typer.Option(
+        None, "--cert-dir", help="The node's key and certificate (default: WORK_DIR/pki); https:// only."
     ),
     name: str | None = typer.Option(None, "--name", help="Node name (default: the hostname)."),
     simulate_gpus: int = typer.Option(0, "--simulate-gpus", min=0, help="Simulate N GPUs (no NVML)."),
@@ -169,6 +181,7 @@ def agent(
     same --work-dir re-adopts them."""
     from gpufleet.agent import (
         AgentConfig,
+        AgentTransportError,
         Cgroups,
         ContainerPolicy,
         HttpTransport,
@@ -184,9 +197,12 @@ def agent(
     from gpufleet.agent.probe import GpuProbe
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
-    secret = _credential(token_file, token)
     node = name or socket.gethostname().split(".")[0]
     wd = work_dir or _default_work_dir(node)
+    tls = server.startswith("https://")
+    pki = cert_dir or wd / "pki"
+    held = tls and (pki / "node.crt").exists()
+    secret = _credential(token_file, token, required=not held)
     try:
         users = UserMap.load(user_map) if user_map is not None else UserMap()
     except ValueError as exc:
@@ -220,10 +236,20 @@ def agent(
         grace_s=_seconds(grace, "--grace"),
         checkpoint_root=checkpoint_root,
     )
+    transport = HttpTransport(server, secret)
+    if tls:
+        from gpufleet.agent.enroll import ensure_certificate
+
+        ca = str(ca_file) if ca_file else None
+        try:
+            cert = ensure_certificate(url=server, node=node, directory=pki, token=secret, ca_file=ca)
+        except AgentTransportError as exc:
+            raise _fail(str(exc)) from None
+        transport = HttpTransport(server, ca_file=ca, cert=cert)
     bot = make_agent(
         config=config,
         probe=probe,
-        transport=HttpTransport(server, secret),
+        transport=transport,
         run_as=run_as,
         cgroups=cgroups,
         limits=limits,
@@ -274,6 +300,72 @@ def join_token(
     typer.echo(made["token"])
 
 
+@node_app.command("credentials")
+def credentials(
+    node: str | None = typer.Option(None, "--node", help="Only this node's."),
+    as_json: bool = typer.Option(False, "--json", help="JSON instead of a table."),
+) -> None:
+    """List node join tokens and certificates (never the secrets: a token's last
+    characters, a certificate's serial)."""
+    try:
+        with GpufleetClient.from_env() as c:
+            got = c.request("GET", "/node-credentials", params={"node": node} if node else None)
+    except ClientError as exc:
+        raise _fail(exc.message, 2 if exc.status in (400, 422) else 1) from None
+    items = got["items"]
+    if as_json:
+        typer.echo(json.dumps(items, indent=2))
+        return
+    typer.echo(f"{'KIND':<11} {'ID':>5} {'NODE':<24} {'HINT/SERIAL':<40} {'EXPIRES':<10} STATE")
+    for it in items:
+        expires = time.strftime("%Y-%m-%d", time.localtime(it["not_after"])) if it["not_after"] else "-"
+        state = "revoked" if it["revoked_at"] else ("unbound" if it["node"] is None else "active")
+        typer.echo(
+            f"{it['kind']:<11} {it['id']:>5} {it['node'] or '-':<24} {it['hint']:<40} {expires:<10} {state}"
+        )
+
+
+@node_app.command("revoke")
+def revoke(
+    node: str = typer.Argument(..., help="The node whose join tokens and certificates to revoke."),
+) -> None:
+    """Revoke every credential of a node: its next sync is refused (re-admit it with a
+    new join token)."""
+    try:
+        with GpufleetClient.from_env() as c:
+            got = c.request("POST", f"/nodes/{node}/revoke")
+    except ClientError as exc:
+        raise _fail(exc.message, 2 if exc.status in (400, 422) else 1) from None
+    typer.echo(
+        f"revoked {got['join_tokens']} join token(s) and {got['certificates']} certificate(s) of {node}"
+    )
+
+
+@ca_app.command("init")
+def ca_init(
+    directory: Path = typer.Argument(..., help="Where to keep ca.crt, ca.key, server.crt, server.key."),
+    names: list[str] = typer.Option(
+        ["localhost", "127.0.0.1"],
+        "--name",
+        help="Host names and IP addresses the server is reached at (repeat).",
+    ),
+) -> None:
+    """Make the cluster CA and a server certificate signed by it (keys 0600).
+
+    Then: gpufleet server --tls-cert DIR/server.crt --tls-key DIR/server.key --ca-dir DIR;
+    agents and users pass --ca-file DIR/ca.crt (GPUFLEET_CA_FILE)."""
+    from gpufleet.pki import CertificateAuthority, PkiError
+
+    try:
+        ca = CertificateAuthority.load_or_create(directory)
+        crt, key = ca.issue_server(names, directory)
+    except (PkiError, OSError) as exc:
+        raise _fail(str(exc), 2) from None
+    typer.echo(f"CA          {directory / 'ca.crt'}  (give it to agents and users: --ca-file)")
+    typer.echo(f"server cert {crt}  for {', '.join(names)}")
+    typer.echo(f"server key  {key}")
+
+
 def logs(
     job_id: int = typer.Argument(...),
     follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the job is over."),
@@ -284,7 +376,9 @@ def logs(
     url = f"{conn.url.rstrip('/')}/v1/jobs/{job_id}/logs"
     try:
         with (
-            httpx.Client(headers=headers, timeout=httpx.Timeout(30.0, read=None)) as http,
+            httpx.Client(
+                headers=headers, timeout=httpx.Timeout(30.0, read=None), verify=tls_verify(conn.ca_file)
+            ) as http,
             http.stream("GET", url, params={"follow": "true"} if follow else {}) as resp,
         ):
             if resp.status_code >= 400:
@@ -314,6 +408,9 @@ def demo(
     ),
     nodes_per_leaf: int = typer.Option(10, "--nodes-per-leaf", min=1),
     speed: float = typer.Option(300.0, "--speed", min=1.0, help="Trace time compression."),
+    tls: bool = typer.Option(
+        False, "--tls", help="HTTPS with the demo's own CA; agents enrol for node certificates (mTLS)."
+    ),
 ) -> None:
     """A whole simulated fleet on this machine. Ctrl-C stops everything.
 
@@ -331,6 +428,7 @@ def demo(
             nodes_per_leaf=nodes_per_leaf,
             speed=speed,
             admin_token=os.environ.get("GPUFLEET_ADMIN_TOKEN") or None,
+            tls=tls,
         )
     )
     raise typer.Exit(code)
@@ -341,6 +439,7 @@ def register(app: typer.Typer) -> None:
     app.command("logs")(logs)
     app.command("demo")(demo)
     app.add_typer(node_app, name="node")
+    app.add_typer(ca_app, name="ca")
 
 
 __all__ = ["register"]

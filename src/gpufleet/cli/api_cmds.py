@@ -8,6 +8,7 @@ option), 1 for everything else (unreachable server, 401, 403, 404, 409).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import time
@@ -102,6 +103,16 @@ def server(
         "--scheduler-thread",
         help="Run scheduling passes in a thread of the API process (default: a child process).",
     ),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve HTTPS with this certificate (PEM)."),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="The certificate's key (PEM, 0600)."),
+    ca_dir: Path | None = typer.Option(
+        None,
+        "--ca-dir",
+        help="The cluster CA (gpufleet ca init): with --tls-cert, agents sync with node certificates.",
+    ),
+    insecure_http: bool = typer.Option(
+        False, "--insecure-http", help="Allow plain HTTP on an address other than loopback."
+    ),
 ) -> None:
     """Run the control plane (API under /v1, scheduling and node-lifecycle loops).
 
@@ -116,6 +127,17 @@ def server(
 
     if policy not in POLICIES:
         raise _fail(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}", 2)
+    if tls_cert is None and not insecure_http and not _loopback(host):
+        raise _fail(
+            f"--host {host} is reachable from other machines: serve it with --tls-cert/--tls-key "
+            "(gpufleet ca init makes them), or pass --insecure-http to send tokens in clear",
+            2,
+        )
+    if (tls_key is not None or ca_dir is not None) and tls_cert is None:
+        raise _fail("--tls-key and --ca-dir go with --tls-cert", 2)
+    for f in (tls_cert, tls_key):
+        if f is not None and not f.is_file():
+            raise _fail(f"{f}: no such file", 2)
     try:
         timeout_s = parse_duration(node_timeout)
         rules = HealthRules(
@@ -144,11 +166,23 @@ def server(
         reservation_idle_release_s=idle_release_s,
         prices=schedule,
         scheduler_process=not scheduler_thread,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        ca_dir=ca_dir,
     )
     try:
         run(config, host=host, port=port)
     except StartupError as exc:
         raise _fail(str(exc)) from None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @db_app.command("upgrade")
@@ -171,14 +205,20 @@ def db_upgrade(
 def login(
     url: str = typer.Argument(..., help="Server URL, e.g. http://127.0.0.1:8080"),
     token: str = typer.Option(..., "--token", help="Your API token."),
+    ca_file: Path | None = typer.Option(
+        None, "--ca-file", help="The cluster CA (ca.crt) for an https:// server gpufleet's CA signed."
+    ),
 ) -> None:
-    """Check the token against the server and save url+token (mode 0600)."""
+    """Check the token against the server and save url, token and CA file (mode 0600)."""
+    ca = str(ca_file.resolve()) if ca_file is not None else None
     try:
-        with GpufleetClient(url, token) as c:
+        with GpufleetClient(url, token, ca_file=ca) as c:
             me = c.whoami()
     except ClientError as exc:
         raise _fail(exc.message) from None
-    path = save_connection(Connection(url=url, token=token))
+    except OSError as exc:  # an unreadable or malformed --ca-file
+        raise _fail(f"--ca-file: {exc}", 2) from None
+    path = save_connection(Connection(url=url, token=token, ca_file=ca))
     typer.echo(f"logged in as {me.name} ({me.role}); saved to {path}")
 
 

@@ -17,13 +17,28 @@ def run(config: ServerConfig, *, host: str, port: int) -> None:
     """Serve until interrupted: uvicorn, one API process (handlers on its event loop and
     thread pool); the scheduling loop runs in a child process when
     ``config.scheduler_process`` (``gpufleet server``'s default), else in a thread.
+    With ``config.tls_cert``, HTTPS; with ``config.ca_dir`` too, client certificates
+    from that CA are verified and handed to the app (agents' mTLS).
     Raises StartupError on a bad schema."""
+    import ssl
+
     import uvicorn
 
     from gpufleet.server.app import create_app
 
     app = create_app(config)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    tls: dict[str, Any] = {}
+    if config.tls_cert is not None:
+        tls = {"ssl_certfile": str(config.tls_cert), "ssl_keyfile": str(config.tls_key or config.tls_cert)}
+        if config.ca_dir is not None:  # agents present node certificates; users need none
+            from gpufleet.server.tlsproto import TlsHttpToolsProtocol
+
+            tls |= {
+                "ssl_ca_certs": str(config.ca_dir / "ca.crt"),
+                "ssl_cert_reqs": ssl.CERT_OPTIONAL,
+                "http": TlsHttpToolsProtocol,
+            }
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, **tls)
 
 
 def __getattr__(name: str) -> Any:

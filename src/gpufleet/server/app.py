@@ -16,6 +16,7 @@ from fastapi import APIRouter, FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpufleet import __version__
+from gpufleet.pki import CertificateAuthority, PkiError
 from gpufleet.server import accounting
 from gpufleet.server import db as dbmod
 from gpufleet.server.clock import Clock, SystemClock
@@ -171,6 +172,10 @@ def create_app(
     )
     app.state.parts = parts
     app.state.hot = hot
+    try:
+        app.state.ca = None if config.ca_dir is None else CertificateAuthority.load_or_create(config.ca_dir)
+    except (PkiError, OSError) as exc:
+        raise StartupError(f"--ca-dir {config.ca_dir}: {exc}") from None
     install_handlers(app)
     app.add_middleware(jobs.FastSubmit, parts=parts)  # innermost: inside the body limit
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)

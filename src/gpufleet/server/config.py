@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpufleet.server.health import HealthRules
 from gpufleet.server.pricing import PriceSchedule
@@ -26,6 +27,13 @@ class ServerConfig:
     scheduler_process: bool = False
     """Run the scheduling passes in a child process (``schedproc.py``; ``gpufleet server``
     does) instead of a thread of the API process. The child uses the system clock."""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    """``--tls-cert``/``--tls-key``: serve HTTPS (uvicorn's TLS)."""
+    ca_dir: Path | None = None
+    """The cluster CA (``gpufleet.pki``): signs node certificates and verifies them. With
+    TLS on, node syncs must come with a node certificate (mTLS); a join token then only
+    buys the certificate."""
     max_body_bytes: int = MIB
     admin_token: str | None = None
     """GPUFLEET_ADMIN_TOKEN: the admin's token on first start with an empty database."""
@@ -40,3 +48,8 @@ class ServerConfig:
     accrual_interval_s: float = 15.0
     """Cost, energy and utilisation of running jobs are accrued this often."""
     """A started reservation no owner job used for this long is released (``--idle-release``)."""
+
+    @property
+    def node_certs_required(self) -> bool:
+        """mTLS for agents: TLS is on and this server holds the CA."""
+        return self.tls_cert is not None and self.ca_dir is not None

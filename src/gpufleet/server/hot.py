@@ -188,6 +188,11 @@ class CredCache:
             hit = self._hits.get(digest)
         return hit[1] if hit is not None and hit[0] > time.monotonic() else None
 
+    def clear(self) -> None:
+        """Forget every cached credential (a node's credentials were revoked)."""
+        with self._lock:
+            self._hits.clear()
+
     def put(self, digest: str, cred: NodeCred) -> None:
         with self._lock:
             if len(self._hits) > 100_000:
@@ -196,9 +201,35 @@ class CredCache:
 
 
 @dataclass(slots=True)
+class Revocations:
+    """Revoked node-certificate serials (``services/nodecreds.refresh_revocations`` loads
+    them from the database at most every ``ttl_s``; a revoke here invalidates at once)."""
+
+    ttl_s: float = 5.0
+    _serials: frozenset[str] = frozenset()
+    _loaded_at: float = float("-inf")
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._loaded_at = float("-inf")
+
+    def stale(self) -> bool:
+        return time.monotonic() - self._loaded_at > self.ttl_s
+
+    def load(self, serials: frozenset[str]) -> None:
+        with self._lock:
+            self._serials, self._loaded_at = serials, time.monotonic()
+
+    def revoked(self, serial: str) -> bool:
+        return serial in self._serials
+
+
+@dataclass(slots=True)
 class HotState:
     telemetry: TelemetryStore = field(default_factory=TelemetryStore)
     heartbeats: Heartbeats = field(default_factory=Heartbeats)
     latencies: Latencies = field(default_factory=Latencies)
     creds: CredCache = field(default_factory=CredCache)
+    revocations: Revocations = field(default_factory=Revocations)
     health: HealthMonitor = field(default_factory=HealthMonitor)

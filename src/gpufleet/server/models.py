@@ -205,6 +205,21 @@ class NodeCredential(Base):
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class NodeCertificate(Base):
+    """A client certificate the server's CA issued to a node (``gpufleet.pki``): the
+    serial is what a sync's certificate is checked against (revoked: refused)."""
+
+    __tablename__ = "node_certificates"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node: Mapped[str] = mapped_column(String(128), index=True)
+    serial: Mapped[str] = mapped_column(String(64), unique=True)
+    not_after: Mapped[float] = mapped_column(Float)
+    credential_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_by: Mapped[str] = mapped_column(String(140))
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
 class JobLogChunk(Base):
     """A piece of one job attempt's output on one node, as shipped by its agent.
     ``offset``/``end`` are byte offsets in the agent's log file; a chunk is stored only

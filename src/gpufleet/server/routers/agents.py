@@ -1,23 +1,31 @@
-"""What agents call (sync) and what operators call for them (join tokens, summary).
+"""What agents call (sync, certificate) and what operators call for them (join tokens,
+credentials, revoke, summary).
 
-Sync authenticates either a node credential (``gfn_...``: it may speak only for its
-own node) or an operator/admin token (any node); a plain user gets 403.
+Sync authenticates a node certificate (mTLS: the node is the certificate's subject,
+its serial must not be revoked), a node credential (``gfn_...``: it may speak only for
+its own node; refused for syncs when the server requires certificates, where it only
+buys the certificate), or an operator/admin token (any node); a plain user gets 403.
 """
 
 from __future__ import annotations
 
+import functools
+import ssl
 import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
+from gpufleet.pki import PeerIdentity, node_identity
+from gpufleet.server.cred_schemas import CertificateIn, CertificateOut, NodeCredentialList, RevokedOut
 from gpufleet.server.deps import Me, Parts, PartsDep, get_parts, get_principal
 from gpufleet.server.hot import HotState, NodeCred
 from gpufleet.server.problems import ProblemError, unwrap
 from gpufleet.server.schemas import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply
 from gpufleet.server.services import fleet, nodecreds, sync
 from gpufleet.server.services.accounts import hash_token
+from gpufleet.server.tlsproto import peer_certificate
 
 router = APIRouter(tags=["nodes"])
 
@@ -39,21 +47,55 @@ def _bearer(authorization: str | None) -> str:
 
 async def agent_actor(
     name: str,
+    request: Request,
     parts: Annotated[Parts, Depends(get_parts)],
     hot: HotDep,
     authorization: Annotated[str | None, Header()] = None,
 ) -> sync.AgentActor:
     """Async like ``get_principal``: a cached credential is answered on the event loop."""
+    return await _actor(name, request, parts, hot, authorization, certificate_only=False)
+
+
+async def _actor(
+    name: str,
+    request: Request,
+    parts: Parts,
+    hot: HotState,
+    authorization: str | None,
+    *,
+    certificate_only: bool,
+) -> sync.AgentActor:
+    pem = peer_certificate(request.scope)
+    if pem is not None:
+        peer = _peer(pem)
+        if peer is not None:
+            if hot.revocations.stale():
+                await run_in_threadpool(nodecreds.refresh_revocations, parts.db, hot.revocations)
+            if hot.revocations.revoked(peer.serial):
+                raise ProblemError(401, f"node certificate {peer.serial} is revoked", title="Unauthorized")
+            return sync.AgentActor(name=f"node:{peer.node}", node=peer.node)
     token = _bearer(authorization)
     if not nodecreds.is_node_token(token):
         who = await get_principal(parts, authorization)
         if not who.is_operator:
             raise ProblemError(403, "only node credentials, operators and admins may sync nodes")
         return sync.AgentActor(name=who.name, node=None)
+    if certificate_only and parts.config.node_certs_required:
+        raise ProblemError(
+            401,
+            "this server takes node certificates: run the agent with an https:// --server and --ca-file",
+            title="Unauthorized",
+        )
     cred = hot.creds.get(hash_token(token))
     if cred is None or cred.node is None:
         cred = await run_in_threadpool(_resolve, parts, hot, token, name)
-    return sync.AgentActor(name=f"node:{cred.node}", node=cred.node)
+    return sync.AgentActor(name=f"node:{cred.node}", node=cred.node, credential_id=cred.id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _peer(pem: str) -> PeerIdentity | None:
+    """The node a (TLS-verified) client certificate names; parsed once per certificate."""
+    return node_identity(ssl.PEM_cert_to_DER_cert(pem))
 
 
 def _resolve(parts: Parts, hot: HotState, token: str, name: str) -> NodeCred:
@@ -69,13 +111,62 @@ def create_join_token(parts: PartsDep, me: Me, spec: JoinTokenIn | None = None) 
     return unwrap(nodecreds.create_join_token(db=parts.db, actor=me, node=node, now=parts.now()))
 
 
+async def sync_actor(
+    name: str,
+    request: Request,
+    parts: Annotated[Parts, Depends(get_parts)],
+    hot: HotDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> sync.AgentActor:
+    """Who syncs: as ``agent_actor``, but a join token is refused where the server
+    requires node certificates."""
+    return await _actor(name, request, parts, hot, authorization, certificate_only=True)
+
+
+@router.post("/nodes/{name}/certificate", status_code=201, response_model=CertificateOut)
+def node_certificate(
+    name: str,
+    body: CertificateIn,
+    request: Request,
+    parts: PartsDep,
+    actor: Annotated[sync.AgentActor, Depends(agent_actor)],
+) -> CertificateOut:
+    """Trade a join token (or an operator's token, or this node's current certificate)
+    and a CSR for the node's client certificate."""
+    if actor.node is not None and actor.node != name:
+        raise ProblemError(403, f"this credential belongs to node {actor.node}, not {name}")
+    out = nodecreds.issue_certificate(
+        db=parts.db,
+        ca=request.app.state.ca,
+        node=name,
+        csr=body.csr,
+        actor=actor.name,
+        credential_id=actor.credential_id,
+        now=parts.now(),
+    )
+    return unwrap(out)
+
+
+@router.get("/node-credentials", response_model=NodeCredentialList)
+def node_credentials(parts: PartsDep, me: Me, node: str | None = None) -> NodeCredentialList:
+    return unwrap(nodecreds.list_credentials(db=parts.db, actor=me, node=node))
+
+
+@router.post("/nodes/{name}/revoke", response_model=RevokedOut)
+def revoke_node(name: str, parts: PartsDep, hot: HotDep, me: Me) -> RevokedOut:
+    out = nodecreds.revoke_node(
+        db=parts.db, actor=me, node=name, now=parts.now(), cache=hot.creds, revocations=hot.revocations
+    )
+    return unwrap(out)
+
+
 @router.post("/nodes/{name}/sync", response_model=SyncReply)
 def sync_node(
     name: str,
     body: NodeSync,
     parts: PartsDep,
     hot: HotDep,
-    actor: Annotated[sync.AgentActor, Depends(agent_actor)],
+    actor: Annotated[sync.AgentActor, Depends(sync_actor)],
 ) -> SyncReply:
     t0 = time.perf_counter()
     out = sync.sync_node(

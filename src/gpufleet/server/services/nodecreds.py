@@ -1,10 +1,18 @@
-"""Node credentials: the token an agent authenticates with.
+"""Node credentials: the token an agent authenticates with, and the client certificate
+it trades that token for when the server runs with TLS (``gpufleet.pki``).
 
 ``gpufleet node join-token [--node NAME]`` (operators and admins) creates one; like API
 tokens only the sha256 is stored and the token (prefix ``gfn_``) is shown once. A
 credential speaks for exactly one node: the one named at creation, or else the first
 node that syncs with it (bound by compare-and-set, so two agents racing with one fresh
 token cannot both own it). Speaking for another node is a 403.
+
+Certificates (``issue_certificate``): with the token (or an operator's token, or the
+node's current certificate, to renew) an agent sends a CSR and gets a certificate whose
+subject is the node; its serial is stored. ``revoke_node`` revokes every join token and
+certificate of a node; ``Revocations`` is the in-memory set of revoked serials every
+certificate sync is checked against (reloaded every few seconds, at once after a revoke
+on this server).
 """
 
 from __future__ import annotations
@@ -12,13 +20,15 @@ from __future__ import annotations
 import secrets
 from functools import partial
 
-from sqlalchemy import select, update
+from sqlalchemy import Update, select, update
 from sqlalchemy.orm import Session
 
+from gpufleet.pki import CertificateAuthority, PkiError
+from gpufleet.server.cred_schemas import CertificateOut, NodeCredentialList, NodeCredentialOut, RevokedOut
 from gpufleet.server.db import Database
-from gpufleet.server.hot import CredCache, NodeCred
-from gpufleet.server.models import NodeCredential
-from gpufleet.server.problems import Failure, forbidden
+from gpufleet.server.hot import CredCache, NodeCred, Revocations
+from gpufleet.server.models import NodeCertificate, NodeCredential
+from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.schemas import JoinTokenOut
 from gpufleet.server.services.accounts import Principal, hash_token
 from gpufleet.server.writer import Writer
@@ -83,3 +93,125 @@ def bind(*, writer: Writer, token: str, cred: NodeCred, node: str, cache: CredCa
     out = NodeCred(id=cred.id, node=bound)
     cache.put(hash_token(token), out)
     return out
+
+
+# -- certificates --------------------------------------------------------------------------------
+
+
+def issue_certificate(
+    *,
+    db: Database,
+    ca: CertificateAuthority | None,
+    node: str,
+    csr: str,
+    actor: str,
+    credential_id: int | None,
+    now: float,
+) -> CertificateOut | Failure:
+    """Sign the agent's CSR for ``node`` (the caller is already known to speak for it)."""
+    if ca is None:
+        return conflict("this server has no certificate authority: start it with --tls-cert (and --ca-dir)")
+    try:
+        issued = ca.sign_node(csr.encode(), node=node)
+    except PkiError as exc:
+        return invalid(str(exc))
+    with db.write() as s:
+        s.add(
+            NodeCertificate(
+                node=node,
+                serial=issued.serial,
+                not_after=issued.not_after,
+                credential_id=credential_id,
+                created_by=actor,
+                created_at=now,
+            )
+        )
+    return CertificateOut(
+        node=node,
+        certificate=issued.certificate.decode(),
+        ca=ca.pem.decode(),
+        serial=issued.serial,
+        not_after=issued.not_after,
+    )
+
+
+def list_credentials(
+    *, db: Database, actor: Principal, node: str | None = None
+) -> NodeCredentialList | Failure:
+    if not actor.is_operator:
+        return forbidden("only operators and admins list node credentials")
+    items: list[NodeCredentialOut] = []
+    with db.read() as s:
+        q = select(NodeCredential).order_by(NodeCredential.id)
+        if node is not None:
+            q = q.where(NodeCredential.node == node)
+        for t in s.scalars(q):
+            items.append(
+                NodeCredentialOut(
+                    kind="join-token",
+                    id=t.id,
+                    node=t.node,
+                    hint=t.hint,
+                    created_by=t.created_by,
+                    created_at=t.created_at,
+                    revoked_at=t.revoked_at,
+                )
+            )
+        cq = select(NodeCertificate).order_by(NodeCertificate.id)
+        if node is not None:
+            cq = cq.where(NodeCertificate.node == node)
+        for c in s.scalars(cq):
+            items.append(
+                NodeCredentialOut(
+                    kind="certificate",
+                    id=c.id,
+                    node=c.node,
+                    hint=c.serial,
+                    created_by=c.created_by,
+                    created_at=c.created_at,
+                    not_after=c.not_after,
+                    revoked_at=c.revoked_at,
+                )
+            )
+    return NodeCredentialList(items=items)
+
+
+def _count(s: Session, stmt: Update) -> int:
+    """Rows an UPDATE changed."""
+    result = s.execute(stmt.execution_options(synchronize_session=False))
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+def revoke_node(
+    *, db: Database, actor: Principal, node: str, now: float, cache: CredCache, revocations: Revocations
+) -> RevokedOut | Failure:
+    """Revoke every join token and certificate of ``node``; refused from the next
+    request on (this server's caches are cleared; others reload within seconds)."""
+    if not actor.is_operator:
+        return forbidden("only operators and admins revoke node credentials")
+    with db.write() as s:
+        tokens = _count(
+            s,
+            update(NodeCredential)
+            .where(NodeCredential.node == node, NodeCredential.revoked_at.is_(None))
+            .values(revoked_at=now),
+        )
+        certs = _count(
+            s,
+            update(NodeCertificate)
+            .where(NodeCertificate.node == node, NodeCertificate.revoked_at.is_(None))
+            .values(revoked_at=now),
+        )
+    if not tokens and not certs:
+        return not_found(f"node {node} has no credential that is not revoked")
+    cache.clear()
+    revocations.invalidate()
+    return RevokedOut(node=node, join_tokens=tokens, certificates=certs)
+
+
+def refresh_revocations(db: Database, revocations: Revocations) -> None:
+    """Reload the revoked serials when the cached set is stale."""
+    if revocations.stale():
+        with db.read() as s:
+            serials = s.scalars(select(NodeCertificate.serial).where(NodeCertificate.revoked_at.is_not(None)))
+            revocations.load(frozenset(serials))

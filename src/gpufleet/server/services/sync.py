@@ -55,6 +55,8 @@ class AgentActor:
 
     name: str
     node: str | None
+    credential_id: int | None = None
+    """The join token it authenticated with, if that is how (recorded with a certificate)."""
 
 
 def attempt_of(scheduled_at: float | None) -> int:
