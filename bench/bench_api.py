@@ -35,7 +35,12 @@ The table shows the median over runs of each figure (each run's p50/p99 are over
 its requests). Jobs accumulate across runs (the fleet fills, the queue grows), as on
 a busy cluster.
 
-    .venv/bin/python bench/bench_api.py [--seconds 5] [--runs 3] [--clients 8] [--client raw]
+With ``--tls`` every backend is measured twice, over plain HTTP and over HTTPS (a CA and
+server certificate made by ``gpufleet ca init``; clients verify it, keep-alive
+connections, so the handshake is outside the window), and a last line gives the TLS
+rate as a share of the plain one.
+
+    .venv/bin/python bench/bench_api.py [--seconds 5] [--runs 3] [--clients 8] [--client raw] [--tls]
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import argparse
 import json
 import os
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -74,6 +80,7 @@ def _gpufleet(*args: str) -> None:
 class Running:
     url: str
     proc: subprocess.Popen[bytes]
+    ca_file: str | None = None
 
     def cpu_s(self) -> tuple[float, float]:
         """User + system CPU seconds so far of the server process and of its children (the
@@ -102,30 +109,45 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def start(db_url: str) -> Running:
+def start(db_url: str, tls_dir: Path | None = None) -> Running:
     _gpufleet("db", "upgrade", "--database-url", db_url)
     port = _port()
+    tls: list[str] = []
+    ca_file = None
+    if tls_dir is not None:
+        _gpufleet("ca", "init", str(tls_dir), "--name", "127.0.0.1")
+        tls = ["--tls-cert", str(tls_dir / "server.crt"), "--tls-key", str(tls_dir / "server.key")]
+        ca_file = str(tls_dir / "ca.crt")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "server", "--port", str(port), "--database-url", db_url],
+        [sys.executable, "-m", "gpufleet", "server", "--port", str(port), "--database-url", db_url, *tls],
         env={**os.environ, "GPUFLEET_ADMIN_TOKEN": TOKEN},
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls_dir else 'http'}://127.0.0.1:{port}"
     for _ in range(400):
         try:
-            if httpx.get(url + "/v1/healthz").status_code == 200:
-                return Running(url=url, proc=proc)
+            if httpx.get(url + "/v1/healthz", verify=_verify(ca_file)).status_code == 200:
+                return Running(url=url, proc=proc, ca_file=ca_file)
         except httpx.HTTPError:
             time.sleep(0.05)
     proc.kill()
     raise SystemExit("server did not start")
 
 
-def client(url: str) -> httpx.Client:
-    return httpx.Client(base_url=url + "/v1", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+def _verify(ca_file: str | None) -> ssl.SSLContext | bool:
+    return ssl.create_default_context(cafile=ca_file) if ca_file else True
 
 
-def setup(url: str, *, nodes: int, gpus: int) -> None:
-    with client(url) as c:
+def client(url: str, ca_file: str | None = None) -> httpx.Client:
+    return httpx.Client(
+        base_url=url + "/v1",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=60,
+        verify=_verify(ca_file),
+    )
+
+
+def setup(url: str, *, nodes: int, gpus: int, ca_file: str | None = None) -> None:
+    with client(url, ca_file) as c:
         c.post("/teams", json={"name": "bench"}).raise_for_status()
         c.post("/teams/bench/members", json={"user": "admin"}).raise_for_status()
         for n in range(nodes):
@@ -133,9 +155,9 @@ def setup(url: str, *, nodes: int, gpus: int) -> None:
             c.put(f"/nodes/node{n:03d}", json=spec).raise_for_status()
 
 
-def idle_latency_ms(url: str, *, samples: int) -> float:
+def idle_latency_ms(url: str, *, samples: int, ca_file: str | None = None) -> float:
     out: list[float] = []
-    with client(url) as c:
+    with client(url, ca_file) as c:
         for _ in range(samples):
             job = c.post("/jobs", json={"command": ["true"], "gpus": 1}).json()
             while (shown := c.get(f"/jobs/{job['id']}").json())["state"] == "PENDING":
@@ -159,6 +181,8 @@ class Call:
     path: str
     body: bytes
     status: int
+    ca_file: str | None = None
+    """Set: the server speaks HTTPS with a certificate from this CA."""
 
 
 class RawConnection:
@@ -167,8 +191,13 @@ class RawConnection:
 
     def __init__(self, url: str, call: Call) -> None:
         where = urlsplit(url)
-        self.sock = socket.create_connection((where.hostname, where.port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((where.hostname, where.port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if call.ca_file:
+            sock = ssl.create_default_context(cafile=call.ca_file).wrap_socket(
+                sock, server_hostname=where.hostname
+            )
+        self.sock = sock
         head = (
             f"{call.method} {call.path} HTTP/1.1\r\nHost: {where.netloc}\r\n"
             f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
@@ -207,7 +236,7 @@ class RawConnection:
 
 class HttpxConnection:
     def __init__(self, url: str, call: Call) -> None:
-        self.client = client(url)
+        self.client = client(url, call.ca_file)
         self.call = call
 
     def once(self) -> None:
@@ -277,14 +306,15 @@ def load(srv: Running, call: Call, *, clients: int, seconds: float, kind: str) -
     )
 
 
-def bench(name: str, db_url: str, args: argparse.Namespace) -> list[str]:
-    srv = start(db_url)
-    health = Call(method="GET", path="/v1/healthz", body=b"", status=200)
-    submit = Call(method="POST", path="/v1/jobs", body=json.dumps(JOB).encode(), status=201)
+def bench(name: str, db_url: str, args: argparse.Namespace, tls_dir: Path | None = None) -> list[str]:
+    srv = start(db_url, tls_dir)
+    ca = srv.ca_file
+    health = Call(method="GET", path="/v1/healthz", body=b"", status=200, ca_file=ca)
+    submit = Call(method="POST", path="/v1/jobs", body=json.dumps(JOB).encode(), status=201, ca_file=ca)
     opts = {"clients": args.clients, "seconds": args.seconds, "kind": args.client}
     try:
-        setup(srv.url, nodes=args.nodes, gpus=args.gpus)
-        idle = [idle_latency_ms(srv.url, samples=20) for _ in range(args.runs)]
+        setup(srv.url, nodes=args.nodes, gpus=args.gpus, ca_file=ca)
+        idle = [idle_latency_ms(srv.url, samples=20, ca_file=ca) for _ in range(args.runs)]
         base: list[Load] = []
         jobs: list[Load] = []
         for _ in range(args.runs):
@@ -323,6 +353,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=50)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
+    ap.add_argument("--tls", action="store_true", help="Each backend over HTTP and over HTTPS.")
     args = ap.parse_args()
     rows = [
         [
@@ -343,6 +374,11 @@ def main() -> None:
     if not args.no_sqlite:
         with tempfile.TemporaryDirectory() as tmp:
             rows.append(bench("sqlite", f"sqlite:///{Path(tmp) / 'bench.db'}", args))
+        if args.tls:
+            with tempfile.TemporaryDirectory() as tmp:
+                rows.append(
+                    bench("sqlite+tls", f"sqlite:///{Path(tmp) / 'bench.db'}", args, Path(tmp) / "pki")
+                )
     pg = os.environ.get("GPUFLEET_TEST_DATABASE_URL")
     if pg:
         from sqlalchemy import MetaData, create_engine
@@ -353,6 +389,13 @@ def main() -> None:
         meta.drop_all(engine)
         engine.dispose()
         rows.append(bench("postgresql", pg, args))
+        if args.tls:
+            meta = MetaData()
+            meta.reflect(engine)
+            meta.drop_all(engine)
+            engine.dispose()
+            with tempfile.TemporaryDirectory() as tmp:
+                rows.append(bench("postgresql+tls", pg, args, Path(tmp) / "pki"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(
         f"{args.clients} {args.client} clients x {args.seconds:g}s, {args.runs} runs (medians), "
@@ -361,6 +404,11 @@ def main() -> None:
     )
     for r in rows:
         print("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)))
+    rates = {r[0]: float(r[1]) for r in rows[1:]}
+    for name, rate in rates.items():
+        if name.endswith("+tls") and rates.get(name.removesuffix("+tls")):
+            plain = rates[name.removesuffix("+tls")]
+            print(f"TLS {name}: {rate / plain:.0%} of the plain rate ({rate:.0f} vs {plain:.0f} jobs/s)")
 
 
 if __name__ == "__main__":
