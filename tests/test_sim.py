@@ -160,3 +160,17 @@ def test_running_keys_kept_across_passes_change_no_decision(policy: str, cfg: di
     assert ra.preemptions > 0
     assert ra.outcomes == rb.outcomes
     assert a.log == b.log
+
+
+def test_the_timeline_is_sampled_on_a_regular_clock_to_the_end() -> None:
+    """Plots end where the run ends, not at the last scheduling pass, and the busy GPUs
+    at each grid point are the state then (the last point: an empty fleet)."""
+    jobs = small_trace(120)
+    _, result = run("backfill", jobs, sample_interval_s=600.0)
+    t = result.timeline["t"]
+    steps = {round(b - a, 6) for a, b in zip(t, t[1:], strict=False)}
+    assert steps == {600.0}
+    last_finish = max(o.finish_s for o in result.outcomes)
+    assert t[0] == min(j.submit_s for j in jobs) and t[-1] >= last_finish - 600.0
+    assert result.timeline["busy_gpus"][-1] == 0 and result.timeline["pending_jobs"][-1] == 0
+    assert max(result.timeline["busy_gpus"]) <= FLEET.nodes * FLEET.gpus_per_node

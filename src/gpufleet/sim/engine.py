@@ -214,7 +214,7 @@ class Simulator:
         self.last_t = 0.0
         self.passes = 0
         self.timeline: dict[str, list[float]] = {"t": [], "busy_gpus": [], "pending_jobs": []}
-        self.next_sample = 0.0
+        self.next_sample = self.trace[0].submit_s if self.trace else 0.0
         self.record = record
         self.dirty = True  # pending or running changed since the last snapshot
         self.running_view: tuple[RunningJob, ...] = ()
@@ -234,12 +234,26 @@ class Simulator:
             self.push(at, PASS, at)
 
     def advance(self, t: float) -> None:
+        if t >= self.next_sample:
+            self.sample_until(t)
         dt = t - self.last_t
         if dt > 0:
             self.busy_gpu_s += self.busy * dt
             self.frag_area += self.last_frag * dt
             self.last_t = t
         self.now = t
+
+    def sample_until(self, t: float) -> None:
+        """The timeline on a regular virtual clock (every ``sample_interval_s``): the
+        state in force since the last event holds for every grid point before ``t``, so
+        quiet stretches and the tail of the run are sampled too, not only pass times."""
+        step = self.cfg.sample_interval_s
+        busy, pending = float(self.busy), float(len(self.pending))
+        while self.next_sample < t:
+            self.timeline["t"].append(self.next_sample)
+            self.timeline["busy_gpus"].append(busy)
+            self.timeline["pending_jobs"].append(pending)
+            self.next_sample += step
 
     # -- main loop --------------------------------------------------------------------
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
@@ -281,6 +295,7 @@ class Simulator:
                 break  # only future failures remain
         if progress is not None:
             progress(len(arrivals))
+        self.sample_until(self.now + self.cfg.sample_interval_s)  # the last point: the end state
         return self.result(time.perf_counter() - wall)
 
     def arrive(self, tj: TraceJob) -> None:
@@ -325,11 +340,6 @@ class Simulator:
             self.stop(self.running[pre.job_id], preempted=True)
         for start in result.starts:
             self.start(self.dequeue(start.job_id), start.placement)
-        if self.now >= self.next_sample:
-            self.timeline["t"].append(self.now)
-            self.timeline["busy_gpus"].append(float(self.busy))
-            self.timeline["pending_jobs"].append(float(len(self.pending)))
-            self.next_sample = self.now + self.cfg.sample_interval_s
         if self.pending and self.policy.preemptive:
             self.want_pass(self.now + self.cfg.preempt_interval_s)
 

@@ -1,9 +1,12 @@
 """A markdown report with PNG plots: JCT CDF per policy, utilisation and queue length
-over time. matplotlib with the Agg backend: no display needed."""
+over time (sampled on a regular virtual clock to the end of the run). matplotlib with
+the Agg backend: no display needed. Each policy has its own colour, line style and
+marker, so a curve that lies on another one stays visible."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -13,6 +16,19 @@ import numpy as np
 
 from gpufleet.sim.runner import Comparison
 from gpufleet.timefmt import format_duration
+
+STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "x", "+", "*")
+
+
+def _style(i: int) -> dict[str, Any]:
+    """Distinct per policy: line style, marker, and the markers' positions staggered
+    (every 8 % of the axis, offset per policy), so identical curves stay apart."""
+    return {
+        "linestyle": STYLES[i % len(STYLES)],
+        "marker": MARKERS[i % len(MARKERS)],
+        "markevery": (0.01 + 0.025 * (i % 3), 0.08),
+    }
 
 
 def write_report(comparison: Comparison, out_dir: Path, *, title: str = "gpufleet simulation") -> Path:
@@ -46,8 +62,17 @@ def write_report(comparison: Comparison, out_dir: Path, *, title: str = "gpuflee
         )
     lines += [
         "",
-        "Queue = total time a job waited (including after preemptions); frag = time-averaged share of free",
-        "GPUs that cannot host the head waiting job's per-node part.",
+        "How to read the figures:",
+        "",
+        "- *offered load*: GPU-hours the trace asks for / GPU-hours the fleet has between the first and the",
+        "  last submit; above 1 the queue must grow.",
+        "- *util*: GPU-hours allocated / GPU-hours the fleet has over the whole makespan (first submit",
+        "  to last finish), so a long tail with a few jobs left pulls it down even when the fleet was full",
+        "  while work waited; the utilisation plot shows when.",
+        "- *avg queue* and *p99 queue*: the total time a job waited (including after preemptions). The mean",
+        "  is dominated by the few jobs that waited longest; when fewer than 1 % of the jobs wait long, the",
+        "  mean can exceed the p99.",
+        "- *frag*: time-averaged share of free GPUs that cannot host the head waiting job's per-node part.",
         "",
         "![JCT CDF](jct_cdf.png)",
         "",
@@ -63,10 +88,10 @@ def write_report(comparison: Comparison, out_dir: Path, *, title: str = "gpuflee
 
 def _plot_jct_cdf(comparison: Comparison, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name, result in comparison.results.items():
+    for i, (name, result) in enumerate(comparison.results.items()):
         jct = np.sort(np.array([o.jct_s for o in result.outcomes]) / 3600.0)
         if jct.size:
-            ax.plot(jct, np.arange(1, jct.size + 1) / jct.size, label=name)
+            ax.plot(jct, np.arange(1, jct.size + 1) / jct.size, label=name, linewidth=1.2, **_style(i))
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (hours, log scale)")
     ax.set_ylabel("share of jobs")
@@ -80,12 +105,13 @@ def _plot_jct_cdf(comparison: Comparison, path: Path) -> None:
 
 def _plot_timeline(comparison: Comparison, series: str, label: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    for name, result in comparison.results.items():
-        t = np.array(result.timeline["t"]) / 86400.0
+    start = min((r.timeline["t"][0] for r in comparison.results.values() if r.timeline["t"]), default=0.0)
+    for i, (name, result) in enumerate(comparison.results.items()):
+        t = (np.array(result.timeline["t"]) - start) / 86400.0
         y = np.array(result.timeline[series])
         if series == "busy_gpus":
             y = y / result.fleet_gpus
-        ax.plot(t, y, label=name, linewidth=1)
+        ax.plot(t, y, label=name, linewidth=1, **_style(i))
     ax.set_xlabel("days since trace start")
     ax.set_ylabel(label)
     ax.set_title(f"{label} over time")
