@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from gpufleet.scheduler import POLICIES, Policy, make_policy
@@ -168,7 +170,7 @@ def test_the_timeline_is_sampled_on_a_regular_clock_to_the_end() -> None:
     jobs = small_trace(120)
     _, result = run("backfill", jobs, sample_interval_s=600.0)
     t = result.timeline["t"]
-    steps = {round(b - a, 6) for a, b in zip(t, t[1:], strict=False)}
+    steps = {round(b - a, 6) for a, b in itertools.pairwise(t)}
     assert steps == {600.0}
     last_finish = max(o.finish_s for o in result.outcomes)
     assert t[0] == min(j.submit_s for j in jobs) and t[-1] >= last_finish - 600.0
