@@ -118,9 +118,11 @@ def start(db_url: str, tls_dir: Path | None = None) -> Running:
         _gpufleet("ca", "init", str(tls_dir), "--name", "127.0.0.1")
         tls = ["--tls-cert", str(tls_dir / "server.crt"), "--tls-key", str(tls_dir / "server.key")]
         ca_file = str(tls_dir / "ca.crt")
+    # The clients are the admin: no request bucket (the default 100/s is a rate limit,
+    # not what this bench measures; bench_flood.py measures the limits).
+    args = ["server", "--port", str(port), "--database-url", db_url, "--rate-admin", "off", *tls]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "server", "--port", str(port), "--database-url", db_url, *tls],
-        env={**os.environ, "GPUFLEET_ADMIN_TOKEN": TOKEN},
+        [sys.executable, "-m", "gpufleet", *args], env={**os.environ, "GPUFLEET_ADMIN_TOKEN": TOKEN}
     )
     url = f"{'https' if tls_dir else 'http'}://127.0.0.1:{port}"
     for _ in range(400):

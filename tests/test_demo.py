@@ -38,8 +38,8 @@ def test_demo_fleet_runs_jobs_and_stops_cleanly(tmp_path: Path) -> None:
         ) as c:
             while time.monotonic() - started < 30:
                 try:
-                    nodes = c.get("/nodes").json()
-                except (httpx.HTTPError, ValueError):
+                    nodes = c.get("/nodes", params={"limit": 1000}).json()["items"]
+                except (httpx.HTTPError, ValueError, KeyError):
                     nodes = []
                 if len(nodes) == 50 and all(n["state"] == "Ready" for n in nodes):
                     break

@@ -154,11 +154,20 @@ def test_node_history_and_jobs(f: Fleet) -> None:
         ("/v1/fleet/snapshot", {}, 401),
         ("/v1/nodes/node-a/history", {}, 401),
         ("/v1/nodes/nope/history", AUTH, 404),
-        ("/metrics", {}, 200),
+        ("/metrics", {}, 401),
+        ("/metrics", AUTH, 200),
         ("/", {}, 200),
         ("/static/fleet.js", {}, 200),
     ],
-    ids=["snapshot-anon", "history-anon", "history-missing", "metrics-open", "page", "static"],
+    ids=[
+        "snapshot-anon",
+        "history-anon",
+        "history-missing",
+        "metrics-anon",
+        "metrics-admin",
+        "page",
+        "static",
+    ],
 )
 def test_access(f: Fleet, path: str, headers: dict[str, str], status: int) -> None:
     assert f.client.get(path, headers=headers).status_code == status

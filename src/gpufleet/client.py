@@ -6,6 +6,12 @@ Connection settings: ``GPUFLEET_URL`` / ``GPUFLEET_TOKEN`` / ``GPUFLEET_CA_FILE`
 cluster CA, for an https:// server whose certificate gpufleet's CA signed), else the file
 written by ``gpufleet login`` (``<user config dir>/gpufleet/config.json``, mode 0600).
 Pass ``transport=`` (e.g. ``httpx.MockTransport``) to test without a server.
+
+A 429 (rate limit, busy lane) is waited out and retried, ``Retry-After`` seconds at a
+time, for up to ``max_wait_s`` in all: the server refuses a request with 429 before it
+does anything, so a retry never repeats a write. List methods follow ``next_cursor`` to
+the end; their first page asks for 100 items and the next ones for 1,000, because a page
+costs the server's rate limit by the items it asks for.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +28,7 @@ import httpx
 import platformdirs
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from gpufleet.server.audit_schemas import AuditOut, AuditPage
 from gpufleet.server.reservation_schemas import ReservationOut
 from gpufleet.server.schemas import (
     JobDetail,
@@ -95,10 +103,12 @@ class GpufleetClient:
         *,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        max_wait_s: float = 60.0,
         ca_file: str | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
+        self.max_wait_s = max_wait_s
         self._http = httpx.Client(
             base_url=self.url + "/v1",
             headers=headers,
@@ -123,12 +133,14 @@ class GpufleetClient:
 
     # -- transport --------------------------------------------------------------------------
     def request(self, method: str, path: str, **kw: Any) -> Any:
-        try:
-            resp = self._http.request(method, path, **kw)
-        except httpx.TimeoutException as exc:
-            raise ClientError(f"server {self.url} did not answer in time") from exc
-        except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach server {self.url} ({exc.__class__.__name__}: {exc})") from exc
+        waited = 0.0
+        while True:
+            resp = self._send(method, path, **kw)
+            pause = _retry_after(resp)
+            if pause is None or waited + pause > self.max_wait_s:
+                break
+            time.sleep(pause)
+            waited += pause
         if resp.status_code >= 400:
             raise ClientError(_problem_line(resp), status=resp.status_code)
         try:
@@ -136,17 +148,38 @@ class GpufleetClient:
         except ValueError as exc:
             raise ClientError(f"server {self.url} sent a non-JSON answer ({resp.status_code})") from exc
 
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kw)
+        except httpx.TimeoutException as exc:
+            raise ClientError(f"server {self.url} did not answer in time") from exc
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach server {self.url} ({exc.__class__.__name__}: {exc})") from exc
+
     def _get(self, model: type[M], method: str, path: str, **kw: Any) -> M:
         try:
             return model.model_validate(self.request(method, path, **kw))
         except ValidationError as exc:
             raise ClientError(f"unexpected answer from {path}: {exc.error_count()} schema errors") from exc
 
-    def _list(self, model: type[M], path: str, **kw: Any) -> list[M]:
-        try:
-            return TypeAdapter(list[model]).validate_python(self.request("GET", path, **kw))  # type: ignore[valid-type]
-        except ValidationError as exc:
-            raise ClientError(f"unexpected answer from {path}: {exc.error_count()} schema errors") from exc
+    def _list(self, model: type[M], path: str, params: dict[str, Any] | None = None) -> list[M]:
+        """Every page of a paged list (``{"items", "next_cursor"}``)."""
+        adapter = TypeAdapter(list[model])  # type: ignore[valid-type]
+        out: list[M] = []
+        cursor: str | None = None
+        while True:
+            query = {**(params or {}), "limit": 1000 if cursor else 100}
+            body = self.request("GET", path, params=query if cursor is None else {**query, "cursor": cursor})
+            unexpected = f"unexpected answer from {path}"
+            if not isinstance(body, dict):
+                raise ClientError(f"{unexpected}: not a page")
+            try:
+                out += adapter.validate_python(body.get("items"))
+            except ValidationError as exc:
+                raise ClientError(f"{unexpected}: {exc.error_count()} schema errors") from exc
+            cursor = body.get("next_cursor")
+            if cursor is None:
+                return out
 
     # -- jobs -------------------------------------------------------------------------------
     def submit(self, spec: dict[str, Any]) -> JobDetail:
@@ -174,7 +207,7 @@ class GpufleetClient:
         out: list[Any] = []
         cursor: str | None = None
         while True:
-            page = self.jobs(cursor=cursor, **filters)
+            page = self.jobs(cursor=cursor, limit=1000 if cursor else 100, **filters)
             out += page.items
             if page.next_cursor is None:
                 return out
@@ -207,14 +240,14 @@ class GpufleetClient:
             ) from exc
 
     def reservations(self, *, include_past: bool = False) -> list[ReservationOut]:
-        return self._list(ReservationOut, "/reservations", params={"all": "true"} if include_past else {})
+        return self._list(ReservationOut, "/reservations", {"all": "true"} if include_past else {})
 
     def cancel_reservation(self, reservation_id: int) -> ReservationOut:
         return self._get(ReservationOut, "DELETE", f"/reservations/{reservation_id}")
 
     # -- nodes ------------------------------------------------------------------------------
     def nodes(self, *, pool: str | None = None) -> list[NodeOut]:
-        return self._list(NodeOut, "/nodes", params={} if pool is None else {"pool": pool})
+        return self._list(NodeOut, "/nodes", {} if pool is None else {"pool": pool})
 
     def node(self, name: str) -> NodeOut:
         return self._get(NodeOut, "GET", f"/nodes/{name}")
@@ -277,13 +310,34 @@ class GpufleetClient:
         return self._get(PoolOut, "DELETE", f"/pools/{name}")
 
     def tokens(self, *, user: str | None = None) -> list[TokenOut]:
-        return self._list(TokenOut, "/tokens", params={} if user is None else {"user": user})
+        return self._list(TokenOut, "/tokens", {} if user is None else {"user": user})
 
-    def create_token(self, *, name: str, user: str | None = None) -> TokenCreated:
-        return self._get(TokenCreated, "POST", "/tokens", json={"name": name, "user": user})
+    def create_token(
+        self, *, name: str, user: str | None = None, expires_in: str | None = None
+    ) -> TokenCreated:
+        body = {"name": name, "user": user} | ({} if expires_in is None else {"expires_in": expires_in})
+        return self._get(TokenCreated, "POST", "/tokens", json=body)
 
     def revoke_token(self, token_id: int) -> TokenOut:
         return self._get(TokenOut, "DELETE", f"/tokens/{token_id}")
+
+    def audit(
+        self, *, user: str | None = None, since: float | None = None, limit: int = 100
+    ) -> list[AuditOut]:
+        """The newest ``limit`` audit rows (admins), following pages as needed."""
+        out: list[AuditOut] = []
+        cursor: str | None = None
+        while len(out) < limit:
+            params: dict[str, Any] = {"limit": min(1000, limit - len(out))}
+            params |= {
+                k: v for k, v in (("user", user), ("since", since), ("cursor", cursor)) if v is not None
+            }
+            page = self._get(AuditPage, "GET", "/audit", params=params)
+            out += page.items
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return out
 
 
 def _problem_line(resp: httpx.Response) -> str:
@@ -298,5 +352,16 @@ def _problem_line(resp: httpx.Response) -> str:
         401: "not authenticated (check GPUFLEET_TOKEN or run `gpufleet login`)",
         403: "forbidden",
         404: "not found",
+        429: "too many requests (retried for a while)",
     }.get(resp.status_code, f"server said {resp.status_code} {resp.reason_phrase}")
     return f"{prefix}: {detail}" if detail else prefix
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    """Seconds to wait before retrying a 429, or None (not a 429, or no usable header)."""
+    if resp.status_code != 429:
+        return None
+    try:
+        return max(0.0, float(resp.headers.get("Retry-After", "")))
+    except ValueError:
+        return None

@@ -239,7 +239,7 @@ class Demo:
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 booked = {  # a repeat's windows are named name#1, name#2, ...
                     r["name"].split("#")[0]
-                    for r in c.get("/reservations").json()
+                    for r in c.get("/reservations", params={"limit": 1000}).json()["items"]
                     if r["state"] != "CANCELLED"
                 }
                 now = time.time()

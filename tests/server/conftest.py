@@ -191,6 +191,18 @@ def ok(resp: httpx.Response, status: int = 200) -> Any:
     return resp.json()
 
 
+def every(c: httpx.Client, path: str, **params: Any) -> list[Any]:
+    """Every item of a paged list, following ``next_cursor``."""
+    items: list[Any] = []
+    cursor = None
+    while True:
+        page = ok(c.get(path, params={**params, "limit": 1000, **({"cursor": cursor} if cursor else {})}))
+        items += page["items"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return items
+
+
 def make_team(srv: Server, name: str | None = None) -> str:
     name = name or unique("team")
     with srv.client() as c:
@@ -227,7 +239,11 @@ def wait_for(srv: Server, job_id: int, state: str, *, token: str = ADMIN_TOKEN, 
     deadline = time.monotonic() + timeout
     with srv.client(token) as c:
         while True:
-            job = ok(c.get(f"/jobs/{job_id}"))
+            resp = c.get(f"/jobs/{job_id}")
+            if resp.status_code == 429:  # a user's request bucket is empty: wait as told
+                time.sleep(float(resp.headers["Retry-After"]))
+                continue
+            job = ok(resp)
             if job["state"] == state or time.monotonic() > deadline:
                 assert job["state"] == state, job
                 return job

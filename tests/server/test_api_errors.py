@@ -179,7 +179,7 @@ def test_tokens_own_list_and_revoke(server: Server, world: dict[str, str]) -> No
     with server.client(token) as c:
         me = ok(c.get("/users/me"))
         new = ok(c.post("/tokens", json={"name": "laptop"}), 201)
-        mine = ok(c.get("/tokens"))
+        mine = ok(c.get("/tokens"))["items"]
         assert {t["user"] for t in mine} == {me["name"]}
         assert "token" not in mine[0]
         assert c.post("/tokens", json={"user": "admin"}).status_code == 403

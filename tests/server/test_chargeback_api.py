@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from server.conftest import Server, gpufleet, make_node, make_pool, make_team, make_user, ok, wait_for
+from server.conftest import (
+    Server,
+    every,
+    gpufleet,
+    make_node,
+    make_pool,
+    make_team,
+    make_user,
+    ok,
+    wait_for,
+)
 
 PRICES = {
     "timezone": "Europe/Berlin",
@@ -54,7 +64,7 @@ def test_team_budgets_and_spend_are_shown_to_members_and_operators_only(server: 
             ok(admin.put(f"/teams/{team}/budget", json={"soft": 100, "hard": 200}))
         assert ok(admin.get(f"/teams/{other}"))["budget_hard"] == 200
     with server.client(token) as user:
-        teams = {t["name"]: t for t in ok(user.get("/teams"))}
+        teams = {t["name"]: t for t in every(user, "/teams")}
         assert (teams[mine]["budget_soft"], teams[mine]["month_cost"]) == (100, 0)
         hidden = (teams[other]["budget_soft"], teams[other]["budget_hard"], teams[other]["month_cost"])
         assert hidden == (None, None, None)

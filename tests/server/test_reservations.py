@@ -10,7 +10,17 @@ from typing import Any
 
 import pytest
 
-from server.conftest import Server, gpufleet, make_node, make_pool, make_team, make_user, ok, wait_for
+from server.conftest import (
+    Server,
+    every,
+    gpufleet,
+    make_node,
+    make_pool,
+    make_team,
+    make_user,
+    ok,
+    wait_for,
+)
 
 HOUR = 3600.0
 
@@ -65,7 +75,7 @@ def test_admission(server: Server, first: dict[str, Any], second: dict[str, Any]
     assert a[0]["state"] == "BOOKED" and a[0]["gpus"] == first["gpus"]
     spec = {**second, "start": t0 + second["start"]}
     with server.client() as c:
-        before = len(ok(c.get("/reservations")))
+        before = len(every(c, "/reservations"))
     if ok_second:
         got = reserve(server, pool=pool, **spec)
         assert len(got) == spec.get("count", 1) if spec.get("repeat") else len(got) == 1
@@ -73,7 +83,7 @@ def test_admission(server: Server, first: dict[str, Any], second: dict[str, Any]
         problem = reserve(server, status=409, pool=pool, **spec)
         assert f"overlapping reservations: {a[0]['id']}" in problem["detail"]
         with server.client() as c:
-            assert len(ok(c.get("/reservations"))) == before  # all or nothing
+            assert len(every(c, "/reservations")) == before  # all or nothing
 
 
 def test_maintenance_on_named_nodes_is_for_operators(server: Server, team: str) -> None:
@@ -98,8 +108,8 @@ def test_ownership_list_and_cancel(server: Server, team: str) -> None:
     mine = reserve(server, alice, pool=pool, gpus=1, start=t0)[0]
     theirs = reserve(server, pool=pool, gpus=1, start=t0)[0]
     with server.client(alice) as c:
-        assert mine["id"] in _ids(ok(c.get("/reservations")))
-        assert theirs["id"] not in _ids(ok(c.get("/reservations")))
+        assert mine["id"] in _ids(every(c, "/reservations"))
+        assert theirs["id"] not in _ids(every(c, "/reservations"))
         assert c.delete(f"/reservations/{theirs['id']}").status_code == 404
     with server.client(bob) as c:
         assert c.delete(f"/reservations/{mine['id']}").status_code == 404
@@ -107,7 +117,7 @@ def test_ownership_list_and_cancel(server: Server, team: str) -> None:
         assert ok(c.delete(f"/reservations/{mine['id']}"))["state"] == "CANCELLED"
         assert c.delete(f"/reservations/{mine['id']}").status_code == 409
     with server.client() as c:  # the admin sees all, the reason included
-        row = next(r for r in ok(c.get("/reservations")) if r["id"] == mine["id"])
+        row = next(r for r in every(c, "/reservations") if r["id"] == mine["id"])
     assert row["reason"].startswith("cancelled by ")
 
 

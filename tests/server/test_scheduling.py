@@ -31,6 +31,11 @@ def sync(server: Server, node: str, jobs: list[dict[str, Any]]) -> dict[str, Any
         return ok(c.post(f"/nodes/{node}/sync", json={"jobs": jobs}))  # type: ignore[no-any-return]
 
 
+def attempt(job: dict[str, Any]) -> int:
+    """The attempt of the job's current placement, as its agent knows it (``DesiredJob.attempt``)."""
+    return round(job["scheduled_at"] * 1000)
+
+
 def transitions(job: dict[str, Any]) -> list[tuple[str | None, str]]:
     return [(e["from_state"], e["to_state"]) for e in job["events"]]
 
@@ -52,11 +57,13 @@ def test_lifecycle_schedule_run_complete(server: Server, team: str) -> None:
     desired = sync(server, n1, [])
     assert [(d["job_id"], d["gpus"]) for d in desired["jobs"]] == [(a["id"], [0, 1, 2, 3])]
     assert desired["jobs"][0]["command"] == ["python", "train.py"]
+    at = desired["jobs"][0]["attempt"]
+    assert at == attempt(ja)
     for _ in range(2):  # a duplicate message is harmless
-        sync(server, n1, [{"job_id": a["id"], "state": "running"}])
+        sync(server, n1, [{"job_id": a["id"], "state": "running", "attempt": at}])
     assert wait_for(server, a["id"], "RUNNING")["started_at"] is not None
     for _ in range(2):
-        reply = sync(server, n1, [{"job_id": a["id"], "state": "exited", "exit_code": 0}])
+        reply = sync(server, n1, [{"job_id": a["id"], "state": "exited", "exit_code": 0, "attempt": at}])
     assert reply["jobs"] == []
     done = wait_for(server, a["id"], "COMPLETED")
     assert done["exit_code"] == 0 and done["allocation"] == []
@@ -68,7 +75,7 @@ def test_lifecycle_schedule_run_complete(server: Server, team: str) -> None:
     ]
     assert done["attained_service_s"] >= 0
 
-    sync(server, n2, [{"job_id": b["id"], "state": "exited", "exit_code": 3}])
+    sync(server, n2, [{"job_id": b["id"], "state": "exited", "exit_code": 3, "attempt": attempt(jb)}])
     assert wait_for(server, b["id"], "FAILED")["exit_code"] == 3
 
 
@@ -105,13 +112,13 @@ def test_hold_release_cancel(server: Server, team: str) -> None:
     with server.client() as c:
         assert ok(c.get(f"/jobs/{job['id']}"))["state"] == "HELD"
         ok(c.post(f"/jobs/{job['id']}/release"))
-    wait_for(server, job["id"], "SCHEDULED")
-    sync(server, node, [{"job_id": job["id"], "state": "running"}])
+    at = attempt(wait_for(server, job["id"], "SCHEDULED"))
+    sync(server, node, [{"job_id": job["id"], "state": "running", "attempt": at}])
     with server.client() as c:
         cancelled = ok(c.post(f"/jobs/{job['id']}/cancel"))
         assert c.post(f"/jobs/{job['id']}/cancel").status_code == 409
     assert cancelled["state"] == "CANCELLED" and cancelled["allocation"] == []
-    assert sync(server, node, [{"job_id": job["id"], "state": "running"}])["jobs"] == []
+    assert sync(server, node, [{"job_id": job["id"], "state": "running", "attempt": at}])["jobs"] == []
     assert transitions(cancelled)[-3:] == [
         ("PENDING", "SCHEDULED"),
         ("SCHEDULED", "RUNNING"),
@@ -128,8 +135,8 @@ def test_time_limit_gives_timeout(server: Server, team: str) -> None:
     pool = make_pool(server)
     node = make_node(server, pool=pool, gpus=1)
     job = submit(server, gpus=1, pool=pool, team=team, time_limit="1s")
-    wait_for(server, job["id"], "SCHEDULED")
-    sync(server, node, [{"job_id": job["id"], "state": "running"}])
+    at = attempt(wait_for(server, job["id"], "SCHEDULED"))
+    sync(server, node, [{"job_id": job["id"], "state": "running", "attempt": at}])
     done = wait_for(server, job["id"], "TIMEOUT", timeout=5)
     assert done["events"][-1]["actor"] == "scheduler"
     assert done["attained_service_s"] >= 1.0
@@ -140,17 +147,17 @@ def test_priority_preempts_lower_job(server: Server, team: str) -> None:
     pool = make_pool(server)
     node = make_node(server, pool=pool, gpus=2)
     low = submit(server, gpus=2, pool=pool, team=team, priority=0)
-    wait_for(server, low["id"], "SCHEDULED")
-    sync(server, node, [{"job_id": low["id"], "state": "running"}])
+    low_at = attempt(wait_for(server, low["id"], "SCHEDULED"))
+    sync(server, node, [{"job_id": low["id"], "state": "running", "attempt": low_at}])
     wait_for(server, low["id"], "RUNNING")
     high = submit(server, gpus=2, pool=pool, team=team, priority=100)
     back = wait_for(server, low["id"], "PENDING", timeout=5)
     assert ("RUNNING", "PREEMPTED") in transitions(back) and ("PREEMPTED", "PENDING") in transitions(back)
-    wait_for(server, high["id"], "SCHEDULED")
+    high_at = attempt(wait_for(server, high["id"], "SCHEDULED"))
     # The preempted job waits until its old node confirms it stopped.
-    reply = sync(server, node, [{"job_id": low["id"], "state": "running"}])
+    reply = sync(server, node, [{"job_id": low["id"], "state": "running", "attempt": low_at}])
     assert [d["job_id"] for d in reply["jobs"]] == [high["id"]]
-    sync(server, node, [{"job_id": high["id"], "state": "running"}])
+    sync(server, node, [{"job_id": high["id"], "state": "running", "attempt": high_at}])
     with server.client() as c:
         assert ok(c.get(f"/jobs/{low['id']}"))["state"] == "PENDING"
 

@@ -28,8 +28,8 @@ class Fleet:
     job_id: int
 
     def scrape(self) -> dict[str, list[tuple[dict[str, str], float]]]:
-        """Sample name -> [(labels, value)] from ``GET /metrics``."""
-        r = self.client.get("/metrics")
+        """Sample name -> [(labels, value)] from ``GET /metrics`` (an admin's token)."""
+        r = self.client.get("/metrics", headers=AUTH)
         assert r.status_code == 200, r.text
         assert r.headers["content-type"].startswith("text/plain")
         out: dict[str, list[tuple[dict[str, str], float]]] = {}

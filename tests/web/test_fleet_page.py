@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,7 +77,8 @@ def test_fleet_page_against_the_demo(page: Any, demo_fleet: DemoFleet) -> None:
         assert page.locator("#heatmap .tile").count() == 400
         assert page.locator("#heatmap .node").count() == 50
         assert page.locator("#heatmap .rack").count() == 3 and page.locator("#heatmap .leaf").count() == 5
-        assert page.evaluate("sessionStorage.getItem('gpufleet.token')") == demo_fleet.token
+        stored = page.evaluate("sessionStorage.getItem('gpufleet.token')")  # a web session, not the API token
+        assert stored.startswith("gf_") and stored != demo_fleet.token
         title = page.locator("#heatmap .tile").first.get_attribute("title")
         assert title and title.startswith("node-000 GPU 0")
         sync_api.expect(page.locator("#k-nodes")).to_have_text("50 / 50")
@@ -257,3 +259,337 @@ def test_team_usage_rows(
     usage = USAGE if me["role"] == "admin" else {"rows": USAGE["rows"][:1]}
     rows = page.evaluate("a => GF.teamUsage(a[0], a[1], a[2])", [usage, TEAMS, me])
     assert [(r["team"], r["cost"], r["status"]) for r in rows] == want
+
+
+# -- a page that agrees with itself (issue 20) ----------------------------------------------
+
+HOT, ERROR, CORD, BUSY = 1, 2, 4, 8
+
+
+def snap_node(
+    name: str, *, ready: bool = True, cordoned: bool = False, flags: tuple[int, ...] = (0,) * 8
+) -> dict[str, Any]:
+    gpus = [[i, 50.0, 60.0, 1000, 81920, f, None] for i, f in enumerate(flags)]
+    return {"name": name, "pool": "default", "leaf": "leaf-0", "rack": "rack-0", "ready": ready,
+            "cordoned": cordoned, "cordon_reason": "maintenance" if cordoned else None,
+            "cordoned_gpus": {}, "model": "H100", "gpus": gpus}  # fmt: skip
+
+
+def counts(nodes: int = 0, not_ready: int = 0, cordoned_nodes: int = 0, gpus: int = 0, cordoned: int = 0,
+           error: int = 0, hot: int = 0) -> dict[str, int]:  # fmt: skip
+    return {"nodes": nodes, "notReady": not_ready, "cordonedNodes": cordoned_nodes, "gpus": gpus,
+            "cordoned": cordoned, "error": error, "hot": hot}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("nodes", "want", "text"),
+    [
+        ([snap_node("n1"), snap_node("n2", flags=(BUSY,) * 8)], counts(), "none"),
+        # a NotReady node counts once, as a node, whatever its GPUs show
+        (
+            [snap_node("n1", ready=False, flags=(HOT, ERROR) + (0,) * 6)],
+            counts(nodes=1, not_ready=1),
+            "1 node",
+        ),
+        ([snap_node("n1", cordoned=True, flags=(CORD,) * 8)], counts(nodes=1, cordoned_nodes=1), "1 node"),
+        (
+            [snap_node("n1", ready=False, cordoned=True, flags=(CORD,) * 8), snap_node("n2")],
+            counts(nodes=1, not_ready=1, cordoned_nodes=1),
+            "1 node",
+        ),
+        # on a node in service, each GPU that is cordoned, in error or hot counts once
+        (
+            [
+                snap_node("n1", flags=(CORD, ERROR | HOT, HOT | BUSY, BUSY)),
+                snap_node("n2", cordoned=True, flags=(CORD,) * 4),
+            ],
+            counts(nodes=1, cordoned_nodes=1, gpus=3, cordoned=1, error=1, hot=2),
+            "1 node · 3 GPUs",
+        ),
+        ([snap_node("n1", flags=(ERROR, 0))], counts(gpus=1, error=1), "1 GPU"),
+        (
+            [snap_node("n1", cordoned=True), snap_node("n2", ready=False), snap_node("n3", flags=(0, CORD))],
+            counts(nodes=2, not_ready=1, cordoned_nodes=1, gpus=1, cordoned=1),
+            "2 nodes · 1 GPU",
+        ),
+    ],
+    ids=["none", "notready", "cordoned-node", "notready-and-cordoned", "gpus", "one-gpu", "issue-20"],
+)
+def test_attention_function(
+    page: Any, demo_fleet: DemoFleet, nodes: list[dict[str, Any]], want: dict[str, int], text: str
+) -> None:
+    page.goto(demo_fleet.url + "/")
+    got = page.evaluate("ns => [GF.attention(ns), GF.attentionText(GF.attention(ns))]", nodes)
+    assert got == [want, text]
+
+
+@pytest.mark.parametrize(
+    ("names", "want"),
+    [
+        ([], ""),
+        (["node-004"], "node-004"),
+        ([f"node-{i:03d}" for i in range(1, 33)], "node-[001-032]"),
+        (["node-007", "node-001", "node-002", "node-004", "node-005"], "node-[001-002,004-005,007]"),
+        (["node-9", "node-10", "node-11"], "node-[9-11]"),
+        (["node-099", "node-100"], "node-[099-100]"),
+        (["node-09", "node-010"], "node-[09,010]"),  # each expands back to what it was
+        (["n1", "n1", "n2"], "n[1-2]"),
+        (["b-2", "a-1", "a-2"], "a-[1-2],b-2"),
+        (["rack1-node3", "rack1-node4", "rack2-node3"], "rack1-node[3-4],rack2-node3"),
+        (["gpu-box", "node-001"], "node-001,gpu-box"),
+    ],
+    ids=[
+        "empty",
+        "one",
+        "run",
+        "runs",
+        "unpadded",
+        "padded-carry",
+        "widths",
+        "dupes",
+        "prefixes",
+        "nested",
+        "no-number",
+    ],
+)
+def test_hostlist_function(page: Any, demo_fleet: DemoFleet, names: list[str], want: str) -> None:
+    page.goto(demo_fleet.url + "/")
+    assert page.evaluate("ns => GF.hostlist(ns)", names) == want
+
+
+@pytest.mark.parametrize(
+    ("nums", "want"),
+    [([], ""), ([7], "7"), ([0, 1, 2, 3, 5], "0-3,5"), ([3, 1, 2, 2], "1-3"), ([0, 2, 4], "0,2,4")],
+    ids=["empty", "one", "run-and-one", "unsorted", "gaps"],
+)
+def test_ranges_function(page: Any, demo_fleet: DemoFleet, nums: list[int], want: str) -> None:
+    page.goto(demo_fleet.url + "/")
+    assert page.evaluate("xs => GF.ranges(xs)", nums) == want
+
+
+def alloc(*parts: tuple[str, list[int]]) -> list[dict[str, Any]]:
+    return [{"node": n, "gpus": g} for n, g in parts]
+
+
+BIG = alloc(*[(f"node-{i:03d}", list(range(8))) for i in range(10, 42)])
+
+
+@pytest.mark.parametrize(
+    ("allocation", "text", "first_line", "nodes"),
+    [
+        ([], "\u2013", "", 0),
+        (alloc(("node-004", [0, 1, 2, 3])), "node-004 · GPUs 0-3", "node-004: GPUs 0-3", 1),
+        (alloc(("node-004", [5])), "node-004 · GPU 5", "node-004: GPU 5", 1),
+        (alloc(("node-004", [])), "node-004 · no GPUs", "node-004: no GPUs", 1),
+        (alloc(("node-004", [0, 2]), ("node-004", [1])), "node-004 · GPUs 0-2", "node-004: GPUs 0-2", 1),
+        (BIG, "node-[010-041] · 8 GPUs each", "node-010: GPUs 0-7", 32),
+        (
+            alloc(("n-3", [0, 1]), ("n-1", [6, 7]), ("n-2", list(range(8)))),
+            "n-[1-3] · 2-8 GPUs per node",
+            "n-1: GPUs 6-7",
+            3,
+        ),
+    ],
+    ids=["none", "one-node", "one-gpu", "cpu-only", "merged", "256-gpus", "uneven"],
+)
+def test_where_function(
+    page: Any, demo_fleet: DemoFleet, allocation: list[dict[str, Any]], text: str, first_line: str, nodes: int
+) -> None:
+    page.goto(demo_fleet.url + "/")
+    got = page.evaluate("a => GF.where(a)", allocation)
+    assert (got["text"], got["detail"].split("\n")[0], got["nodes"]) == (text, first_line, nodes)
+
+
+def job(jid: int, state: str, allocation: list[dict[str, Any]], *, gpus: int = 0) -> dict[str, Any]:
+    started = None if state == "SCHEDULED" else time.time() - 60 * jid
+    return {"id": jid, "name": f"job-{jid}", "user": "alice", "team": "language", "state": state,
+            "gpus": gpus or sum(len(a["gpus"]) for a in allocation), "allocation": allocation,
+            "started_at": started, "submit_time": time.time() - 4000}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("page_", "want"),
+    [
+        ({"items": [job(1, "RUNNING", []), job(2, "SCHEDULED", [])], "next_cursor": None},
+         {"total": 2, "shown": 2, "starting": 1, "more": False, "text": "2"}),
+        ({"items": [job(i, "RUNNING", []) for i in range(200)], "next_cursor": "199"},
+         {"total": 200, "shown": 200, "starting": 0, "more": True, "text": "200+"}),
+        ({"items": [job(1, "RUNNING", [])], "next_cursor": "1", "total": 5},
+         {"total": 5, "shown": 1, "starting": 0, "more": True, "text": "5"}),
+        ({"items": [], "next_cursor": None},
+         {"total": 0, "shown": 0, "starting": 0, "more": False, "text": "0"}),
+    ],
+    ids=["some", "cut", "with-total", "none"],
+)  # fmt: skip
+def test_job_counts_function(
+    page: Any, demo_fleet: DemoFleet, page_: dict[str, Any], want: dict[str, Any]
+) -> None:
+    page.goto(demo_fleet.url + "/")
+    assert page.evaluate("p => GF.jobCounts(p)", page_) == want
+
+
+def test_running_kpi_and_card_agree(page: Any, demo_fleet: DemoFleet) -> None:
+    """The Running KPI and the Running card count the same page of the same poll (whatever
+    the snapshot's job counts say); a 256-GPU job's Where is a hostlist, opens to each
+    node's GPUs, stays open across polls and does not overflow its table."""
+    running = {
+        "items": [
+            job(1, "RUNNING", alloc(("node-004", [0, 1, 2, 3]))),
+            job(2, "SCHEDULED", alloc(("node-005", [0]))),
+            job(3, "RUNNING", BIG, gpus=256),
+        ],
+        "next_cursor": None,
+    }
+    body = json.dumps(running)
+    page.route(
+        re.compile(r"/v1/jobs\?state=RUNNING"),
+        lambda r: r.fulfill(status=200, content_type="application/json", body=body),
+    )
+    sign_in(page, demo_fleet.url, demo_fleet.token)
+    page.wait_for_function("document.querySelectorAll('#running tbody tr').length === 3")
+    got = page.evaluate("['k-running', 'running-count'].map(id => document.getElementById(id).textContent)")
+    assert got == ["3 · 1 starting", "3 · 1 starting"]
+    assert "SCHEDULED" in (page.locator("#k-running").locator("xpath=..").get_attribute("title") or "")
+
+    small = page.locator("#running tbody tr", has_text="#1 job-1").locator("td").nth(3)
+    sync_api.expect(small).to_have_text("node-004 · GPUs 0-3")
+    row = page.locator("#running tbody tr", has_text="#3 job-3")
+    summary = row.locator("details.where summary")
+    sync_api.expect(summary).to_have_text("node-[010-041] · 8 GPUs each")
+    title = summary.get_attribute("title") or ""
+    assert len(title.split("\n")) == 32 and title.endswith("node-041: GPUs 0-7"), title
+    fits = page.evaluate(
+        "[...document.querySelectorAll('#running .table-wrap, #running td')]"
+        ".every(e => e.scrollWidth <= e.clientWidth + 1)"
+    )
+    assert fits, "the running table overflows"
+    summary.click()
+    sync_api.expect(row.locator(".where-list li")).to_have_count(32)
+    before = page.locator("#live").inner_text()
+    page.wait_for_function("b => document.getElementById('live').innerText !== b", arg=before, timeout=10_000)
+    assert row.locator("details.where").get_attribute("open") is not None  # still open after a poll
+
+
+def test_cordons_agree_across_the_page(page: Any, demo_fleet: DemoFleet) -> None:
+    """Two cordoned nodes and a cordoned GPU: the snapshot carries the reasons, the
+    Attention KPI counts what the heatmap hatches, the node panel says why."""
+    cordons = [
+        ("node-003", {"reason": "PSU swap, OPS-1234"}),
+        ("node-017", {}),
+        ("node-021", {"gpu": 5, "reason": "XID 79: fell off the bus"}),
+    ]
+    with demo_fleet.client() as c:
+        for name, spec in cordons:
+            r = c.post(f"/nodes/{name}/cordon", json=spec)
+            assert r.status_code == 200, r.text
+    try:
+        with demo_fleet.client() as c:
+            deadline = time.monotonic() + 10
+            while True:  # the fleet view is cached for a second
+                by = {n["name"]: n for n in c.get("/fleet/snapshot").json()["nodes"]}
+                if by["node-021"]["cordoned_gpus"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+        assert (by["node-003"]["cordoned"], by["node-003"]["cordon_reason"]) == (True, "PSU swap, OPS-1234")
+        assert (by["node-017"]["cordon_reason"] or "").startswith("cordoned by ")
+        assert (by["node-021"]["cordon_reason"], by["node-021"]["cordoned_gpus"]) == (
+            None,
+            {"5": "XID 79: fell off the bus"},
+        )
+        assert (by["node-000"]["cordon_reason"], by["node-000"]["cordoned_gpus"]) == (None, {})
+
+        sign_in(page, demo_fleet.url, demo_fleet.token)
+        page.wait_for_function("document.querySelectorAll('#heatmap .tile.cord').length >= 17")
+        seen = page.evaluate("""() => {
+          let whole = 0, gpus = 0;
+          for (const b of document.querySelectorAll('#heatmap .node')) {
+            const tiles = [...b.querySelectorAll('.tile')];
+            const down = b.classList.contains('notready') || tiles.every(t => t.classList.contains('cord'));
+            if (down) { whole++; continue; }
+            gpus += tiles.filter(t => /\\b(cord|err|hot)\\b/.test(t.className)).length;
+          }
+          const k = document.getElementById('k-attn');
+          return { whole, gpus, kpi: k.textContent, title: k.parentNode.title, warn: k.className };
+        }""")  # fmt: skip
+        assert seen["whole"] >= 2 and seen["gpus"] >= 1, seen
+        plural = lambda n, w: f"{n} {w}" + ("" if n == 1 else "s")  # noqa: E731
+        assert seen["kpi"] == plural(seen["whole"], "node") + " · " + plural(seen["gpus"], "GPU"), seen
+        assert seen["warn"] == "warn"
+        assert seen["title"].startswith("Needs attention: ") and "counts once, as a node" in seen["title"]
+
+        # the node panel: a GPU cordon with its reason, the GPU's state in its row
+        page.locator('#heatmap .node[data-node="node-021"]').click()
+        attn = page.locator("#node-body .attn")
+        sync_api.expect(attn).to_contain_text("GPU 5 cordoned: XID 79: fell off the bus")
+        sync_api.expect(page.locator("#node-body .node-meta")).to_contain_text("1 GPU cordoned")
+        rows = page.locator("#node-body table").first.locator("tbody tr")
+        sync_api.expect(rows.nth(5).locator(".pill.cordoned")).to_have_count(1)
+        assert (
+            rows.nth(5).locator(".pill.cordoned").get_attribute("title")
+            == "GPU cordoned: XID 79: fell off the bus"
+        )
+        assert page.locator("#node-body table").first.locator(".pill.cordoned").count() == 1
+        label = page.locator('#heatmap .node[data-node="node-021"]').get_attribute("aria-label") or ""
+        assert "1 GPU needs attention" in label or "GPUs need attention" in label, label
+
+        # a cordoned node: the whole node, its reason, every GPU cordoned
+        page.locator('#heatmap .node[data-node="node-003"]').click()
+        sync_api.expect(attn).to_contain_text("Node cordoned: PSU swap, OPS-1234")
+        sync_api.expect(attn.locator("h3")).to_have_text("Needs attention: the whole node")
+        sync_api.expect(page.locator("#node-body .node-meta .pill.cordoned")).to_have_text("cordoned")
+        sync_api.expect(page.locator("#node-body table").first.locator(".pill.cordoned")).to_have_count(8)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "fleet-cordons.png"))
+    finally:
+        with demo_fleet.client() as c:
+            c.post("/nodes/node-003/uncordon", json={})
+            c.post("/nodes/node-017/uncordon", json={})
+            c.post("/nodes/node-021/uncordon", json={"gpu": 5})
+
+
+@pytest.mark.parametrize("resized", [False, True], ids=["at-900", "resized-to-900"])
+def test_narrow_window(page: Any, demo_fleet: DemoFleet, resized: bool) -> None:
+    """At 900 px (from the start, or after signing in at 1600 px): the header in two rows
+    (brand and session, then the KPIs in one row), the heatmap's racks across the width,
+    the node panel under the heatmap only while a node is open. Saves
+    test-artifacts/fleet-900.png."""
+    if not resized:
+        page.set_viewport_size({"width": 900, "height": 900})
+    sign_in(page, demo_fleet.url, demo_fleet.token)
+    page.wait_for_function("document.querySelectorAll('#heatmap .tile').length === 400")
+    if resized:
+        page.set_viewport_size({"width": 900, "height": 900})
+        page.wait_for_timeout(400)  # the page re-sizes its tiles 150 ms after the last resize
+    sync_api.expect(page.locator("#who")).to_have_text("Signed in as admin (role: admin)")
+    m = page.evaluate("""() => {
+      const box = e => e.getBoundingClientRect(), heat = box(document.getElementById('heatmap'));
+      return {
+        header: box(document.querySelector('.topbar')).height,
+        kpiTops: [...document.querySelectorAll('#kpis > div')].map(d => Math.round(box(d).top)),
+        brand: box(document.querySelector('.brand')), session: box(document.getElementById('session')),
+        heatLeft: heat.left, heatWidth: heat.width,
+        racksRight: Math.max(...[...document.querySelectorAll('#heatmap .rack')].map(r => box(r).right)),
+        pageWidth: document.documentElement.scrollWidth,
+        panel: getComputedStyle(document.getElementById('node-panel')).display,
+      };
+    }""")  # fmt: skip
+    assert m["header"] <= 2 * 64, m  # at most two rows (one row is ~60 px)
+    assert max(m["kpiTops"]) - min(m["kpiTops"]) <= 2, m  # the KPIs on one row
+    assert m["session"]["top"] < m["brand"]["bottom"], m  # brand and session share the first
+    assert m["racksRight"] - m["heatLeft"] >= 0.85 * 900, m  # the racks use the width
+    assert m["heatWidth"] >= 0.85 * 900 and m["pageWidth"] <= 900, m
+    assert m["panel"] == "none", m
+
+    page.locator('#heatmap .node[data-node="node-000"]').click()
+    panel = page.locator("#node-panel")
+    sync_api.expect(page.locator("#node-title")).to_have_text("node-000")
+    sync_api.expect(page.locator("#node-body svg[role=img]")).to_have_count(2)
+    assert "null" not in page.locator("#node-body").inner_text()
+    heat, card = page.locator("#heatmap").bounding_box(), panel.bounding_box()
+    assert card["y"] >= heat["y"] + heat["height"] and card["width"] >= 0.85 * 900, (heat, card)
+    if not resized:
+        page.wait_for_timeout(300)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "fleet-900.png"), full_page=True)
+    page.keyboard.press("Escape")
+    sync_api.expect(panel).to_be_hidden()

@@ -35,12 +35,15 @@ def _query(url: str, q: str) -> list[dict[str, Any]]:
 
 def test_prometheus_scrapes_the_demo_fleet(demo_fleet: DemoFleet, tmp_path: Path) -> None:
     target = demo_fleet.url.removeprefix("http://")
+    token = tmp_path / "scrape-token"  # /metrics takes an operator's or admin's token
+    token.write_text(demo_fleet.token + "\n")
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"rule_files: ['{RULES}']\n"
         "scrape_configs:\n"
         f"  - job_name: gpufleet\n    static_configs: [{{targets: ['{target}']}}]\n"
+        f"    authorization: {{credentials_file: '{token}'}}\n"
     )
     port = free_port()
     url = f"http://127.0.0.1:{port}"

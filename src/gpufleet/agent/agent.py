@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
 from gpufleet.agent.runners import VANISHED, JobRunner
@@ -332,8 +334,8 @@ class Agent:
             return False
         except ValueError as exc:  # a reply that is not a SyncReply
             self.stats.failures += 1
-            self.stats.last_error = f"bad reply: {exc}"
-            log.warning("node %s: bad sync reply: %s", self.config.node, exc)
+            self.stats.last_error = f"bad reply: {_brief(exc)}"
+            log.warning("node %s: bad sync reply: %s", self.config.node, _brief(exc))
             return False
         self.stats.syncs += 1
         self.stats.last_error = None
@@ -415,3 +417,12 @@ class Agent:
     def close(self) -> None:
         self.probe.close()
         self.transport.close()
+
+
+def _brief(exc: ValueError) -> str:
+    """A bad reply's error without the values in it: a reply carries jobs' ``env``,
+    which must not reach a log (pydantic quotes the offending input)."""
+    if isinstance(exc, ValidationError):
+        where = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors(include_input=False)[:5])
+        return f"{exc.error_count()} schema errors ({where})"
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__

@@ -113,17 +113,70 @@ def server(
     insecure_http: bool = typer.Option(
         False, "--insecure-http", help="Allow plain HTTP on an address other than loopback."
     ),
+    rate_user: str = typer.Option(
+        "30/10", "--rate-user", help="A user's requests: BURST/PER_SECOND (a token bucket), or off."
+    ),
+    rate_operator: str = typer.Option(
+        "300/100", "--rate-operator", help="An operator's requests (as --rate-user)."
+    ),
+    rate_admin: str = typer.Option("300/100", "--rate-admin", help="An admin's requests (as --rate-user)."),
+    auth_failures: str = typer.Option(
+        "20/1m", "--auth-failures", help="Failed authentications per address: N/WINDOW, then 429; or off."
+    ),
+    node_lane: int = typer.Option(16, "--node-lane", min=1, help="Agent requests served at once."),
+    admin_lane: int = typer.Option(8, "--admin-lane", min=1, help="Operator and admin requests at once."),
+    user_lane: int = typer.Option(4, "--user-lane", min=1, help="User requests served at once."),
+    max_pending_jobs: int = typer.Option(
+        10_000, "--max-pending-jobs", min=0, help="Pending or held jobs per user (0: no cap)."
+    ),
+    max_reservations: int = typer.Option(
+        100, "--max-reservations", min=0, help="Booked or active reservations per user (0: no cap)."
+    ),
+    max_tokens: int = typer.Option(50, "--max-tokens", min=0, help="Live API tokens per user (0: no cap)."),
+    token_secret_file: Path | None = typer.Option(
+        None,
+        "--token-secret-file",
+        envvar="GPUFLEET_TOKEN_SECRET_FILE",
+        help="The key tokens are stored under (made, 0600, if missing). Default: GPUFLEET_TOKEN_SECRET, "
+        "else DB.token-secret next to a SQLite DB or token-secret in the user data dir.",
+    ),
+    token_ttl: str = typer.Option("90d", "--token-ttl", help="API tokens expire after this."),
+    session_ttl: str = typer.Option("12h", "--session-ttl", help="Web sign-ins expire after this."),
+    audit_days: float = typer.Option(
+        90.0, "--audit-days", min=0.0001, help="Keep audit rows this many days."
+    ),
+    metrics_public: bool = typer.Option(
+        False, "--metrics-public", help="Serve /metrics without a token (default: operators and admins)."
+    ),
+    team_cost_metrics: bool = typer.Option(
+        True,
+        "--team-cost-metrics/--no-team-cost-metrics",
+        help="Per-team cost and budget series in /metrics.",
+    ),
 ) -> None:
     """Run the control plane (API under /v1, scheduling and node-lifecycle loops).
 
     Health rules cordon one GPU and requeue its job: temperature above --gpu-max-temp
     for --gpu-hot-for, an XID in --gpu-fatal-xids, --gpu-max-ecc-dbe double-bit ECC
-    errors, the GPU lost from the bus, --gpu-max-retired-pages retired pages."""
+    errors, the GPU lost from the bus, --gpu-max-retired-pages retired pages.
+
+    Every user has a request bucket (--rate-user; operators and admins their own); an
+    address with --auth-failures failed logins gets 429. Agents, operators and users are
+    served in separate lanes (--node-lane, --admin-lane, --user-lane requests at once), so
+    a flood of user requests never queues a node's sync. A plain user may hold at most
+    --max-pending-jobs queued jobs, --max-reservations reservations and --max-tokens tokens.
+
+    Tokens are stored as HMAC-SHA256 under a secret (--token-secret-file; servers sharing
+    one database need the same one) and expire (--token-ttl; the fleet page's sign-in
+    after --session-ttl). Mutating requests are audited (gpufleet admin audit), kept
+    --audit-days. /metrics takes an operator's or admin's token unless --metrics-public."""
     from gpufleet.scheduler import POLICIES
     from gpufleet.server import ServerConfig, StartupError, run
     from gpufleet.server.db import default_database_url
     from gpufleet.server.health import HealthRules
     from gpufleet.server.pricing import load_prices
+    from gpufleet.server.ratelimit import LaneSizes, Rate, RateLimits
+    from gpufleet.server.services.caps import Caps
 
     if policy not in POLICIES:
         raise _fail(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}", 2)
@@ -154,6 +207,23 @@ def server(
         schedule = None if prices is None else load_prices(prices)
     except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         raise _fail(f"--prices {prices}: {exc}" if isinstance(exc, OSError) else str(exc), 2) from None
+    try:
+        token_ttl_s, session_ttl_s = parse_duration(token_ttl), parse_duration(session_ttl)
+    except ValueError as exc:
+        raise _fail(f"--token-ttl/--session-ttl: {exc}", 2) from None
+    if token_ttl_s <= 0 or session_ttl_s <= 0:
+        raise _fail("--token-ttl and --session-ttl must be longer than 0", 2)
+    rates: dict[str, Rate | None] = {}
+    for option, text in (
+        ("rate-user", rate_user),
+        ("rate-operator", rate_operator),
+        ("rate-admin", rate_admin),
+        ("auth-failures", auth_failures),
+    ):
+        try:
+            rates[option] = Rate.parse(text)
+        except ValueError as exc:
+            raise _fail(f"--{option}: {exc}", 2) from None
     config = ServerConfig(
         database_url=database_url or default_database_url(),
         policy=policy,
@@ -169,6 +239,20 @@ def server(
         tls_cert=tls_cert,
         tls_key=tls_key,
         ca_dir=ca_dir,
+        rates=RateLimits(
+            user=rates["rate-user"],
+            operator=rates["rate-operator"],
+            admin=rates["rate-admin"],
+            auth_failures=rates["auth-failures"],
+        ),
+        lanes=LaneSizes(node=node_lane, admin=admin_lane, user=user_lane),
+        caps=Caps(pending_jobs=max_pending_jobs, reservations=max_reservations, tokens=max_tokens),
+        token_secret_file=token_secret_file,
+        token_ttl_s=token_ttl_s,
+        session_ttl_s=session_ttl_s,
+        audit_days=audit_days,
+        metrics_public=metrics_public,
+        team_cost_metrics=team_cost_metrics,
     )
     try:
         run(config, host=host, port=port)
@@ -480,15 +564,24 @@ def create_user(
     database_url: str | None = typer.Option(
         None, "--database-url", help="Write the database directly instead of calling the API."
     ),
+    token_secret_file: Path | None = typer.Option(
+        None,
+        "--token-secret-file",
+        envvar="GPUFLEET_TOKEN_SECRET_FILE",
+        help="With --database-url: the server's token secret (as gpufleet server takes it).",
+    ),
 ) -> None:
-    """Create a user and print their token (shown only once)."""
+    """Create a user and print their token (shown only once). With --database-url, on
+    the database host: also the way back in when every admin token lapsed."""
     if role not in ("admin", "operator", "user"):
         raise _fail(f"--role: {role!r} is not one of admin, operator, user", 2)
     if database_url is not None:
         from gpufleet.server.direct import create_user_direct
         from gpufleet.server.problems import Failure
 
-        made = create_user_direct(database_url=database_url, name=name, role=role, teams=team)
+        made = create_user_direct(
+            database_url=database_url, name=name, role=role, teams=team, secret_file=token_secret_file
+        )
         if isinstance(made, Failure):
             raise _fail(f"cannot create user: {made.detail}")
         typer.echo(made)
@@ -593,6 +686,41 @@ def list_pools(json_out: bool = JSON_OPT) -> None:
         )
 
 
+@admin_app.command("audit")
+def audit(
+    user: str | None = typer.Option(None, "--user", help="Only this user's requests."),
+    since: str | None = typer.Option(None, "--since", help="Only this recent, e.g. 1h or 1d."),
+    limit: int = typer.Option(100, "--limit", min=1, max=100_000, help="At most this many rows."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """The audit log: every mutating API request (who, from where, what, outcome), newest
+    first. Admins only; agents' syncs are not in it."""
+    try:
+        start = None if since is None else time.time() - parse_duration(since)
+    except ValueError as exc:
+        raise _fail(f"--since: {exc}", 2) from None
+    with _client() as c:
+        rows = c.audit(user=user, since=start, limit=limit)
+    if json_out:
+        _json([r.model_dump() for r in rows])
+        return
+    _table(
+        ("TIME", "USER", "ROLE", "ADDRESS", "REQUEST", "OBJECT", "STATUS"),
+        [
+            (
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.at)),
+                r.actor,
+                r.role,
+                r.address,
+                f"{r.method} {r.path}",
+                r.object,
+                r.status,
+            )
+            for r in rows
+        ],
+    )
+
+
 @tokens_app.command("list")
 def tokens_list(
     user: str | None = typer.Option(None, "--user", help="Admins: another user's tokens."),
@@ -605,19 +733,32 @@ def tokens_list(
         _json([t.model_dump() for t in items])
     else:
         _table(
-            ("ID", "USER", "NAME", "HINT", "REVOKED"),
-            [(t.id, t.user, t.name, "..." + t.hint, t.revoked) for t in items],
+            ("ID", "USER", "NAME", "KIND", "HINT", "EXPIRES", "REVOKED"),
+            [
+                (t.id, t.user, t.name, t.kind, "..." + t.hint, _expires(t.expires_at), t.revoked)
+                for t in items
+            ],
         )
+
+
+def _expires(at: float | None) -> str:
+    if at is None:
+        return "never"
+    delta = at - time.time()
+    return "expired" if delta <= 0 else "in " + format_duration(delta)
 
 
 @tokens_app.command("create")
 def tokens_create(
     name: str = typer.Option("cli", "--name"),
     user: str | None = typer.Option(None, "--user", help="Admins: for another user."),
+    ttl: str | None = typer.Option(
+        None, "--ttl", help="Lifetime, e.g. 1h or 30d (default and most: the server's --token-ttl)."
+    ),
 ) -> None:
     """Create a token; printed once."""
     with _client() as c:
-        typer.echo(c.create_token(name=name, user=user).token)
+        typer.echo(c.create_token(name=name, user=user, expires_in=ttl).token)
 
 
 @tokens_app.command("revoke")

@@ -9,10 +9,15 @@ PostgreSQL: ``pg_dump``/``pg_restore`` do it; ``backup`` runs
 ``pg_dump --format=custom --file FILE URL`` when ``pg_dump`` is on the PATH, else prints
 that command; ``restore`` likewise runs or prints
 ``pg_restore --clean --if-exists --no-owner --dbname URL FILE``.
+
+A backup holds job environments (secrets) and token digests: its file is created mode
+0600, as the database itself is (``gpufleet.server.db``). The token secret is not in it
+(``tokenkey.py``): keep a copy of that file apart from the backups.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sqlite3
 import subprocess
@@ -22,6 +27,7 @@ import typer
 from sqlalchemy.engine import make_url
 
 from gpufleet.cli.api_cmds import db_app
+from gpufleet.server.db import create_private, private_sqlite_file
 
 URL_OPT = typer.Option(
     None, "--database-url", help="SQLAlchemy URL (default: GPUFLEET_DATABASE_URL or SQLite)."
@@ -86,11 +92,22 @@ def backup(
             raise _fail(f"no SQLite database at {u.database!r}")
         if file.exists():
             raise _fail(f"{file} exists; choose a new file")
+        create_private(file)  # SQLite would make it with the umask's mode
         pages = sqlite_copy(u.database, str(file))
         typer.echo(f"backed up {u.database} to {file} ({pages} pages)")
         return
     shown = ["pg_dump", "--format=custom", "--file", str(file), make_url(libpq_url(url)).render_as_string()]
-    _run_or_print(["pg_dump", "--format=custom", "--file", str(file), libpq_url(url)], shown, "back up")
+    argv = ["pg_dump", "--format=custom", "--file", str(file), libpq_url(url)]
+    if shutil.which("pg_dump") is None:
+        _run_or_print(argv, shown, "back up")  # prints the command
+    with contextlib.suppress(FileNotFoundError):
+        file.unlink()  # pg_dump overwrites a file; make it anew, 0600 (pg_dump keeps the mode)
+    create_private(file)
+    try:
+        _run_or_print(argv, shown, "back up")
+    except typer.Exit:
+        file.unlink()
+        raise
     typer.echo(f"backed up {u.render_as_string()} to {file} (pg_dump custom format)")
 
 
@@ -112,7 +129,7 @@ def restore(
             raise _fail("restore needs a SQLite file URL")
         if not _is_gpufleet(str(file)):
             raise _fail(f"{file} is not a gpufleet SQLite backup")
-        Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+        private_sqlite_file(Path(u.database))
         pages = sqlite_copy(str(file), u.database)
         typer.echo(
             f"restored {file} into {u.database} ({pages} pages); run `gpufleet db upgrade` if it is older"

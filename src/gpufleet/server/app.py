@@ -17,24 +17,28 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpufleet import __version__
 from gpufleet.pki import CertificateAuthority, PkiError
-from gpufleet.server import accounting
+from gpufleet.server import accounting, audit
 from gpufleet.server import db as dbmod
 from gpufleet.server.clock import Clock, SystemClock
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.deps import Parts, PartsDep
 from gpufleet.server.health import HealthMonitor
 from gpufleet.server.hot import HotState
+from gpufleet.server.lanes import Admission
 from gpufleet.server.lifecycle import LifecycleConfig, LifecycleLoop
+from gpufleet.server.loops import Loop
 from gpufleet.server.metrics import wiring as observability
-from gpufleet.server.problems import BodyLimitMiddleware, ProblemError, install_handlers
-from gpufleet.server.routers import accounts, agents, jobs, logs, maintenance, nodes
+from gpufleet.server.problems import BodyLimitMiddleware, ProblemError, UrlGuardMiddleware, install_handlers
+from gpufleet.server.routers import accounts, agents, jobs, logs, maintenance, nodes, security
 from gpufleet.server.routers import chargeback as chargeback_router
 from gpufleet.server.routers import reservations as reservations_router
 from gpufleet.server.schedproc import ChildScheduler, LoopSpec
 from gpufleet.server.schemas import Health
 from gpufleet.server.services import chargeback
-from gpufleet.server.services.accounts import TokenCache, bootstrap_admin
+from gpufleet.server.services.accounts import TokenCache, bootstrap_admin, bound_lifetimes
+from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.tokenkey import TokenHasher, TokenKeyError, check_key, load_hasher
 from gpufleet.server.writer import GroupCommitWriter
 
 
@@ -42,8 +46,18 @@ class StartupError(Exception):
     """The server cannot start (the message says why and what to do)."""
 
 
-def prepare(config: ServerConfig, *, clock: Clock) -> dbmod.Database:
-    """Connect, check the schema revision, create the first admin if the DB is empty."""
+def token_hasher(config: ServerConfig) -> TokenHasher:
+    """The server's token key (``tokenkey.py``), or a StartupError saying why not."""
+    try:
+        return load_hasher(database_url=config.database_url, secret_file=config.token_secret_file)
+    except TokenKeyError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def prepare(config: ServerConfig, *, clock: Clock, hasher: TokenHasher | None = None) -> dbmod.Database:
+    """Connect, check the schema revision and the token key, create the first admin if
+    the DB is empty, and give pre-0008 tokens an expiry."""
+    hasher = hasher or token_hasher(config)
     db = dbmod.Database.connect(config.database_url)
     try:
         problem = dbmod.schema_problem(db.engine, config.database_url)
@@ -51,10 +65,12 @@ def prepare(config: ServerConfig, *, clock: Clock) -> dbmod.Database:
         db.dispose()
         first = str(exc).splitlines()[0]
         raise StartupError(f"cannot reach database: {first}") from exc
+    problem = problem or check_key(db, hasher)
     if problem is not None:
         db.dispose()
         raise StartupError(problem)
-    token = bootstrap_admin(db=db, now=clock.now(), token=config.admin_token)
+    token = bootstrap_admin(db=db, now=clock.now(), token=config.admin_token, hasher=hasher)
+    bound_lifetimes(db=db, now=clock.now(), ttl_s=config.token_ttl_s)
     if token is not None:
         print(
             "gpufleet: created user 'admin' with token (shown only once):\n"
@@ -90,7 +106,8 @@ def create_app(
     config: ServerConfig, *, clock: Clock | None = None, db: dbmod.Database | None = None
 ) -> FastAPI:
     clock = clock or SystemClock()
-    database = db if db is not None else prepare(config, clock=clock)
+    hasher = token_hasher(config)
+    database = db if db is not None else prepare(config, clock=clock, hasher=hasher)
     spec = LoopSpec(
         database_url=database.url,
         policy=config.policy,
@@ -112,9 +129,10 @@ def create_app(
         clock=clock,
         scheduler=loop,
         fleets=FleetCache(),
-        tokens=TokenCache(),
+        tokens=TokenCache(hasher=hasher, clock=clock.now),
         writer=writer,
         readings=readings,
+        pending=PendingCounts(cap=config.caps.pending_jobs),
     )
     if config.prices is not None:
         chargeback.ensure_prices(
@@ -141,22 +159,34 @@ def create_app(
         fleets_invalidate=parts.fleets.invalidate,
     )
 
+    audit_log = audit.AuditLog(writer)
+    keep_s = config.audit_days * 86400
+    retention = Loop(
+        name="audit-retention",
+        interval_s=min(3600.0, max(1.0, keep_s / 10)),
+        step=audit.retention_step(database, now=clock.now, keep_s=keep_s),
+        first_after_s=min(60.0, max(1.0, keep_s / 10)),
+    )
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop.start()
         obs.start()
         lifecycle.start()
         accrual.start()
+        retention.start()
         # What start-up built (routes, schemas, SQLAlchemy metadata) lives as long as the
         # process: keep it out of every garbage collection (p99 under load: 165 -> 45 ms).
         gc.freeze()
         try:
             yield
         finally:
+            retention.stop()
             accrual.stop()
             lifecycle.stop()
             obs.stop()
             loop.stop()
+            audit_log.flush()  # the gathered rows, before the writer's last batch
             writer.close()
             database.dispose()
 
@@ -179,6 +209,11 @@ def create_app(
     install_handlers(app)
     app.add_middleware(jobs.FastSubmit, parts=parts)  # innermost: inside the body limit
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(audit.AuditMiddleware, audit=audit_log, now=clock.now)  # inside admission
+    app.add_middleware(UrlGuardMiddleware)
+    app.add_middleware(  # lanes and rate limits: before the body is read or a route is found
+        Admission, db=database, tokens=parts.tokens, creds=hot.creds, rates=config.rates, sizes=config.lanes
+    )
     v1 = APIRouter(prefix="/v1")
     v1.include_router(_health_router())
     v1.include_router(jobs.router)
@@ -189,6 +224,7 @@ def create_app(
     v1.include_router(maintenance.router)
     v1.include_router(reservations_router.router)
     v1.include_router(chargeback_router.router)
+    v1.include_router(security.router)
     app.include_router(v1)
     obs = observability.install(app, parts)  # /metrics, the fleet page, alerts
     return app

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from gpufleet.server.health import HealthRules
 from gpufleet.server.pricing import PriceSchedule
+from gpufleet.server.ratelimit import LaneSizes, RateLimits
+from gpufleet.server.services.caps import Caps
 
 MIB = 1024 * 1024
 
@@ -35,8 +37,28 @@ class ServerConfig:
     TLS on, node syncs must come with a node certificate (mTLS); a join token then only
     buys the certificate."""
     max_body_bytes: int = MIB
-    admin_token: str | None = None
+    rates: RateLimits = field(default_factory=RateLimits)
+    """Per-user request buckets by role and the failed-authentication throttle
+    (``ratelimit.py``: ``--rate-user``, ``--rate-operator``, ``--rate-admin``, ``--auth-failures``)."""
+    lanes: LaneSizes = field(default_factory=LaneSizes)
+    """Seats of the node, admin and user lanes (``lanes.py``: ``--node-lane``...)."""
+    caps: Caps = field(default_factory=Caps)
+    """What one plain user may hold (``services/caps.py``: ``--max-pending-jobs``...)."""
+    admin_token: str | None = field(default=None, repr=False)
     """GPUFLEET_ADMIN_TOKEN: the admin's token on first start with an empty database."""
+    token_secret_file: Path | None = None
+    """``--token-secret-file``: the key tokens are stored under (``tokenkey.py``; None:
+    GPUFLEET_TOKEN_SECRET, else a file next to the SQLite database / in the data dir)."""
+    token_ttl_s: float = 90 * 86400.0
+    """API tokens expire after this (``--token-ttl``); ``POST /v1/tokens`` may ask less."""
+    session_ttl_s: float = 12 * 3600.0
+    """Web sessions (the fleet page's sign-in) expire after this (``--session-ttl``)."""
+    audit_days: float = 90.0
+    """Audit rows older than this are deleted (``--audit-days``; ``audit.py``)."""
+    metrics_public: bool = False
+    """``--metrics-public``: ``/metrics`` without a token (default: operators and admins)."""
+    team_cost_metrics: bool = True
+    """``--no-team-cost-metrics`` drops the per-team cost, GPU-hour, energy and budget series."""
     alert_webhook: str | None = None
     """POST built-in alerts here (Alertmanager webhook format); None: no built-in alerts."""
     alert_interval_s: float = 15.0

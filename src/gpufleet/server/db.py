@@ -8,10 +8,17 @@ concurrent writers are serialised by compare-and-set updates (see ``scheduling.p
 
 The Alembic environment ships inside the package (``gpufleet/server/migrations``) and is
 configured here in code, so no ``alembic.ini`` is needed at runtime.
+
+Secrets: job ``env`` values and token digests are bound parameters, so every engine is
+made with ``hide_parameters=True`` (a failed statement's error, and any log line that
+quotes it, shows the SQL without its values). A SQLite database file is created mode
+0600 before SQLite opens it (its ``-wal`` and ``-shm`` files take the database file's
+mode), and an existing one is tightened to 0600.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,17 +51,41 @@ def _is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
+def create_private(path: Path, text: str | None = None) -> None:
+    """Create ``path`` mode 0600 (whatever the umask), with ``text`` when given; an
+    existing file is an error (FileExistsError)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(fd, 0o600)
+        if text is not None:
+            f.write(text)
+
+
+def private_sqlite_file(path: Path) -> None:
+    """The database file (and its -wal/-shm, which SQLite then creates with the same
+    mode) exists and is mode 0600. A file someone else owns is left as it is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        create_private(path)
+    except FileExistsError:
+        for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                if f.stat().st_mode & 0o077:
+                    f.chmod(0o600)
+
+
 def make_engine(url: str) -> Engine:
     if not _is_sqlite(url):
-        return create_engine(url, pool_size=16, max_overflow=16, pool_pre_ping=True)
+        return create_engine(url, pool_size=16, max_overflow=16, pool_pre_ping=True, hide_parameters=True)
     db = make_url(url).database
-    if db and db != ":memory:":
-        Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    if db and db != ":memory:" and not db.startswith("file:"):
+        private_sqlite_file(Path(db).expanduser())
     engine = create_engine(
         url,
         connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
         pool_size=16,
         max_overflow=16,
+        hide_parameters=True,
     )
 
     @event.listens_for(engine, "connect")

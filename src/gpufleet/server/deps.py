@@ -10,18 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Path, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.server.accounting import Readings, no_readings
+from gpufleet.server.audit import note_principal
 from gpufleet.server.clock import Clock
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.db import Database
 from gpufleet.server.problems import ProblemError
 from gpufleet.server.scheduling import SchedulerLoop
-from gpufleet.server.services.accounts import Principal, TokenCache, authenticate, hash_token
+from gpufleet.server.schemas import NODE_NAME
+from gpufleet.server.services.auth import Principal, Refused, TokenCache, check_token, hash_token
+from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.chargeback import BudgetWarnings
 from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.tokenkey import TokenHasher
 from gpufleet.server.writer import Writer
 
 
@@ -40,9 +44,16 @@ class Parts:
     """Soft-budget warnings per team, refreshed by the accounting loop."""
     readings: Readings = no_readings
     """The agents' latest GPU readings (energy and utilisation accrue from them)."""
+    pending: PendingCounts = field(default_factory=lambda: PendingCounts(cap=0))
+    """Each user's queued jobs, for the cap on them (``services/caps.py``; cap 0: none)."""
 
     def now(self) -> float:
         return self.clock.now()
+
+    @property
+    def hasher(self) -> TokenHasher | None:
+        """The key tokens are stored under (``tokenkey.py``), which the token cache holds."""
+        return self.tokens.hasher
 
     def live_since(self) -> float:
         return self.clock.now() - self.config.node_timeout_s
@@ -63,11 +74,22 @@ async def get_principal(
     if scheme.lower() != "bearer" or not token.strip():
         raise ProblemError(401, "expected 'Authorization: Bearer <token>'", title="Unauthorized")
     token = token.strip()
-    who = parts.tokens.get(hash_token(token))
+    who: Principal | Refused | None = parts.tokens.get(hash_token(token))
     if who is None:
-        who = await run_in_threadpool(authenticate, db=parts.db, token=token, cache=parts.tokens)
-    if who is None:
-        raise ProblemError(401, "invalid or revoked token", title="Unauthorized")
+        who = await run_in_threadpool(check_token, db=parts.db, token=token, cache=parts.tokens)
+    if isinstance(who, Refused):
+        raise ProblemError(401, who.detail, title="Unauthorized")
+    return who
+
+
+async def current_principal(
+    request: Request,
+    parts: Annotated[Parts, Depends(get_parts)],
+    authorization: Annotated[str | None, Header()] = None,
+) -> Principal:
+    """``get_principal``, noted in the request for the audit log (``audit.py``)."""
+    who = await get_principal(parts, authorization)
+    note_principal(request.scope, who)
     return who
 
 
@@ -84,4 +106,11 @@ def cached_principal(tokens: TokenCache, authorization: str | None) -> Principal
 
 
 PartsDep = Annotated[Parts, Depends(get_parts)]
-Me = Annotated[Principal, Depends(get_principal)]
+NodeNameIn = Annotated[
+    str,
+    Path(pattern=NODE_NAME, description="at most 63 characters: letters, digits, '.', '_', '-'"),
+]
+"""A node's name where a request creates or changes a node (``schemas.NODE_NAME``);
+reads and removal take any name, so a node registered before the limit can still be
+seen and removed."""
+Me = Annotated[Principal, Depends(current_principal)]

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -225,6 +225,32 @@ class Revocations:
         return serial in self._serials
 
 
+REJECT_KINDS = ("state", "log")
+REJECT_REASONS = ("no_attempt", "unknown_job", "not_assigned", "stale_attempt")
+"""Why a sync's item was dropped (``services/sync.py``): it names no attempt (state
+only), no such job, a job attempt this node neither holds nor was told to stop, or
+another attempt of a job this node holds or stops."""
+
+
+@dataclass(slots=True)
+class Rejections:
+    """Items of syncs dropped because the node may not speak for them, by (kind,
+    reason): ``gpufleet_sync_rejected_items_total``."""
+
+    _counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, counts: Mapping[tuple[str, str], int]) -> None:
+        with self._lock:
+            for key, n in counts.items():
+                self._counts[key] = self._counts.get(key, 0) + n
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Every (kind, reason), zero included (a counter exists before it first counts)."""
+        with self._lock:
+            return {(k, r): self._counts.get((k, r), 0) for k in REJECT_KINDS for r in REJECT_REASONS}
+
+
 @dataclass(slots=True)
 class HotState:
     telemetry: TelemetryStore = field(default_factory=TelemetryStore)
@@ -233,3 +259,4 @@ class HotState:
     creds: CredCache = field(default_factory=CredCache)
     revocations: Revocations = field(default_factory=Revocations)
     health: HealthMonitor = field(default_factory=HealthMonitor)
+    rejected: Rejections = field(default_factory=Rejections)

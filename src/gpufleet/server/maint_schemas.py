@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints
 
-from gpufleet.server.schemas import Name, Reply, Request
+from gpufleet.server.schemas import Name, NodeName, Reply, Request
 
 Reason = Annotated[str, StringConstraints(max_length=200)]
 Duration = str | float
@@ -29,7 +29,7 @@ class DrainIn(Request):
 
 
 class RolloutIn(Request):
-    nodes: list[Name] = Field(default_factory=list, max_length=10_000, description="in this order")
+    nodes: list[NodeName] = Field(default_factory=list, max_length=10_000, description="in this order")
     all: bool = Field(default=False, description="every node (of ``pool`` if given), by name")
     pool: Name | None = None
     max_unavailable: int = Field(default=1, ge=1, le=10_000)

@@ -52,6 +52,9 @@ class Membership(Base):
 
 
 class Token(Base):
+    """An API token; ``token_hash`` is HMAC-SHA256 with the server's key (``tokenkey.py``;
+    plain sha256 in rows older than 0008 until their first use)."""
+
     __tablename__ = "tokens"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -60,6 +63,10 @@ class Token(Base):
     hint: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """None: never (only the bootstrap admin token; ``services/accounts.py``)."""
+    kind: Mapped[str] = mapped_column(String(16), default="api", server_default="api")
+    """``api``, ``session`` (the fleet page's sign-in) or ``bootstrap`` (the first admin's)."""
 
 
 class Pool(Base):
@@ -111,10 +118,11 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_state_id", "state", "id"),
         # Every agent sync asks whether a job waits for this node's stop confirmation:
-        # only the few jobs with ``stopping_on`` set are in this index.
+        # only the few jobs with ``stopping_on`` set are in this index. It holds their
+        # ids, not the node list (a B-tree entry has a size limit; the list does not).
         Index(
-            "ix_jobs_stopping_on",
-            "stopping_on",
+            "ix_jobs_stopping",
+            "id",
             sqlite_where=text("stopping_on IS NOT NULL"),
             postgresql_where=text("stopping_on IS NOT NULL"),
         ),
@@ -152,7 +160,14 @@ class Job(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     attained_service_s: Mapped[float] = mapped_column(Float, default=0.0)
     executed_s: Mapped[float] = mapped_column(Float, default=0.0)
-    stopping_on: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    stopping_on: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """Nodes (comma-separated: node names hold no comma) told to stop this job's attempt
+    ``stopping_attempt`` that have not confirmed yet. Unbounded: a job may span
+    thousands of nodes."""
+    stopping_attempt: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """The attempt (``transitions.attempt_of``) the ``stopping_on`` nodes were told to
+    stop: the only one of this job they may still ship output for. Meaningful while
+    ``stopping_on`` is set; None in rows stopped before it existed (any attempt then)."""
     # The last scheduling pass's view of a waiting job (PendingStatus).
     queue_position: Mapped[int | None] = mapped_column(Integer, nullable=True)
     estimated_start: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -185,7 +200,9 @@ class JobEvent(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     at: Mapped[float] = mapped_column(Float)
-    actor: Mapped[str] = mapped_column(String(64))
+    actor: Mapped[str] = mapped_column(String(140))
+    """A user's name (64 at most), ``node:<name>`` (the sync of a node credential), or a
+    loop (``scheduler``, ``lifecycle``)."""
     from_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
     to_state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(String(512), default="")
@@ -365,3 +382,31 @@ class PriceScheduleRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     created_by: Mapped[str] = mapped_column(String(64))
     body: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class AuditRow(Base):
+    """One mutating API request: who, from where, what, and how it ended. Append-only:
+    rows are never updated (a trigger refuses it); the retention loop deletes rows older
+    than ``--audit-days`` (``server/audit.py``)."""
+
+    __tablename__ = "audit"
+    __table_args__ = (Index("ix_audit_at", "at"), Index("ix_audit_actor_id", "actor", "id"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str | None] = mapped_column(String(140), nullable=True)
+    """A user's name, ``node:NAME`` for a node credential, None when not authenticated."""
+    role: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    address: Mapped[str] = mapped_column(String(64))
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(String(512))
+    object: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    status: Mapped[int] = mapped_column(Integer)
+
+
+class Setting(Base):
+    """Server-wide facts kept with the data, e.g. the token key's fingerprint."""
+
+    __tablename__ = "settings"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))

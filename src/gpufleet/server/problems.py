@@ -178,3 +178,33 @@ class BodyLimitMiddleware:
 
 class _TooLarge(Exception):
     pass
+
+
+class UrlGuardMiddleware:
+    """Answers 400 for a request whose path or query string holds a NUL character
+    (``%00``): no route takes one, and a NUL that reached a database look-up would be an
+    error there (PostgreSQL's text cannot hold U+0000) instead of an answer. Body fields
+    are the schemas' (``schemas.Request``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _has_nul(scope):
+            body = {"type": "about:blank", "title": "Bad Request", "status": 400}
+            body |= {"detail": "the URL holds a NUL character (%00)", "instance": None}
+            await JSONResponse(body, status_code=400, media_type=PROBLEM_JSON)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _has_nul(scope: Scope) -> bool:
+    query: bytes = scope.get("query_string", b"")
+    raw: bytes = scope.get("raw_path") or b""
+    return (
+        "\x00" in scope.get("path", "")
+        or b"\x00" in raw
+        or b"%00" in raw
+        or b"\x00" in query
+        or b"%00" in query
+    )

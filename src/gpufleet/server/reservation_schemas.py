@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
-from gpufleet.server.schemas import Name, Reply, Request
+from gpufleet.server.schemas import Name, NodeName, Reply, Request
 
 Repeat = Literal["daily", "weekly"]
 
@@ -29,7 +29,7 @@ class ReservationIn(Request):
     repeat: Repeat | None = None
     count: int = Field(default=1, ge=1, le=366)
     timezone: Annotated[str, StringConstraints(min_length=1, max_length=64)] = "UTC"
-    node_names: list[Name] = Field(default_factory=list, max_length=1000, description="operators only")
+    node_names: list[NodeName] = Field(default_factory=list, max_length=1000, description="operators only")
     maintenance: bool = Field(default=False, description="operators only: keep the GPUs empty")
 
 

@@ -13,7 +13,8 @@ The API process keeps its ``SchedulerLoop`` object (routers, the lifecycle loop 
   "wake up"). The first stdin line is the ``LoopSpec`` (JSON; the database URL may
   hold a password, so it is not on the command line).
 - *reports*: the child writes one JSON line per committed pass (``PassReport``) on a
-  pipe; a thread of the parent sets the loop's ``passes``/``failures`` and calls its
+  pipe; a thread of the parent sets the loop's ``passes``/``failures``/``skipped_nodes``
+  and calls its
   ``on_pass`` with a *summary* snapshot and plan: the pass's time, the jobs it started
   (with their pool and queue time) and its fragmentation, which is what the metrics
   read. Counters also travel when only a failure changed them.
@@ -85,10 +86,13 @@ def pass_report(
     snapshot: Snapshot | None = None,
     plan: Plan | None = None,
     seconds: float = 0.0,
+    skipped_nodes: int = 0,
 ) -> dict[str, Any]:
     """The JSON-able report the child sends: counters, and for a committed pass what
     ``on_pass`` observers read (not the whole snapshot: thousands of pending jobs)."""
     out: dict[str, Any] = {"passes": passes, "failures": failures}
+    if skipped_nodes:  # nodes the pass left out (invalid rows); absent: none
+        out["skipped_nodes"] = skipped_nodes
     if snapshot is None or plan is None:
         return out
     pending = {j.id: j for j in snapshot.pending}
@@ -141,6 +145,7 @@ class Counted(Protocol):
 
     passes: int
     failures: int
+    skipped_nodes: int
     on_pass: Callable[[Snapshot, Plan, float], None] | None
 
 
@@ -230,6 +235,7 @@ class ChildScheduler:
     def _observe(self, report: dict[str, Any], base: tuple[int, int]) -> None:
         self.loop.passes = base[0] + report["passes"]
         self.loop.failures = base[1] + report["failures"]
+        self.loop.skipped_nodes = int(report.get("skipped_nodes", 0))
         args = summary(report)
         if args is not None and self.loop.on_pass is not None:
             try:
@@ -249,7 +255,7 @@ class _Reporter:
         self.out = out
         self.loop = loop
         self._lock = threading.Lock()
-        self._sent = (0, 0)
+        self._sent = (0, 0, 0)
 
     def on_pass(self, snapshot: Snapshot, plan: Plan, seconds: float) -> None:
         self._send(
@@ -259,16 +265,20 @@ class _Reporter:
                 snapshot=snapshot,
                 plan=plan,
                 seconds=seconds,
+                skipped_nodes=self.loop.skipped_nodes,
             )
         )
 
     def counters(self) -> None:
-        if (self.loop.passes, self.loop.failures) != self._sent:
-            self._send(pass_report(passes=self.loop.passes, failures=self.loop.failures))
+        loop = self.loop
+        if (loop.passes, loop.failures, loop.skipped_nodes) != self._sent:
+            self._send(
+                pass_report(passes=loop.passes, failures=loop.failures, skipped_nodes=loop.skipped_nodes)
+            )
 
     def _send(self, report: dict[str, Any]) -> None:
         with self._lock:
-            self._sent = (report["passes"], report["failures"])
+            self._sent = (report["passes"], report["failures"], report.get("skipped_nodes", 0))
             try:
                 self.out.write(json.dumps(report, separators=(",", ":")).encode() + b"\n")
                 self.out.flush()

@@ -13,7 +13,9 @@ Each pass, observe then act (Ray autoscaler's sync/step split):
    is confirmed RUNNING.
 2. *snapshot*: Ready and uncordoned nodes are schedulable; running = SCHEDULED+RUNNING
    with their allocations; pending = PENDING GPU jobs not still stopping somewhere;
-   quotas from teams.
+   quotas from teams. A node whose rows the core's model refuses (several GPU models...)
+   is left out (``inventory.LiveFleet``; counted in ``skipped_nodes``), never allowed
+   to fail the pass: one bad item never stops the loop.
 3. *plan* with the configured policy (pure, no DB).
    Steps 2-3 run outside the write transaction, so a plan never holds the write lock.
 4. *commit* in ONE transaction (with step 1): starts (PENDING -> SCHEDULED + allocations),
@@ -226,6 +228,8 @@ class SchedulerLoop:
         self.max_attempts = max_attempts
         self.passes = 0
         self.failures = 0
+        self.skipped_nodes = 0
+        """Nodes the last pass left out (their rows are invalid: ``inventory.py``)."""
         self._event = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -234,8 +238,8 @@ class SchedulerLoop:
         self._pending = _PendingCache()
         self.elsewhere: Elsewhere | None = None
         """Set before ``start``: the passes run there (a child process) and this loop
-        only forwards ``start``/``wake``/``stop``; whoever runs them updates ``passes``
-        and ``failures`` and calls ``on_pass``."""
+        only forwards ``start``/``wake``/``stop``; whoever runs them updates ``passes``,
+        ``failures`` and ``skipped_nodes`` and calls ``on_pass``."""
 
     # -- the thread -----------------------------------------------------------------------
     def wake(self) -> None:
@@ -352,6 +356,7 @@ class SchedulerLoop:
 
     def _load(self, s: Session, now: float) -> _Loaded:
         fleet = self._fleet.load(s, live_since=now - self.node_timeout_s)
+        self.skipped_nodes = len(self._fleet.skipped)
         teams = dict(s.execute(select(Team.id, Team.name)).all())
         users = dict(s.execute(select(User.id, User.name)).all())
         quotas = tuple(

@@ -38,6 +38,12 @@ def ref(job: Job) -> JobRef:
     return JobRef(id=job.id, state=JobState(job.state), version=job.version)
 
 
+def attempt_of(scheduled_at: float | None) -> int:
+    """A job attempt's id: its placement time in milliseconds (unique per job, since a
+    job is placed again only after its previous attempt was confirmed stopped)."""
+    return round((scheduled_at or 0.0) * 1000)
+
+
 def event_row(
     *, job_id: int, at: float, actor: str, src: JobState | None, dst: JobState, reason: str
 ) -> dict[str, Any]:
@@ -92,11 +98,14 @@ def stop_values(
     now: float,
     confirmed: bool,
     readings: accounting.Readings = accounting.no_readings,
+    confirmed_on: str | None = None,
 ) -> dict[str, Any]:
     """Column values for a job leaving SCHEDULED/RUNNING: its GPUs are released (rows
     deleted here), GPU-seconds and run time accumulated, and, unless the agent confirmed
-    the exit, its nodes recorded in ``stopping_on`` until they confirm. Its cost stops
-    accruing (``accounting.close``)."""
+    the exit, its nodes recorded in ``stopping_on`` until they confirm (with the attempt
+    they were told to stop). ``confirmed_on``: the one node that reported the exit (the
+    other nodes of a multi-node job still run their part, and ship its last output,
+    until they confirm too). Its cost stops accruing (``accounting.close``)."""
     if JobState(job.state) not in ACTIVE:
         return {}
     accounting.close(s, job.id, now, readings=readings)
@@ -107,9 +116,11 @@ def stop_values(
         if job.started_at is not None and job.state == JobState.RUNNING
         else 0.0
     )
+    rest = [n for n in nodes if n != confirmed_on]
     return {
         "attained_service_s": job.attained_service_s + job.gpus * ran,
         "executed_s": job.executed_s + ran,
         "ended_at": now,
-        "stopping_on": None if confirmed or not nodes else ",".join(nodes),
+        "stopping_on": None if confirmed or not rest else ",".join(rest),
+        "stopping_attempt": attempt_of(job.scheduled_at),
     }

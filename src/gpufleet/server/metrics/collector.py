@@ -68,18 +68,23 @@ class FleetCollector(Collector):
         hot: HotState,
         metrics: ServerMetrics,
         scheduler: SchedulerLoop,
+        team_costs: bool = True,
     ) -> None:
+        """``team_costs``: False leaves out the ``gpufleet_team_cost_accrued``,
+        ``_gpu_hours``, ``_energy_kwh`` and ``_budget`` series (``--no-team-cost-metrics``)."""
         self.view = view
         self.hot = hot
         self.metrics = metrics
         self.scheduler = scheduler
+        self.team_costs = team_costs
 
     def collect(self) -> Iterator[Metric]:
         view = self.view()
         yield from self._dcgm(view)
         yield from self._fleet(view)
         yield from self._queue(view)
-        yield from self._cost(view)
+        if self.team_costs:
+            yield from self._cost(view)
         yield from self._reservations(view)
         yield from self._scheduler()
 
@@ -229,6 +234,11 @@ class FleetCollector(Collector):
         yield CounterMetricFamily(
             "gpufleet_scheduling_failures", "Scheduling passes that failed.", value=self.scheduler.failures
         )
+        yield GaugeMetricFamily(
+            "gpufleet_scheduler_skipped_nodes",
+            "Nodes the last scheduling pass left out: their stored GPUs are invalid (several models...).",
+            value=self.scheduler.skipped_nodes,
+        )
         stats = self.hot.latencies.stats()
         yield CounterMetricFamily("gpufleet_syncs", "Agent syncs handled.", value=stats.count)
         sync = GaugeMetricFamily(
@@ -240,6 +250,15 @@ class FleetCollector(Collector):
             if ms is not None:
                 sync.add_metric([q], ms / 1000)
         yield sync
+        rejected = CounterMetricFamily(
+            "gpufleet_sync_rejected_items",
+            "Job states (kind=state) and log chunks (kind=log) in agent syncs that were dropped: "
+            "the node may not speak for that job attempt (reason).",
+            labels=["kind", "reason"],
+        )
+        for (kind, reason), n in sorted(self.hot.rejected.counts().items()):
+            rejected.add_metric([kind, reason], n)
+        yield rejected
 
 
 _GPU_DOCS = {

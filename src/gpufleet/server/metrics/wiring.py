@@ -50,7 +50,15 @@ def install(app: FastAPI, parts: Parts) -> Observability:
     def view() -> FleetView:
         return views.get(parts.db, now=parts.now(), live_since=parts.live_since())
 
-    metrics.registry.register(FleetCollector(view=view, hot=hot, metrics=metrics, scheduler=parts.scheduler))
+    metrics.registry.register(
+        FleetCollector(
+            view=view,
+            hot=hot,
+            metrics=metrics,
+            scheduler=parts.scheduler,
+            team_costs=parts.config.team_cost_metrics,
+        )
+    )
     app.add_middleware(LatencyMiddleware, histogram=metrics.requests)
     app.include_router(metrics_router.router)
     app.include_router(web.page)

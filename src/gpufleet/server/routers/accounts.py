@@ -1,11 +1,13 @@
-"""Users, teams, quotas, tokens and pools."""
+"""Users, teams, quotas, tokens and pools. Lists answer a page at a time (``pages.py``)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
 from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.pages import PoolPage, TeamPage, TokenPage, UserPage
 from gpufleet.server.problems import unwrap
+from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.schemas import (
     MemberIn,
     PoolIn,
@@ -31,19 +33,22 @@ def whoami(parts: PartsDep, me: Me) -> UserOut:
     return accounts.whoami(db=parts.db, actor=me)
 
 
-@router.get("/users", response_model=list[UserOut], tags=["users"])
-def list_users(parts: PartsDep, me: Me) -> list[UserOut]:
-    return unwrap(accounts.list_users(db=parts.db, actor=me))
+@router.get("/users", response_model=UserPage, tags=["users"])
+def list_users(parts: PartsDep, me: Me, limit: Limit = 100, cursor: Cursor = None) -> UserPage:
+    return unwrap(accounts.list_users(db=parts.db, actor=me, limit=limit, cursor=cursor))
 
 
 @router.post("/users", status_code=201, response_model=UserCreated, tags=["users"])
 def create_user(spec: UserIn, parts: PartsDep, me: Me) -> UserCreated:
-    return unwrap(accounts.create_user(db=parts.db, actor=me, spec=spec, now=parts.now()))
+    made = accounts.create_user(
+        db=parts.db, actor=me, spec=spec, now=parts.now(), hasher=parts.hasher, ttl_s=parts.config.token_ttl_s
+    )
+    return unwrap(made)
 
 
-@router.get("/teams", response_model=list[TeamOut], tags=["teams"])
-def list_teams(parts: PartsDep, me: Me) -> list[TeamOut]:
-    return accounts.list_teams(db=parts.db, actor=me, now=parts.now())
+@router.get("/teams", response_model=TeamPage, tags=["teams"])
+def list_teams(parts: PartsDep, me: Me, limit: Limit = 100, cursor: Cursor = None) -> TeamPage:
+    return accounts.list_teams(db=parts.db, actor=me, now=parts.now(), limit=limit, cursor=cursor)
 
 
 @router.post("/teams", status_code=201, response_model=TeamOut, tags=["teams"])
@@ -68,15 +73,27 @@ def set_quota(name: str, spec: QuotaIn, parts: PartsDep, me: Me) -> TeamOut:
     return out
 
 
-@router.get("/tokens", response_model=list[TokenOut], tags=["tokens"])
-def list_tokens(parts: PartsDep, me: Me, user: str | None = None) -> list[TokenOut]:
-    return unwrap(accounts.list_tokens(db=parts.db, actor=me, user=user))
+@router.get("/tokens", response_model=TokenPage, tags=["tokens"])
+def list_tokens(
+    parts: PartsDep, me: Me, user: str | None = None, limit: Limit = 100, cursor: Cursor = None
+) -> TokenPage:
+    return unwrap(accounts.list_tokens(db=parts.db, actor=me, user=user, limit=limit, cursor=cursor))
 
 
 @router.post("/tokens", status_code=201, response_model=TokenCreated, tags=["tokens"])
 def create_token(spec: TokenIn, parts: PartsDep, me: Me) -> TokenCreated:
     return unwrap(
-        accounts.create_token(db=parts.db, actor=me, name=spec.name, user=spec.user, now=parts.now())
+        accounts.create_token(
+            db=parts.db,
+            actor=me,
+            name=spec.name,
+            user=spec.user,
+            now=parts.now(),
+            caps=parts.config.caps,
+            hasher=parts.hasher,
+            expires_in=spec.expires_in,
+            max_ttl_s=parts.config.token_ttl_s,
+        )
     )
 
 
@@ -87,9 +104,9 @@ def revoke_token(token_id: int, parts: PartsDep, me: Me) -> TokenOut:
     )
 
 
-@router.get("/pools", response_model=list[PoolOut], tags=["pools"])
-def list_pools(parts: PartsDep, me: Me) -> list[PoolOut]:
-    return pools.list_pools(db=parts.db, actor=me)
+@router.get("/pools", response_model=PoolPage, tags=["pools"])
+def list_pools(parts: PartsDep, me: Me, limit: Limit = 100, cursor: Cursor = None) -> PoolPage:
+    return pools.list_pools(db=parts.db, actor=me, limit=limit, cursor=cursor)
 
 
 @router.post("/pools", status_code=201, response_model=PoolOut, tags=["pools"])

@@ -5,6 +5,10 @@ Sync authenticates a node certificate (mTLS: the node is the certificate's subje
 its serial must not be revoked), a node credential (``gfn_...``: it may speak only for
 its own node; refused for syncs when the server requires certificates, where it only
 buys the certificate), or an operator/admin token (any node); a plain user gets 403.
+
+The node's name in the path is at most 63 characters of letters, digits, ``.``, ``_``
+and ``-`` (``schemas.NODE_NAME``): a longer or odder one is a 422 before any credential
+is looked at or bound to it.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from fastapi import APIRouter, Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.pki import PeerIdentity, node_identity
+from gpufleet.server.audit import Actor, note_actor
 from gpufleet.server.cred_schemas import CertificateIn, CertificateOut, NodeCredentialList, RevokedOut
-from gpufleet.server.deps import Me, Parts, PartsDep, get_parts, get_principal
+from gpufleet.server.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
 from gpufleet.server.hot import HotState, NodeCred
 from gpufleet.server.problems import ProblemError, unwrap
 from gpufleet.server.schemas import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply
@@ -46,7 +51,7 @@ def _bearer(authorization: str | None) -> str:
 
 
 async def agent_actor(
-    name: str,
+    name: NodeNameIn,
     request: Request,
     parts: Annotated[Parts, Depends(get_parts)],
     hot: HotDep,
@@ -73,10 +78,12 @@ async def _actor(
                 await run_in_threadpool(nodecreds.refresh_revocations, parts.db, hot.revocations)
             if hot.revocations.revoked(peer.serial):
                 raise ProblemError(401, f"node certificate {peer.serial} is revoked", title="Unauthorized")
+            note_actor(request.scope, Actor(name=f"node:{peer.node}", role="node"))
             return sync.AgentActor(name=f"node:{peer.node}", node=peer.node)
     token = _bearer(authorization)
     if not nodecreds.is_node_token(token):
         who = await get_principal(parts, authorization)
+        note_actor(request.scope, Actor(name=who.name, role=who.role, token_id=who.token_id))
         if not who.is_operator:
             raise ProblemError(403, "only node credentials, operators and admins may sync nodes")
         return sync.AgentActor(name=who.name, node=None)
@@ -89,6 +96,7 @@ async def _actor(
     cred = hot.creds.get(hash_token(token))
     if cred is None or cred.node is None:
         cred = await run_in_threadpool(_resolve, parts, hot, token, name)
+    note_actor(request.scope, Actor(name=f"node:{cred.node}", role="node"))
     return sync.AgentActor(name=f"node:{cred.node}", node=cred.node, credential_id=cred.id)
 
 
@@ -99,7 +107,7 @@ def _peer(pem: str) -> PeerIdentity | None:
 
 
 def _resolve(parts: Parts, hot: HotState, token: str, name: str) -> NodeCred:
-    cred = nodecreds.authenticate_node(db=parts.db, token=token, cache=hot.creds)
+    cred = nodecreds.authenticate_node(db=parts.db, token=token, cache=hot.creds, hasher=parts.hasher)
     if cred is None:
         raise ProblemError(401, "invalid or revoked node credential", title="Unauthorized")
     return nodecreds.bind(writer=parts.writer, token=token, cred=cred, node=name, cache=hot.creds)
@@ -108,11 +116,13 @@ def _resolve(parts: Parts, hot: HotState, token: str, name: str) -> NodeCred:
 @router.post("/nodes/join-tokens", status_code=201, response_model=JoinTokenOut)
 def create_join_token(parts: PartsDep, me: Me, spec: JoinTokenIn | None = None) -> JoinTokenOut:
     node = spec.node if spec is not None else None
-    return unwrap(nodecreds.create_join_token(db=parts.db, actor=me, node=node, now=parts.now()))
+    return unwrap(
+        nodecreds.create_join_token(db=parts.db, actor=me, node=node, now=parts.now(), hasher=parts.hasher)
+    )
 
 
 async def sync_actor(
-    name: str,
+    name: NodeNameIn,
     request: Request,
     parts: Annotated[Parts, Depends(get_parts)],
     hot: HotDep,
@@ -125,7 +135,7 @@ async def sync_actor(
 
 @router.post("/nodes/{name}/certificate", status_code=201, response_model=CertificateOut)
 def node_certificate(
-    name: str,
+    name: NodeNameIn,
     body: CertificateIn,
     request: Request,
     parts: PartsDep,
@@ -162,7 +172,7 @@ def revoke_node(name: str, parts: PartsDep, hot: HotDep, me: Me) -> RevokedOut:
 
 @router.post("/nodes/{name}/sync", response_model=SyncReply)
 def sync_node(
-    name: str,
+    name: NodeNameIn,
     body: NodeSync,
     parts: PartsDep,
     hot: HotDep,

@@ -14,6 +14,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpufleet.server.audit import note_object, note_principal
 from gpufleet.server.deps import Me, Parts, PartsDep, cached_principal
 from gpufleet.server.problems import Failure, ProblemError, problem_response, unwrap
 from gpufleet.server.schemas import JobDetail, JobPage, JobSubmit, PriorityChange
@@ -42,6 +43,7 @@ async def _submit(parts: Parts, me: Principal, spec: JobSubmit) -> JobDetail | F
         fleets=parts.fleets,
         waker=parts.scheduler.wake,
         budget_warning=parts.budget_warnings.get,
+        pending=parts.pending,
     )
 
 
@@ -83,10 +85,12 @@ class FastSubmit:
             await self.app(scope, _replay(body, more, receive), send)
             return
         scope["route"] = self.route  # what the latency histogram labels by
+        note_principal(scope, me)  # for the audit log, as the ``Me`` dependency does
         out = await _submit(self.parts, me, spec)
         if isinstance(out, Failure):  # what ``unwrap`` and the ProblemError handler make of it
             await problem_response(Request(scope), out.kind.value, out.detail)(scope, receive, send)
             return
+        note_object(scope, out.id)
         await _created(out)(scope, receive, send)
 
     def _plain(self, scope: Scope) -> Principal | None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.deps import Me, NodeNameIn, PartsDep
 from gpufleet.server.maint_schemas import CordonIn, DrainIn, FleetEventOut, RolloutIn, RolloutOut, UncordonIn
 from gpufleet.server.problems import Failure, unwrap
 from gpufleet.server.routers.agents import HotDep
@@ -23,14 +23,16 @@ def _node(parts: PartsDep, me: Me, hot: HotDep, name: str, done: Failure | None)
 
 
 @router.post("/nodes/{name}/cordon", response_model=NodeOut)
-def cordon(name: str, parts: PartsDep, me: Me, hot: HotDep, spec: CordonIn | None = None) -> NodeOut:
+def cordon(name: NodeNameIn, parts: PartsDep, me: Me, hot: HotDep, spec: CordonIn | None = None) -> NodeOut:
     done = maintenance.cordon(db=parts.db, actor=me, name=name, spec=spec or CordonIn(), now=parts.now())
     parts.fleets.invalidate()
     return _node(parts, me, hot, name, done)
 
 
 @router.post("/nodes/{name}/uncordon", response_model=NodeOut)
-def uncordon(name: str, parts: PartsDep, me: Me, hot: HotDep, spec: UncordonIn | None = None) -> NodeOut:
+def uncordon(
+    name: NodeNameIn, parts: PartsDep, me: Me, hot: HotDep, spec: UncordonIn | None = None
+) -> NodeOut:
     done = maintenance.uncordon(
         db=parts.db, actor=me, name=name, spec=spec or UncordonIn(), now=parts.now(), monitor=hot.health
     )
@@ -40,7 +42,7 @@ def uncordon(name: str, parts: PartsDep, me: Me, hot: HotDep, spec: UncordonIn |
 
 
 @router.post("/nodes/{name}/drain", response_model=NodeOut)
-def drain(name: str, parts: PartsDep, me: Me, hot: HotDep, spec: DrainIn | None = None) -> NodeOut:
+def drain(name: NodeNameIn, parts: PartsDep, me: Me, hot: HotDep, spec: DrainIn | None = None) -> NodeOut:
     done = maintenance.drain(
         db=parts.db, actor=me, name=name, spec=spec or DrainIn(), now=parts.now(), waker=hot.health.poke
     )

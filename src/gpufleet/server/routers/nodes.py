@@ -2,18 +2,25 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.deps import Me, NodeNameIn, PartsDep
+from gpufleet.server.pages import NodePage
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.agents import HotDep
+from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.schemas import NodeOut, NodePut
 from gpufleet.server.services import nodes
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
 
 
-@router.get("", response_model=list[NodeOut])
-def list_nodes(parts: PartsDep, me: Me, hot: HotDep, pool: str | None = None) -> list[NodeOut]:
-    return nodes.list_nodes(db=parts.db, actor=me, live_since=parts.live_since(), pool=pool, hot=hot)
+@router.get("", response_model=NodePage)
+def list_nodes(
+    parts: PartsDep, me: Me, hot: HotDep, pool: str | None = None, limit: Limit = 100, cursor: Cursor = None
+) -> NodePage:
+    """By name, a page at a time (``pages.py``)."""
+    return nodes.list_nodes(
+        db=parts.db, actor=me, live_since=parts.live_since(), pool=pool, hot=hot, limit=limit, cursor=cursor
+    )
 
 
 @router.get("/{name}", response_model=NodeOut)
@@ -22,7 +29,7 @@ def show(name: str, parts: PartsDep, me: Me, hot: HotDep) -> NodeOut:
 
 
 @router.put("/{name}", response_model=NodeOut)
-def put(name: str, spec: NodePut, parts: PartsDep, me: Me) -> NodeOut:
+def put(name: NodeNameIn, spec: NodePut, parts: PartsDep, me: Me) -> NodeOut:
     return unwrap(
         nodes.put_node(
             db=parts.db,

@@ -5,8 +5,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.pages import ReservationPage
 from gpufleet.server.problems import unwrap
 from gpufleet.server.reservation_schemas import ReservationIn, ReservationOut
+from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.services import reservations
 
 router = APIRouter(prefix="/reservations", tags=["reservations"])
@@ -15,17 +17,30 @@ router = APIRouter(prefix="/reservations", tags=["reservations"])
 @router.post("", status_code=201, response_model=list[ReservationOut])
 def create(spec: ReservationIn, parts: PartsDep, me: Me) -> list[ReservationOut]:
     """Book one window, or ``count`` repeats (all or none). 409: the conflict, named."""
-    made = unwrap(reservations.create(db=parts.db, actor=me, spec=spec, now=parts.now(), fleets=parts.fleets))
+    made = unwrap(
+        reservations.create(
+            db=parts.db, actor=me, spec=spec, now=parts.now(), fleets=parts.fleets, caps=parts.config.caps
+        )
+    )
     parts.scheduler.wake()
     return made
 
 
-@router.get("", response_model=list[ReservationOut])
+@router.get("", response_model=ReservationPage)
 def list_reservations(
-    parts: PartsDep, me: Me, include_past: Annotated[bool, Query(alias="all")] = False
-) -> list[ReservationOut]:
-    """Yours (operators: everyone's) that have not ended; ``?all=true`` adds past ones."""
-    return reservations.list_reservations(db=parts.db, actor=me, now=parts.now(), include_past=include_past)
+    parts: PartsDep,
+    me: Me,
+    include_past: Annotated[bool, Query(alias="all")] = False,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+) -> ReservationPage:
+    """Yours (operators: everyone's) that have not ended; ``?all=true`` adds past ones.
+    By start, a page at a time (``pages.py``)."""
+    return unwrap(
+        reservations.list_reservations(
+            db=parts.db, actor=me, now=parts.now(), include_past=include_past, limit=limit, cursor=cursor
+        )
+    )
 
 
 @router.delete("/{reservation_id}", response_model=ReservationOut)

@@ -1,24 +1,33 @@
-"""Users, teams, team quotas and API tokens; authentication of a bearer token.
+"""Users, teams, team quotas and API tokens (who is calling: ``services/auth.py``).
 
-Tokens are 32 random bytes (urlsafe base64, prefixed ``gf_``); only their sha256 is
-stored, so a token is shown once, when it is created.
+Tokens are 32 random bytes (urlsafe base64, prefixed ``gf_``); only their HMAC with the
+server's key is stored (``tokenkey.py``), so a token is shown once, when it is created.
+A row from before 0008 holds plain sha256: it is accepted and rewritten to the HMAC on
+its first use.
+
+Every token expires except the bootstrap admin token (``GPUFLEET_ADMIN_TOKEN``, or the
+one printed on the first start): that is the break-glass credential of an empty
+database; it may be revoked once another admin token is active, and
+``gpufleet admin create-user --role admin --database-url`` (on the database host) makes
+a new admin if every admin token lapsed. API tokens live ``--token-ttl`` (90 days) or
+less when asked (``POST /v1/tokens {"expires_in": "1h"}``); a web session
+(``POST /v1/sessions``: what the fleet page trades the pasted API token for, so the
+long-lived token is not kept in the browser) lives ``--session-ttl`` (12 h), never past
+the token it came from, and cannot mint tokens or sessions. The last active admin token
+(not a session) cannot be revoked.
 """
 
 from __future__ import annotations
 
-import hashlib
-import secrets
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.server import accounting
 from gpufleet.server.db import Database
 from gpufleet.server.models import Membership, Team, Token, User
+from gpufleet.server.pages import TeamPage, TokenPage, UserPage, cut, id_cursor
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.schemas import (
     QuotaIn,
@@ -31,101 +40,96 @@ from gpufleet.server.schemas import (
     UserOut,
 )
 
+# Who is calling lives in ``auth.py``; these names were defined here and are re-exported.
+from gpufleet.server.services.auth import Principal as Principal
+from gpufleet.server.services.auth import Refused as Refused
+from gpufleet.server.services.auth import TokenCache as TokenCache
+from gpufleet.server.services.auth import authenticate as authenticate
+from gpufleet.server.services.auth import check_token as check_token
+from gpufleet.server.services.auth import hash_token as hash_token
+from gpufleet.server.services.auth import hasher_for, new_token
+from gpufleet.server.services.caps import Caps, tokens_problem
+from gpufleet.server.tokenkey import TokenHasher
+from gpufleet.timefmt import format_duration, parse_duration
+
 ROLES: tuple[Role, ...] = ("admin", "operator", "user")
+TOKEN_TTL_S = 90 * 86400.0
+SESSION_TTL_S = 12 * 3600.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Principal:
-    """Who is calling: the user behind a valid token."""
-
-    user_id: int
-    name: str
-    role: Role
-
-    @property
-    def is_admin(self) -> bool:
-        return self.role == "admin"
-
-    @property
-    def is_operator(self) -> bool:
-        """Operators and admins see and act on every job and node."""
-        return self.role in ("admin", "operator")
-
-
-def new_token() -> str:
-    return "gf_" + secrets.token_urlsafe(32)
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-@dataclass(slots=True)
-class TokenCache:
-    """Recently authenticated tokens, for ``ttl_s`` seconds: most requests then need no
-    lookup. A revocation clears it in this process; another server process notices it
-    within ``ttl_s``."""
-
-    ttl_s: float = 5.0
-    _hits: dict[str, tuple[float, Principal]] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def get(self, digest: str) -> Principal | None:
-        with self._lock:
-            hit = self._hits.get(digest)
-        return hit[1] if hit is not None and hit[0] > time.monotonic() else None
-
-    def put(self, digest: str, who: Principal) -> None:
-        with self._lock:
-            if len(self._hits) > 10_000:
-                self._hits.clear()
-            self._hits[digest] = (time.monotonic() + self.ttl_s, who)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._hits.clear()
-
-
-def authenticate(*, db: Database, token: str, cache: TokenCache | None = None) -> Principal | None:
-    digest = hash_token(token)
-    if cache is not None and (who := cache.get(digest)) is not None:
-        return who
-    with db.read() as s:
-        row = s.execute(
-            select(User.id, User.name, User.role)
-            .join(Token, Token.user_id == User.id)
-            .where(Token.token_hash == digest, Token.revoked_at.is_(None))
-        ).first()
-    if row is None:
-        return None
-    who = Principal(user_id=row.id, name=row.name, role=row.role)
-    if cache is not None:
-        cache.put(digest, who)
-    return who
-
-
-def _add_token(s: Session, *, user: User, name: str, now: float, token: str | None = None) -> TokenCreated:
+def _add_token(
+    s: Session,
+    *,
+    user: User,
+    name: str,
+    now: float,
+    hasher: TokenHasher,
+    expires_at: float | None,
+    kind: str = "api",
+    token: str | None = None,
+) -> TokenCreated:
     token = token or new_token()
-    row = Token(user_id=user.id, name=name, token_hash=hash_token(token), hint=token[-4:], created_at=now)
+    row = Token(
+        user_id=user.id,
+        name=name,
+        token_hash=hasher.digest(token),
+        hint=token[-4:],
+        created_at=now,
+        expires_at=expires_at,
+        kind=kind,
+    )
     s.add(row)
     s.flush()
     return TokenCreated(
-        id=row.id, user=user.name, name=name, hint=row.hint, created_at=now, revoked=False, token=token
+        id=row.id,
+        user=user.name,
+        name=name,
+        hint=row.hint,
+        created_at=now,
+        revoked=False,
+        kind=kind,
+        expires_at=expires_at,
+        token=token,
     )
 
 
-def bootstrap_admin(*, db: Database, now: float, token: str | None) -> str | None:
-    """On an empty database create the ``admin`` user. Returns the new token when one was
-    generated (the caller prints it once), None when users already exist or ``token`` was
-    given (GPUFLEET_ADMIN_TOKEN)."""
+def bootstrap_admin(
+    *, db: Database, now: float, token: str | None, hasher: TokenHasher | None = None
+) -> str | None:
+    """On an empty database create the ``admin`` user with the bootstrap token (kind
+    ``bootstrap``, no expiry: the module docstring says why). Returns the new token when
+    one was generated (the caller prints it once), None when users already exist or
+    ``token`` was given (GPUFLEET_ADMIN_TOKEN)."""
     with db.write() as s:
         if s.execute(select(User.id).limit(1)).first() is not None:
             return None
         admin = User(name="admin", role="admin", created_at=now)
         s.add(admin)
         s.flush()
-        created = _add_token(s, user=admin, name="bootstrap", now=now, token=token)
+        created = _add_token(
+            s,
+            user=admin,
+            name="bootstrap",
+            now=now,
+            hasher=hasher_for(db, hasher),
+            expires_at=None,
+            kind="bootstrap",
+            token=token,
+        )
     return None if token else created.token
+
+
+def bound_lifetimes(*, db: Database, now: float, ttl_s: float) -> int:
+    """Give every API token without an expiry (rows from before 0008) ``ttl_s`` from
+    ``now``; the number changed. The server does it at start."""
+    with db.write() as s:
+        res = s.execute(
+            update(Token)
+            .where(Token.expires_at.is_(None), Token.kind != "bootstrap")
+            .values(expires_at=now + ttl_s)
+            .execution_options(synchronize_session=False)
+        )
+        return int(getattr(res, "rowcount", 0) or 0)
 
 
 # -- users and teams --------------------------------------------------------------------------
@@ -140,7 +144,16 @@ def _user_out(s: Session, u: User) -> UserOut:
     return UserOut(id=u.id, name=u.name, role=u.role, teams=_teams_of(s, u.id))  # type: ignore[arg-type]
 
 
-def create_user(*, db: Database, actor: Principal, spec: UserIn, now: float) -> UserCreated | Failure:
+def create_user(
+    *,
+    db: Database,
+    actor: Principal,
+    spec: UserIn,
+    now: float,
+    hasher: TokenHasher | None = None,
+    ttl_s: float = TOKEN_TTL_S,
+) -> UserCreated | Failure:
+    """The user and their first API token (``ttl_s``)."""
     if not actor.is_admin:
         return forbidden("only admins create users")
     with db.write() as s:
@@ -155,17 +168,34 @@ def create_user(*, db: Database, actor: Principal, spec: UserIn, now: float) -> 
         s.flush()
         for t in teams.values():
             s.add(Membership(user_id=user.id, team_id=t.id))
-        tok = _add_token(s, user=user, name="initial", now=now)
+        tok = _add_token(
+            s, user=user, name="initial", now=now, hasher=hasher_for(db, hasher), expires_at=now + ttl_s
+        )
         return UserCreated(id=user.id, name=user.name, role=spec.role, teams=sorted(teams), token=tok.token)
 
 
-def list_users(*, db: Database, actor: Principal) -> list[UserOut] | Failure:
+def list_users(
+    *, db: Database, actor: Principal, limit: int = 100, cursor: str | None = None
+) -> UserPage | Failure:
+    """By name; a plain user sees only themselves."""
     with db.read() as s:
         if not actor.is_operator:
             me = s.get(User, actor.user_id)
             assert me is not None
-            return [_user_out(s, me)]
-        return [_user_out(s, u) for u in s.scalars(select(User).order_by(User.name))]
+            return UserPage(items=[_user_out(s, me)], next_cursor=None)
+        q = select(User).order_by(User.name).limit(limit + 1)
+        if cursor is not None:
+            q = q.where(User.name > cursor)
+        users, after = cut(list(s.scalars(q)), limit, lambda u: u.name)
+        teams: dict[int, list[str]] = {}
+        member = select(Membership.user_id, Team.name).join(Team, Team.id == Membership.team_id)
+        for uid, team in s.execute(member.where(Membership.user_id.in_([u.id for u in users]))):
+            teams.setdefault(uid, []).append(team)
+        items = [
+            UserOut(id=u.id, name=u.name, role=u.role, teams=sorted(teams.get(u.id, [])))  # type: ignore[arg-type]
+            for u in users
+        ]
+        return UserPage(items=items, next_cursor=after)
 
 
 def whoami(*, db: Database, actor: Principal) -> UserOut:
@@ -214,11 +244,17 @@ def create_team(*, db: Database, actor: Principal, name: str) -> TeamOut | Failu
         return team_out(s, team)
 
 
-def list_teams(*, db: Database, actor: Principal, now: float | None = None) -> list[TeamOut]:
+def list_teams(
+    *, db: Database, actor: Principal, now: float | None = None, limit: int = 100, cursor: str | None = None
+) -> TeamPage:
+    """By name, everyone's (names, members and quotas are public; money is not)."""
     with db.read() as s:
         sees = _sees_finances(s, actor)
-        teams = s.scalars(select(Team).order_by(Team.name))
-        return [team_out(s, t, now=now, finances=sees(t)) for t in teams]
+        q = select(Team).order_by(Team.name).limit(limit + 1)
+        if cursor is not None:
+            q = q.where(Team.name > cursor)
+        teams, after = cut(list(s.scalars(q)), limit, lambda t: t.name)
+        return TeamPage(items=[team_out(s, t, now=now, finances=sees(t)) for t in teams], next_cursor=after)
 
 
 def get_team(*, db: Database, actor: Principal, name: str, now: float | None = None) -> TeamOut | Failure:
@@ -268,31 +304,110 @@ def _token_out(t: Token, user: str) -> TokenOut:
         hint=t.hint,
         created_at=t.created_at,
         revoked=t.revoked_at is not None,
+        kind=t.kind,
+        expires_at=t.expires_at,
     )
 
 
 def create_token(
-    *, db: Database, actor: Principal, name: str, user: str | None, now: float
+    *,
+    db: Database,
+    actor: Principal,
+    name: str,
+    user: str | None,
+    now: float,
+    caps: Caps | None = None,
+    hasher: TokenHasher | None = None,
+    expires_in: str | float | None = None,
+    max_ttl_s: float = TOKEN_TTL_S,
 ) -> TokenCreated | Failure:
+    """``caps``: refuse a token past the owner's cap (``services/caps.py``). It lives
+    ``expires_in`` (seconds or a duration; at most, and by default, ``max_ttl_s``:
+    ``--token-ttl``)."""
+    if actor.session:
+        return forbidden("a web session cannot create tokens: use an API token")
     if user is not None and user != actor.name and not actor.is_admin:
         return forbidden("only admins create tokens for other users")
+    ttl_s = _lifetime(expires_in, max_ttl_s)
+    if isinstance(ttl_s, Failure):
+        return ttl_s
     with db.write() as s:
         owner = s.scalar(select(User).where(User.name == (user or actor.name)))
         if owner is None:
             return not_found(f"no user {user}")
-        return _add_token(s, user=owner, name=name, now=now)
+        if caps is not None:
+            problem = tokens_problem(
+                s, caps=caps, user_id=owner.id, name=owner.name, role=owner.role, now=now
+            )
+            if problem is not None:
+                return problem
+        return _add_token(
+            s, user=owner, name=name, now=now, hasher=hasher_for(db, hasher), expires_at=now + ttl_s
+        )
 
 
-def list_tokens(*, db: Database, actor: Principal, user: str | None) -> list[TokenOut] | Failure:
+def _lifetime(value: str | float | None, max_s: float) -> float | Failure:
+    if value is None:
+        return max_s
+    try:
+        secs = float(value) if isinstance(value, int | float) else parse_duration(value)
+    except ValueError as exc:
+        return invalid(f"expires_in: {exc}")
+    if not 0 < secs <= max_s:
+        return invalid(
+            f"expires_in: a token lives more than 0 s and at most {format_duration(max_s)} (--token-ttl)"
+        )
+    return secs
+
+
+def create_session(
+    *,
+    db: Database,
+    actor: Principal,
+    now: float,
+    hasher: TokenHasher | None = None,
+    ttl_s: float = SESSION_TTL_S,
+) -> TokenCreated | Failure:
+    """A web session for the caller: ``ttl_s`` (``--session-ttl``), never past the
+    expiry of the token it is made with."""
+    if actor.session:
+        return forbidden("a web session cannot start another: sign in with an API token")
+    expires_at = now + ttl_s if actor.expires_at is None else min(now + ttl_s, actor.expires_at)
+    with db.write() as s:
+        owner = s.get(User, actor.user_id)
+        if owner is None:
+            return not_found(f"no user {actor.name}")
+        return _add_token(
+            s,
+            user=owner,
+            name="web",
+            now=now,
+            hasher=hasher_for(db, hasher),
+            expires_at=expires_at,
+            kind="session",
+        )
+
+
+def list_tokens(
+    *, db: Database, actor: Principal, user: str | None, limit: int = 100, cursor: str | None = None
+) -> TokenPage | Failure:
+    """By id: yours, or (admins) everyone's or ``user``'s."""
     if user is not None and user != actor.name and not actor.is_admin:
         return forbidden("only admins list other users' tokens")
+    try:
+        after_id = id_cursor(cursor)
+    except ValueError:
+        return invalid(f"cursor: {cursor!r} is not a cursor this list gave")
     with db.read() as s:
-        q = select(Token, User.name).join(User, User.id == Token.user_id).order_by(Token.id)
+        q = select(Token, User.name).join(User, User.id == Token.user_id).order_by(Token.id).limit(limit + 1)
         if user is not None:
             q = q.where(User.name == user)
         elif not actor.is_admin:
             q = q.where(Token.user_id == actor.user_id)
-        return [_token_out(t, name) for t, name in s.execute(q)]
+        if after_id is not None:
+            q = q.where(Token.id > after_id)
+        rows, after = cut([r.tuple() for r in s.execute(q)], limit, lambda r: str(r[0].id))
+        return TokenPage(items=[_token_out(t, name) for t, name in rows], next_cursor=after)
 
 
 def revoke_token(
@@ -308,5 +423,37 @@ def revoke_token(
             return not_found(f"no token {token_id}")
         tok, owner = row.tuple()
         if tok.revoked_at is None:
+            refused = _last_admin_token(s, tok, now=now)
+            if refused is not None:
+                return refused
             tok.revoked_at = now
         return _token_out(tok, owner)
+
+
+def _active(now: float) -> ColumnElement[bool]:
+    return and_(
+        Token.revoked_at.is_(None),
+        Token.kind != "session",
+        or_(Token.expires_at.is_(None), Token.expires_at > now),
+    )
+
+
+def _last_admin_token(s: Session, tok: Token, *, now: float) -> Failure | None:
+    """A conflict when ``tok`` is the last active admin token (revoking it would lock
+    every admin out). Revocations of admin tokens are serialised by locking the admin
+    users' rows first (PostgreSQL; SQLite's writers are serial already), so two admins
+    revoking each other's last tokens at once cannot both succeed."""
+    if tok.kind == "session" or (tok.expires_at is not None and tok.expires_at <= now):
+        return None
+    if s.scalar(select(User.role).where(User.id == tok.user_id)) != "admin":
+        return None
+    admins = list(s.scalars(select(User.id).where(User.role == "admin").order_by(User.id).with_for_update()))
+    other = s.scalar(
+        select(Token.id).where(Token.user_id.in_(admins), Token.id != tok.id, _active(now)).limit(1)
+    )
+    if other is not None:
+        return None
+    return conflict(
+        f"token {tok.id} is the last active admin token: revoking it would lock every admin out; "
+        "create another admin token first (gpufleet tokens create)"
+    )

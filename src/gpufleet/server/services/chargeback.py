@@ -27,7 +27,15 @@ from gpufleet.server.db import Database
 from gpufleet.server.models import GpuRow, Membership, Team, UsageRow, User
 from gpufleet.server.pricing import PriceSchedule, parse_prices
 from gpufleet.server.problems import Failure, forbidden, invalid, not_found
-from gpufleet.server.schemas import BudgetIn, PriceNow, PricesOut, TeamOut, UsageReport, UsageRowOut
+from gpufleet.server.schemas import (
+    BudgetIn,
+    PriceNow,
+    PricesOut,
+    TeamOut,
+    UsageReport,
+    UsageRowOut,
+    unstorable,
+)
 from gpufleet.server.services.accounts import Principal, team_out
 
 By = Literal["user", "team", "pool", "gpu-type"]
@@ -72,6 +80,9 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def validate_schedule(body: dict[str, Any]) -> PriceSchedule | Failure:
+    why = unstorable(body)  # what a request body refuses (``schemas.Request``), in the raw JSON
+    if why is not None:
+        return invalid(f"price schedule: {why}")
     try:
         return parse_prices(body)
     except ValidationError as exc:

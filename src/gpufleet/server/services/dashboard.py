@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, literal, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpufleet.scheduler import JobRequest
@@ -53,6 +53,7 @@ class NodeInfo:
     rack: str
     cordoned: bool
     ready: bool
+    cordon_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +65,7 @@ class GpuInfo:
     memory_mb: int
     healthy: bool
     cordoned: bool = False
+    cordon_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,21 +136,20 @@ def load_view(db: Database, *, now: float, live_since: float, spend: tuple[TeamS
                 rack=r,
                 cordoned=bool(c),
                 ready=seen is not None and seen >= live_since,
+                cordon_reason=why if c else None,
             )
-            for n, p, lf, r, c, seen in s.execute(
+            for n, p, lf, r, c, why, seen in s.execute(
                 select(
                     NodeRow.name,
                     NodeRow.pool,
                     NodeRow.leaf,
                     NodeRow.rack,
                     NodeRow.cordoned,
+                    NodeRow.cordon_reason,
                     NodeRow.last_seen,
                 ).order_by(NodeRow.name)
             )
         )
-        # Per-GPU cordons come with node maintenance (``gpus.cordoned``); without that
-        # column every GPU counts as uncordoned.
-        gcord = getattr(GpuRow, "cordoned", None)
         gq = select(
             GpuRow.node,
             GpuRow.index,
@@ -156,11 +157,21 @@ def load_view(db: Database, *, now: float, live_since: float, spend: tuple[TeamS
             GpuRow.model,
             GpuRow.memory_mb,
             GpuRow.healthy,
-            gcord if gcord is not None else literal(False),
+            GpuRow.cordoned,
+            GpuRow.cordon_reason,
         ).order_by(GpuRow.node, GpuRow.index)
         gpus = tuple(
-            GpuInfo(node=n, index=i, uuid=u, model=m, memory_mb=mb, healthy=bool(h), cordoned=bool(c))
-            for n, i, u, m, mb, h, c in s.execute(gq)
+            GpuInfo(
+                node=n,
+                index=i,
+                uuid=u,
+                model=m,
+                memory_mb=mb,
+                healthy=bool(h),
+                cordoned=bool(c),
+                cordon_reason=why if c else None,
+            )
+            for n, i, u, m, mb, h, c, why in s.execute(gq)
         )
         held = {
             (n, int(i)): j
@@ -325,7 +336,9 @@ def _faulty(t: GpuTelemetry) -> bool:
 
 
 def snapshot(view: FleetView, hot: HotState) -> FleetSnapshot:
-    """Per GPU: [index, util %, temp C, memory used MiB, memory MiB, flags, job id]."""
+    """Per GPU: [index, util %, temp C, memory used MiB, memory MiB, flags, job id]. The
+    cordon reasons ride along (the node's, and each GPU cordoned on its own), so the
+    page's node panel explains a hatched tile from the same read as the heatmap."""
     per: dict[str, list[GpuInfo]] = {}
     for g in view.gpus:
         per.setdefault(g.node, []).append(g)
@@ -348,6 +361,7 @@ def snapshot(view: FleetView, hot: HotState) -> FleetSnapshot:
                 ]
             )
         model = per[n.name][0].model if per.get(n.name) else ""
+        cordons = {g.index: g.cordon_reason or "" for g in per.get(n.name, []) if g.cordoned}
         out.append(
             SnapshotNode(
                 name=n.name,
@@ -356,6 +370,8 @@ def snapshot(view: FleetView, hot: HotState) -> FleetSnapshot:
                 rack=n.rack,
                 ready=n.ready,
                 cordoned=n.cordoned,
+                cordon_reason=(n.cordon_reason or "") if n.cordoned else None,
+                cordoned_gpus=cordons,
                 model=model,
                 gpus=rows,
             )

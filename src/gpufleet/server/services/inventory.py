@@ -3,10 +3,18 @@
 Two views: ``registered`` (every node of a pool as if all were up: the capacity a job
 could ever get, used to reject impossible jobs at submit) and ``live_fleet`` (what may
 take new work now: Ready, not cordoned, healthy GPUs).
+
+A node whose rows the core's model refuses (``scheduler.Node``: several GPU models,
+an index twice) is left out of both views, never allowed to fail the whole fleet: the
+API keeps such rows from being written (``nodes.judge_inventory``), but rows written
+by hand or by an older server must not stop every scheduling pass. Its jobs keep
+running; it takes nothing new until its rows are repaired. ``LiveFleet.skipped`` says
+which (``gpufleet_scheduler_skipped_nodes``).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +26,7 @@ from gpufleet.scheduler import Fleet, Gpu, Node
 from gpufleet.server.models import GpuRow, NodeRow
 
 NodeKey = tuple[tuple[object, ...], ...]
+log = logging.getLogger("gpufleet.scheduling")
 
 
 def _rows(s: Session, pool: str | None) -> tuple[NodeKey, NodeKey]:
@@ -39,7 +48,10 @@ def _rows(s: Session, pool: str | None) -> tuple[NodeKey, NodeKey]:
     return tuple(tuple(r) for r in s.execute(q)), tuple(tuple(r) for r in s.execute(gq))
 
 
-def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> Fleet:
+def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[Fleet, dict[str, str]]:
+    """The fleet, and the nodes left out of it with the reason (the core's own model
+    validation decides: whatever ``Node`` refuses is skipped, so a rule added there is
+    honoured here)."""
     per: dict[object, list[Gpu]] = {}
     for node, index, model, memory_mb, domain, healthy in gpus:
         per.setdefault(node, []).append(
@@ -52,12 +64,13 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> Fleet:
             )
         )
     out: list[Node] = []
+    skipped: dict[str, str] = {}
     for name, pool, leaf, rack, cordoned, last_seen in nodes:
         live = live_since is None or (
             not cordoned and last_seen is not None and float(last_seen) >= live_since  # type: ignore[arg-type]
         )
-        out.append(
-            Node(
+        try:
+            node = Node(
                 name=str(name),
                 gpus=tuple(per.get(name, ())),
                 leaf=str(leaf),
@@ -65,8 +78,11 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> Fleet:
                 pool=str(pool),
                 schedulable=live,
             )
-        )
-    return Fleet(nodes=tuple(out))
+        except ValueError as exc:  # one bad node never stops the fleet
+            skipped[str(name)] = str(exc)
+            continue
+        out.append(node)
+    return Fleet(nodes=tuple(out)), skipped
 
 
 @dataclass(slots=True)
@@ -76,6 +92,8 @@ class LiveFleet:
 
     _key: tuple[object, ...] | None = None
     _fleet: Fleet | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Nodes left out of the last fleet (invalid rows), with the reason."""
 
     def load(self, s: Session, *, live_since: float) -> Fleet:
         nodes, gpus = _rows(s, None)
@@ -85,7 +103,11 @@ class LiveFleet:
         )
         key = (tuple(n[:5] for n in nodes), gpus, ready)
         if key != self._key or self._fleet is None:
-            self._fleet = _build(nodes, gpus, live_since=live_since)
+            self._fleet, skipped = _build(nodes, gpus, live_since=live_since)
+            if skipped.keys() != self.skipped.keys():  # logged when the set changes, not every pass
+                for name, why in sorted(skipped.items()):
+                    log.warning("node %s left out of scheduling: %s", name, why)
+            self.skipped = skipped
             self._key = key
         return self._fleet
 
@@ -113,7 +135,7 @@ class FleetCache:
             hit = self._cache.get(pool)
         if hit is not None and (hit[0] > now or (stale_ok and now - hit[1] < self.stale_s)):
             return hit[2]
-        fleet = _build(*_rows(s, pool), live_since=None)
+        fleet, _ = _build(*_rows(s, pool), live_since=None)
         with self._lock:
             self._cache[pool] = (now + self.ttl_s, now, fleet)
         return fleet

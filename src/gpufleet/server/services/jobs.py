@@ -3,6 +3,18 @@
 Visibility: a plain user sees only their own jobs; another user's job answers 404
 (it is not revealed that the id exists). Operators and admins see and act on all jobs.
 Changing a priority is for operators and admins (a job's owner gets 403).
+
+What a submission may claim (403 otherwise, on both submit paths: ``FastSubmit`` and the
+route call ``submit``), after Slurm, where only operators raise a priority and only a
+reservation's users and accounts run in it:
+
+- a priority above 0: operators and admins only, as for ``set_priority``; 0 or below
+  (being nice to others) is anyone's;
+- a reservation: its listed users and the members of its team; operators and admins
+  may run anything in any reservation (to test or rescue it). Its owner is not
+  implicitly one of them: booking for a team or other users leaves the owner out
+  unless listed (the scheduler's ``Reservation.owns`` reads the same lists). Checked
+  at submission, like Slurm; a later change of membership does not evict a job.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from gpufleet.server.schemas import (
     JobSubmit,
 )
 from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.inventory import FleetCache
 from gpufleet.server.states import TERMINAL, JobState
 from gpufleet.server.transitions import event_row, move, ref, stop_values
@@ -84,6 +97,8 @@ class NewJob:
     now: float
     fleets: FleetCache
     backoff_s: float = 10.0
+    pending: PendingCounts | None = None
+    """The per-user cap on queued jobs (``services/caps.py``); None: no cap."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,15 +168,22 @@ def _never_fits(fleet: Fleet, spec: JobSubmit) -> Failure | None:
 
 
 def _reservation_problem(ctx: _Ctx, new: NewJob) -> Failure | None:
-    """A job may name only a booked reservation that has not ended (ownership is the
-    scheduler's: a non-owner's job waits with the reason)."""
+    """A job may name only a booked reservation that has not ended, and only one of its
+    people may (see the module's docstring): the scheduler places a job that names a
+    reservation in it, whoever submitted it."""
     rid = new.spec.reservation
     if rid is None:
         return None
     row = ctx.s.get(ReservationRow, rid)
     if row is None or row.state != "BOOKED" or row.end <= new.now:
         return invalid(f"reservation: no booked reservation {rid} that has not ended")
-    return None
+    who = new.actor
+    if who.is_operator or who.name in row.users:
+        return None
+    if row.team is not None and row.team in ctx.teams.get(who.user_id, {}):
+        return None
+    people = "its users" + (f" and members of team {row.team}" if row.team is not None else "")
+    return forbidden(f"reservation {rid}: only {people} (or an operator) may run jobs in it")
 
 
 def _row(new: NewJob, team_id: int) -> dict[str, Any]:
@@ -220,6 +242,9 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
             out.append(team)
             continue
         problem = _shape_problem(ctx, new.spec, new.fleets) or _reservation_problem(ctx, new)
+        if problem is None and new.pending is not None:  # last: it counts the job as accepted
+            who = new.actor
+            problem = new.pending.admit(s, user_id=who.user_id, name=who.name, role=who.role)
         if problem is not None:
             out.append(problem)
             continue
@@ -296,17 +321,26 @@ async def submit(
     fleets: FleetCache,
     waker: Waker,
     budget_warning: Callable[[str], str | None] = lambda team: None,
+    pending: PendingCounts | None = None,
 ) -> JobDetail | Failure:
     """Validate and insert in one transaction (shared with concurrent submits through
     the group-commit ``writer``); returns once committed, without holding a thread
-    while it waits. The reply warns when the job's team is over its soft budget."""
+    while it waits. The reply warns when the job's team is over its soft budget.
+    ``pending``: the per-user cap on queued jobs (403 past it)."""
+    if spec.priority > 0 and not actor.is_operator:
+        return forbidden(
+            f"priority {spec.priority}: only operators and admins give a job a priority above 0 "
+            "(0 or below is anyone's)"
+        )
     limit = _time_limit(spec.time_limit)
     if isinstance(limit, Failure):
         return limit
     backoff = _backoff(spec.requeue_backoff)
     if isinstance(backoff, Failure):
         return backoff
-    new = NewJob(actor=actor, spec=spec, time_limit_s=limit, now=now, fleets=fleets, backoff_s=backoff)
+    new = NewJob(
+        actor=actor, spec=spec, time_limit_s=limit, now=now, fleets=fleets, backoff_s=backoff, pending=pending
+    )
     out = await call(writer, insert_jobs, new)
     if isinstance(out, Failure):
         return out

@@ -2,7 +2,10 @@
 it trades that token for when the server runs with TLS (``gpufleet.pki``).
 
 ``gpufleet node join-token [--node NAME]`` (operators and admins) creates one; like API
-tokens only the sha256 is stored and the token (prefix ``gfn_``) is shown once. A
+tokens only its HMAC with the server's key is stored (``tokenkey.py``; a pre-0008 sha256
+row is rewritten on first use) and the token (prefix ``gfn_``) is shown once. Join
+tokens do not expire: an agent syncs with its token for the node's whole life (or
+trades it for a certificate, which does expire); ``revoke_node`` ends them. A
 credential speaks for exactly one node: the one named at creation, or else the first
 node that syncs with it (bound by compare-and-set, so two agents racing with one fresh
 token cannot both own it). Speaking for another node is a 403.
@@ -30,7 +33,8 @@ from gpufleet.server.hot import CredCache, NodeCred, Revocations
 from gpufleet.server.models import NodeCertificate, NodeCredential
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.schemas import JoinTokenOut
-from gpufleet.server.services.accounts import Principal, hash_token
+from gpufleet.server.services.auth import Principal, hash_token
+from gpufleet.server.tokenkey import TokenHasher, load_hasher
 from gpufleet.server.writer import Writer
 
 PREFIX = "gfn_"
@@ -41,35 +45,50 @@ def is_node_token(token: str) -> bool:
 
 
 def create_join_token(
-    *, db: Database, actor: Principal, node: str | None, now: float
+    *, db: Database, actor: Principal, node: str | None, now: float, hasher: TokenHasher | None = None
 ) -> JoinTokenOut | Failure:
+    """``hasher``: the server's token key (None: the database's default one)."""
     if not actor.is_operator:
         return forbidden("only operators and admins create node join tokens")
     token = PREFIX + secrets.token_urlsafe(32)
+    digest = (hasher or load_hasher(database_url=db.url)).digest(token)
     with db.write() as s:
         row = NodeCredential(
-            node=node, token_hash=hash_token(token), hint=token[-4:], created_by=actor.name, created_at=now
+            node=node, token_hash=digest, hint=token[-4:], created_by=actor.name, created_at=now
         )
         s.add(row)
         s.flush()
         return JoinTokenOut(id=row.id, node=node, hint=row.hint, created_at=now, token=token)
 
 
-def authenticate_node(*, db: Database, token: str, cache: CredCache) -> NodeCred | None:
-    digest = hash_token(token)
-    hit = cache.get(digest)
+def authenticate_node(
+    *, db: Database, token: str, cache: CredCache, hasher: TokenHasher | None = None
+) -> NodeCred | None:
+    """The credential, or None. The cache is keyed by ``hash_token`` (in memory); the
+    row by the HMAC (a pre-0008 sha256 row is rewritten here, compare-and-set)."""
+    key = hash_token(token)
+    hit = cache.get(key)
     if hit is not None:
         return hit
+    hasher = hasher or load_hasher(database_url=db.url)
+    digest = hasher.digest(token)
+    q = select(NodeCredential.id, NodeCredential.node).where(NodeCredential.revoked_at.is_(None))
     with db.read() as s:
-        row = s.execute(
-            select(NodeCredential.id, NodeCredential.node).where(
-                NodeCredential.token_hash == digest, NodeCredential.revoked_at.is_(None)
+        row = s.execute(q.where(NodeCredential.token_hash == digest)).first()
+        legacy = None if row is not None else s.execute(q.where(NodeCredential.token_hash == key)).first()
+    if legacy is not None:
+        with db.write() as s:
+            s.execute(
+                update(NodeCredential)
+                .where(NodeCredential.id == legacy.id, NodeCredential.token_hash == key)
+                .values(token_hash=digest)
+                .execution_options(synchronize_session=False)
             )
-        ).first()
+        row = legacy
     if row is None:
         return None
     cred = NodeCred(id=row.id, node=row.node)
-    cache.put(digest, cred)
+    cache.put(key, cred)
     return cred
 
 

@@ -7,7 +7,8 @@ as a sighting of the node, like a sync. The latest telemetry an agent sent (hot 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -15,8 +16,9 @@ from sqlalchemy.orm import Session
 from gpufleet.server.db import Database
 from gpufleet.server.hot import HotState
 from gpufleet.server.models import Allocation, GpuRow, NodeRow, Pool
+from gpufleet.server.pages import NodePage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
-from gpufleet.server.schemas import GpuIn, GpuOut, NodeOut, NodePut
+from gpufleet.server.schemas import MAX_GPU_INDEX, GpuIn, GpuOut, NodeOut, NodePut
 from gpufleet.server.services.accounts import Principal
 from gpufleet.server.services.inventory import FleetCache
 
@@ -74,13 +76,24 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: HotState | None = 
 
 
 def list_nodes(
-    *, db: Database, actor: Principal, live_since: float, pool: str | None = None, hot: HotState | None = None
-) -> list[NodeOut]:
+    *,
+    db: Database,
+    actor: Principal,
+    live_since: float,
+    pool: str | None = None,
+    hot: HotState | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> NodePage:
+    """By name, a page at a time (``pages.py``)."""
     with db.read() as s:
-        q = select(NodeRow).order_by(NodeRow.name)
+        q = select(NodeRow).order_by(NodeRow.name).limit(limit + 1)
         if pool is not None:
             q = q.where(NodeRow.pool == pool)
-        return [_node_out(s, n, live_since, hot) for n in s.scalars(q)]
+        if cursor is not None:
+            q = q.where(NodeRow.name > cursor)
+        rows, after = cut(list(s.scalars(q)), limit, lambda n: n.name)
+        return NodePage(items=[_node_out(s, n, live_since, hot) for n in rows], next_cursor=after)
 
 
 def show_node(
@@ -91,12 +104,60 @@ def show_node(
         return not_found(f"no node {name}") if n is None else _node_out(s, n, live_since, hot)
 
 
-def _check_gpus(gpus: Sequence[GpuIn]) -> Failure | None:
-    if len({g.index for g in gpus}) != len(gpus):
-        return invalid("gpus: duplicate GPU index")
-    if len({g.model for g in gpus}) > 1:
-        return invalid("gpus: a node has one GPU model")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Contradiction:
+    """Why a node's GPU inventory cannot be taken as sent. ``under_job``: it contradicts
+    a job that holds one of the GPUs (else the inventory contradicts itself)."""
+
+    reason: str
+    under_job: bool = False
+
+
+def judge_inventory(
+    gpus: Sequence[GpuIn], *, stored: Mapping[int, str], held: Mapping[int, int]
+) -> Contradiction | None:
+    """Whether ``gpus`` can replace a node's inventory: ``stored`` is the model of each
+    GPU row, ``held`` the job holding each allocated GPU. Refused: an index no GPU can
+    have, an index or UUID twice, several models (the scheduler's ``Node`` holds one),
+    a held GPU of another model than before (hardware does not change under a running
+    job), and a held GPU gone while the others changed model (``_set_gpus`` keeps a held
+    GPU that vanished: the node would then mix models)."""
+    seen: set[int] = set()
+    uuids: set[str] = set()
+    for g in gpus:
+        if not 0 <= g.index <= MAX_GPU_INDEX:
+            return Contradiction(reason=f"GPU index {g.index} is impossible (0-{MAX_GPU_INDEX})")
+        if g.index in seen:
+            return Contradiction(reason=f"GPU index {g.index} reported twice")
+        if g.uuid and g.uuid in uuids:
+            return Contradiction(reason=f"GPU UUID {g.uuid} reported twice")
+        seen.add(g.index)
+        uuids.add(g.uuid)
+    models = sorted({g.model for g in gpus})
+    if len(models) > 1:
+        return Contradiction(reason=f"GPUs of several models ({', '.join(models)}) on one node")
+    for g in gpus:
+        old = stored.get(g.index)
+        if g.index in held and old is not None and old != g.model:
+            why = f"GPU {g.index} changed model {old} -> {g.model} while job {held[g.index]} holds it"
+            return Contradiction(reason=why, under_job=True)
+    for idx, job in sorted(held.items()):
+        old = stored.get(idx)
+        if idx not in seen and models and old is not None and old != models[0]:
+            why = f"GPU {idx} held by job {job} is missing and the others are {models[0]}, not {old}"
+            return Contradiction(reason=why, under_job=True)
     return None
+
+
+def inventory_problem(s: Session, node: str, gpus: Sequence[GpuIn]) -> Contradiction | None:
+    """``judge_inventory`` against the node's rows in this transaction."""
+    stored = {i: m for i, m in s.execute(select(GpuRow.index, GpuRow.model).where(GpuRow.node == node))}
+    held = s.execute(
+        select(Allocation.gpu_index, Allocation.job_id).where(
+            Allocation.node == node, Allocation.gpu_index.is_not(None)
+        )
+    )
+    return judge_inventory(gpus, stored=stored, held={i: j for i, j in held if i is not None})
 
 
 def _set_gpus(s: Session, node: str, gpus: Sequence[GpuIn]) -> None:
@@ -137,12 +198,12 @@ def put_node(
 ) -> NodeOut | Failure:
     if not actor.is_operator:
         return forbidden("only operators and admins register nodes")
-    bad = _check_gpus(spec.gpus)
-    if bad is not None:
-        return bad
     with db.write() as s:
         if s.get(Pool, spec.pool) is None:
             return invalid(f"pool: no pool {spec.pool}")
+        bad = inventory_problem(s, name, spec.gpus)
+        if bad is not None:  # an operator's mistake: refused (an agent's: cordoned, see sync.py)
+            return conflict(f"gpus: {bad.reason}") if bad.under_job else invalid(f"gpus: {bad.reason}")
         node = s.get(NodeRow, name)
         if node is None:
             node = NodeRow(name=name, created_at=now, pool=spec.pool)

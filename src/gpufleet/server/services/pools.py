@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.server.db import Database
 from gpufleet.server.models import Job, NodeRow, Pool
+from gpufleet.server.pages import PoolPage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.schemas import PoolIn, PoolOut, PoolPatch
 from gpufleet.server.services.accounts import Principal
@@ -19,9 +20,13 @@ def _out(s: Session, p: Pool) -> PoolOut:
     return PoolOut(name=p.name, gpu=p.gpu, description=p.description, nodes=nodes)
 
 
-def list_pools(*, db: Database, actor: Principal) -> list[PoolOut]:
+def list_pools(*, db: Database, actor: Principal, limit: int = 100, cursor: str | None = None) -> PoolPage:
     with db.read() as s:
-        return [_out(s, p) for p in s.scalars(select(Pool).order_by(Pool.name))]
+        q = select(Pool).order_by(Pool.name).limit(limit + 1)
+        if cursor is not None:
+            q = q.where(Pool.name > cursor)
+        rows, after = cut(list(s.scalars(q)), limit, lambda p: p.name)
+        return PoolPage(items=[_out(s, p) for p in rows], next_cursor=after)
 
 
 def get_pool(*, db: Database, actor: Principal, name: str) -> PoolOut | Failure:

@@ -24,16 +24,18 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.scheduler import Fleet, Reservation, ReservationMove, RunningJob
 from gpufleet.scheduler.reservations import admit_reservation
 from gpufleet.server.db import Database
 from gpufleet.server.models import Membership, NodeRow, Pool, ReservationEvent, ReservationRow, Team, User
+from gpufleet.server.pages import ReservationPage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.reservation_schemas import ReservationIn, ReservationOut
 from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.caps import Caps, reservations_problem
 from gpufleet.server.services.inventory import FleetCache
 from gpufleet.timefmt import format_duration
 
@@ -144,9 +146,16 @@ def _fleet_for(s: Session, spec: ReservationIn, fleets: FleetCache) -> Fleet | F
 
 
 def create(
-    *, db: Database, actor: Principal, spec: ReservationIn, now: float, fleets: FleetCache
+    *,
+    db: Database,
+    actor: Principal,
+    spec: ReservationIn,
+    now: float,
+    fleets: FleetCache,
+    caps: Caps | None = None,
 ) -> list[ReservationOut] | Failure:
-    """Admit every window of the request or none (409 naming the conflict)."""
+    """Admit every window of the request or none (409 naming the conflict; 403 past the
+    owner's reservation cap, ``services/caps.py``)."""
     try:
         wins = windows(
             start=spec.start,
@@ -165,6 +174,9 @@ def create(
         fleet = problem or _fleet_for(s, spec, fleets)
         if isinstance(fleet, Failure):
             return fleet
+        over = _over_cap(s, caps, actor, len(wins), now)  # counted under the pools' lock
+        if over is not None:
+            return over
         here = {n.name for n in fleet.nodes}  # other pools' bookings are no conflict
         existing = [r for r in map(to_core, _booked(s, after=now)) if any(n in here for n, _ in r.nodes)]
         maps: list[tuple[tuple[str, int], ...]] = []
@@ -189,8 +201,7 @@ def create(
             existing.append(Reservation(id=f"new-{i + 1}", start=start, end=end, nodes=got))
         rows = [
             ReservationRow(
-                name=(spec.name or f"{actor.name}-{int(start)}")[:128]
-                + (f"#{i + 1}" if len(wins) > 1 and spec.name else ""),
+                name=_window_name(spec.name, actor.name, int(start), i if len(wins) > 1 else None),
                 owner_id=actor.user_id,
                 team=spec.team,
                 users=users if not spec.maintenance else [],
@@ -217,6 +228,25 @@ def create(
         return [_out(r, actor.name, now) for r in rows]
 
 
+def _over_cap(s: Session, caps: Caps | None, actor: Principal, adding: int, now: float) -> Failure | None:
+    if caps is None:
+        return None
+    return reservations_problem(
+        s, caps=caps, user_id=actor.user_id, name=actor.name, role=actor.role, adding=adding, now=now
+    )
+
+
+def _window_name(name: str, owner: str, start: int, index: int | None) -> str:
+    """A window's name, within the column's 128 characters: a named repeat's windows are
+    ``name#1``, ``name#2``... (the name is cut to leave room for the number)."""
+    if not name:
+        return f"{owner}-{start}"[:128]
+    if index is None:
+        return name[:128]
+    suffix = f"#{index + 1}"
+    return name[: 128 - len(suffix)] + suffix
+
+
 def _pool_of(fleet: Fleet, node_map: Sequence[tuple[str, int]]) -> str | None:
     pools = {n.pool for n in fleet.nodes if n.name in {name for name, _ in node_map}}
     return pools.pop() if len(pools) == 1 else None
@@ -240,21 +270,53 @@ def _my_teams(s: Session, actor: Principal) -> set[str]:
 
 
 def list_reservations(
-    *, db: Database, actor: Principal, now: float, include_past: bool
-) -> list[ReservationOut]:
-    """Users' filter runs here, not in SQL: ``users`` is a JSON list (no portable
-    "contains"), and reservations are few."""
+    *,
+    db: Database,
+    actor: Principal,
+    now: float,
+    include_past: bool,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> ReservationPage | Failure:
+    """By start, then id, a page at a time (``pages.py``; the cursor is the last one's
+    ``start:id``). Users' filter runs here, not in SQL: ``users`` is a JSON list (no
+    portable "contains"), so rows are read in batches until the page is full."""
+    after = _after(cursor)
+    if isinstance(after, Failure):
+        return after
     with db.read() as s:
         q = select(ReservationRow, User.name).join(User, User.id == ReservationRow.owner_id)
         if not include_past:
             q = q.where(ReservationRow.end > now)
-        rows = s.execute(q.order_by(ReservationRow.start, ReservationRow.id)).all()
+        if after is not None:
+            start, rid = after
+            later = and_(ReservationRow.start == start, ReservationRow.id > rid)
+            q = q.where(or_(ReservationRow.start > start, later))
         teams = set() if actor.is_operator else _my_teams(s, actor)
-    return [
-        _out(r, owner, now)
-        for r, owner in rows
-        if actor.is_operator or r.owner_id == actor.user_id or actor.name in r.users or r.team in teams
-    ]
+        seen: list[tuple[ReservationRow, str]] = []
+        q = q.order_by(ReservationRow.start, ReservationRow.id).execution_options(yield_per=500)
+        result = s.execute(q)
+        try:
+            for r, owner in result:
+                mine = r.owner_id == actor.user_id or actor.name in r.users or r.team in teams
+                if actor.is_operator or mine:
+                    seen.append((r, owner))
+                    if len(seen) > limit:
+                        break
+        finally:
+            result.close()
+    rows, nxt = cut(seen, limit, lambda row: f"{row[0].start!r}:{row[0].id}")
+    return ReservationPage(items=[_out(r, owner, now) for r, owner in rows], next_cursor=nxt)
+
+
+def _after(cursor: str | None) -> tuple[float, int] | Failure | None:
+    if cursor is None:
+        return None
+    start, _, rid = cursor.rpartition(":")
+    try:
+        return float(start), int(rid)
+    except ValueError:
+        return invalid(f"cursor: {cursor!r} is not a cursor this list gave")
 
 
 def cancel(*, db: Database, actor: Principal, reservation_id: int, now: float) -> ReservationOut | Failure:

@@ -5,16 +5,43 @@ holds, new log bytes); the answer is the set of job attempts the node should run
 how much of each log the server has. It is idempotent: replaying a message, losing an
 answer or restarting either side leaves the same state and gives the same answer.
 
+What a node may speak for (Kubernetes' NodeRestriction: a kubelet may change only its
+own Node and the status of the pods bound to it). A sync's job state and log bytes
+count only for a job *attempt* (``DesiredJob.attempt``):
+
+- placed on this node (it holds GPUs here) at exactly that attempt, or
+- that this node was told to stop (``Job.stopping_on``, attempt ``stopping_attempt``)
+  and has not confirmed yet: it still ships that attempt's last output.
+
+Judged on the state before the sync, so a sync that reports an exit and ships the last
+bytes in one message keeps them. Everything else (no attempt given, no such job, a job
+placed elsewhere or never placed, another attempt) is dropped, item by item, never the
+whole sync, and counted (``HotState.rejected``: ``gpufleet_sync_rejected_items_total``
+by kind and reason). Where NodeRestriction is silent: a duplicate the server already
+applied (an exit resent after a lost answer) counts like any other dropped item; a node
+declared lost needs no stop confirmation (``requeue.py``), so output of an attempt it
+still ships after coming back is dropped; an operator's token may speak for any node,
+but for the same attempts only.
+
 Observations, in order (passive first, like the scheduling loop):
 
 - ``running`` for a SCHEDULED job of this attempt -> RUNNING;
-- ``exited`` for a SCHEDULED/RUNNING job of this attempt -> COMPLETED (0) / FAILED;
+- ``exited`` for a SCHEDULED/RUNNING job of this attempt -> COMPLETED (0) / FAILED; the
+  job's other nodes (a multi-node job) still have to confirm their part stopped;
 - ``lost`` (the attempt vanished without an exit code: its node restarted) -> requeued
   (``requeue.py``; this node needs no further stop confirmation);
-- a job told to stop here (``stopping_on``) that the node no longer reports running is
-  confirmed stopped (it may then be placed again);
-- an observation about an older attempt changes no job state (but a still-running old
-  attempt keeps its stop unconfirmed).
+- a job told to stop here (``stopping_on``) that the node no longer reports running (any
+  attempt of it: a node that reports one running keeps the stop unconfirmed, which
+  delays only its own job) is confirmed stopped (it may then be placed again).
+
+An inventory that contradicts what the server knows (``nodes.judge_inventory``: a GPU
+changing model under a running job, an impossible or repeated index, a repeated UUID,
+several models) is not stored: the node is cordoned with the reason and a critical
+fleet event (once per reason), its GPU rows stay as they were, and the rest of the
+sync is applied and answered. (The kubelet's equivalent, a Node status the control
+plane cannot reconcile, leaves the Node NotReady; here the node stays Ready, so its
+running jobs keep their heartbeat, but takes nothing new.) A sync naming GPUs no node
+can have also has their telemetry dropped.
 
 A sync that would change nothing durable (the steady state of an idle or busy fleet) is
 answered from a read transaction; its heartbeat goes to ``HotState.heartbeats``.
@@ -22,8 +49,10 @@ answered from a read transaction; its heartbeat goes to ``HotState.heartbeats``.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
 
@@ -34,16 +63,30 @@ from sqlalchemy.orm import Session
 from gpufleet.server import accounting
 from gpufleet.server.db import Database
 from gpufleet.server.hot import HotState
+from gpufleet.server.lifecycle import add_event
 from gpufleet.server.models import Allocation, GpuRow, Job, JobLogChunk, NodeRow, User
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.requeue import Conflict, requeue
-from gpufleet.server.schemas import DesiredJob, GpuIn, LogAck, NodeSync, ObservedJob, PeerNode, SyncReply
-from gpufleet.server.services.nodes import _check_gpus, _set_gpus
-from gpufleet.server.states import ACTIVE, TERMINAL, JobState
-from gpufleet.server.transitions import move, ref, stop_values
+from gpufleet.server.schemas import (
+    MAX_GPU_INDEX,
+    DesiredJob,
+    GpuIn,
+    LogAck,
+    LogChunkIn,
+    NodeSync,
+    ObservedJob,
+    PeerNode,
+    SyncReply,
+)
+from gpufleet.server.services.nodes import _set_gpus, inventory_problem
+from gpufleet.server.states import ACTIVE, JobState
+from gpufleet.server.transitions import attempt_of, move, ref, stop_values
 from gpufleet.server.writer import Writer
 
+log = logging.getLogger("gpufleet.server")
 Waker = Callable[[], None]
+ACTOR = "sync"
+"""The actor of what the server decides on a node's report (its cordon)."""
 PORT_BASE = 20_000
 PORT_SPAN = 20_000
 
@@ -57,12 +100,6 @@ class AgentActor:
     node: str | None
     credential_id: int | None = None
     """The join token it authenticated with, if that is how (recorded with a certificate)."""
-
-
-def attempt_of(scheduled_at: float | None) -> int:
-    """A job attempt's id: its placement time in milliseconds (unique per job, since a
-    job is placed again only after its previous attempt was confirmed stopped)."""
-    return round((scheduled_at or 0.0) * 1000)
 
 
 def master_port(job_id: int) -> int:
@@ -132,17 +169,73 @@ def _desired_job(
     )
 
 
+# -- what the node may speak for ------------------------------------------------------------
+
+
+def _nodes(stopping_on: str | None) -> list[str]:
+    return [n for n in (stopping_on or "").split(",") if n]
+
+
+def _why_not(job: Job | None, attempt: int | None, node: str, held: set[int]) -> str | None:
+    """None if ``node`` may speak for this attempt of ``job``, else why not (a
+    ``hot.REJECT_REASONS`` label)."""
+    if attempt is None:
+        return "no_attempt"
+    if job is None:
+        return "unknown_job"
+    if job.id in held:
+        return None if attempt == attempt_of(job.scheduled_at) else "stale_attempt"
+    if node in _nodes(job.stopping_on):
+        stopped = job.stopping_attempt
+        return None if stopped is None or attempt == stopped else "stale_attempt"
+    return "not_assigned"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Scope:
+    """A sync's items this node may speak for, judged on the state before the sync."""
+
+    jobs: dict[int, Job]
+    """The jobs the sync names that exist."""
+    states: list[ObservedJob]
+    logs: list[LogChunkIn]
+    rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(kind, reason) -> items dropped."""
+
+
+def _scope(s: Session, node: str, body: NodeSync) -> _Scope:
+    ids = {o.job_id for o in body.jobs} | {c.job_id for c in body.logs}
+    if not ids:
+        return _Scope(jobs={}, states=[], logs=[])
+    here = select(Allocation.id).where(Allocation.job_id == Job.id, Allocation.node == node).exists()
+    jobs: dict[int, Job] = {}
+    held: set[int] = set()
+    for job, is_here in s.execute(select(Job, here).where(Job.id.in_(ids))):
+        jobs[job.id] = job
+        if is_here:
+            held.add(job.id)
+    out = _Scope(jobs=jobs, states=[], logs=[])
+    for o in body.jobs:
+        why = _why_not(jobs.get(o.job_id), o.attempt, node, held)
+        if why is None:
+            out.states.append(o)
+        else:
+            out.rejected[("state", why)] += 1
+    for c in body.logs:
+        why = _why_not(jobs.get(c.job_id), c.attempt, node, held)
+        if why is None:
+            out.logs.append(c)
+        else:
+            out.rejected[("log", why)] += 1
+    return out
+
+
 # -- observations --------------------------------------------------------------------------------
 
 
-def _current(o: ObservedJob, job: Job) -> bool:
-    return o.attempt is None or o.attempt == attempt_of(job.scheduled_at)
-
-
 def _transition(o: ObservedJob, job: Job) -> JobState | None:
-    """The move an observation asks for, None if it changes nothing."""
-    if not _current(o, job):
-        return None
+    """The move an observation the node may make asks for, None if it changes nothing
+    (an attempt being stopped has left SCHEDULED/RUNNING already)."""
     st = JobState(job.state)
     if o.state == "running" and st == JobState.SCHEDULED:
         return JobState.RUNNING
@@ -153,31 +246,32 @@ def _transition(o: ObservedJob, job: Job) -> JobState | None:
     return None
 
 
-def _stops_confirmed(s: Session, node: str, seen: dict[int, ObservedJob]) -> list[Job]:
+def _stops_confirmed(s: Session, node: str, body: NodeSync) -> list[Job]:
+    """Jobs told to stop here that the node reports running no attempt of."""
+    running = {o.job_id for o in body.jobs if o.state == "running"}
     q = select(Job).where(Job.stopping_on.is_not(None), Job.stopping_on.contains(node))
-    return [
-        job
-        for job in s.scalars(q)
-        if node in (job.stopping_on or "").split(",")
-        and not (job.id in seen and seen[job.id].state == "running")
-    ]
+    return [job for job in s.scalars(q) if node in _nodes(job.stopping_on) and job.id not in running]
 
 
-def _mine(s: Session, node: str, seen: dict[int, ObservedJob]) -> list[Job]:
-    if not seen:
-        return []
-    here = select(Allocation.job_id).where(Allocation.node == node)
-    return list(s.scalars(select(Job).where(Job.id.in_(seen), Job.id.in_(here))))
+def _latest(scope: _Scope) -> list[ObservedJob]:
+    """One observation per job (the last: a sync is one moment of the node)."""
+    return list({o.job_id: o for o in scope.states}.values())
 
 
 def _observe(
-    s: Session, node: str, body: NodeSync, actor: str, now: float, readings: accounting.Readings
+    s: Session,
+    node: str,
+    body: NodeSync,
+    scope: _Scope,
+    actor: str,
+    now: float,
+    readings: accounting.Readings,
 ) -> bool:
-    """Apply the observations; True if a job changed. Raises _Retry on a lost CAS."""
+    """Apply the observations the node may make; True if a job changed. Raises _Retry
+    on a lost CAS."""
     changed = False
-    seen = {o.job_id: o for o in body.jobs}
-    for job in _mine(s, node, seen):
-        o = seen[job.id]
+    for o in _latest(scope):
+        job = scope.jobs[o.job_id]
         to = _transition(o, job)
         if to is None:
             continue
@@ -193,48 +287,36 @@ def _observe(
             reason = f"running on {node}"
         else:
             code = o.exit_code if o.exit_code is not None else -1
-            values = stop_values(s, job, now=now, confirmed=True, readings=readings) | {"exit_code": code}
+            values = stop_values(s, job, now=now, confirmed=False, confirmed_on=node, readings=readings) | {
+                "exit_code": code
+            }
             reason = f"exited with code {code} on {node}"
         if not move(s, ref(job), to, actor=actor, reason=reason, now=now, values=values):
             raise _Retry
         changed = True
-    for job in _stops_confirmed(s, node, seen):
-        rest = [n for n in (job.stopping_on or "").split(",") if n and n != node]
+    for job in _stops_confirmed(s, node, body):
+        rest = [n for n in _nodes(job.stopping_on) if n != node]
         job.stopping_on = ",".join(rest) or None
         changed = True
     return changed
 
 
-def _would_change(s: Session, node: str, body: NodeSync) -> bool:
-    seen = {o.job_id: o for o in body.jobs}
-    if any(_transition(seen[j.id], j) is not None for j in _mine(s, node, seen)):
+def _would_change(s: Session, node: str, body: NodeSync, scope: _Scope) -> bool:
+    if any(_transition(o, scope.jobs[o.job_id]) is not None for o in _latest(scope)):
         return True
-    return bool(_stops_confirmed(s, node, seen))
+    return bool(_stops_confirmed(s, node, body))
 
 
 # -- logs ----------------------------------------------------------------------------------------
 
 
-def _may_log(job: Job, node: str, attempt: int, allocated: set[int]) -> bool:
-    if job.id in allocated:
-        return True
-    if node in (job.stopping_on or "").split(","):
-        return True
-    return JobState(job.state) in TERMINAL | {JobState.PENDING} and attempt == attempt_of(job.scheduled_at)
-
-
-def _ingest_logs(s: Session, node: str, body: NodeSync, now: float) -> list[LogAck]:
-    if not body.logs:
+def _ingest_logs(s: Session, node: str, chunks: Sequence[LogChunkIn], now: float) -> list[LogAck]:
+    """Store the chunks (the node may ship all of them: ``_scope``)."""
+    if not chunks:
         return []
-    ids = {c.job_id for c in body.logs}
-    jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_(ids)))}
-    allocated = set(s.scalars(select(Allocation.job_id).where(Allocation.node == node)))
     ends: dict[tuple[int, int], int] = {}
     rows: list[dict[str, object]] = []
-    for c in body.logs:
-        job = jobs.get(c.job_id)
-        if job is None or not _may_log(job, node, c.attempt, allocated):
-            continue
+    for c in chunks:
         key = (c.job_id, c.attempt)
         if key not in ends:
             ends[key] = int(
@@ -255,7 +337,7 @@ def _ingest_logs(s: Session, node: str, body: NodeSync, now: float) -> list[LogA
                     "node": node,
                     "offset": c.offset,
                     "end": c.end,
-                    "data": c.data,
+                    "data": c.data,  # cleaned of NULs by its schema (``LogChunkIn``)
                     "at": now,
                 }
             )
@@ -263,6 +345,29 @@ def _ingest_logs(s: Session, node: str, body: NodeSync, now: float) -> list[LogA
     if rows:
         s.execute(insert(JobLogChunk), rows)
     return [LogAck(job_id=j, attempt=a, end=e) for (j, a), e in sorted(ends.items())]
+
+
+# -- an inventory the server cannot take ------------------------------------------------------
+
+
+def _quarantine(s: Session, node: NodeRow, why: str, now: float) -> bool:
+    """Cordon ``node`` because its inventory was refused (once per reason: a node that
+    keeps sending the same one writes one event). True if it changed something."""
+    reason = f"inventory refused: {why}"[:256]
+    if node.cordoned and node.cordon_reason == reason:
+        return False
+    node.cordoned, node.cordon_reason = True, reason
+    add_event(
+        s,
+        at=now,
+        node=node.name,
+        kind="cordoned",
+        severity="critical",
+        actor=ACTOR,
+        reason=f"{reason}; its stored GPUs are kept, nothing new lands on it until an operator uncordons it",
+    )
+    log.warning("node %s cordoned: %s", node.name, reason)
+    return True
 
 
 # -- the endpoint ----------------------------------------------------------------------------------
@@ -309,10 +414,16 @@ def _node_differs(n: _Placed, body: NodeSync) -> bool:
     )
 
 
-def _fast_reply(db: Database, name: str, body: NodeSync) -> SyncReply | None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Answer:
+    reply: SyncReply
+    rejected: Counter[tuple[str, str]]
+
+
+def _fast_reply(db: Database, name: str, body: NodeSync) -> _Answer | None:
     """The answer when this sync changes nothing durable, else None. Most syncs of a
     fleet end here (a heartbeat and telemetry): plain Core statements, no ORM objects
-    unless the node runs jobs."""
+    unless the node reports jobs."""
     if body.logs:
         return None
     with db.read() as s:
@@ -324,14 +435,16 @@ def _fast_reply(db: Database, name: str, body: NodeSync) -> SyncReply | None:
         c = s.connection()
         busy = c.execute(_JOB_HERE, {"node": name}).first() is not None
         stopping = c.execute(_STOPPING, {"like": f"%{name}%"}).first() is not None
-        if (busy or stopping) and _would_change(s, name, body):
+        scope = _scope(s, name, body)
+        if (busy or stopping) and _would_change(s, name, body, scope):
             return None
-        return SyncReply(node=name, jobs=_desired(s, name) if busy else [])
+        return _Answer(
+            reply=SyncReply(node=name, jobs=_desired(s, name) if busy else []), rejected=scope.rejected
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Written:
-    reply: SyncReply
+class _Written(_Answer):
     reshaped: bool
     changed: bool
     first_seen: bool
@@ -341,29 +454,37 @@ def _write(
     s: Session, *, name: str, body: NodeSync, actor: str, now: float, readings: accounting.Readings
 ) -> _Written | Failure:
     """The durable half of a sync, in the caller's transaction (the group commit's
-    SAVEPOINT): register or update the node, apply the observations, ingest the logs.
-    Raises _Retry on a lost compare-and-set."""
+    SAVEPOINT): register or update the node (an inventory it cannot take cordons it
+    instead), apply the observations, ingest the logs. Raises _Retry on a lost
+    compare-and-set."""
     node = s.get(NodeRow, name)
     if node is None:
         if body.gpus is None:
             return not_found(f"no node {name}: register it or send its gpus")
         node = NodeRow(name=name, created_at=now, pool="default")
         s.add(node)
+    scope = _scope(s, name, body)  # before anything of this sync is applied
     was_seen_at = node.last_seen
-    reshaped = _node_differs(node, body) or (body.gpus is not None and not _same_gpus(s, name, body.gpus))
+    new_gpus = body.gpus is not None and not _same_gpus(s, name, body.gpus)
+    reshaped = _node_differs(node, body) or new_gpus
     node.last_seen = now
     node.leaf = body.leaf or node.leaf or "leaf-0"
     node.rack = body.rack or node.rack or "rack-0"
     node.address = body.address or node.address
     s.flush()
-    if body.gpus is not None and reshaped:
-        _set_gpus(s, name, body.gpus)
+    if body.gpus is not None and new_gpus:
+        bad = inventory_problem(s, name, body.gpus)
+        if bad is None:
+            _set_gpus(s, name, body.gpus)
+        elif not _quarantine(s, node, bad.reason, now):
+            reshaped = _node_differs(node, body)  # the same refusal again: nothing new
         s.flush()
-    changed = _observe(s, name, body, actor, now, readings)
-    acks = _ingest_logs(s, name, body, now)
+    changed = _observe(s, name, body, scope, actor, now, readings)
+    acks = _ingest_logs(s, name, scope.logs, now)
     s.flush()
     return _Written(
         reply=SyncReply(node=name, jobs=_desired(s, name), log_acks=acks),
+        rejected=scope.rejected,
         reshaped=reshaped,
         changed=changed,
         first_seen=was_seen_at is None,
@@ -391,24 +512,22 @@ def sync_node(
     commit."""
     if actor.node is not None and actor.node != name:
         return forbidden(f"this node credential belongs to node {actor.node}, not {name}")
-    if body.gpus is not None:
-        bad = _check_gpus(body.gpus)
-        if bad is not None:
-            return bad
     if body.telemetry is not None:
+        readings_now = [t for t in body.telemetry if 0 <= t.index <= MAX_GPU_INDEX]
         hot.telemetry.put(
             name,
             at=now,
-            gpus=body.telemetry,
+            gpus=readings_now,
             driver_version=body.driver_version,
             cuda_version=body.cuda_version,
         )
-        hot.health.observe(name, body.telemetry, now)  # a fired rule wakes the lifecycle loop
+        hot.health.observe(name, readings_now, now)  # a fired rule wakes the lifecycle loop
     fast = _fast_reply(db, name, body)
     if fast is not None:
         hot.heartbeats.note(name, now)
         hot.heartbeats.maybe_flush(writer)
-        return fast
+        _count(hot, name, fast.rejected)
+        return fast.reply
     write = partial(_write, name=name, body=body, actor=actor.name, now=now, readings=readings)
     for _ in range(5):
         try:
@@ -421,5 +540,13 @@ def sync_node(
             fleets_invalidate()
         if out.changed or out.reshaped or out.first_seen:
             waker()
+        _count(hot, name, out.rejected)
         return out.reply
     return conflict(f"node {name}: the database is busy or its jobs change too fast; sync again")
+
+
+def _count(hot: HotState, node: str, rejected: Counter[tuple[str, str]]) -> None:
+    """Count what a sync had dropped (once, after it was answered: not per retry)."""
+    if rejected:
+        hot.rejected.add(rejected)
+        log.debug("sync of node %s: dropped %s", node, dict(rejected))

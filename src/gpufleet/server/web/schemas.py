@@ -14,6 +14,11 @@ class SnapshotNode(Reply):
     rack: str
     ready: bool
     cordoned: bool
+    cordon_reason: str | None = Field(default=None, description="why the node is cordoned (null: it is not)")
+    cordoned_gpus: dict[int, str] = Field(
+        default_factory=dict,
+        description="GPU index -> reason, for each GPU cordoned on its own (a node cordon covers all)",
+    )
     model: str
     gpus: list[list[float | int | None]] = Field(
         description="per GPU: [index, util %, temp C, memory used MiB, memory MiB, flags, job id]; "

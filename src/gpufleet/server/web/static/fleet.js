@@ -3,7 +3,7 @@
 (function () {
   "use strict";
   var GF = window.GF;
-  var POLL_MS = 3000, SLOW_MS = 15000, KEY = "gpufleet.token";
+  var POLL_MS = 3000, SLOW_MS = 15000, KEY = "gpufleet.token", KEY_ID = "gpufleet.session";
   var S = { token: null, me: null, snap: null, key: "", nodeEls: new Map(), selected: null,
             timer: null, slowTimer: null, lastSlow: 0, busy: false };
   var $ = function (id) { return document.getElementById(id); };
@@ -39,15 +39,43 @@
         return r.json();
       });
   }
+  // Every item of a paged list ({items, next_cursor}: /v1/teams, /v1/reservations...).
+  function apiAll(path, items) {
+    items = items || [];
+    return api(path).then(function (page) {
+      if (Array.isArray(page)) return items.concat(page);
+      items = items.concat(page.items || []);
+      if (!page.next_cursor) return items;
+      var base = path.replace(/([?&])cursor=[^&]*&?/, "$1").replace(/[?&]$/, "");
+      var sep = base.indexOf("?") < 0 ? "?" : "&";
+      return apiAll(base + sep + "cursor=" + encodeURIComponent(page.next_cursor), items);
+    });
+  }
 
   // -- session --------------------------------------------------------------------------
-  function signIn(token) {
+  // The pasted API token is traded for a web session (POST /v1/sessions: 12 h by default,
+  // never past the API token's own expiry); only the session is kept, in this tab.
+  function startSession(apiToken) {
+    return fetch("/v1/sessions", { method: "POST", headers: { Authorization: "Bearer " + apiToken, Accept: "application/json" } })
+      .then(function (r) {
+        return r.json().catch(function () { return {}; }).then(function (b) {
+          if (!r.ok) { var e = new Error(b.detail || ("HTTP " + r.status)); e.status = r.status; throw e; }
+          return signIn(b.token, String(b.id));
+        });
+      });
+  }
+  function endSession() {
+    var id = sessionStorage.getItem(KEY_ID);
+    if (S.token && id) fetch("/v1/tokens/" + encodeURIComponent(id), { method: "DELETE", headers: { Authorization: "Bearer " + S.token } }).catch(function () {});
+  }
+  function signIn(token, id) {
     S.token = token;
     return api("/v1/users/me").then(function (me) {
       S.me = me;
       sessionStorage.setItem(KEY, token);
+      if (id) sessionStorage.setItem(KEY_ID, id);
       $("login").hidden = true; $("app").hidden = false; $("kpis").hidden = false; $("session").hidden = false;
-      $("who").textContent = me.name + " · " + me.role;
+      renderWho(me);
       tick(); slowTick();
       S.timer = setInterval(tick, POLL_MS);
       S.slowTimer = setInterval(slowTick, SLOW_MS);
@@ -55,7 +83,7 @@
   }
   function signOut(message) {
     clearInterval(S.timer); clearInterval(S.slowTimer);
-    sessionStorage.removeItem(KEY);
+    sessionStorage.removeItem(KEY); sessionStorage.removeItem(KEY_ID);
     S.token = null; S.me = null; S.key = ""; S.selected = null; S.nodeEls.clear();
     $("heatmap").replaceChildren();
     $("app").hidden = true; $("kpis").hidden = true; $("session").hidden = true; $("login").hidden = false;
@@ -66,7 +94,7 @@
   // -- polling --------------------------------------------------------------------------
   function live(ok, text) { var l = $("live"); l.className = "live " + (ok ? "ok" : "bad"); l.textContent = text; }
   function fail(err) {
-    if (err && err.status === 401) { signOut("Your token was refused (revoked or expired). Sign in again."); return; }
+    if (err && err.status === 401) { signOut("Your session ended (expired or revoked). Sign in again."); return; }
     live(false, "connection problem: " + (err && err.message ? err.message : "unknown"));
   }
   function tick() {
@@ -78,7 +106,7 @@
       api("/v1/jobs?state=RUNNING,SCHEDULED&limit=200"),
     ]).then(function (r) {
       S.snap = r[0];
-      renderHeatmap(r[0]); renderKpis(r[0]); renderQueue(r[1]); renderRunning(r[2]);
+      renderHeatmap(r[0]); renderKpis(r[0], r[1], r[2]); renderQueue(r[1]); renderRunning(r[2]);
       if (S.selected) loadNode(S.selected, false);
       live(true, "live · " + new Date().toLocaleTimeString());
     }).catch(fail).finally(function () { S.busy = false; });
@@ -87,28 +115,46 @@
     if (!S.token) return;
     // This month per team (the server keeps a plain user to their own teams), the
     // budgets, and whether prices are set; the ledger moves every accounting tick (15 s).
-    Promise.all([api("/v1/usage?by=team"), api("/v1/teams"), api("/v1/prices")])
+    Promise.all([api("/v1/usage?by=team"), apiAll("/v1/teams"), api("/v1/prices")])
       .then(function (r) { renderUsage(r[0], r[1], r[2]); }).catch(fail);
     renderReservations();
   }
 
   // -- header ---------------------------------------------------------------------------
-  function renderKpis(snap) {
-    var ready = 0, gpus = 0, busy = 0, sum = 0, n = 0, attn = 0;
+  function renderWho(me) {
+    var w = $("who");
+    w.replaceChildren("Signed in as ", el("strong", { text: me.name }), el("span", { class: "role", text: " (role: " + me.role + ")" }));
+    w.title = "Signed in as user " + me.name + ", with the " + me.role + " role";
+  }
+  function operator() { return S.me !== null && (S.me.role === "admin" || S.me.role === "operator"); }
+  // GPUs and attention from the snapshot (as the heatmap); the job counts from the same
+  // poll's job lists (as the Queue and Running cards), so each number agrees with its card.
+  function renderKpis(snap, queue, running) {
+    var ready = 0, gpus = 0, busy = 0, sum = 0, n = 0;
     snap.nodes.forEach(function (node) {
       if (node.ready) ready++;
       node.gpus.forEach(function (g) {
         gpus++; if (g[5] & 8) busy++;
         if (g[1] !== null) { sum += g[1]; n++; }
-        if (g[5] & 3) attn++;
       });
     });
     setKpi("k-nodes", ready, snap.nodes.length);
     setKpi("k-gpus", busy, gpus);
     $("k-util").textContent = n ? Math.round(sum / n) + " %" : "–";
-    $("k-pending").textContent = String(snap.jobs.PENDING || 0);
-    $("k-running").textContent = String((snap.jobs.RUNNING || 0) + (snap.jobs.SCHEDULED || 0));
-    var a = $("k-attn"); a.textContent = attn ? attn + " GPUs" : "none"; a.className = attn ? "warn" : "";
+    var yours = operator() ? "" : "Your ";
+    var p = GF.jobCounts(queue), r = GF.jobCounts(running);
+    $("k-pending").textContent = p.text;
+    $("k-pending-label").textContent = yours ? "Your pending jobs" : "Pending jobs";
+    $("k-pending").parentNode.title = (yours ? "Your" : "All") + " jobs waiting for GPUs (PENDING): the Queue below";
+    $("k-running").replaceChildren.apply($("k-running"), [r.text].concat(r.starting ? [el("span", { class: "of", text: " · " + r.starting + " starting" })] : []));
+    $("k-running-label").textContent = yours ? "Your running jobs" : "Running jobs";
+    $("k-running").parentNode.title = (yours ? "Your" : "All") + " jobs running or starting (RUNNING or SCHEDULED: they hold their GPUs): the Running list below";
+    var a = GF.attention(snap.nodes), k = $("k-attn");
+    k.textContent = GF.attentionText(a); k.className = a.nodes || a.gpus ? "warn" : "";
+    k.parentNode.title = "Needs attention: " + GF.plural(a.nodes, "node") + " (" + a.notReady + " NotReady, " + a.cordonedNodes +
+      " cordoned) and, on the other nodes, " + GF.plural(a.gpus, "GPU") + " (" + a.cordoned + " cordoned, " + a.error + " in error, " +
+      a.hot + " hot ≥ " + snap.hot_c + " °C). A node that is NotReady or cordoned counts once, as a node; on the other nodes each " +
+      "GPU that is cordoned, in error or hot counts once.";
     $("gpu-count").textContent = gpus + " on " + snap.nodes.length + " nodes";
     $("hot-c").textContent = String(snap.hot_c);
   }
@@ -121,14 +167,7 @@
     snap.nodes.forEach(updateNode);
   }
   function buildHeatmap(snap) {
-    var total = 0, maxPer = 1;
-    snap.nodes.forEach(function (n) { total += n.gpus.length; maxPer = Math.max(maxPer, n.gpus.length); });
-    var box = $("heatmap"), rect = box.getBoundingClientRect();
-    var L = GF.layout(total, maxPer, rect.width || 900, window.innerHeight * 0.75);
-    box.style.setProperty("--tile", L.tile + "px");
-    box.style.setProperty("--gap", L.gap + "px");
-    box.style.setProperty("--gcols", L.gcols);
-    box.classList.toggle("compact", L.compact);
+    var box = $("heatmap");
     S.nodeEls.clear();
     var first = true;
     var racks = GF.group(snap.nodes).map(function (rack) {
@@ -153,6 +192,35 @@
       ]);
     });
     box.replaceChildren.apply(box, racks);
+    sizeHeatmap(snap);
+  }
+  /* The largest tile GF.layout allows for the fleet (about one screen high), then smaller
+     while the racks would overflow the heatmap's width or fill under 75 % of it (in a
+     narrow window one rack a row leaves half of it empty; a pixel less a tile puts two
+     side by side). Measured, so it follows the CSS; again when the window is resized. */
+  function sizeHeatmap(snap) {
+    var box = $("heatmap"), total = 0, maxPer = 1;
+    snap.nodes.forEach(function (n) { total += n.gpus.length; maxPer = Math.max(maxPer, n.gpus.length); });
+    var width = box.clientWidth || 900;
+    var L = GF.layout(total, maxPer, width, window.innerHeight * 0.75), fits = null;
+    box.style.setProperty("--gcols", L.gcols);
+    for (var t = L.tile; t >= 6; t--) {
+      setTile(box, GF.tileStyle(t));
+      var fill = rackWidth(box) / width;
+      if (fill <= 1.001 && fits === null) fits = t;
+      if (fill <= 1.001 && fill >= 0.75) return;
+    }
+    setTile(box, GF.tileStyle(fits !== null ? fits : L.tile));
+  }
+  function setTile(box, T) {
+    box.style.setProperty("--tile", T.tile + "px");
+    box.style.setProperty("--gap", T.gap + "px");
+    box.classList.toggle("compact", T.compact);
+  }
+  function rackWidth(box) {
+    var left = box.getBoundingClientRect().left, right = left;
+    box.querySelectorAll(".rack").forEach(function (r) { right = Math.max(right, r.getBoundingClientRect().right); });
+    return right - left;
   }
   function shortName(name) { var m = /(\d+)$/.exec(name); return m ? m[1] : name.slice(-4); }
   function describeGpu(node, g) {
@@ -168,7 +236,7 @@
   }
   function updateNode(n) {
     var ref = S.nodeEls.get(n.name); if (!ref) return;
-    var busy = 0, flagged = 0, sum = 0, k = 0;
+    var busy = 0, sum = 0, k = 0, att = GF.nodeAttention(n);
     n.gpus.forEach(function (g, i) {
       var t = ref.tiles[i]; if (!t) return;
       var c = GF.utilColor(g[1]);
@@ -181,13 +249,13 @@
       if (t.className !== cls) t.className = cls;
       t.title = describeGpu(n, g);
       if (g[5] & 8) busy++;
-      if (g[5] & 3) flagged++;
       if (g[1] !== null) { sum += g[1]; k++; }
     });
     var state = n.ready ? "Ready" : "NotReady";
     ref.btn.classList.toggle("notready", !n.ready);
     var label = n.name + ", " + state + (n.cordoned ? ", cordoned" : "") + ": " + busy + " of " + n.gpus.length +
-      " GPUs allocated, mean utilisation " + (k ? Math.round(sum / k) : 0) + "%" + (flagged ? ", " + flagged + " need attention" : "");
+      " GPUs allocated, mean utilisation " + (k ? Math.round(sum / k) : 0) + "%" +
+      (att.whole ? ", needs attention" : att.gpus.length ? ", " + GF.plural(att.gpus.length, "GPU") + (att.gpus.length === 1 ? " needs" : " need") + " attention" : "");
     ref.btn.setAttribute("aria-label", label);
     ref.btn.title = label;
   }
@@ -221,7 +289,11 @@
     S.selected = name;
     S.nodeEls.forEach(function (ref, n) { ref.btn.setAttribute("aria-pressed", String(n === name)); });
     $("node-close").hidden = false;
+    var was = $("app").classList.contains("node-open");
+    $("app").classList.add("node-open");
     loadNode(name, true);
+    var panel = $("node-panel"), top = panel.getBoundingClientRect().top;
+    if (!was && top > window.innerHeight - 80) panel.scrollIntoView({ block: "start" });  // under the heatmap: bring it up
   }
   function loadNode(name, fresh) {
     if (fresh) { $("node-title").textContent = name; $("node-body").replaceChildren(el("p", { class: "muted", text: "Loading…" })); }
@@ -232,7 +304,7 @@
   function closeNode() {
     var was = S.selected; S.selected = null;
     S.nodeEls.forEach(function (ref) { ref.btn.setAttribute("aria-pressed", "false"); });
-    $("node-title").textContent = "Node"; $("node-close").hidden = true;
+    $("node-title").textContent = "Node"; $("node-close").hidden = true; $("app").classList.remove("node-open");
     $("node-body").replaceChildren(el("p", { class: "empty", text: "Select a node in the heatmap to see its GPUs' telemetry and jobs." }));
     var ref = was && S.nodeEls.get(was); if (ref) ref.btn.focus();
   }
@@ -241,11 +313,15 @@
     var node = S.snap && S.snap.nodes.find(function (n) { return n.name === h.node; });
     var body = [];
     if (node) {
+      var gcord = Object.keys(node.cordoned_gpus || {}).length;
       body.push(el("div", { class: "node-meta" }, [
         el("span", { class: "pill " + (node.ready ? "Ready" : "NotReady"), text: node.ready ? "Ready" : "NotReady" }),
         node.cordoned ? el("span", { class: "pill cordoned", text: "cordoned" }) : null,
+        gcord ? el("span", { class: "pill cordoned", text: GF.plural(gcord, "GPU") + " cordoned" }) : null,
         el("span", { class: "muted small", text: node.model + " × " + node.gpus.length + " · " + node.leaf + " · " + node.rack + " · pool " + node.pool }),
       ]));
+      var note = attentionNote(node);
+      if (note) body.push(note);
     }
     var gcount = h.samples.length ? h.samples[h.samples.length - 1][1].length : 0;
     body.push(chart("Utilisation (%)", h, 0, 0, 100, gcount));
@@ -254,18 +330,50 @@
       return el("span", { style: "--c:" + PALETTE[i % PALETTE.length], text: "GPU " + i });
     })));
     if (node) {
-      body.push(table(["GPU", "Util", "Temp", "Memory", "Job"], node.gpus.map(function (g) {
+      body.push(table(["GPU", "Util", "Temp", "Memory", "Job", "State"], node.gpus.map(function (g) {
         return [String(g[0]), g[1] === null ? "–" : Math.round(g[1]) + " %", g[2] === null ? "–" : Math.round(g[2]) + " °C",
                 g[3] === null ? "–" : (g[3] / 1024).toFixed(0) + " / " + (g[4] / 1024).toFixed(0) + " GiB",
-                g[6] === null ? "" : "#" + g[6]];
-      }), [false, true, true, true, false], "GPUs of " + h.node));
+                g[6] === null ? "" : "#" + g[6], gpuState(node, g)];
+      }), [false, true, true, true, false, false], "GPUs of " + h.node));
     }
     body.push(el("h3", { class: "sub", text: "Jobs on this node" }));
-    body.push(h.jobs.length ? table(["Job", "Name", "User", "GPU index", "State"], h.jobs.map(function (j) {
-      return ["#" + j.id, j.name || "(not yours)", j.user ? j.user + " · " + j.team : "", j.gpus_here.join(", "), j.state];
+    body.push(h.jobs.length ? table(["Job", "Name", "User", "GPUs here", "State"], h.jobs.map(function (j) {
+      return ["#" + j.id, j.name || "(not yours)", j.user ? j.user + " · " + j.team : "", GF.ranges(j.gpus_here), j.state];
     }), null, "Jobs on " + h.node) : el("p", { class: "muted small", text: "No jobs on this node." }));
     $("node-title").textContent = h.node;
     $("node-body").replaceChildren.apply($("node-body"), body);
+  }
+  /* The node's part of the Attention KPI (GF.nodeAttention), each with its reason: the
+     node NotReady or cordoned, else each GPU cordoned, in error or hot. */
+  function attentionNote(node) {
+    var att = GF.nodeAttention(node), items = [];
+    var item = function (what, why) { return el("li", null, [el("strong", { text: what }), why ? ": " + why : null]); };
+    if (!node.ready) items.push(item("NotReady", "its agent has not reported recently"));
+    if (node.cordoned) items.push(item("Node cordoned", node.cordon_reason || "no reason given"));
+    var reasons = node.cordoned_gpus || {};
+    node.gpus.forEach(function (g) {
+      var own = reasons[g[0]];
+      if (own !== undefined) items.push(item("GPU " + g[0] + " cordoned", own || "no reason given"));
+      if (att.whole) return;
+      if (g[5] & 4 && own === undefined) items.push(item("GPU " + g[0] + " cordoned", ""));
+      if (g[5] & 2) items.push(item("GPU " + g[0] + " in error", "the agent reports it unhealthy or faulty"));
+      if (g[5] & 1) items.push(item("GPU " + g[0] + " hot", (g[2] === null ? "" : Math.round(g[2]) + " °C, ") + "at or above " + S.snap.hot_c + " °C"));
+    });
+    if (!items.length) return null;
+    var head = att.whole ? "Needs attention: the whole node" : "Needs attention: " + GF.plural(att.gpus.length, "GPU");
+    return el("div", { class: "attn", role: "note" }, [el("h3", { class: "sub", text: head }), el("ul", null, items)]);
+  }
+  function gpuState(node, g) {
+    var out = [];
+    if (g[5] & 4) out.push(el("span", { class: "pill cordoned", title: cordonWhy(node, g[0]), text: "cordoned" }));
+    if (g[5] & 2) out.push(el("span", { class: "pill error", text: "error" }));
+    if (g[5] & 1) out.push(el("span", { class: "pill hot", text: "hot" }));
+    return out.length ? el("span", { class: "states" }, out) : "";
+  }
+  function cordonWhy(node, index) {
+    var own = (node.cordoned_gpus || {})[index];
+    if (own !== undefined) return "GPU cordoned: " + (own || "no reason given");
+    return node.cordoned ? "node cordoned: " + (node.cordon_reason || "no reason given") : "cordoned";
   }
   function chart(title, h, series, lo, hi, gcount) {
     var W = 360, H = 110, L = 28, R = 6, T = 6, B = 16;
@@ -314,7 +422,7 @@
       return (a.queue_position || 1e9) - (b.queue_position || 1e9) || a.id - b.id;
     });
     var now = S.snap ? S.snap.at : Date.now() / 1000;
-    $("queue-count").textContent = String(page.total !== null && page.total !== undefined ? page.total : items.length) + " waiting";
+    $("queue-count").textContent = GF.jobCounts(page).text + " waiting";
     if (!items.length) { $("queue").replaceChildren(el("p", { class: "empty", text: "Nothing is waiting: every job has its GPUs." })); return; }
     $("queue").replaceChildren(table(["#", "Job", "User · team", "GPUs", "Waiting", "Est. start", "Why it waits"],
       items.slice(0, 100).map(function (j) {
@@ -330,15 +438,26 @@
   function renderRunning(page) {
     var now = S.snap ? S.snap.at : Date.now() / 1000;
     var items = page.items.slice().sort(function (a, b) { return (b.started_at || 0) - (a.started_at || 0); });
-    var total = page.total !== null && page.total !== undefined ? page.total : items.length;
-    $("running-count").textContent = total + (total > items.length ? " (latest " + items.length + ")" : "");
+    var c = GF.jobCounts(page);
+    $("running-count").textContent = c.text + (c.starting ? " · " + c.starting + " starting" : "") +
+      (c.more ? " (" + c.shown + " shown)" : "");
+    $("running-count").title = "Jobs running or starting (RUNNING or SCHEDULED: they hold their GPUs)";
     if (!items.length) { $("running").replaceChildren(el("p", { class: "empty", text: "No jobs are running." })); return; }
+    var open = new Set(Array.from($("running").querySelectorAll("details[open]")).map(function (d) { return d.dataset.job; }));
     $("running").replaceChildren(table(["Job", "User · team", "GPUs", "Where", "Running for", "State"],
       items.map(function (j) {
-        var where = j.allocation.map(function (a) { return a.node + "[" + a.gpus.join(",") + "]"; }).join(" ");
-        return ["#" + j.id + " " + j.name, j.user + " · " + j.team, String(j.gpus), where,
+        return ["#" + j.id + " " + j.name, j.user + " · " + j.team, String(j.gpus), whereCell(j, open),
                 j.started_at ? GF.ago(now - j.started_at) : "starting", el("span", { class: "pill " + j.state, text: j.state })];
       }), [false, false, true, false, true, false], "Running jobs"));
+  }
+  // Where a job runs, short (GF.where: a hostlist); a multi-node one opens to each node's GPUs.
+  function whereCell(j, open) {
+    var w = GF.where(j.allocation);
+    if (w.nodes <= 1) return el("span", { class: "where", title: w.detail || null, text: w.text });
+    return el("details", { class: "where", "data-job": String(j.id), open: open.has(String(j.id)) }, [
+      el("summary", { title: w.detail, text: w.text }),
+      el("ul", { class: "where-list" }, w.detail.split("\n").map(function (line) { return el("li", { text: line }); })),
+    ]);
   }
   // -- usage and cost -------------------------------------------------------------------
   var STATUS = { held: "held: new jobs wait", "over soft": "soft budget reached", "near limit": "near hard budget", ok: "within budget" };
@@ -465,8 +584,8 @@
   }
   function renderReservations() {
     var box = $("reservations");
-    api("/v1/reservations").then(function (r) {
-      var items = (Array.isArray(r) ? r : (r.items || [])).filter(function (x) { return x.state !== "CANCELLED"; });
+    apiAll("/v1/reservations").then(function (r) {
+      var items = r.filter(function (x) { return x.state !== "CANCELLED"; });
       var now = S.snap ? S.snap.at : Date.now() / 1000;
       var upcoming = items.filter(function (x) { return x.state === "ACTIVE" || x.state === "BOOKED"; });
       $("resv-count").textContent = upcoming.length ? upcoming.length + " active or booked" : "";
@@ -491,14 +610,20 @@
       var t = $("token").value.trim();
       if (!t) { $("login-error").textContent = "Enter a token."; return; }
       $("login-error").textContent = "";
-      signIn(t).catch(function (e) {
+      startSession(t).catch(function (e) {
         S.token = null;
-        $("login-error").textContent = e.status === 401 ? "That token was not accepted." : "Cannot reach the server: " + e.message;
+        $("login-error").textContent = e.status === 401 ? "That token was not accepted."
+          : e.status ? e.message : "Cannot reach the server: " + e.message;
       });
     });
-    $("logout").addEventListener("click", function () { signOut(""); });
+    $("logout").addEventListener("click", function () { endSession(); signOut(""); });
     $("node-close").addEventListener("click", closeNode);
     $("heatmap").addEventListener("keydown", onHeatKey);
+    var resized = null;
+    window.addEventListener("resize", function () {
+      clearTimeout(resized);
+      resized = setTimeout(function () { if (S.snap && S.key) sizeHeatmap(S.snap); }, 150);
+    });
     document.addEventListener("keydown", function (ev) { if (ev.key === "Escape" && S.selected) closeNode(); });
     var saved = sessionStorage.getItem(KEY);
     if (saved) signIn(saved).catch(function () { signOut(""); });

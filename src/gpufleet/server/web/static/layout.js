@@ -1,5 +1,6 @@
-/* Pure helpers of the fleet page (no DOM): grouping, tile sizing, colours, formatting.
-   The Playwright tests call them directly (window.GF) for 400 and 4,000 GPUs. */
+/* Pure helpers of the fleet page (no DOM): grouping, tile sizing, colours, formatting,
+   what needs attention, hostlists, job counts. The Playwright tests call them directly
+   (window.GF), table-driven. */
 (function (root) {
   "use strict";
   var natural = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" });
@@ -29,11 +30,12 @@
   function layout(totalGpus, gpusPerNode, width, height) {
     var w = Math.max(320, width || 1200), h = Math.max(300, height || 700);
     var per = Math.sqrt((w * h * 0.28) / Math.max(1, totalGpus));
-    var tile = Math.max(6, Math.min(16, Math.floor(per)));
-    var gap = tile >= 10 ? 2 : 1;
+    var t = tileStyle(Math.max(6, Math.min(16, Math.floor(per))));
     var gcols = gpusPerNode <= 4 ? gpusPerNode : Math.ceil(gpusPerNode / 2);
-    return { tile: tile, gap: gap, gcols: Math.max(1, gcols), compact: tile < 10 };
+    return { tile: t.tile, gap: t.gap, gcols: Math.max(1, gcols), compact: t.compact };
   }
+  /* a tile size's gap, and whether the heatmap goes compact (no node labels) */
+  function tileStyle(tile) { return { tile: tile, gap: tile >= 10 ? 2 : 1, compact: tile < 10 }; }
 
   /* utilisation 0..100 -> colour on a light-to-deep blue ramp (colour-blind safe, the
      legend uses the same stops); 0 or null -> idle grey */
@@ -92,8 +94,114 @@
     });
   }
 
+  /* -- attention: one definition for the header, the heatmap's labels and the panel ----
+     A node that is NotReady or cordoned needs attention as a whole (all its GPUs are out
+     of service) and counts once, as a node. On the other nodes each GPU that is cordoned
+     (bit 4), in error (2) or hot (1) counts, once, as a GPU. Flag bits as the snapshot's. */
+  var HOT = 1, ERROR = 2, CORDONED = 4;
+  function nodeAttention(n) {
+    if (!n.ready || n.cordoned) return { whole: true, gpus: [] };
+    return { whole: false, gpus: n.gpus.filter(function (g) { return g[5] & (HOT | ERROR | CORDONED); }) };
+  }
+  function attention(nodes) {
+    var a = { nodes: 0, notReady: 0, cordonedNodes: 0, gpus: 0, cordoned: 0, error: 0, hot: 0 };
+    nodes.forEach(function (n) {
+      var x = nodeAttention(n);
+      if (x.whole) { a.nodes++; if (!n.ready) a.notReady++; if (n.cordoned) a.cordonedNodes++; return; }
+      x.gpus.forEach(function (g) {
+        a.gpus++;
+        if (g[5] & CORDONED) a.cordoned++;
+        if (g[5] & ERROR) a.error++;
+        if (g[5] & HOT) a.hot++;
+      });
+    });
+    return a;
+  }
+  function plural(n, one) { return n + " " + one + (n === 1 ? "" : "s"); }
+  /* "2 nodes · 1 GPU", "3 GPUs", "none" */
+  function attentionText(a) {
+    var parts = [];
+    if (a.nodes) parts.push(plural(a.nodes, "node"));
+    if (a.gpus) parts.push(plural(a.gpus, "GPU"));
+    return parts.length ? parts.join(" · ") : "none";
+  }
+
+  /* -- where a job runs, in Slurm's hostlist style ---------------------------------------
+     ranges([0,1,2,3,5]) -> "0-3,5". hostlist(["node-001", "node-002", "node-004"]) ->
+     "node-[001-002,004]": names grouped by the text before their trailing number, a run
+     of consecutive numbers written "a-b" in the run's first number's width, so the list
+     expands back to exactly the names given (node-9,node-10 -> node-[9-10]; node-09,
+     node-010 stay apart). Names without a trailing number are listed as they are. */
+  function ranges(nums) {
+    var xs = Array.from(new Set(nums)).sort(function (a, b) { return a - b; }), out = [];
+    for (var i = 0; i < xs.length; i++) {
+      var j = i;
+      while (j + 1 < xs.length && xs[j + 1] === xs[j] + 1) j++;
+      out.push(j > i ? xs[i] + "-" + xs[j] : String(xs[i]));
+      i = j;
+    }
+    return out.join(",");
+  }
+  function pad(n, width) { var s = String(n); while (s.length < width) s = "0" + s; return s; }
+  function hostlist(names) {
+    var groups = new Map(), plain = [];
+    Array.from(new Set(names)).forEach(function (name) {
+      var m = /^(.*?)(\d+)$/.exec(name);
+      if (!m) { plain.push(name); return; }
+      if (!groups.has(m[1])) groups.set(m[1], []);
+      groups.get(m[1]).push(m[2]);
+    });
+    var out = [];
+    Array.from(groups.keys()).sort(natural.compare).forEach(function (prefix) {
+      var digits = groups.get(prefix).sort(function (a, b) { return +a - +b || a.length - b.length; }), runs = [];
+      for (var i = 0; i < digits.length; i++) {
+        // a run pads to its first number's width when that one is zero-padded
+        var width = digits[i].length > 1 && digits[i][0] === "0" ? digits[i].length : 1, j = i;
+        while (j + 1 < digits.length && +digits[j + 1] === +digits[j] + 1 && pad(+digits[j + 1], width) === digits[j + 1]) j++;
+        runs.push(j > i ? digits[i] + "-" + digits[j] : digits[i]);
+        i = j;
+      }
+      out.push(runs.length === 1 && runs[0].indexOf("-") < 0 ? prefix + runs[0] : prefix + "[" + runs.join(",") + "]");
+    });
+    return out.concat(plain.sort(natural.compare)).join(",");
+  }
+  /* A job's allocation ([{node, gpus: [index...]}]) as {text, detail, nodes}: text is short
+     ("node-004 · GPU 0-3", "node-[001-032] · 8 GPUs each", "node-[001-003] · 2-8 GPUs
+     per node"), detail has one line per node ("node-001: GPU 0-7"). */
+  function where(allocation) {
+    var per = new Map();
+    (allocation || []).forEach(function (a) {
+      if (!per.has(a.node)) per.set(a.node, []);
+      per.set(a.node, per.get(a.node).concat(a.gpus || []));
+    });
+    var nodes = Array.from(per.keys()).sort(natural.compare);
+    if (!nodes.length) return { text: "–", detail: "", nodes: 0 };
+    var gpuText = function (g) { return g.length ? (g.length === 1 ? "GPU " : "GPUs ") + ranges(g) : "no GPUs"; };
+    var detail = nodes.map(function (n) { return n + ": " + gpuText(per.get(n)); }).join("\n");
+    if (nodes.length === 1) return { text: nodes[0] + " · " + gpuText(per.get(nodes[0])), detail: detail, nodes: 1 };
+    var counts = nodes.map(function (n) { return new Set(per.get(n)).size; });
+    var lo = Math.min.apply(null, counts), hi = Math.max.apply(null, counts);
+    var each = lo === hi ? plural(lo, "GPU") + " each" : lo + "-" + hi + " GPUs per node";
+    return { text: hostlist(nodes) + " · " + each, detail: detail, nodes: nodes.length };
+  }
+
+  /* -- the running jobs: one count for the header and the Running card ------------------
+     "Running" = RUNNING or SCHEDULED (placed, starting): the jobs that hold GPUs. From one
+     page of GET /v1/jobs?state=RUNNING,SCHEDULED (scoped by the server: an operator's is
+     every job, anyone else's their own). text: the total, "200+" when the page was cut. */
+  function jobCounts(page) {
+    var items = page.items || [], starting = 0;
+    items.forEach(function (j) { if (j.state === "SCHEDULED") starting++; });
+    var total = page.total !== null && page.total !== undefined ? page.total : items.length;
+    var more = total > items.length || (page.next_cursor !== null && page.next_cursor !== undefined);
+    return { total: total, shown: items.length, starting: starting, more: more,
+             text: String(total) + (more && total === items.length ? "+" : "") };
+  }
+
   function money(x) { return x === null || x === undefined ? "–" : x.toLocaleString("en", { minimumFractionDigits: 2, maximumFractionDigits: 2 }); }
 
-  root.GF = { group: group, layout: layout, utilColor: utilColor, ago: ago, waitCode: waitCode,
-              teamUsage: teamUsage, money: money };
+  root.GF = { group: group, layout: layout, tileStyle: tileStyle, utilColor: utilColor, ago: ago, waitCode: waitCode,
+              teamUsage: teamUsage, money: money, nodeAttention: nodeAttention, attention: attention,
+              attentionText: attentionText, ranges: ranges, hostlist: hostlist, where: where,
+              jobCounts: jobCounts, plural: plural };
 })(window);
