@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, Header, Path, Request
+from fastapi import Depends, Header, Path, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.server.accounting import Readings, no_readings
@@ -66,7 +67,7 @@ async def get_parts(request: Request) -> Parts:
 
 async def get_principal(
     parts: Annotated[Parts, Depends(get_parts)],
-    authorization: Annotated[str | None, Header()] = None,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Principal:
     if not authorization:
         raise ProblemError(401, "missing bearer token (Authorization: Bearer <token>)", title="Unauthorized")
@@ -82,10 +83,17 @@ async def get_principal(
     return who
 
 
+BEARER = HTTPBearer(auto_error=False, description="An API token, web session or node credential.")
+"""Declares the bearer scheme in the OpenAPI document (the header is read as it is,
+so the 401 details stay ours)."""
+AuthHeader = Annotated[str | None, Header(include_in_schema=False)]
+
+
 async def current_principal(
     request: Request,
     parts: Annotated[Parts, Depends(get_parts)],
-    authorization: Annotated[str | None, Header()] = None,
+    authorization: AuthHeader = None,
+    _scheme: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
 ) -> Principal:
     """``get_principal``, noted in the request for the audit log (``audit.py``)."""
     who = await get_principal(parts, authorization)

@@ -13,9 +13,10 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import FastAPI, Request
+from fastapi import Path as PathParam
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -131,6 +132,16 @@ def install_handlers(app: FastAPI) -> None:
             detail = f"method {request.method} is not allowed on {request.url.path}"
         return problem_response(request, exc.status_code, detail, headers=exc.headers)
 
+    @app.exception_handler(RecursionError)
+    async def _deep(request: Request, exc: RecursionError) -> JSONResponse:
+        return problem_response(request, 400, "the JSON body is nested too deeply")
+
+    @app.exception_handler(OverflowError)
+    async def _overflow(request: Request, exc: OverflowError) -> JSONResponse:
+        """A number no column or clock can hold that got past validation (the schemas
+        bound the ones they know): the input's fault, and nothing was written."""
+        return problem_response(request, 422, f"a number in the request is out of range: {exc}")
+
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -208,3 +219,9 @@ def _has_nul(scope: Scope) -> bool:
         or b"\x00" in query
         or b"%00" in query
     )
+
+
+INT64 = 2**63 - 1
+ObjectId = Annotated[int, PathParam(ge=1, le=INT64, description="an object id (1 .. 2^63-1)")]
+"""The id in a path (``/jobs/{job_id}``): validated before any SQL sees it, so an id no
+64-bit column can hold is a 422, not a driver error."""

@@ -11,12 +11,16 @@ from gpufleet.server.schemas import Name, NodeName, Reply, Request
 Repeat = Literal["daily", "weekly"]
 
 
+LATEST = 253_402_300_799.0
+"""9999-12-31T23:59:59Z: the last instant a calendar (and datetime) can show."""
+
+
 class ReservationIn(Request):
     """``start`` is UNIX seconds (UTC). A repeat books ``count`` windows, each at the same
     *local wall-clock time* in ``timezone`` (an IANA name; the CLI sends the caller's), so
     a daily 09:00 booking stays at 09:00 across a daylight-saving change."""
 
-    start: float = Field(ge=0)
+    start: float = Field(ge=0, le=LATEST)
     duration_s: float = Field(gt=0, le=366 * 86400)
     gpus: int = Field(default=0, ge=0, le=100_000, description="0 with nodes_named: every GPU of them")
     gpus_per_node: int = Field(default=0, ge=0, le=1024)

@@ -105,7 +105,7 @@ def _may_be_unstorable(annotation: object) -> bool:
 
 
 class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     _checked: ClassVar[tuple[str, ...]] = ()
 
     @classmethod

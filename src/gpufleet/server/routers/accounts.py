@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.pages import PoolPage, TeamPage, TokenPage, UserPage
-from gpufleet.server.problems import unwrap
+from gpufleet.server.problems import ObjectId, unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.schemas import (
     MemberIn,
@@ -98,7 +98,7 @@ def create_token(spec: TokenIn, parts: PartsDep, me: Me) -> TokenCreated:
 
 
 @router.delete("/tokens/{token_id}", response_model=TokenOut, tags=["tokens"])
-def revoke_token(token_id: int, parts: PartsDep, me: Me) -> TokenOut:
+def revoke_token(token_id: ObjectId, parts: PartsDep, me: Me) -> TokenOut:
     return unwrap(
         accounts.revoke_token(db=parts.db, actor=me, token_id=token_id, now=parts.now(), cache=parts.tokens)
     )

@@ -55,7 +55,7 @@ async def agent_actor(
     request: Request,
     parts: Annotated[Parts, Depends(get_parts)],
     hot: HotDep,
-    authorization: Annotated[str | None, Header()] = None,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> sync.AgentActor:
     """Async like ``get_principal``: a cached credential is answered on the event loop."""
     return await _actor(name, request, parts, hot, authorization, certificate_only=False)
@@ -126,7 +126,7 @@ async def sync_actor(
     request: Request,
     parts: Annotated[Parts, Depends(get_parts)],
     hot: HotDep,
-    authorization: Annotated[str | None, Header()] = None,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> sync.AgentActor:
     """Who syncs: as ``agent_actor``, but a join token is refused where the server
     requires node certificates."""

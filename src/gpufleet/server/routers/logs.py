@@ -17,7 +17,7 @@ from starlette.responses import PlainTextResponse, StreamingResponse
 
 from gpufleet.server.db import Database
 from gpufleet.server.deps import Me, PartsDep
-from gpufleet.server.problems import Failure, unwrap
+from gpufleet.server.problems import Failure, ObjectId, unwrap
 from gpufleet.server.services import logs
 from gpufleet.server.services.accounts import Principal
 
@@ -33,7 +33,7 @@ TEXT = "text/plain; charset=utf-8"
     responses={200: {"content": {"text/plain": {}}}, 404: {"description": "no such job (or not yours)"}},
 )
 def job_logs(
-    job_id: int, parts: PartsDep, me: Me, follow: bool = False
+    job_id: ObjectId, parts: PartsDep, me: Me, follow: bool = False
 ) -> PlainTextResponse | StreamingResponse:
     page = unwrap(logs.read_logs(db=parts.db, actor=me, job_id=job_id))
     if follow:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from gpufleet.server.deps import Me, NodeNameIn, PartsDep
 from gpufleet.server.maint_schemas import CordonIn, DrainIn, FleetEventOut, RolloutIn, RolloutOut, UncordonIn
-from gpufleet.server.problems import Failure, unwrap
+from gpufleet.server.problems import Failure, ObjectId, unwrap
 from gpufleet.server.routers.agents import HotDep
 from gpufleet.server.schemas import NodeOut
 from gpufleet.server.services import maintenance, nodes
@@ -63,12 +63,12 @@ def current_rollout(parts: PartsDep, me: Me) -> RolloutOut:
 
 
 @router.get("/rollouts/{rollout_id}", response_model=RolloutOut)
-def show_rollout(rollout_id: int, parts: PartsDep, me: Me) -> RolloutOut:
+def show_rollout(rollout_id: ObjectId, parts: PartsDep, me: Me) -> RolloutOut:
     return unwrap(maintenance.show_rollout(db=parts.db, actor=me, rollout_id=rollout_id))
 
 
 @router.post("/rollouts/{rollout_id}/cancel", response_model=RolloutOut)
-def cancel_rollout(rollout_id: int, parts: PartsDep, me: Me) -> RolloutOut:
+def cancel_rollout(rollout_id: ObjectId, parts: PartsDep, me: Me) -> RolloutOut:
     return unwrap(maintenance.cancel_rollout(db=parts.db, actor=me, rollout_id=rollout_id, now=parts.now()))
 
 

@@ -24,7 +24,9 @@ from gpufleet.server.problems import ProblemError
 router = APIRouter(tags=["metrics"])
 
 
-async def metrics_reader(parts: PartsDep, authorization: Annotated[str | None, Header()] = None) -> None:
+async def metrics_reader(
+    parts: PartsDep, authorization: Annotated[str | None, Header(include_in_schema=False)] = None
+) -> None:
     """Lets operators and admins through (anyone with ``--metrics-public``)."""
     if parts.config.metrics_public:
         return

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Query
 
 from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.pages import ReservationPage
-from gpufleet.server.problems import unwrap
+from gpufleet.server.problems import ObjectId, unwrap
 from gpufleet.server.reservation_schemas import ReservationIn, ReservationOut
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.services import reservations
@@ -44,7 +44,7 @@ def list_reservations(
 
 
 @router.delete("/{reservation_id}", response_model=ReservationOut)
-def cancel(reservation_id: int, parts: PartsDep, me: Me) -> ReservationOut:
+def cancel(reservation_id: ObjectId, parts: PartsDep, me: Me) -> ReservationOut:
     out = unwrap(reservations.cancel(db=parts.db, actor=me, reservation_id=reservation_id, now=parts.now()))
     parts.scheduler.wake()
     return out
