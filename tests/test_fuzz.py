@@ -63,7 +63,9 @@ def test_no_operation_answers_5xx_or_breaks_its_schema(fuzz_server: Server, tmp_
         "--report-dir",
         str(tmp_path),
     ]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=FUZZ_SECONDS + 240, check=False)
+    done = subprocess.run(
+        args, capture_output=True, text=True, timeout=FUZZ_SECONDS + 240, check=False, cwd=tmp_path
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-12_000:]
     assert "Selected:" in out and "Tested:" in out, out[-4000:]
