@@ -121,6 +121,32 @@ def test_restarted_runner_adopts_a_running_job_and_reads_its_exit_code(store: Jo
     assert run_to_end(second, saved) == 4
 
 
+def test_an_agent_killed_while_starting_a_job_finds_it_after_its_restart(store: JobStore) -> None:
+    """The record is written before the wrapper starts: an agent killed before it could
+    record the pid reads back a record without one, and ``recover`` finds the wrapper
+    (the restarted agent holds the attempt, so it never starts it a second time)."""
+    first = ProcessRunner(store, node="n1", run_as=run_as())
+    code = "import time, sys; time.sleep(1.0); sys.exit(5)"
+    started = first.start(spec(12, PY, "-c", code), now=time.time())
+    (intent,) = store.load_all()  # the agent "died" before saving ``started``
+    assert intent.pid is None and intent.key == started.key
+    second = ProcessRunner(store, node="n1", run_as=run_as())
+    found = second.recover(intent)
+    assert found.pid == started.pid and found.create_time is not None
+    assert second.poll(found, now=time.time()) is None
+    assert run_to_end(second, found) == 5
+
+
+def test_a_job_recorded_but_never_started_is_reported_lost(store: JobStore) -> None:
+    runner = ProcessRunner(store, node="n1", run_as=run_as())
+    intent = LocalJob(
+        job_id=13, attempt=2, kind="process", gpus=(0,), dir=str(store.job_dir(13, 2)), started_at=0.0
+    )
+    assert runner.recover(intent) == intent
+    # lost: the server requeues the job as a new attempt (at most once, never twice)
+    assert runner.poll(intent, now=time.time()) == VANISHED
+
+
 def test_a_reused_pid_is_not_mistaken_for_the_job(store: JobStore, tmp_path: Path) -> None:
     runner = ProcessRunner(store, node="n1", run_as=run_as())
     ghost = LocalJob(

@@ -161,13 +161,25 @@ class Cluster:
             proc.wait()
             self.agents[name] = None
         if with_jobs:
+            # Kill until none is left (a job forked while the first pass ran is caught by
+            # the next), then note the time: an attempt killed here wrote no "end" line,
+            # and it ended at the latest now, even if its "start" line is later than the
+            # moment the crash began.
+            for _ in range(20):
+                if not self._kill_jobs_of(name):
+                    break
+                time.sleep(0.01)
             self.crashed_at.setdefault(name, []).append(time.time())
-            for p in psutil.process_iter():
-                with contextlib.suppress(psutil.Error):
-                    if p.environ().get("GPUFLEET_NODE") == name and p.environ().get("CHAOS_LOG") == str(
-                        self.log
-                    ):
-                        p.kill()
+
+    def _kill_jobs_of(self, name: str) -> int:
+        killed = 0
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                env = p.environ()
+                if env.get("GPUFLEET_NODE") == name and env.get("CHAOS_LOG") == str(self.log):
+                    p.kill()
+                    killed += 1
+        return killed
 
     def pause(self, name: str, seconds: float) -> None:
         proc = self.agents.get(name)

@@ -160,8 +160,9 @@ class Agent:
     def restore(self) -> int:
         """Re-adopt the attempts recorded in the work dir (after a restart)."""
         for job in self.store.load_all():
-            if job.kind in self.runners:
-                self.jobs[job.key] = job
+            runner = self.runners.get(job.kind)
+            if runner is not None:
+                self._save(runner.recover(job))
         self.tick()
         return len(self.jobs)
 

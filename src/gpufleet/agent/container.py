@@ -451,6 +451,11 @@ class ContainerRunner:
             pass
         return job
 
+    def recover(self, job: LocalJob) -> LocalJob:
+        """A container is found by its name (``container_name``); one started twice
+        under that name is refused by the engine, so nothing to mend here."""
+        return job
+
     def release(self, job: LocalJob) -> None:
         """Removes the container, then the job's own network if it has one (only a
         network labelled as this job's: never the operator's)."""

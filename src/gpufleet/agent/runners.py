@@ -50,6 +50,11 @@ class JobRunner(Protocol):
         """The job is over and reported: free what the runner kept for it."""
         ...
 
+    def recover(self, job: LocalJob) -> LocalJob:
+        """A record read back after an agent restart, made whole where the agent died
+        in the middle of starting it (``ProcessRunner`` records its intent first)."""
+        ...
+
 
 def _prepare(
     store: JobStore, spec: JobSpec, node: str, account: PosixAccount | None = None
@@ -128,6 +133,9 @@ class SimulatedRunner:
     def release(self, job: LocalJob) -> None:
         pass
 
+    def recover(self, job: LocalJob) -> LocalJob:
+        return job
+
 
 def _replace(job: LocalJob, **changes: object) -> LocalJob:
     import dataclasses
@@ -143,7 +151,14 @@ class ProcessRunner:
 
     Liveness: the child we started is polled directly; a job re-adopted after an agent
     restart is alive while its pid exists with the recorded create time (a reused pid
-    has another). Its exit code then comes from the wrapper's file."""
+    has another). Its exit code then comes from the wrapper's file.
+
+    Exactly once per attempt: the attempt's record is written *before* the wrapper is
+    started (without a pid), so an agent killed between the two finds it after its
+    restart and never starts that attempt a second time; ``recover`` then finds the
+    wrapper by its command line (it names the attempt's exit-code file). No wrapper and
+    no exit code: the attempt is reported lost, and the server requeues the job as a
+    new attempt (at most once, never twice)."""
 
     kind = "process"
 
@@ -178,6 +193,7 @@ class ProcessRunner:
         _private(job.log_path)
         if isinstance(acct, Refusal):
             return refused(job, acct.reason)
+        self.store.save(job)  # the intent, before anything runs (see the class docstring)
         env = launch_env(spec, node=self.node, base=base_env(acct), **paths)
         argv = [sys.executable, "-I", "-S", str(WRAPPER), str(d / "exit_code")]
         cgroup = self.cgroups.create(spec.job_id, spec.attempt, self.limits) if self.cgroups else None
@@ -209,6 +225,16 @@ class ProcessRunner:
         except psutil.Error:
             created = None
         return _replace(job, pid=proc.pid, create_time=created, cgroup=str(cgroup) if cgroup else None)
+
+    def recover(self, job: LocalJob) -> LocalJob:
+        if job.pid is not None or job.exit_code is not None:
+            return job
+        mark = str(job.path / "exit_code")
+        for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+            argv = p.info.get("cmdline") or []
+            if str(WRAPPER) in argv and mark in argv:
+                return _replace(job, pid=p.info["pid"], create_time=p.info["create_time"])
+        return job  # never started, or already gone: ``poll`` reads its exit code or calls it lost
 
     def _alive(self, job: LocalJob) -> bool:
         if job.pid is None:

@@ -69,6 +69,10 @@ class Token(Base):
     """``api``, ``session`` (the fleet page's sign-in) or ``bootstrap`` (the first admin's)."""
 
 
+DEFAULT_POOL = "default"
+"""The pool created with the schema; it cannot be deleted (``services/pools.delete_pool``)."""
+
+
 class Pool(Base):
     __tablename__ = "pools"
     name: Mapped[str] = mapped_column(String(64), primary_key=True)

@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpufleet.server.db import Database
-from gpufleet.server.models import Job, NodeRow, Pool
+from gpufleet.server.models import DEFAULT_POOL, Job, NodeRow, Pool
 from gpufleet.server.pages import PoolPage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.schemas import PoolIn, PoolOut, PoolPatch
@@ -60,13 +60,17 @@ def update_pool(*, db: Database, actor: Principal, name: str, patch: PoolPatch) 
 
 
 def delete_pool(*, db: Database, actor: Principal, name: str) -> PoolOut | Failure:
-    """Only an unused pool can go: no nodes and no job that is not finished."""
+    """Only an unused pool can go: no nodes and no job that is not finished, and never
+    the default pool (like Kubernetes' ``default`` namespace: a node that registers by
+    its first sync, and a job submitted without ``--pool``, land there)."""
     if not actor.is_admin:
         return forbidden("only admins manage pools")
     with db.write() as s:
         p = s.get(Pool, name)
         if p is None:
             return not_found(f"no pool {name}")
+        if name == DEFAULT_POOL:
+            return conflict(f"pool {name} cannot be deleted: nodes that register without a pool join it")
         out = _out(s, p)
         if out.nodes:
             return conflict(f"pool {name} still has {out.nodes} nodes")

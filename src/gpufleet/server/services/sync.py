@@ -64,7 +64,7 @@ from gpufleet.server import accounting
 from gpufleet.server.db import Database
 from gpufleet.server.hot import HotState
 from gpufleet.server.lifecycle import add_event
-from gpufleet.server.models import Allocation, GpuRow, Job, JobLogChunk, NodeRow, User
+from gpufleet.server.models import DEFAULT_POOL, Allocation, GpuRow, Job, JobLogChunk, NodeRow, User
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.requeue import Conflict, requeue
 from gpufleet.server.schemas import (
@@ -461,7 +461,7 @@ def _write(
     if node is None:
         if body.gpus is None:
             return not_found(f"no node {name}: register it or send its gpus")
-        node = NodeRow(name=name, created_at=now, pool="default")
+        node = NodeRow(name=name, created_at=now, pool=DEFAULT_POOL)
         s.add(node)
     scope = _scope(s, name, body)  # before anything of this sync is applied
     was_seen_at = node.last_seen
