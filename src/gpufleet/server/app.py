@@ -55,11 +55,18 @@ def token_hasher(config: ServerConfig) -> TokenHasher:
 
 
 def prepare(config: ServerConfig, *, clock: Clock, hasher: TokenHasher | None = None) -> dbmod.Database:
-    """Connect, check the schema revision and the token key, create the first admin if
-    the DB is empty, and give pre-0008 tokens an expiry."""
+    """Connect, create the schema in an empty database (else check its revision), check
+    the token key, create the first admin if there is none, and give pre-0008 tokens an
+    expiry."""
     hasher = hasher or token_hasher(config)
     db = dbmod.Database.connect(config.database_url)
     try:
+        if dbmod.create_if_empty(db.engine, config.database_url):
+            print(
+                f"gpufleet: created the schema (revision {dbmod.head_revision()}) in the empty database",
+                file=sys.stderr,
+                flush=True,
+            )
         problem = dbmod.schema_problem(db.engine, config.database_url)
     except SQLAlchemyError as exc:
         db.dispose()

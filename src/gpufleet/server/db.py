@@ -31,7 +31,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -179,6 +179,18 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+def create_if_empty(engine: Engine, url: str) -> bool:
+    """Create the schema (``upgrade`` to head) when the database holds no table at all,
+    so that the first ``gpufleet server`` on a new database just starts; True if it did.
+    A database with tables but no revision, or at an older revision, is left alone:
+    ``schema_problem`` refuses it, and migrating data stays an explicit
+    ``gpufleet db upgrade`` (after a backup)."""
+    if current_revision(engine) is not None or inspect(engine).get_table_names():
+        return False
+    upgrade(url)
+    return True
+
+
 def schema_problem(engine: Engine, url: str) -> str | None:
     """None when the database is at the package's head revision, else why not."""
     current = current_revision(engine)
@@ -187,7 +199,11 @@ def schema_problem(engine: Engine, url: str) -> str | None:
         return None
     where = make_url(url).render_as_string(hide_password=True)
     if current is None:
-        return f"database {where} is not initialised: run `gpufleet db upgrade --database-url {where}`"
+        return (
+            f"database {where} is not initialised (no schema revision, and not empty, so the "
+            f"server does not create one): run `gpufleet db upgrade --database-url {where}` "
+            "if it is gpufleet's"
+        )
     script = ScriptDirectory.from_config(alembic_config(url))
     known = {rev.revision for rev in script.walk_revisions()}
     if current not in known:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -49,6 +50,8 @@ class Membership(Base):
     __tablename__ = "memberships"
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
     team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), primary_key=True)
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """The user's default team (Slurm's DefaultAccount): at most one per user."""
 
 
 class Token(Base):

@@ -482,6 +482,14 @@ class UserOut(Reply):
     name: str
     role: Role
     teams: list[str]
+    default_team: str | None = Field(
+        default=None,
+        description="the team a job is charged to when its submission names none (Slurm's DefaultAccount)",
+    )
+
+
+class DefaultTeamIn(Request):
+    team: Name
 
 
 class UserCreated(UserOut):

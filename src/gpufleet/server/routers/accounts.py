@@ -9,6 +9,7 @@ from gpufleet.server.pages import PoolPage, TeamPage, TokenPage, UserPage
 from gpufleet.server.problems import ObjectId, unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.schemas import (
+    DefaultTeamIn,
     MemberIn,
     PoolIn,
     PoolOut,
@@ -44,6 +45,13 @@ def create_user(spec: UserIn, parts: PartsDep, me: Me) -> UserCreated:
         db=parts.db, actor=me, spec=spec, now=parts.now(), hasher=parts.hasher, ttl_s=parts.config.token_ttl_s
     )
     return unwrap(made)
+
+
+@router.put("/users/{name}/default-team", response_model=UserOut, tags=["users"])
+def set_default_team(name: str, spec: DefaultTeamIn, parts: PartsDep, me: Me) -> UserOut:
+    """Set the team a user's jobs are charged to when a submission names none: one's
+    own (any of one's teams), or anyone's for an admin."""
+    return unwrap(accounts.set_default_team(db=parts.db, actor=me, user=name, team=spec.team))
 
 
 @router.get("/teams", response_model=TeamPage, tags=["teams"])

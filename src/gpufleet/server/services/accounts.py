@@ -96,7 +96,9 @@ def _add_token(
 def bootstrap_admin(
     *, db: Database, now: float, token: str | None, hasher: TokenHasher | None = None
 ) -> str | None:
-    """On an empty database create the ``admin`` user with the bootstrap token (kind
+    """On an empty database create the ``admin`` user, member of team ``default`` (their
+    default team: like Slurm's root account, so the first admin can submit at once), with
+    the bootstrap token (kind
     ``bootstrap``, no expiry: the module docstring says why). Returns the new token when
     one was generated (the caller prints it once), None when users already exist or
     ``token`` was given (GPUFLEET_ADMIN_TOKEN)."""
@@ -105,7 +107,12 @@ def bootstrap_admin(
             return None
         admin = User(name="admin", role="admin", created_at=now)
         s.add(admin)
+        team = s.scalar(select(Team).where(Team.name == DEFAULT_TEAM))
+        if team is None:
+            team = Team(name=DEFAULT_TEAM)
+            s.add(team)
         s.flush()
+        _join(s, admin.id, team.id)
         created = _add_token(
             s,
             user=admin,
@@ -135,13 +142,48 @@ def bound_lifetimes(*, db: Database, now: float, ttl_s: float) -> int:
 # -- users and teams --------------------------------------------------------------------------
 
 
-def _teams_of(s: Session, user_id: int) -> list[str]:
-    q = select(Team.name).join(Membership, Membership.team_id == Team.id).where(Membership.user_id == user_id)
-    return sorted(s.scalars(q))
+_MEMBER_OF = select(Membership.user_id, Team.name, Membership.is_default).join(
+    Team, Team.id == Membership.team_id
+)
+
+
+def _users_out(s: Session, users: list[User]) -> list[UserOut]:
+    teams: dict[int, list[str]] = {}
+    default: dict[int, str] = {}
+    for uid, team, is_default in s.execute(_MEMBER_OF.where(Membership.user_id.in_([u.id for u in users]))):
+        teams.setdefault(uid, []).append(team)
+        if is_default:
+            default[uid] = team
+    return [
+        UserOut(
+            id=u.id,
+            name=u.name,
+            role=u.role,  # type: ignore[arg-type]
+            teams=sorted(teams.get(u.id, [])),
+            default_team=default.get(u.id),
+        )
+        for u in users
+    ]
 
 
 def _user_out(s: Session, u: User) -> UserOut:
-    return UserOut(id=u.id, name=u.name, role=u.role, teams=_teams_of(s, u.id))  # type: ignore[arg-type]
+    return _users_out(s, [u])[0]
+
+
+def _join(s: Session, user_id: int, team_id: int) -> None:
+    """Make the user a member; their first team becomes their default (Slurm sets a
+    user's DefaultAccount with their first association)."""
+    if s.get(Membership, (user_id, team_id)) is not None:
+        return
+    has_default = s.scalar(
+        select(Membership.team_id).where(Membership.user_id == user_id, Membership.is_default).limit(1)
+    )
+    s.add(Membership(user_id=user_id, team_id=team_id, is_default=has_default is None))
+    s.flush()
+
+
+DEFAULT_TEAM = "default"
+"""The first admin's team, created with them, so that they can submit at once."""
 
 
 def create_user(
@@ -166,12 +208,12 @@ def create_user(
         user = User(name=spec.name, role=spec.role, created_at=now)
         s.add(user)
         s.flush()
-        for t in teams.values():
-            s.add(Membership(user_id=user.id, team_id=t.id))
+        for name in dict.fromkeys(spec.teams):  # as listed: the first is the default team
+            _join(s, user.id, teams[name].id)
         tok = _add_token(
             s, user=user, name="initial", now=now, hasher=hasher_for(db, hasher), expires_at=now + ttl_s
         )
-        return UserCreated(id=user.id, name=user.name, role=spec.role, teams=sorted(teams), token=tok.token)
+        return UserCreated(**_user_out(s, user).model_dump(), token=tok.token)
 
 
 def list_users(
@@ -187,15 +229,7 @@ def list_users(
         if cursor is not None:
             q = q.where(User.name > cursor)
         users, after = cut(list(s.scalars(q)), limit, lambda u: u.name)
-        teams: dict[int, list[str]] = {}
-        member = select(Membership.user_id, Team.name).join(Team, Team.id == Membership.team_id)
-        for uid, team in s.execute(member.where(Membership.user_id.in_([u.id for u in users]))):
-            teams.setdefault(uid, []).append(team)
-        items = [
-            UserOut(id=u.id, name=u.name, role=u.role, teams=sorted(teams.get(u.id, [])))  # type: ignore[arg-type]
-            for u in users
-        ]
-        return UserPage(items=items, next_cursor=after)
+        return UserPage(items=_users_out(s, users), next_cursor=after)
 
 
 def whoami(*, db: Database, actor: Principal) -> UserOut:
@@ -273,10 +307,32 @@ def add_member(*, db: Database, actor: Principal, team: str, user: str) -> TeamO
         u = s.scalar(select(User).where(User.name == user))
         if t is None or u is None:
             return not_found(f"no team {team}" if t is None else f"no user {user}")
-        if s.get(Membership, (u.id, t.id)) is None:
-            s.add(Membership(user_id=u.id, team_id=t.id))
-            s.flush()
+        _join(s, u.id, t.id)
         return team_out(s, t)
+
+
+def set_default_team(*, db: Database, actor: Principal, user: str, team: str) -> UserOut | Failure:
+    """A user sets their own default team (an admin anyone's); it must be one of theirs."""
+    if user != actor.name and not actor.is_admin:
+        return forbidden("only admins set another user's default team")
+    with db.write() as s:
+        u = s.scalar(select(User).where(User.name == user))
+        if u is None:
+            return not_found(f"no user {user}")
+        t = s.scalar(select(Team).where(Team.name == team))
+        m = s.get(Membership, (u.id, t.id)) if t is not None else None
+        if t is None or m is None:
+            theirs = ", ".join(_user_out(s, u).teams) or "none"
+            return invalid(f"team: {user} is not a member of team {team} (their teams: {theirs})")
+        s.execute(
+            update(Membership)
+            .where(Membership.user_id == u.id, Membership.team_id != t.id)
+            .values(is_default=False)
+            .execution_options(synchronize_session=False)
+        )
+        m.is_default = True
+        s.flush()
+        return _user_out(s, u)
 
 
 def set_quota(*, db: Database, actor: Principal, team: str, quota: QuotaIn) -> TeamOut | Failure:

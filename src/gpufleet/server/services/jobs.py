@@ -57,7 +57,7 @@ _POOLS_Q = select(_T["pools"].c.name, _T["pools"].c.gpu).where(
     _T["pools"].c.name.in_(bindparam("names", expanding=True))
 )
 _TEAMS_Q = (
-    select(_T["memberships"].c.user_id, _T["teams"].c.name, _T["teams"].c.id)
+    select(_T["memberships"].c.user_id, _T["teams"].c.name, _T["teams"].c.id, _T["memberships"].c.is_default)
     .join(_T["teams"], _T["teams"].c.id == _T["memberships"].c.team_id)
     .where(_T["memberships"].c.user_id.in_(bindparam("users", expanding=True)))
 )
@@ -108,17 +108,28 @@ class _Ctx:
     s: Session
     pools: dict[str, bool]  # name -> is a GPU pool
     teams: dict[int, dict[str, int]]  # user id -> {team name: team id}
+    defaults: dict[int, str] = field(default_factory=dict)  # user id -> their default team
     fleets: dict[str, Fleet] = field(default_factory=dict)
     shapes: dict[tuple[object, ...], Failure | None] = field(default_factory=dict)
 
 
 def _team_for(ctx: _Ctx, actor: Principal, team: str | None) -> tuple[int, str] | Failure:
     mine = ctx.teams.get(actor.user_id, {})
-    if team is None:
+    if team is None:  # Slurm's rule: the user's default account, else the only one
+        default = ctx.defaults.get(actor.user_id)
+        if default is not None and default in mine:
+            return mine[default], default
         if len(mine) == 1:
             name, tid = next(iter(mine.items()))
             return tid, name
-        return invalid("team: you belong to several teams or none; pass team")
+        if not mine:
+            return invalid(
+                "team: you belong to no team; an admin adds you to one (gpufleet admin add-member)"
+            )
+        return invalid(
+            f"team: you belong to teams {', '.join(sorted(mine))} and have no default team: pass one "
+            "(--team), or set your default (PUT /v1/users/{you}/default-team)"
+        )
     if team in mine:
         return mine[team], team
     if actor.is_admin:
@@ -227,9 +238,13 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
     conn = s.connection()
     pools: dict[str, bool] = dict(conn.execute(_POOLS_Q, {"names": list({n.spec.pool for n in batch})}).all())
     teams: dict[int, dict[str, int]] = {}
-    for uid, name, tid in conn.execute(_TEAMS_Q, {"users": list({n.actor.user_id for n in batch})}):
+    defaults: dict[int, str] = {}
+    users = list({n.actor.user_id for n in batch})
+    for uid, name, tid, is_default in conn.execute(_TEAMS_Q, {"users": users}):
         teams.setdefault(uid, {})[name] = tid
-    ctx = _Ctx(s=s, pools=pools, teams=teams)
+        if is_default:
+            defaults[uid] = name
+    ctx = _Ctx(s=s, pools=pools, teams=teams, defaults=defaults)
     out: list[Failure | None] = []  # None: accepted
     rows: list[dict[str, Any]] = []
     accepted: list[tuple[int, NewJob, str, dict[str, Any]]] = []
