@@ -131,7 +131,7 @@ WAITS = [
         (),
         job("j", 1, gpu_type="B200"),
         Status.UNRESOLVABLE,
-        "Unschedulable: no schedulable B200 GPUs in pool default",
+        "Unschedulable: no schedulable B200 GPUs in pool default (its GPU models: H100)",
         id="unknown-model",
     ),
     pytest.param(

@@ -274,6 +274,9 @@ class GpufleetClient:
     def create_team(self, name: str) -> TeamOut:
         return self._get(TeamOut, "POST", "/teams", json={"name": name})
 
+    def set_default_team(self, user: str, team: str) -> UserOut:
+        return self._get(UserOut, "PUT", f"/users/{user}/default-team", json={"team": team})
+
     def add_member(self, team: str, user: str) -> TeamOut:
         return self._get(TeamOut, "POST", f"/teams/{team}/members", json={"user": user})
 

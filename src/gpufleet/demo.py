@@ -4,7 +4,7 @@
   a fresh temp dir, removed at exit; ``--data-dir`` keeps it and reuses its admin token),
   migrated by the demo itself;
 - ``--nodes`` agents (default 50) in this process, each a real HTTP client of the server
-  over loopback with ``--gpus-per-node`` simulated H100s, 10 nodes per leaf switch, each
+  over loopback with ``--gpus-per-node`` simulated H100s, ``--nodes-per-leaf`` per leaf switch, each
   with its own node credential; prices from the bundled ``data/prices-example.json``
   (off-peak 22:00-08:00 Europe/Berlin x0.5, weekends x0.6) and a budget for team speech;
 - a background workload: the bundled Philly sample replayed ``--speed`` times faster
@@ -55,6 +55,7 @@ from gpufleet.agent import (
 )
 from gpufleet.agent.jobs import SIMULATE_ENV, SIMULATE_UTIL_ENV
 from gpufleet.client import tls_verify
+from gpufleet.sim.engine import NODES_PER_LEAF
 from gpufleet.sim.trace import TraceJob
 
 TEAMS = {"vision": ("alice", "bob"), "language": ("carol", "dave"), "speech": ("erin",)}
@@ -75,7 +76,7 @@ class DemoOptions:
     host: str = "127.0.0.1"
     workload: bool = True
     data_dir: Path | None = None
-    nodes_per_leaf: int = 10
+    nodes_per_leaf: int = NODES_PER_LEAF
     speed: float = 300.0
     admin_token: str | None = None
     tls: bool = False

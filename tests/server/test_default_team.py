@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.conftest import Server, make_pool, ok, unique
+import pytest
+
+from server.conftest import Server, gpufleet, make_pool, ok, unique
 
 JOB: dict[str, Any] = {"command": ["true"], "gpus": 0}
 
@@ -55,3 +57,19 @@ def test_a_user_in_no_team_is_told_what_to_do(server: Server) -> None:
     with server.client(made["token"]) as c:
         r = _submit(c, pool)
         assert r.status_code == 422 and "no team" in r.json()["detail"]
+
+
+def test_cli_shows_and_sets_the_default_team(server: Server) -> None:
+    if "postgresql" in server.db_url:
+        pytest.skip("the CLI is a client of the API: its tests run once, on SQLite")
+    a, b = unique("ca"), unique("cb")
+    with server.client() as admin:
+        for t in (a, b):
+            ok(admin.post("/teams", json={"name": t}), 201)
+        made = ok(admin.post("/users", json={"name": unique("cli"), "teams": [a, b]}), 201)
+    env = server.env(made["token"])
+    shown = gpufleet("default-team", env=env)
+    assert shown.returncode == 0 and f"default team {a}" in shown.stdout, shown.stderr
+    assert f"default team {b}" in gpufleet("default-team", b, env=env).stdout
+    bad = gpufleet("default-team", unique("nope"), env=env)
+    assert bad.returncode == 2 and "not a member" in bad.stderr

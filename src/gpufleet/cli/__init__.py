@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpufleet import __version__
+from gpufleet.cli.options import flag
 
 app = typer.Typer(
     name="gpufleet",
@@ -24,9 +25,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version."
-    ),
+    version: bool = flag("--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     """gpufleet: one control plane for a shared GPU cluster."""
 

@@ -26,7 +26,9 @@ import httpx
 import platformdirs
 import typer
 
+from gpufleet.cli.options import flag, json_flag
 from gpufleet.client import ClientError, GpufleetClient, load_connection, tls_verify
+from gpufleet.sim.engine import NODES_PER_LEAF
 from gpufleet.timefmt import parse_duration
 
 node_app = typer.Typer(
@@ -141,21 +143,19 @@ def agent(
     sync_interval: str = typer.Option("10s", "--sync-interval"),
     grace: str = typer.Option("30s", "--grace", help="SIGTERM -> SIGKILL grace period."),
     cap_add: list[str] = typer.Option([], "--container-cap-add", help="Capability containers may keep."),
-    container_allow_user: bool = typer.Option(
-        False,
+    container_allow_user: bool = flag(
         "--container-allow-user",
         help="Honour a job's GPUFLEET_CONTAINER_USER (never root); default: the owner's uid:gid.",
     ),
-    container_read_only: bool = typer.Option(
-        False, "--container-read-only", help="Containers get a read-only root filesystem (and a /tmp tmpfs)."
+    container_read_only: bool = flag(
+        "--container-read-only", help="Containers get a read-only root filesystem (and a /tmp tmpfs)."
     ),
     container_network: str | None = typer.Option(
         None,
         "--container-network",
         help="Docker network for multi-node container jobs (e.g. a macvlan on the fabric).",
     ),
-    container_host_network: bool = typer.Option(
-        False,
+    container_host_network: bool = flag(
         "--container-host-network",
         help="Multi-node container jobs use the host's network (default: a bridge network per job).",
     ),
@@ -173,7 +173,7 @@ def agent(
     cgroup_root: Path = typer.Option(
         Path("/sys/fs/cgroup/gpufleet"), "--cgroup-root", help="Parent cgroup (v2) of the jobs' cgroups."
     ),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = flag("--verbose", "-v", help="Log at INFO level (default: warnings only)."),
 ) -> None:
     """Run the node agent: report GPUs and jobs, run what the server places here.
 
@@ -303,7 +303,7 @@ def join_token(
 @node_app.command("credentials")
 def credentials(
     node: str | None = typer.Option(None, "--node", help="Only this node's."),
-    as_json: bool = typer.Option(False, "--json", help="JSON instead of a table."),
+    as_json: bool = json_flag(),
 ) -> None:
     """List node join tokens and certificates (never the secrets: a token's last
     characters, a certificate's serial)."""
@@ -368,7 +368,7 @@ def ca_init(
 
 def logs(
     job_id: int = typer.Argument(...),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the job is over."),
+    follow: bool = flag("--follow", "-f", help="Stream until the job is over."),
 ) -> None:
     """A job's output (stdout and stderr, as its nodes shipped them)."""
     conn = load_connection()
@@ -402,14 +402,16 @@ def demo(
     nodes: int = typer.Option(50, "--nodes", min=1, max=2000),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=64),
     port: int = typer.Option(8080, "--port", min=1, max=65535),
-    no_workload: bool = typer.Option(False, "--no-workload", help="No background trace replay."),
+    no_workload: bool = flag("--no-workload", help="No background trace replay."),
     data_dir: Path | None = typer.Option(
         None, "--data-dir", help="Keep the database and agent dirs here (default: a temp dir, removed)."
     ),
-    nodes_per_leaf: int = typer.Option(10, "--nodes-per-leaf", min=1),
+    nodes_per_leaf: int = typer.Option(
+        NODES_PER_LEAF, "--nodes-per-leaf", min=1, help="Servers under one leaf switch."
+    ),
     speed: float = typer.Option(300.0, "--speed", min=1.0, help="Trace time compression."),
-    tls: bool = typer.Option(
-        False, "--tls", help="HTTPS with the demo's own CA; agents enrol for node certificates (mTLS)."
+    tls: bool = flag(
+        "--tls", help="HTTPS with the demo's own CA; agents enrol for node certificates (mTLS)."
     ),
 ) -> None:
     """A whole simulated fleet on this machine. Ctrl-C stops everything.

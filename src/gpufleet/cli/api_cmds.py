@@ -8,6 +8,7 @@ option), 1 for everything else (unreachable server, 401, 403, 404, 409).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import os
@@ -19,8 +20,10 @@ from typing import Any
 
 import typer
 
-from gpufleet.cli import sbatch
+from gpufleet.cli import jobview, sbatch
+from gpufleet.cli.options import flag, json_flag
 from gpufleet.client import ClientError, Connection, GpufleetClient, save_connection
+from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.server.health import DEFAULT_FATAL_XIDS
 from gpufleet.timefmt import format_duration, parse_duration
 
@@ -29,7 +32,7 @@ admin_app = typer.Typer(help="Users, teams, quotas, pools (admins).", no_args_is
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 tokens_app = typer.Typer(help="Your API tokens.", no_args_is_help=True)
 
-JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
+JSON_OPT = json_flag()
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -74,9 +77,13 @@ def server(
         None, "--database-url", help="SQLAlchemy URL (default: SQLite in the user data dir)."
     ),
     policy: str = typer.Option("default", "--policy", help="Scheduling policy."),
-    node_timeout: str = typer.Option("30s", "--node-timeout", help="A node unseen this long is NotReady."),
+    node_timeout: str = typer.Option(
+        f"{NODE_TIMEOUT_S:g}s", "--node-timeout", help="A node unseen this long is NotReady."
+    ),
     requeue_after: str = typer.Option(
-        "60s", "--requeue-after", help="NotReady this much longer: node lost, its jobs requeued."
+        f"{REQUEUE_AFTER_S:g}s",
+        "--requeue-after",
+        help="NotReady this much longer: node lost, its jobs requeued.",
     ),
     gpu_max_temp: float = typer.Option(85.0, "--gpu-max-temp", help="Hotter (C) for --gpu-hot-for: cordon."),
     gpu_hot_for: str = typer.Option("30s", "--gpu-hot-for"),
@@ -98,8 +105,7 @@ def server(
     prices: Path | None = typer.Option(
         None, "--prices", help="Price schedule (JSON or .toml) to put in force at start."
     ),
-    scheduler_thread: bool = typer.Option(
-        False,
+    scheduler_thread: bool = flag(
         "--scheduler-thread",
         help="Run scheduling passes in a thread of the API process (default: a child process).",
     ),
@@ -110,9 +116,7 @@ def server(
         "--ca-dir",
         help="The cluster CA (gpufleet ca init): with --tls-cert, agents sync with node certificates.",
     ),
-    insecure_http: bool = typer.Option(
-        False, "--insecure-http", help="Allow plain HTTP on an address other than loopback."
-    ),
+    insecure_http: bool = flag("--insecure-http", help="Allow plain HTTP on an address other than loopback."),
     rate_user: str = typer.Option(
         "30/10", "--rate-user", help="A user's requests: BURST/PER_SECOND (a token bucket), or off."
     ),
@@ -145,12 +149,12 @@ def server(
     audit_days: float = typer.Option(
         90.0, "--audit-days", min=0.0001, help="Keep audit rows this many days."
     ),
-    metrics_public: bool = typer.Option(
-        False, "--metrics-public", help="Serve /metrics without a token (default: operators and admins)."
+    metrics_public: bool = flag(
+        "--metrics-public", help="Serve /metrics without a token (default: operators and admins)."
     ),
-    team_cost_metrics: bool = typer.Option(
-        True,
+    team_cost_metrics: bool = flag(
         "--team-cost-metrics/--no-team-cost-metrics",
+        default=True,
         help="Per-team cost and budget series in /metrics.",
     ),
 ) -> None:
@@ -311,7 +315,8 @@ def login(
 
 def _script_mode(args: list[str]) -> tuple[sbatch.SbatchOptions, list[str]] | None:
     """``submit job.sh [args]``: the script's directives and ``bash -c TEXT job.sh args``
-    (the text travels with the job, as Slurm stores the batch script)."""
+    (the text travels with the job, as Slurm stores the batch script). Without a name
+    (``--name``, ``#SBATCH --job-name``) the job is named after the script, as Slurm's."""
     if not args:
         return None
     path = Path(args[0])
@@ -323,12 +328,17 @@ def _script_mode(args: list[str]) -> tuple[sbatch.SbatchOptions, list[str]] | No
         return None
     if not (text.startswith("#!") or "#SBATCH" in text):
         return None
-    return sbatch.parse_script(text), ["bash", "-c", text, path.name, *args[1:]]
+    opts = sbatch.parse_script(text)
+    if opts.name is None:
+        opts = dataclasses.replace(opts, name=path.name)
+    return opts, [*sbatch.SCRIPT_SHELL, text, path.name, *args[1:]]
 
 
 def submit(
     args: list[str] = typer.Argument(..., help="-- COMMAND... or a #SBATCH script [ARGS]"),
-    gpus: int | None = typer.Option(None, "--gpus", help="GPUs in total (default 1)."),
+    gpus: int | None = typer.Option(
+        None, "--gpus", help="GPUs in all (default 1); 0 only in a CPU-only pool.", show_default=False
+    ),
     nodes: int | None = typer.Option(None, "--nodes", "-N"),
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
     gpu_type: str | None = typer.Option(None, "--gpu-type"),
@@ -338,8 +348,11 @@ def submit(
     priority: int | None = typer.Option(None, "--priority"),
     image: str | None = typer.Option(None, "--image"),
     pool: str | None = typer.Option(None, "--pool", "--partition", "-p"),
-    requeue: bool | None = typer.Option(
-        None, "--requeue/--no-requeue", help="Run again after a node or GPU failure (default: yes)."
+    requeue: bool | None = flag(
+        "--requeue/--no-requeue",
+        default=None,
+        help="Run again after a node or GPU failure (default: yes).",
+        show_default=False,
     ),
     max_attempts: int = typer.Option(5, "--max-attempts", min=1, help="Attempts in all, the first included."),
     requeue_backoff: str = typer.Option(
@@ -348,7 +361,7 @@ def submit(
     reservation: int | None = typer.Option(
         None, "--reservation", help="Run only inside this reservation (`gpufleet reservations`)."
     ),
-    json_out: bool = JSON_OPT,
+    json_out: bool = json_flag("its id"),
 ) -> None:
     """Submit a job; prints its id. Options override #SBATCH directives."""
     script = _script_mode(args)
@@ -402,13 +415,13 @@ def submit(
 
 
 def queue(
-    all_users: bool = typer.Option(False, "--all", help="Include finished jobs."),
-    user: str | None = typer.Option(None, "--user", "-u"),
-    pool: str | None = typer.Option(None, "--pool", "-p"),
+    include_finished: bool = flag("--all", help="Include finished jobs."),
+    user: str | None = typer.Option(None, "--user", "-u", help="Only this user's jobs (operators)."),
+    pool: str | None = typer.Option(None, "--pool", "-p", help="Only jobs of this pool."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Waiting and running jobs, like squeue."""
-    states = None if all_users else ["PENDING", "HELD", "SCHEDULED", "RUNNING"]
+    states = None if include_finished else ["PENDING", "HELD", "SCHEDULED", "RUNNING"]
     with _client() as c:
         items = c.all_jobs(states=states, user=user, pool=pool)
     if json_out:
@@ -453,36 +466,16 @@ def jobs_list(
 
 
 @jobs_app.command("show")
-def jobs_show(job_id: int = typer.Argument(...), json_out: bool = JSON_OPT) -> None:
-    """A job with its allocation, queue position and event history."""
+def jobs_show(job_id: int = typer.Argument(...), json_out: bool = json_flag("the summary")) -> None:
+    """A job: what it asked for, where it runs or last ran, its queue position and its
+    event history. A batch script shows its first lines."""
     with _client() as c:
         j = c.job(job_id)
     if json_out:
         _json(j.model_dump())
         return
-    fields = [
-        ("id", j.id),
-        ("name", j.name),
-        ("user", j.user),
-        ("team", j.team),
-        ("pool", j.pool),
-        ("state", j.state),
-        ("gpus", j.gpus),
-        ("priority", j.priority),
-        ("time limit", None if j.time_limit_s is None else format_duration(j.time_limit_s)),
-        ("command", " ".join(j.command)[:200]),
-        ("allocation", " ".join(f"{a.node}:{a.gpus}" for a in j.allocation) or None),
-        ("position", j.queue_position),
-        ("estimated start", _eta(j.estimated_start)),
-        ("reason", j.wait_reason),
-        ("exit code", j.exit_code),
-    ]
-    for k, v in fields:
-        typer.echo(f"{k:>16}: {'-' if v is None else v}")
-    typer.echo("events:")
-    for e in j.events:
-        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
-        typer.echo(f"  {at}  {e.from_state or '-':>9} -> {e.to_state:<9} {e.actor}: {e.reason}")
+    for line in jobview.show_lines(j, now=time.time()):
+        typer.echo(line)
 
 
 def _each(ids: list[int], act: Callable[[GpufleetClient, int], Any], verb: str) -> None:
@@ -620,7 +613,7 @@ def set_quota(
 @admin_app.command("create-pool")
 def create_pool(
     name: str = typer.Argument(...),
-    cpu_only: bool = typer.Option(False, "--cpu-only", help="A pool for 0-GPU jobs."),
+    cpu_only: bool = flag("--cpu-only", help="A pool for 0-GPU jobs."),
     description: str = typer.Option("", "--description"),
 ) -> None:
     """Create a pool (partition)."""
@@ -644,7 +637,26 @@ def list_users(json_out: bool = JSON_OPT) -> None:
     if json_out:
         _json([u.model_dump() for u in items])
     else:
-        _table(("USER", "ROLE", "TEAMS"), [(u.name, u.role, ",".join(u.teams)) for u in items])
+        rows = [(u.name, u.role, ",".join(u.teams), u.default_team or "-") for u in items]
+        _table(("USER", "ROLE", "TEAMS", "DEFAULT TEAM"), rows)
+
+
+def default_team(
+    team: str | None = typer.Argument(None, help="The team to make the default; without it, show it."),
+    user: str | None = typer.Option(None, "--user", help="Admins: another user's."),
+) -> None:
+    """Your default team: where a job goes when `submit` names no --team (Slurm's default
+    account). It starts as the first team you joined."""
+    with _client() as c:
+        if team is None:
+            me = c.whoami() if user is None else next((u for u in c.users() if u.name == user), None)
+            if me is None:
+                raise _fail(f"no user {user}")
+            teams = ", ".join(me.teams) or "-"
+            typer.echo(f"{me.name}: default team {me.default_team or '- (none)'}; teams: {teams}")
+            return
+        out = c.set_default_team(user or c.whoami().name, team)
+    typer.echo(f"{out.name}: default team {out.default_team}")
 
 
 @admin_app.command("teams")
@@ -777,6 +789,7 @@ def register(app: typer.Typer) -> None:
     app.command("hold")(hold)
     app.command("release")(release)
     app.command("nodes")(nodes)
+    app.command("default-team")(default_team)
     app.add_typer(jobs_app, name="jobs")
     app.add_typer(admin_app, name="admin")
     app.add_typer(db_app, name="db")

@@ -1,8 +1,9 @@
 """``gpufleet price``, ``gpufleet usage``, ``gpufleet admin set-prices / set-budget``.
 
-Times are shown in the caller's local zone (``TZ``); the server keeps UNIX seconds. Usage
-periods (``--month``, ``--from``/``--to``) are read by the server in its finance time
-zone (the price schedule's), in whole hours.
+Prices' times are shown in the caller's local zone (``TZ``); the server keeps UNIX
+seconds. Usage periods (``--month``, ``--from``/``--to``) are read by the server, and
+shown, in the pricing time zone (the price schedule's, UTC without one), in whole hours:
+where a month starts depends on it.
 """
 
 from __future__ import annotations
@@ -12,22 +13,32 @@ import json
 import sys
 import time
 import tomllib
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import typer
 
-from gpufleet.cli.api_cmds import JSON_OPT, _client, _fail, _json, _table, admin_app
+from gpufleet.cli import words
+from gpufleet.cli.api_cmds import _client, _fail, _json, _table, admin_app
+from gpufleet.cli.options import flag, json_flag
 from gpufleet.cli.reservation_cmds import local_zone, show_time
 from gpufleet.client import GpufleetClient
+from gpufleet.scheduler import gpu_type_matches
 from gpufleet.server.schemas import JobOut
 
 
 def price(
-    gpu_type: str | None = typer.Option(None, "--gpu-type", help="Only this GPU model."),
-    json_out: bool = JSON_OPT,
+    gpu_type: str | None = typer.Option(
+        None, "--gpu-type", help="Only models matching this (H100 matches H100-80GB)."
+    ),
+    all_models: bool = flag("--all", help="Also the priced models the fleet has no GPU of."),
+    json_out: bool = json_flag(),
 ) -> None:
-    """GPU prices now, and when each GPU model gets cheaper (for work that can wait)."""
+    """GPU prices now, and when each GPU model gets cheaper (for work that can wait).
+
+    Lists the models the fleet has; the schedule may price others too (--all)."""
     with _client() as c:
         out = c.prices()
     if json_out:
@@ -36,15 +47,21 @@ def price(
     if out.schedule is None:
         typer.echo("no prices set: GPUs cost nothing (admins: gpufleet admin set-prices FILE)")
         return
-    zone = local_zone()
-    rows = [p for p in out.prices if gpu_type is None or p.gpu_type == gpu_type]
+    rows = [p for p in out.prices if gpu_type is None or gpu_type_matches(gpu_type, p.gpu_type)]
+    fleet = {p.gpu_type for p in out.prices if p.in_fleet}
     if not rows:
-        raise _fail(f"no GPU model {gpu_type!r} in the fleet or the price schedule")
+        raise _fail(f"no GPU model matching {gpu_type!r}; the fleet has {_names(fleet)}")
+    shown = rows if all_models or not fleet else [p for p in rows if p.in_fleet]
+    if not shown:
+        raise _fail(
+            f"the fleet has no {gpu_type} GPU (it has {_names(fleet)}); --all shows the schedule's price"
+        )
+    zone = local_zone()
     _table(
         ("GPU TYPE", "NOW/GPU-H", "BASE", "CHEAPER FROM", "THEN", "SAVES"),
         [
             (
-                p.gpu_type,
+                p.gpu_type if p.in_fleet or not fleet else f"{p.gpu_type} (not in fleet)",
                 f"{p.price:.4g}",
                 f"{p.base:.4g}",
                 None if p.next_cheaper_at is None else show_time(p.next_cheaper_at, zone),
@@ -53,29 +70,43 @@ def price(
                 if p.next_cheaper_price is None or p.price <= 0
                 else f"{100 * (1 - p.next_cheaper_price / p.price):.0f}%",
             )
-            for p in rows
+            for p in shown
         ],
     )
-    typer.echo(f"schedule set {show_time(out.set_at or time.time(), zone)} by {out.set_by}")
+    left_out = len(rows) - len(shown)
+    if left_out:
+        typer.echo(f"{left_out} priced model(s) the fleet has no GPU of left out (--all lists them)")
+    if not fleet:
+        typer.echo("no GPU registered yet: every model the schedule prices is listed")
+    zone_name = out.schedule.get("timezone", "UTC")
+    typer.echo(
+        f"schedule set {show_time(out.set_at or time.time(), zone)} by {out.set_by}; "
+        f"its hours and weekdays are {zone_name} time"
+    )
+
+
+def _names(models: set[str]) -> str:
+    return ", ".join(sorted(models)) if models else "no GPU yet"
 
 
 def price_hint(c: GpufleetClient, job: JobOut) -> list[str]:
     """What a just-submitted job costs per hour now and when it would be cheaper
     (``gpufleet submit`` prints it: work that can wait may be held and released
-    off-peak). Empty when no prices are set."""
+    off-peak). Empty when no prices are set. The models are those the job could get:
+    the fleet's that match its ``gpu_type`` as the scheduler matches them (all the
+    schedule's, before any node registered)."""
     if job.gpus == 0:
         return []
     out = c.prices()
     if out.schedule is None:
         return []
     zone = local_zone()
-    if job.gpu_type:
-        rows = [p for p in out.prices if p.gpu_type == job.gpu_type]
-    else:  # the models the job could get: those in the fleet (all, before any node registered)
-        rows = [p for p in out.prices if p.in_fleet] or out.prices
+    rows = [p for p in out.prices if not job.gpu_type or gpu_type_matches(job.gpu_type, p.gpu_type)]
+    rows = [p for p in rows if p.in_fleet] or rows
+    gpus = words.count(job.gpus, "GPU")
     lines = []
     for p in rows[:4]:
-        line = f"{p.gpu_type} costs {p.price:.4g}/GPU-hour now ({job.gpus} GPUs: {p.price * job.gpus:.4g}/h)"
+        line = f"{p.gpu_type} costs {p.price:.4g}/GPU-hour now ({gpus}: {p.price * job.gpus:.4g}/h)"
         if p.next_cheaper_at is not None and p.next_cheaper_price is not None:
             line += f"; {p.next_cheaper_price:.4g} from {show_time(p.next_cheaper_at, zone)}"
         lines.append(line)
@@ -84,16 +115,21 @@ def price_hint(c: GpufleetClient, job: JobOut) -> list[str]:
 
 def usage(
     by: str = typer.Option("team", "--by", help="user, team, pool or gpu-type."),
-    month: str | None = typer.Option(None, "--month", help="YYYY-MM (default: this month so far)."),
-    start: str | None = typer.Option(None, "--from", help="ISO date or date-time (server's finance zone)."),
-    end: str | None = typer.Option(None, "--to", help="ISO date or date-time (default: now)."),
-    csv_out: bool = typer.Option(False, "--csv", help="Print CSV."),
-    json_out: bool = JSON_OPT,
+    month: str | None = typer.Option(
+        None, "--month", help="YYYY-MM in the pricing time zone (default: this month so far)."
+    ),
+    start: str | None = typer.Option(
+        None, "--from", help="ISO date or date-time; without an offset, in the pricing time zone."
+    ),
+    end: str | None = typer.Option(None, "--to", help="As --from (default: now)."),
+    csv_out: bool = flag("--csv", help="Print CSV instead of the table."),
+    json_out: bool = json_flag(),
 ) -> None:
     """GPU-hours, cost, energy, jobs, utilisation and idle waste per user, team, pool or model.
 
-    Idle waste: GPU-hours allocated at under 5% utilisation. Admins see everyone; others
-    see their teams."""
+    Periods are whole hours in the pricing time zone (the price schedule's; UTC without
+    one), as budgets count them. Idle waste: GPU-hours allocated at under 5% utilisation.
+    Admins see everyone; others see their teams."""
     if by not in ("user", "team", "pool", "gpu-type"):
         raise _fail(f"--by: expected user, team, pool or gpu-type, got {by!r}", 2)
     with _client() as c:
@@ -108,12 +144,19 @@ def usage(
         w.writerow([by if k == "key" else k for k in cols])
         w.writerows(["" if v is None else v for v in r] for r in rows)
         return
-    zone = local_zone()
-    typer.echo(f"usage by {by}, {show_time(rep.start, zone)} to {show_time(rep.end, zone)}")
+    typer.echo(f"usage by {by}, {period(rep.start, rep.end, rep.timezone)}")
     _table(
         (by.upper(), "JOBS", "GPU-HOURS", "COST", "ENERGY-KWH", "UTIL%", "IDLE GPU-H"),
         [[r[0], r[1], f"{r[2]:.1f}", f"{r[3]:.2f}", f"{r[4]:.1f}", r[5], f"{r[6]:.1f}"] for r in rows],
     )
+
+
+def period(start: float, end: float, zone: str) -> str:
+    """A report's period in the pricing time zone, named (``2026-12-01 00:00 to
+    2026-12-04 00:00 Europe/Berlin``): where a month starts depends on it."""
+    tz = ZoneInfo(zone)
+    a, b = (datetime.fromtimestamp(t, tz).strftime("%Y-%m-%d %H:%M") for t in (start, end))
+    return f"{a} to {b} {zone} (the pricing time zone)"
 
 
 @admin_app.command("set-prices")

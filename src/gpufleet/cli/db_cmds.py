@@ -22,12 +22,14 @@ import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 from gpufleet.cli.api_cmds import db_app
-from gpufleet.server.db import create_private, private_sqlite_file
 
 URL_OPT = typer.Option(
     None, "--database-url", help="SQLAlchemy URL (default: GPUFLEET_DATABASE_URL or SQLite)."
@@ -37,6 +39,26 @@ URL_OPT = typer.Option(
 def _fail(message: str, code: int = 1) -> typer.Exit:
     typer.echo(f"gpufleet: error: {message}", err=True)
     return typer.Exit(code)
+
+
+def make_url(url: str) -> URL:
+    """SQLAlchemy's URL parser, imported when a ``db`` command runs: the other commands
+    of the CLI (``gpufleet queue``...) import no SQLAlchemy."""
+    from sqlalchemy.engine import make_url as parse
+
+    return parse(url)
+
+
+def create_private(path: Path) -> None:
+    from gpufleet.server.db import create_private as create
+
+    create(path)
+
+
+def private_sqlite_file(path: Path) -> None:
+    from gpufleet.server.db import private_sqlite_file as private
+
+    private(path)
 
 
 def _url(database_url: str | None) -> str:

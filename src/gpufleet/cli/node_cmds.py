@@ -19,6 +19,7 @@ from typing import Any
 import typer
 
 from gpufleet.cli.agent_cmds import node_app
+from gpufleet.cli.options import flag
 from gpufleet.client import ClientError, GpufleetClient
 
 
@@ -84,13 +85,13 @@ def _rollout_lines(r: dict[str, Any]) -> None:
 @node_app.command("drain")
 def drain(
     nodes: list[str] = typer.Argument(None, help="Node(s); several, or --all, start a rollout."),
-    all_nodes: bool = typer.Option(False, "--all", help="Roll through every node (of --pool)."),
+    all_nodes: bool = flag("--all", help="Roll a drain through every node (of --pool)."),
     pool: str | None = typer.Option(None, "--pool", "-p"),
     max_unavailable: int = typer.Option(1, "--max-unavailable", min=1, help="Nodes drained at once."),
     grace: str = typer.Option("10m", "--grace", help="Running jobs may finish this long, then requeue."),
-    requeue: bool = typer.Option(False, "--requeue", help="Requeue running jobs at once."),
+    requeue: bool = flag("--requeue", help="Requeue running jobs at once, not after --grace."),
     reason: str = typer.Option("", "--reason"),
-    wait: bool = typer.Option(False, "--wait", help="One node: wait until it runs no job."),
+    wait: bool = flag("--wait", help="One node: wait until it runs no job."),
 ) -> None:
     """Cordon and empty a node, or roll a drain through many (rolling maintenance)."""
     nodes = nodes or []
@@ -120,7 +121,7 @@ def drain(
 @node_app.command("rollout")
 def rollout(
     rollout_id: int | None = typer.Argument(None, help="Default: the active (else latest) rollout."),
-    cancel: bool = typer.Option(False, "--cancel", help="Start no more drains."),
+    cancel: bool = flag("--cancel", help="Cancel the rollout: start no more drains."),
 ) -> None:
     """Progress of a rolling drain."""
     with _client() as c:
@@ -135,7 +136,7 @@ def rollout(
 @node_app.command("events")
 def events(
     node: str | None = typer.Argument(None),
-    alerts: bool = typer.Option(False, "--alerts", help="Only critical and warning events."),
+    alerts: bool = flag("--alerts", help="Only critical and warning events."),
     limit: int = typer.Option(50, "--limit", min=1, max=1000),
 ) -> None:
     """GPU cordons, lost nodes, drains: the fleet's health and maintenance log."""

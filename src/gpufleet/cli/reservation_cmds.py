@@ -1,5 +1,9 @@
 """``gpufleet reserve``, ``gpufleet reservations``, ``gpufleet reservation cancel``.
 
+Whom a reservation is for (its team and users: their jobs may run in it) is one thing,
+who booked it (the API's ``owner``: they, or an operator, may cancel it) another; an
+admin booking for team vision is the booker, vision the team. The list shows both.
+
 Times: the CLI reads and shows *local* time (``TZ`` or the system's zone); the API and
 the database hold UNIX seconds (UTC). A repeat keeps the local wall-clock time: the CLI
 sends its IANA zone name and the server steps in that zone.
@@ -15,7 +19,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
 
-from gpufleet.cli.api_cmds import JSON_OPT, _client, _fail, _json, _table
+from gpufleet.cli import words
+from gpufleet.cli.api_cmds import _client, _fail, _json, _table
+from gpufleet.cli.options import flag, json_flag
 from gpufleet.server.reservation_schemas import ReservationOut
 from gpufleet.timefmt import format_duration, parse_duration
 
@@ -63,13 +69,23 @@ def _csv(value: str | None) -> list[str]:
     return [x.strip() for x in (value or "").split(",") if x.strip()]
 
 
+def for_whom(r: ReservationOut) -> str:
+    """Whose jobs may use it: ``team vision``, ``alice, bob``, both, or maintenance."""
+    if r.maintenance:
+        return "maintenance"
+    parts = ([f"team {r.team}"] if r.team else []) + list(r.users)
+    return ", ".join(parts) or "-"
+
+
 def _print(items: list[ReservationOut], zone: str) -> None:
     _table(
-        ("ID", "NAME", "OWNER", "STATE", "GPUS", "START", "END", "NODES", "REASON"),
+        ("ID", "NAME", "TEAM", "USERS", "BOOKED BY", "STATE", "GPUS", "START", "END", "NODES", "REASON"),
         [
             (
                 r.id,
                 r.name[:24],
+                r.team,
+                ",".join(r.users) or None,
                 r.owner,
                 r.state,
                 r.gpus,
@@ -90,17 +106,22 @@ def reserve(
     gpus_per_node: int = typer.Option(0, "--gpus-per-node", min=0),
     start: str = typer.Option(..., "--start", help="Local ISO time (2026-12-03T09:00) or +2h."),
     duration: str = typer.Option(..., "--duration", help="4h, 90m, 1d..."),
-    team: str | None = typer.Option(None, "--team", help="Jobs of this team may use it."),
-    users: str | None = typer.Option(None, "--users", help="Comma-separated users (default: you)."),
+    team: str | None = typer.Option(
+        None, "--team", help="Book it for this team: its members' jobs may use it."
+    ),
+    users: str | None = typer.Option(
+        None, "--users", help="Comma-separated users whose jobs may use it (default: you, unless --team)."
+    ),
     name: str | None = typer.Option(None, "--name"),
     pool: str = typer.Option("default", "--pool", "-p"),
     repeat: str | None = typer.Option(None, "--repeat", help="daily or weekly (same local time)."),
     count: int = typer.Option(1, "--count", min=1, help="Windows in all, with --repeat."),
     node: str | None = typer.Option(None, "--node", help="Operators: these nodes (comma-separated)."),
-    maintenance: bool = typer.Option(False, "--maintenance", help="Operators: keep the GPUs empty."),
-    json_out: bool = JSON_OPT,
+    maintenance: bool = flag("--maintenance", help="Operators: keep the GPUs empty."),
+    json_out: bool = json_flag("a line per window"),
 ) -> None:
-    """Book GPUs for a window. Inside it only its owners' jobs run there."""
+    """Book GPUs for a window. Inside it only the jobs of those it is for (--team,
+    --users) run there; you are the one who booked it."""
     zone = local_zone()
     if repeat not in (None, "daily", "weekly"):
         raise _fail("--repeat: daily or weekly", 2)
@@ -133,16 +154,21 @@ def reserve(
         return
     for r in made:
         typer.echo(
-            f"reservation {r.id}: {r.gpus} GPUs {show_time(r.start, zone)} - {show_time(r.end, zone)}"
+            f"reservation {r.id}: {words.count(r.gpus, 'GPU')} "
+            f"{show_time(r.start, zone)} - {show_time(r.end, zone)}"
             f" ({format_duration(r.end - r.start)}) on {' '.join(f'{n}:{k}' for n, k in r.nodes)}"
+            f", for {for_whom(r)}"
         )
 
 
 def reservations(
-    all_: bool = typer.Option(False, "--all", help="Include past ones."),
-    json_out: bool = JSON_OPT,
+    all_: bool = flag("--all", help="Include past ones."),
+    json_out: bool = json_flag(),
 ) -> None:
-    """Reservations you may see (operators: all), times in local time."""
+    """Reservations you may see (operators: all), times in local time.
+
+    TEAM and USERS: whose jobs may run in it. BOOKED BY: who booked it (they, or an
+    operator, may cancel it)."""
     with _client() as c:
         items = c.reservations(include_past=all_)
     if json_out:
@@ -153,7 +179,7 @@ def reservations(
 
 @reservation_app.command("cancel")
 def cancel(reservation_id: int = typer.Argument(...)) -> None:
-    """Cancel a reservation (its owner, or an operator)."""
+    """Cancel a reservation (whoever booked it, or an operator)."""
     with _client() as c:
         r = c.cancel_reservation(reservation_id)
     typer.echo(f"reservation {r.id} {r.state.lower()}")

@@ -4,12 +4,17 @@ Directives are the ``#SBATCH`` lines before the first command (as Slurm reads th
 Both ``--opt=value`` and ``--opt value`` (and ``-N 2`` / ``-N2``) are accepted. A
 directive gpufleet does not understand becomes a warning, never silently dropped.
 ``--gres=gpu:N`` is per node, as in Slurm.
+
+A script job's command is ``bash -c TEXT SCRIPT_NAME ARGS...`` (``SCRIPT_SHELL``): the
+text travels with the job, as Slurm stores the batch script; ``BatchScript.of`` reads a
+command back as the script it carries.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from gpufleet.timefmt import parse_duration
@@ -27,6 +32,23 @@ _LONG_WITH_VALUE = {
 }
 _FLAGS = {"requeue", "no-requeue"}
 _SHORT = {"N": "nodes", "t": "time", "J": "job-name", "p": "partition", "o": "output", "e": "error"}
+SCRIPT_SHELL = ("bash", "-c")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchScript:
+    """The script a job's command carries (see the module docstring)."""
+
+    name: str
+    text: str
+    args: tuple[str, ...]
+
+    @classmethod
+    def of(cls, command: Sequence[str]) -> BatchScript | None:
+        """The script in ``command``, or None for any other command."""
+        if len(command) < 4 or tuple(command[:2]) != SCRIPT_SHELL:
+            return None
+        return cls(name=command[3], text=command[2], args=tuple(command[4:]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,8 +12,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpufleet.cli.options import flag
 from gpufleet.scheduler import POLICIES
-from gpufleet.sim.engine import FleetSpec, SimConfig
+from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
+from gpufleet.sim.engine import NODES_PER_LEAF, FleetSpec, SimConfig
 from gpufleet.sim.trace import TraceError, TraceLoad
 from gpufleet.timefmt import format_duration, parse_duration
 
@@ -47,13 +49,13 @@ def load(path: Path, fmt: str) -> TraceLoad:
 
 def simulate(
     trace: Path | None = typer.Option(None, "--trace", help="Trace file to replay.", dir_okay=False),
-    sample: bool = typer.Option(
-        False, "--sample", help="Replay the bundled Philly sample instead of --trace."
-    ),
+    sample: bool = flag("--sample", help="Replay the bundled Philly sample instead of --trace."),
     fmt: str = typer.Option("gpufleet", "--format", help=f"Trace format: {', '.join(FORMATS)}."),
     nodes: int = typer.Option(50, "--nodes", min=1, help="Servers in the simulated fleet."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="GPUs per server."),
-    nodes_per_leaf: int = typer.Option(8, "--nodes-per-leaf", min=1, help="Servers under one leaf switch."),
+    nodes_per_leaf: int = typer.Option(
+        NODES_PER_LEAF, "--nodes-per-leaf", min=1, help="Servers under one leaf switch."
+    ),
     policy: str = typer.Option(
         "fifo,backfill,sjf,las,srtf-oracle,fairshare,default",
         "--policy",
@@ -77,7 +79,10 @@ def simulate(
     ),
     repair: str = typer.Option("4h", "--repair-time", help="Time to repair a failed GPU or node."),
     requeue_after: str = typer.Option(
-        "0s", "--requeue-after", help="A failed node's jobs re-enter the queue after this (server: 90s)."
+        "0s",
+        "--requeue-after",
+        help="A failed node's jobs re-enter the queue this long after it fails (a server: its "
+        f"--node-timeout plus --requeue-after, by default {NODE_TIMEOUT_S:g}s + {REQUEUE_AFTER_S:g}s).",
     ),
     reservations_file: Path | None = typer.Option(
         None,

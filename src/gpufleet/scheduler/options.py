@@ -6,6 +6,8 @@ They depend only on the fleet's static facts (``FleetIndex``) and the job's shap
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from gpufleet.scheduler.capacity import FleetIndex, GroupKey
 from gpufleet.scheduler.model import JobRequest
 from gpufleet.scheduler.placement import Shape, describe_shape, job_shape
@@ -20,6 +22,26 @@ def gpu_type_matches(wanted: str, model: str) -> bool:
     return any(m[i : i + len(w)] == w for i in range(len(m) - len(w) + 1))
 
 
+def no_such_model(gpu_type: str, pool: str, *, models: Iterable[tuple[str, str]]) -> str:
+    """Why no GPU of ``pool`` is a ``gpu_type``, naming the models it has (what the
+    caller may ask for instead) and the other pools that have one. ``models``: the
+    (pool, GPU model) pairs known, e.g. a fleet index's group keys."""
+    pairs = set(models)
+    here = sorted({m for p, m in pairs if p == pool})
+    there = sorted({p for p, m in pairs if p != pool and gpu_type_matches(gpu_type, m)})
+    why = f"no schedulable {gpu_type} GPUs in pool {pool}"
+    if here:
+        why += f" (its GPU models: {_some(here)})"
+    if there:
+        why += f"; pools with {gpu_type} GPUs: {_some(there)}"
+    return why
+
+
+def _some(names: list[str], most: int = 8) -> str:
+    more = len(names) - most
+    return ", ".join(names[:most]) + (f" and {more} more" if more > 0 else "")
+
+
 def job_options(index: FleetIndex, job: JobRequest) -> Options | str:
     """The groups (pool, GPU model) where ``job`` could ever run, each with the job's
     per-node shape there; or, if there is none, why (an UnschedulableAndUnresolvable
@@ -32,7 +54,7 @@ def job_options(index: FleetIndex, job: JobRequest) -> Options | str:
     if job.gpu_type:
         groups = [g for g in groups if gpu_type_matches(job.gpu_type, g.key[1])]
         if not groups:
-            return f"no schedulable {job.gpu_type} GPUs in pool {job.pool}"
+            return no_such_model(job.gpu_type, job.pool, models=index.groups)
     out: Options = []
     why = ""
     for g in groups:

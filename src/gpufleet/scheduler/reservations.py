@@ -229,7 +229,7 @@ def admit_reservation(
     left out. ``node_names`` (operators' maintenance bookings) takes every healthy GPU of
     those nodes.
     """
-    from gpufleet.scheduler.core import gpu_type_matches
+    from gpufleet.scheduler.options import gpu_type_matches, no_such_model
 
     index: FleetIndex = fleet_index(fleet)
     overlapping = [r for r in existing if r.start < end and start < r.end]
@@ -260,7 +260,11 @@ def admit_reservation(
     if gpu_type:
         groups = [g for g in groups if gpu_type_matches(gpu_type, g.key[1])]
     if not groups:
-        return f"no schedulable {gpu_type or ''} GPUs in pool {pool}".replace("  ", " ")
+        return (
+            no_such_model(gpu_type, pool, models=index.groups)
+            if gpu_type
+            else f"no schedulable GPUs in pool {pool}"
+        )
     why = ""
     for g in groups:
         shape = job_shape(request, g.size)

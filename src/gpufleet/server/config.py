@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.server.health import HealthRules
 from gpufleet.server.pricing import PriceSchedule
 from gpufleet.server.ratelimit import LaneSizes, RateLimits
@@ -17,10 +18,10 @@ MIB = 1024 * 1024
 class ServerConfig:
     database_url: str
     policy: str = "default"
-    node_timeout_s: float = 30.0
+    node_timeout_s: float = NODE_TIMEOUT_S
     """A node not seen (sync or registration) for this long is NotReady: nothing new
     lands on it."""
-    requeue_after_s: float = 60.0
+    requeue_after_s: float = REQUEUE_AFTER_S
     """NotReady this much longer: the node is declared lost and its jobs are requeued
     (``lifecycle.py``)."""
     health: HealthRules = field(default_factory=HealthRules)

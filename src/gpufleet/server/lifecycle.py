@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.server.clock import Clock
 from gpufleet.server.db import Database
+from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.server.health import RECOVERABLE, Finding, HealthMonitor
 from gpufleet.server.hot import HotState
 from gpufleet.server.models import Allocation, GpuEvent, GpuRow, Job, NodeRow, Rollout, RolloutNode
@@ -48,8 +49,8 @@ ACTOR = "lifecycle"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LifecycleConfig:
-    node_timeout_s: float = 30.0
-    requeue_after_s: float = 60.0
+    node_timeout_s: float = NODE_TIMEOUT_S
+    requeue_after_s: float = REQUEUE_AFTER_S
     interval_s: float = 1.0
 
 

@@ -40,9 +40,9 @@ class ReservationIn(Request):
 class ReservationOut(Reply):
     id: int
     name: str
-    owner: str
-    team: str | None
-    users: list[str]
+    owner: str = Field(description="who booked it (they, or an operator, may cancel it)")
+    team: str | None = Field(description="whom it is for: this team's jobs may run in it")
+    users: list[str] = Field(description="whom it is for: these users' jobs may run in it")
     pool: str
     gpu_type: str | None
     gpus: int

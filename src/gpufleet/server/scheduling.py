@@ -48,6 +48,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
+from gpufleet.placefmt import placed_reason
 from gpufleet.scheduler import JobRequest, NodeGpus, Plan, Policy, Quota, RunningJob, Snapshot, plan
 from gpufleet.server import accounting
 from gpufleet.server.clock import Clock
@@ -432,7 +433,6 @@ class SchedulerLoop:
         models = {n.name: n.gpus[0].model for n in loaded.snapshot.fleet.nodes if n.gpus and result.starts}
         for st in result.starts:
             jref = loaded.refs[st.job_id]
-            where = " ".join(f"{p.node}{list(p.gpus)}" for p in st.placement)
             first = st.placement[0]  # one model per node, per job
             vals = {
                 "scheduled_at": now,
@@ -448,7 +448,7 @@ class SchedulerLoop:
                 jref,
                 JobState.SCHEDULED,
                 actor=ACTOR,
-                reason=f"placed on {where} ({result.policy})",
+                reason=placed_reason([(p.node, p.gpus) for p in st.placement], how=result.policy),
                 now=now,
                 values=vals,
             ):
@@ -516,7 +516,7 @@ class SchedulerLoop:
                 job.ref(),
                 JobState.SCHEDULED,
                 actor=ACTOR,
-                reason=f"placed on {node.name} (cpu)",
+                reason=placed_reason([(node.name, ())], how="cpu"),
                 now=now,
                 values=vals,
             ):

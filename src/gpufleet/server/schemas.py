@@ -148,7 +148,9 @@ class Reply(BaseModel):
 class JobSubmit(Request):
     command: list[Annotated[str, StringConstraints(max_length=65_536)]] = Field(min_length=1, max_length=4096)
     name: Annotated[str, StringConstraints(max_length=128)] = ""
-    gpus: int = Field(default=1, ge=0, le=100_000)
+    gpus: int = Field(
+        default=1, ge=0, le=100_000, description="GPUs in all: at least 1; 0 only in a CPU-only pool"
+    )
     gpus_per_node: int = Field(default=0, ge=0, le=1024)
     nodes: int = Field(default=0, ge=0, le=10_000)
     gpu_type: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
@@ -171,6 +173,17 @@ class JobSubmit(Request):
     reservation: int | None = Field(
         default=None, ge=1, description="run only inside this reservation (its owners only)"
     )
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus_not_negative(cls, value: object) -> object:
+        """Below 0: say what is allowed, not only the schema's bound (0 is refused in a
+        GPU pool, which only the service knows)."""
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise PydanticCustomError(
+                "gpus_negative", "a job needs at least 1 GPU (0 only in a CPU-only pool)"
+            )
+        return value
 
 
 class PriorityChange(Request):

@@ -42,12 +42,16 @@ from gpufleet.sim.trace import TraceJob
 
 FINISH, FAIL, REPAIR, WINDOW, PASS, REQUEUE = 0, 1, 2, 3, 4, 5
 
+NODES_PER_LEAF = 10
+"""Servers under one leaf switch in a made-up fleet: ``gpufleet simulate``'s and
+``gpufleet demo``'s default, so the two build the same topology."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FleetSpec:
     nodes: int = 50
     gpus_per_node: int = 8
-    nodes_per_leaf: int = 10
+    nodes_per_leaf: int = NODES_PER_LEAF
     leaves_per_rack: int = 1
     gpu_model: str = "H100-80GB"
     nvlink_domains: int = 1

@@ -154,8 +154,10 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[int | None, Query(ge=0)] = None,
     offset: Annotated[int | None, Query(ge=0)] = None,
-) -> JobPage:
-    return jobs.list_jobs(
+) -> Response:
+    """The page is serialised here, once (its items were just validated as ``JobOut``):
+    returned as a model, FastAPI would dump, validate and serialise 1,000 jobs again."""
+    page = jobs.list_jobs(
         db=parts.db,
         actor=me,
         states=_states(state),
@@ -166,6 +168,7 @@ def list_jobs(
         cursor=cursor,
         offset=offset,
     )
+    return Response(page.model_dump_json(), media_type="application/json")
 
 
 @router.get("/{job_id}", response_model=JobDetail)

@@ -28,9 +28,10 @@ from sqlalchemy.orm import Session
 
 from gpufleet.scheduler import Fleet, JobRequest
 from gpufleet.scheduler.capacity import fleet_index
-from gpufleet.scheduler.core import job_options
+from gpufleet.scheduler.core import gpu_type_matches, job_options
+from gpufleet.scheduler.options import no_such_model
 from gpufleet.server.db import Database
-from gpufleet.server.models import Allocation, Job, JobEvent, ReservationRow, Team, User
+from gpufleet.server.models import Allocation, GpuRow, Job, JobEvent, NodeRow, ReservationRow, Team, User
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.schemas import (
     AllocationOut,
@@ -128,7 +129,7 @@ def _team_for(ctx: _Ctx, actor: Principal, team: str | None) -> tuple[int, str] 
             )
         return invalid(
             f"team: you belong to teams {', '.join(sorted(mine))} and have no default team: pass one "
-            "(--team), or set your default (PUT /v1/users/{you}/default-team)"
+            "(--team), or set your default (gpufleet default-team TEAM)"
         )
     if team in mine:
         return mine[team], team
@@ -158,8 +159,26 @@ def _shape_problem(ctx: _Ctx, spec: JobSubmit, fleets: FleetCache) -> Failure | 
     if problem is not None and not fleets.is_fresh(spec.pool, fleet):  # confirm on today's fleet
         fleet = ctx.fleets[spec.pool] = fleets.registered(ctx.s, spec.pool)
         problem = _never_fits(fleet, spec)
+    if problem is not None and spec.gpu_type and not _has_model(fleet, spec.gpu_type):
+        models = [(n.pool, n.model) for n in fleet.nodes] + _models_elsewhere(ctx.s, spec.pool)
+        problem = invalid(f"cannot ever run: {no_such_model(spec.gpu_type, spec.pool, models=models)}")
     ctx.shapes[key] = problem
     return problem
+
+
+def _has_model(fleet: Fleet, gpu_type: str) -> bool:
+    return any(gpu_type_matches(gpu_type, n.model) for n in fleet.nodes)
+
+
+def _models_elsewhere(s: Session, pool: str) -> list[tuple[str, str]]:
+    """(pool, GPU model) of the other pools: a refused ``gpu_type`` names where it is
+    (the pool's own fleet, all a submission loads, cannot say)."""
+    q = (
+        select(NodeRow.pool, GpuRow.model)
+        .join(GpuRow, GpuRow.node == NodeRow.name)
+        .where(NodeRow.pool != pool)
+    )
+    return [(p, m) for p, m in s.execute(q.distinct())]
 
 
 def _never_fits(fleet: Fleet, spec: JobSubmit) -> Failure | None:
@@ -382,7 +401,8 @@ def _allocs(s: Session, ids: Sequence[int]) -> dict[int, list[AllocationOut]]:
     }
 
 
-def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[str, Any]:
+def _fields(job: Any, user: str, team: str, alloc: list[AllocationOut]) -> dict[str, Any]:
+    """A job's listed fields; ``job`` is a Job or a row of ``_LISTED``."""
     return {
         "id": job.id,
         "name": job.name,
@@ -460,6 +480,40 @@ def show(*, db: Database, actor: Principal, job_id: int) -> JobDetail | Failure:
         return _detail(s, job, user=user, team=team)
 
 
+_LISTED = (
+    Job.id,
+    Job.name,
+    Job.pool,
+    Job.state,
+    Job.gpus,
+    Job.gpus_per_node,
+    Job.nodes,
+    Job.gpu_type,
+    Job.priority,
+    Job.time_limit_s,
+    Job.command,
+    Job.image,
+    Job.requeue,
+    Job.max_attempts,
+    Job.attempts,
+    Job.submit_time,
+    Job.scheduled_at,
+    Job.started_at,
+    Job.ended_at,
+    Job.exit_code,
+    Job.attained_service_s,
+    Job.queue_position,
+    Job.estimated_start,
+    Job.wait_reason,
+    Job.reservation_id,
+    Job.cost,
+    Job.energy_wh,
+)
+"""The columns a list shows (``_fields``), read as plain rows: a page of 1,000 jobs is
+the API's heaviest read, and ORM objects (with ``env`` and the bookkeeping columns) cost
+several times more than the rows."""
+
+
 def list_jobs(
     *,
     db: Database,
@@ -475,8 +529,8 @@ def list_jobs(
     """Jobs in id order. Page with ``cursor`` (the previous page's ``next_cursor``: stable
     under concurrent submits) or ``offset``."""
     q = (
-        select(Job, User.name, Team.name)
-        .join(User, User.id == Job.user_id)
+        select(*_LISTED, User.name.label("user_name"), Team.name.label("team_name"))
+        .join_from(Job, User, User.id == Job.user_id)
         .join(Team, Team.id == Job.team_id)
     )
     if not actor.is_operator:
@@ -495,11 +549,11 @@ def list_jobs(
     if offset:
         q = q.offset(offset)
     with db.read() as s:
-        rows: list[tuple[Job, str, str]] = [(j, u, t) for j, u, t in s.execute(q)]
+        rows = list(s.execute(q))
         more = len(rows) > limit
         rows = rows[:limit]
-        allocs = _allocs(s, [j.id for j, _, _ in rows])
-        items = [JobOut(**_fields(j, u, t, allocs.get(j.id, []))) for j, u, t in rows]
+        allocs = _allocs(s, [r.id for r in rows])
+    items = [JobOut(**_fields(r, r.user_name, r.team_name, allocs.get(r.id, []))) for r in rows]
     return JobPage(items=items, next_cursor=str(items[-1].id) if more and items else None)
 
 

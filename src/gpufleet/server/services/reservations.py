@@ -328,7 +328,7 @@ def cancel(*, db: Database, actor: Principal, reservation_id: int, now: float) -
         if not actor.is_operator and row.owner_id != actor.user_id:
             if actor.name in row.users:
                 return forbidden(
-                    f"reservation {reservation_id} belongs to {owner}: only they or an operator cancel it"
+                    f"reservation {reservation_id} was booked by {owner}: only they or an operator cancel it"
                 )
             return not_found(f"no reservation {reservation_id}")
         if row.state != BOOKED or row.end <= now:

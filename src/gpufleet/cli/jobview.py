@@ -1,0 +1,125 @@
+"""``gpufleet jobs show``: one job as lines of text (a pure function of the API's reply).
+
+Where the job is: its allocation while it holds GPUs. Once it let them go the rows are
+gone, so its last ``placed`` event says where it ran (``placefmt``). A batch script (the
+command ``submit job.sh`` packs, ``sbatch.BatchScript``) is shown as a script: its name,
+then its first lines and how many more there are. Nothing is cut inside a word.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Sequence
+
+from gpufleet.cli import words
+from gpufleet.cli.sbatch import BatchScript
+from gpufleet.placefmt import gpu_ranges, parse_placed
+from gpufleet.server.schemas import JobDetail, JobEventOut
+from gpufleet.timefmt import format_duration
+
+SCRIPT_LINES = 10
+"""Lines of a batch script shown; the rest are counted (``--json`` has them all)."""
+COMMAND_CHARS = 200
+"""A longer command is shown up to the last whole word within this many characters."""
+_LABEL = 16
+_UNDER = " " * (_LABEL + 2)  # a script's lines start under the value column
+
+
+def clip(text: str, most: int) -> str:
+    """``text``, or its words that fit in ``most`` characters and how much was left
+    out. A first word longer than ``most`` is kept whole: a word is never cut."""
+    if len(text) <= most:
+        return text
+    cut = text.rfind(" ", 0, most + 1)
+    if cut <= 0:
+        cut = text.find(" ", most)
+        if cut < 0:
+            return text
+    rest = len(text) - cut
+    return f"{text[:cut]} ... ({rest} more characters)"
+
+
+def _where(node: str, gpus: Sequence[int]) -> str:
+    return f"{node}:{gpu_ranges(gpus)}" if gpus else node
+
+
+def placement(job: JobDetail) -> tuple[str, str | None]:
+    """(label, where): the allocation it holds; else where its last placement put it
+    (``ran on``, or ``placed on`` if it never started there); else nothing."""
+    if job.allocation:
+        return "allocation", " ".join(_where(a.node, a.gpus) for a in job.allocation)
+    events = list(job.events)
+    for i in range(len(events) - 1, -1, -1):
+        placed = parse_placed(events[i].reason) if events[i].to_state == "SCHEDULED" else None
+        if placed is None:
+            continue
+        where = " ".join(_where(n, g) for n, g in placed.nodes)
+        if not placed.complete:
+            where += " ... (the event names no more nodes)"
+        ran = any(e.to_state == "RUNNING" for e in events[i + 1 :])
+        return ("ran on" if ran else "placed on"), where
+    return "allocation", None
+
+
+def command_lines(command: Sequence[str]) -> tuple[str, list[str]]:
+    """(the command line to show, the script's lines to show under it)."""
+    script = BatchScript.of(command)
+    if script is None:
+        return clip(shlex.join(command), COMMAND_CHARS), []
+    lines = script.text.splitlines()
+    run = shlex.join(["bash", script.name, *script.args])
+    head = f"{run}  (batch script, {words.count(len(lines), 'line')})"
+    shown = [f"{_UNDER}{clip(line, COMMAND_CHARS)}".rstrip() for line in lines[:SCRIPT_LINES]]
+    if len(lines) > SCRIPT_LINES:
+        more = len(lines) - SCRIPT_LINES
+        shown.append(f"{_UNDER}... {words.count(more, 'more line')} (--json shows the whole script)")
+    return clip(head, COMMAND_CHARS), shown
+
+
+def _eta(at: float | None, now: float) -> str:
+    if at is None:
+        return "-"
+    delta = at - now
+    return "now" if delta <= 1 else "in " + format_duration(delta)
+
+
+def _event(e: JobEventOut) -> str:
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
+    return f"  {at}  {e.from_state or '-':>9} -> {e.to_state:<9} {e.actor}: {e.reason}"
+
+
+def show_lines(job: JobDetail, *, now: float) -> list[str]:
+    command, script = command_lines(job.command)
+    label, where = placement(job)
+    fields: list[tuple[str, object]] = [
+        ("id", job.id),
+        ("name", job.name),
+        ("user", job.user),
+        ("team", job.team),
+        ("pool", job.pool),
+        ("state", job.state),
+        ("gpus", job.gpus),
+        ("gpu type", job.gpu_type),
+        ("priority", job.priority),
+        ("time limit", None if job.time_limit_s is None else format_duration(job.time_limit_s)),
+        ("command", command),
+    ]
+    lines = [f"{k:>{_LABEL}}: {'-' if v is None else v}" for k, v in fields]
+    lines += script
+    tail: list[tuple[str, object]] = [
+        (label, where),
+        ("position", job.queue_position),
+        ("estimated start", _eta(job.estimated_start, now)),
+        ("reason", job.wait_reason),
+        ("exit code", job.exit_code),
+        ("cost", f"{job.cost:.2f}" if job.cost else None),
+        ("energy", f"{job.energy_kwh:.3f} kWh" if job.energy_kwh else None),
+    ]
+    lines += [f"{k:>{_LABEL}}: {'-' if v is None else v}" for k, v in tail]
+    lines.append("events:")
+    lines += [_event(e) for e in job.events]
+    return lines
+
+
+__all__ = ["clip", "command_lines", "placement", "show_lines"]
