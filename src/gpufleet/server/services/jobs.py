@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import TypeAdapter
 from sqlalchemy import bindparam, insert, select
 from sqlalchemy.orm import Session
 
@@ -401,8 +402,8 @@ def _allocs(s: Session, ids: Sequence[int]) -> dict[int, list[AllocationOut]]:
     }
 
 
-def _fields(job: Any, user: str, team: str, alloc: list[AllocationOut]) -> dict[str, Any]:
-    """A job's listed fields; ``job`` is a Job or a row of ``_LISTED``."""
+def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[str, Any]:
+    """A job's listed fields (``_listed`` makes the same of a list's rows)."""
     return {
         "id": job.id,
         "name": job.name,
@@ -483,6 +484,8 @@ def show(*, db: Database, actor: Principal, job_id: int) -> JobDetail | Failure:
 _LISTED = (
     Job.id,
     Job.name,
+    User.name.label("user"),
+    Team.name.label("team"),
     Job.pool,
     Job.state,
     Job.gpus,
@@ -505,13 +508,33 @@ _LISTED = (
     Job.queue_position,
     Job.estimated_start,
     Job.wait_reason,
-    Job.reservation_id,
+    Job.reservation_id.label("reservation"),
     Job.cost,
     Job.energy_wh,
 )
-"""The columns a list shows (``_fields``), read as plain rows: a page of 1,000 jobs is
-the API's heaviest read, and ORM objects (with ``env`` and the bookkeeping columns) cost
-several times more than the rows."""
+"""What a list shows, named as ``JobOut``'s fields, read as plain rows: a page of 1,000
+jobs is the API's heaviest read, and ORM objects (with ``env`` and the bookkeeping
+columns) and per-attribute access cost several times more than ``dict(zip())``."""
+_LIST_Q = select(*_LISTED).join_from(Job, User, User.id == Job.user_id).join(Team, Team.id == Job.team_id)
+_LIST_KEYS = tuple(_LIST_Q.selected_columns.keys())
+_JOB_LIST = TypeAdapter(list[JobOut])
+"""Validates a page in one call (a third faster than one ``JobOut(**f)`` per job)."""
+_PENDING = str(JobState.PENDING)
+_WAITING = frozenset({_PENDING, str(JobState.HELD)})
+
+
+def _listed(row: Sequence[Any], alloc: list[AllocationOut]) -> dict[str, Any]:
+    """``_fields`` for a row of ``_LIST_Q``."""
+    f = dict(zip(_LIST_KEYS, row, strict=True))
+    state = f["state"]
+    if state != _PENDING:
+        f["queue_position"] = f["estimated_start"] = None
+    if state not in _WAITING:
+        f["wait_reason"] = None
+    f["cost"] = round(f["cost"], 6)
+    f["energy_kwh"] = round(f.pop("energy_wh") / 1000.0, 6)
+    f["allocation"] = alloc
+    return f
 
 
 def list_jobs(
@@ -528,11 +551,7 @@ def list_jobs(
 ) -> JobPage:
     """Jobs in id order. Page with ``cursor`` (the previous page's ``next_cursor``: stable
     under concurrent submits) or ``offset``."""
-    q = (
-        select(*_LISTED, User.name.label("user_name"), Team.name.label("team_name"))
-        .join_from(Job, User, User.id == Job.user_id)
-        .join(Team, Team.id == Job.team_id)
-    )
+    q = _LIST_Q
     if not actor.is_operator:
         q = q.where(Job.user_id == actor.user_id)
     if states:
@@ -549,11 +568,11 @@ def list_jobs(
     if offset:
         q = q.offset(offset)
     with db.read() as s:
-        rows = list(s.execute(q))
+        rows = s.connection().execute(q).all()
         more = len(rows) > limit
         rows = rows[:limit]
-        allocs = _allocs(s, [r.id for r in rows])
-    items = [JobOut(**_fields(r, r.user_name, r.team_name, allocs.get(r.id, []))) for r in rows]
+        allocs = _allocs(s, [r[0] for r in rows])
+    items = _JOB_LIST.validate_python([_listed(r, allocs.get(r[0], [])) for r in rows])
     return JobPage(items=items, next_cursor=str(items[-1].id) if more and items else None)
 
 
