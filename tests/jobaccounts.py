@@ -30,7 +30,13 @@ def ensure_account(name: str) -> None:
     if subprocess.run(["getent", "passwd", name], capture_output=True, check=False).returncode == 0:
         return
     flags = ["--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin"]
-    subprocess.run(["useradd", *flags, "--user-group", name], check=True, capture_output=True)
+    made = subprocess.run(["useradd", *flags, "--user-group", name], check=False, capture_output=True)
+    if (
+        made.returncode != 0
+        and subprocess.run(["getent", "passwd", name], capture_output=True).returncode != 0
+    ):
+        raise RuntimeError(f"useradd {name}: {made.stderr.decode(errors='replace').strip()}")
+    # (another test worker may have made it at the same moment: useradd locks, one fails)
 
 
 def run_as(fallback: str = JOB_ACCOUNT, **entries: str) -> RunAs:

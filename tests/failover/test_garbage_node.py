@@ -105,7 +105,10 @@ def test_a_node_sending_garbage_stops_nothing(
     with fast_server.client() as c:
         while ok(c.get(f"/jobs/{victim}"))["state"] == "PENDING":
             assert time.monotonic() < deadline, "the victim job was never placed"
-            time.sleep(0.05)
+            # heartbeats, as an agent sends them: the node stays Ready (its timeout is 1 s
+            # here) until the scheduler, maybe still starting, places the victim
+            ok(http.post(url, json={"gpus": _gpus(), "address": "127.0.0.1"}))
+            time.sleep(0.1)
     failures_before = _failures(fast_server)
     good = [nodes(pool=pool, gpus=4) for _ in range(3)]
     statuses: list[int] = []

@@ -176,8 +176,12 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         pg = os.environ.get("GPUFLEET_TEST_DATABASE_URL")
         if not pg:
             pytest.skip("GPUFLEET_TEST_DATABASE_URL not set: PostgreSQL tests skipped")
-        reset_postgres(pg)
-        db_url = pg
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        if worker:  # each test worker its own database next to the given one (pytest -n)
+            db_url = own_postgres(pg, f"gpufleet_test_{worker}")
+        else:
+            reset_postgres(pg)
+            db_url = pg
     srv = start_server(db_url)
     yield srv
     stop_server(srv)
