@@ -228,8 +228,6 @@ def run_chaos(cfg: ChaosConfig, work: Path) -> Summary:
     t0 = time.monotonic()
     rng = random.Random(cfg.seed)
     sm = Summary()
-    subprocess.run(_cli("db", "upgrade", "--database-url", f"sqlite:///{work / 'gpufleet.db'}"), check=True,
-                   capture_output=True)  # fmt: skip
     cl = Cluster(cfg, work)
     try:
         cl.start_server()
