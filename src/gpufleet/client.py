@@ -29,6 +29,7 @@ import platformdirs
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from gpufleet.server.audit_schemas import AuditOut, AuditPage
+from gpufleet.server.cred_schemas import NodeCredentialOut
 from gpufleet.server.reservation_schemas import ReservationOut
 from gpufleet.server.schemas import (
     JobDetail,
@@ -273,6 +274,10 @@ class GpufleetClient:
 
     def create_team(self, name: str) -> TeamOut:
         return self._get(TeamOut, "POST", "/teams", json={"name": name})
+
+    def node_credentials(self, *, node: str | None = None) -> list[NodeCredentialOut]:
+        """Every join token and node certificate (operators), all pages."""
+        return self._list(NodeCredentialOut, "/node-credentials", {"node": node} if node else None)
 
     def set_default_team(self, user: str, team: str) -> UserOut:
         return self._get(UserOut, "PUT", f"/users/{user}/default-team", json={"team": team})

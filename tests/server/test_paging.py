@@ -89,6 +89,14 @@ def _reservations(srv: Server) -> Listing:
     return Listing(path="/reservations", made=made, key="id", order="start", token=token, whole=True)
 
 
+def _node_credentials(srv: Server) -> Listing:
+    node = make_node(srv, pool=make_pool(srv), gpus=1)
+    with srv.client() as c:  # join tokens by id (certificates, after them, need an agent's enrolment)
+        made = {ok(c.post("/nodes/join-tokens", json={"node": node}), 201)["id"] for _ in range(5)}
+    params = {"node": node}
+    return Listing(path="/node-credentials", made=made, key="id", order="id", params=params, whole=True)
+
+
 LISTINGS = [
     pytest.param(_users, id="users"),
     pytest.param(_teams, id="teams"),
@@ -96,6 +104,7 @@ LISTINGS = [
     pytest.param(_nodes, id="nodes"),
     pytest.param(_tokens, id="tokens"),
     pytest.param(_reservations, id="reservations"),
+    pytest.param(_node_credentials, id="node-credentials"),
 ]
 
 
@@ -129,6 +138,7 @@ def test_list_pages_by_cursor(server: Server, make: Callable[[Server], Listing])
     ("path", "params"),
     [
         pytest.param("/tokens", {"cursor": "abc"}, id="tokens-cursor-not-an-id"),
+        pytest.param("/node-credentials", {"cursor": "certificate:x"}, id="node-credentials-cursor"),
         pytest.param("/reservations", {"cursor": "soon"}, id="reservations-cursor-not-start-id"),
         pytest.param("/users", {"limit": "0"}, id="limit-0"),
         pytest.param("/nodes", {"limit": "1001"}, id="limit-above-1000"),

@@ -309,10 +309,9 @@ def credentials(
     characters, a certificate's serial)."""
     try:
         with GpufleetClient.from_env() as c:
-            got = c.request("GET", "/node-credentials", params={"node": node} if node else None)
+            items = [it.model_dump() for it in c.node_credentials(node=node)]
     except ClientError as exc:
         raise _fail(exc.message, 2 if exc.status in (400, 422) else 1) from None
-    items = got["items"]
     if as_json:
         typer.echo(json.dumps(items, indent=2))
         return

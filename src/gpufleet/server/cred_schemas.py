@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 PEM = Annotated[str, StringConstraints(min_length=1, max_length=16_384, pattern=r"^[\x20-\x7e\r\n]+$")]
 
@@ -36,7 +36,12 @@ class NodeCredentialOut(BaseModel):
 
 
 class NodeCredentialList(BaseModel):
+    """A page: join tokens by id, then certificates by id."""
+
     items: list[NodeCredentialOut]
+    next_cursor: str | None = Field(
+        default=None, description="pass as `cursor` for the next page; null on the last page"
+    )
 
 
 class RevokedOut(BaseModel):

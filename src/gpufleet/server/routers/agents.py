@@ -27,6 +27,7 @@ from gpufleet.server.cred_schemas import CertificateIn, CertificateOut, NodeCred
 from gpufleet.server.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
 from gpufleet.server.hot import HotState, NodeCred
 from gpufleet.server.problems import ProblemError, unwrap
+from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.schemas import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply
 from gpufleet.server.services import fleet, nodecreds, sync
 from gpufleet.server.services.accounts import hash_token
@@ -158,8 +159,10 @@ def node_certificate(
 
 
 @router.get("/node-credentials", response_model=NodeCredentialList)
-def node_credentials(parts: PartsDep, me: Me, node: str | None = None) -> NodeCredentialList:
-    return unwrap(nodecreds.list_credentials(db=parts.db, actor=me, node=node))
+def node_credentials(
+    parts: PartsDep, me: Me, node: str | None = None, limit: Limit = 100, cursor: Cursor = None
+) -> NodeCredentialList:
+    return unwrap(nodecreds.list_credentials(db=parts.db, actor=me, node=node, limit=limit, cursor=cursor))
 
 
 @router.post("/nodes/{name}/revoke", response_model=RevokedOut)

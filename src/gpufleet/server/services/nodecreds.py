@@ -31,6 +31,7 @@ from gpufleet.server.cred_schemas import CertificateOut, NodeCredentialList, Nod
 from gpufleet.server.db import Database
 from gpufleet.server.hot import CredCache, NodeCred, Revocations
 from gpufleet.server.models import NodeCertificate, NodeCredential
+from gpufleet.server.pages import cut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.schemas import JoinTokenOut
 from gpufleet.server.services.auth import Principal, hash_token
@@ -155,44 +156,56 @@ def issue_certificate(
 
 
 def list_credentials(
-    *, db: Database, actor: Principal, node: str | None = None
+    *, db: Database, actor: Principal, node: str | None = None, limit: int = 100, cursor: str | None = None
 ) -> NodeCredentialList | Failure:
+    """Join tokens by id, then certificates by id, a page at a time: ``cursor`` is the
+    previous page's ``next_cursor`` (``join-token:ID`` or ``certificate:ID``)."""
     if not actor.is_operator:
         return forbidden("only operators and admins list node credentials")
+    kind, after = "join-token", 0
+    if cursor is not None:
+        kind, _, raw = cursor.partition(":")
+        if kind not in ("join-token", "certificate") or not raw.isdigit() or len(raw) > 19:
+            return invalid(f"cursor: not a cursor of this list: {cursor[:40]!r}")
+        after = int(raw)
     items: list[NodeCredentialOut] = []
     with db.read() as s:
-        q = select(NodeCredential).order_by(NodeCredential.id)
-        if node is not None:
-            q = q.where(NodeCredential.node == node)
-        for t in s.scalars(q):
-            items.append(
-                NodeCredentialOut(
-                    kind="join-token",
-                    id=t.id,
-                    node=t.node,
-                    hint=t.hint,
-                    created_by=t.created_by,
-                    created_at=t.created_at,
-                    revoked_at=t.revoked_at,
+        if kind == "join-token":
+            q = select(NodeCredential).where(NodeCredential.id > after).order_by(NodeCredential.id)
+            if node is not None:
+                q = q.where(NodeCredential.node == node)
+            for t in s.scalars(q.limit(limit + 1)):
+                items.append(
+                    NodeCredentialOut(
+                        kind="join-token",
+                        id=t.id,
+                        node=t.node,
+                        hint=t.hint,
+                        created_by=t.created_by,
+                        created_at=t.created_at,
+                        revoked_at=t.revoked_at,
+                    )
                 )
-            )
-        cq = select(NodeCertificate).order_by(NodeCertificate.id)
-        if node is not None:
-            cq = cq.where(NodeCertificate.node == node)
-        for c in s.scalars(cq):
-            items.append(
-                NodeCredentialOut(
-                    kind="certificate",
-                    id=c.id,
-                    node=c.node,
-                    hint=c.serial,
-                    created_by=c.created_by,
-                    created_at=c.created_at,
-                    not_after=c.not_after,
-                    revoked_at=c.revoked_at,
+            after = 0
+        if len(items) <= limit:
+            cq = select(NodeCertificate).where(NodeCertificate.id > after).order_by(NodeCertificate.id)
+            if node is not None:
+                cq = cq.where(NodeCertificate.node == node)
+            for c in s.scalars(cq.limit(limit + 1 - len(items))):
+                items.append(
+                    NodeCredentialOut(
+                        kind="certificate",
+                        id=c.id,
+                        node=c.node,
+                        hint=c.serial,
+                        created_by=c.created_by,
+                        created_at=c.created_at,
+                        not_after=c.not_after,
+                        revoked_at=c.revoked_at,
+                    )
                 )
-            )
-    return NodeCredentialList(items=items)
+    page, next_cursor = cut(items, limit, lambda it: f"{it.kind}:{it.id}")
+    return NodeCredentialList(items=page, next_cursor=next_cursor)
 
 
 def _count(s: Session, stmt: Update) -> int:
