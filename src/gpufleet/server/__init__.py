@@ -29,7 +29,10 @@ def run(config: ServerConfig, *, host: str, port: int) -> None:
     app = create_app(config)
     tls: dict[str, Any] = {}
     if config.tls_cert is not None:
+        from gpufleet.server.tlsproto import CoalescingHttpToolsProtocol
+
         tls = {"ssl_certfile": str(config.tls_cert), "ssl_keyfile": str(config.tls_key or config.tls_cert)}
+        tls["http"] = CoalescingHttpToolsProtocol
         if config.ca_dir is not None:  # agents present node certificates; users need none
             from gpufleet.server.tlsproto import TlsHttpToolsProtocol
 
