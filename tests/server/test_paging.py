@@ -139,6 +139,7 @@ def test_list_pages_by_cursor(server: Server, make: Callable[[Server], Listing])
     [
         pytest.param("/tokens", {"cursor": "abc"}, id="tokens-cursor-not-an-id"),
         pytest.param("/node-credentials", {"cursor": "certificate:x"}, id="node-credentials-cursor"),
+        pytest.param("/node-credentials", {"cursor": f"join-token:{2**63}"}, id="cursor-past-int64"),
         pytest.param("/reservations", {"cursor": "soon"}, id="reservations-cursor-not-start-id"),
         pytest.param("/users", {"limit": "0"}, id="limit-0"),
         pytest.param("/nodes", {"limit": "1001"}, id="limit-above-1000"),

@@ -63,10 +63,11 @@ def cut(rows: list[T], limit: int, key: Callable[[T], str]) -> tuple[list[T], st
 
 
 def id_cursor(cursor: str | None) -> int | None:
-    """An id cursor (``123``); ValueError for anything else."""
+    """An id cursor (``123``, at most 2^63-1: an id a row can have); ValueError for
+    anything else."""
     if cursor is None:
         return None
     value = int(cursor)
-    if value < 0:
+    if not 0 <= value <= 2**63 - 1:
         raise ValueError(cursor)
     return value

@@ -31,7 +31,7 @@ from gpufleet.server.cred_schemas import CertificateOut, NodeCredentialList, Nod
 from gpufleet.server.db import Database
 from gpufleet.server.hot import CredCache, NodeCred, Revocations
 from gpufleet.server.models import NodeCertificate, NodeCredential
-from gpufleet.server.pages import cut
+from gpufleet.server.pages import cut, id_cursor
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.schemas import JoinTokenOut
 from gpufleet.server.services.auth import Principal, hash_token
@@ -165,9 +165,12 @@ def list_credentials(
     kind, after = "join-token", 0
     if cursor is not None:
         kind, _, raw = cursor.partition(":")
-        if kind not in ("join-token", "certificate") or not raw.isdigit() or len(raw) > 19:
+        try:
+            after = id_cursor(raw) or 0
+        except ValueError:
+            kind = ""
+        if kind not in ("join-token", "certificate"):
             return invalid(f"cursor: not a cursor of this list: {cursor[:40]!r}")
-        after = int(raw)
     items: list[NodeCredentialOut] = []
     with db.read() as s:
         if kind == "join-token":
