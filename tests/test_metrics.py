@@ -15,11 +15,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.scheduler import make_policy
 from gpufleet.server import db as dbmod
-from gpufleet.server.clock import FakeClock
 from gpufleet.server.db import Database
 from gpufleet.server.hot import HotState
+from gpufleet.server.loops.runner import Loop
 from gpufleet.server.metrics.collector import FleetCollector
 from gpufleet.server.metrics.state import ServerMetrics
 from gpufleet.server.models import (
@@ -33,7 +32,6 @@ from gpufleet.server.models import (
     UsageRow,
     User,
 )
-from gpufleet.server.scheduling import SchedulerLoop
 from gpufleet.server.services.dashboard import FleetView, ViewCache, load_spend, load_view
 from server.conftest import scratch_postgres
 from web.fleetapp import AUTH, Fleet, fleet
@@ -286,7 +284,7 @@ def _known(url: str, zone: str | None) -> Known:
 
 def _collect(view: FleetView, db: Database) -> dict[str, list[tuple[dict[str, str], float]]]:
     metrics = ServerMetrics()
-    loop = SchedulerLoop(db=db, policy=make_policy("fifo"), clock=FakeClock(NOW), node_timeout_s=30)
+    loop = Loop(name="scheduling", step=lambda: None, interval_s=1.0)
     metrics.registry.register(
         FleetCollector(view=lambda: view, hot=HotState(), metrics=metrics, scheduler=loop)
     )

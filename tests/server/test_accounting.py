@@ -16,10 +16,10 @@ from gpufleet.scheduler import make_policy
 from gpufleet.server import accounting
 from gpufleet.server import db as dbmod
 from gpufleet.server.clock import FakeClock
+from gpufleet.server.loops.scheduling import SchedulingPass
 from gpufleet.server.models import GpuRow, Job, Membership, NodeRow, Team, UsageRow, User
 from gpufleet.server.pricing import parse_prices
 from gpufleet.server.problems import Failure
-from gpufleet.server.scheduling import SchedulerLoop
 from gpufleet.server.schemas import BudgetIn
 from gpufleet.server.services import chargeback, jobs
 from gpufleet.server.services.accounts import Principal
@@ -83,8 +83,8 @@ def _job(db: dbmod.Database, *, user: int, team: int, gpus: int, gpu_type: str, 
         return job.id
 
 
-def _loop(db: dbmod.Database, clock: FakeClock) -> SchedulerLoop:
-    return SchedulerLoop(db=db, policy=make_policy("default"), clock=clock, node_timeout_s=1e12)
+def _loop(db: dbmod.Database, clock: FakeClock) -> SchedulingPass:
+    return SchedulingPass(db=db, policy=make_policy("default"), clock=clock, node_timeout_s=1e12)
 
 
 def _set_prices(db: dbmod.Database, body: dict[str, object], now: float) -> None:

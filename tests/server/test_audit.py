@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 
 from gpufleet.server import db as dbmod
 from gpufleet.server.audit import purge
-from gpufleet.server.loops import Loop
+from gpufleet.server.loops.runner import Loop
 from gpufleet.server.models import AuditRow
 from server.conftest import Server, gpufleet, make_pool, make_team, make_user, ok, scratch_postgres, unique
 from server.playnode import register, sync
@@ -199,7 +199,7 @@ def test_the_loop_runs_steps_and_survives_a_failing_one() -> None:
     loop = Loop(name="t", interval_s=0.01, step=step, first_after_s=0)
     loop.start()
     deadline = time.monotonic() + 5
-    while loop.ticks < 2 and time.monotonic() < deadline:
+    while loop.passes < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     loop.stop()
-    assert loop.failures == 1 and loop.ticks >= 2
+    assert loop.failures == 1 and loop.passes >= 2

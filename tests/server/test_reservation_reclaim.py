@@ -12,9 +12,9 @@ from sqlalchemy import select
 from gpufleet.scheduler import ReservationMove, make_policy
 from gpufleet.server import db as dbmod
 from gpufleet.server.clock import FakeClock
+from gpufleet.server.loops.reservations import load_booked, step_reservations
+from gpufleet.server.loops.scheduling import SchedulingPass
 from gpufleet.server.models import GpuRow, Job, NodeRow, ReservationEvent, ReservationRow, Team, User
-from gpufleet.server.scheduling import SchedulerLoop
-from gpufleet.server.services.reservations import load_booked, step_reservations
 
 T0 = 1_800_000_000.0
 IDLE = 900.0
@@ -88,7 +88,7 @@ def test_idle_reclaim(
     database: dbmod.Database, maintenance: bool, owner_job: bool, after_s: float, want: str
 ) -> None:
     clock = FakeClock(T0 + 1)
-    loop = SchedulerLoop(
+    loop = SchedulingPass(
         db=database,
         policy=make_policy("default"),
         clock=clock,

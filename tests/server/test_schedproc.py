@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from gpufleet.scheduler import Fleet, JobRequest, NodeGpus, Plan, Snapshot, Start
-from gpufleet.server.schedproc import pass_report, summary
+from gpufleet.server.loops.child import pass_report, summary
 from server.conftest import (
     Server,
     make_node,
@@ -45,14 +45,14 @@ def eventually(what: Callable[[], Any], *, timeout: float = 15, step: float = 0.
 
 
 def scheduler_child(srv: Server) -> psutil.Process | None:
-    """The server's scheduler process (``python -m gpufleet.server.schedproc``), if up."""
+    """The server's scheduler process (``python -m gpufleet.server.loops.child``), if up."""
     try:
         kids = psutil.Process(srv.proc.pid).children()
     except psutil.NoSuchProcess:
         return None
     for kid in kids:
         try:
-            if "gpufleet.server.schedproc" in kid.cmdline() and kid.status() != psutil.STATUS_ZOMBIE:
+            if "gpufleet.server.loops.child" in kid.cmdline() and kid.status() != psutil.STATUS_ZOMBIE:
                 return kid
         except psutil.NoSuchProcess:
             continue

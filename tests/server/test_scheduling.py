@@ -10,9 +10,8 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from gpufleet.scheduler import make_policy
-from gpufleet.server.clock import FakeClock
-from gpufleet.server.scheduling import PassResult, SchedulerLoop
+from gpufleet.server.loops.runner import Loop
+from gpufleet.server.loops.scheduling import StormPacer
 from server.conftest import Server, make_node, make_pool, make_team, make_user, ok, wait_for
 
 
@@ -262,26 +261,41 @@ def test_new_token_is_served_then_cached(server: Server, team: str) -> None:
 # -- the loop's pacing (in process, passes stubbed) ----------------------------------------------
 
 
-class _CountingLoop(SchedulerLoop):
-    """A SchedulerLoop whose pass only records when it ran and takes ``pass_s``."""
+class _Counting:
+    """A scheduling step that only records when it ran and takes ``pass_s``; on pass
+    ``miss`` it ends as if the submitters had not had the CPU while it ran (no wake-up
+    seen), as happens on a busy machine."""
 
-    def __init__(self, *, pass_s: float) -> None:
-        no_db = cast(Any, None)  # run_once is replaced: no database
-        super().__init__(db=no_db, policy=make_policy("default"), clock=FakeClock(), node_timeout_s=30)
+    def __init__(self, *, pass_s: float, miss: int = 0) -> None:
         self.pass_s = pass_s
+        self.miss = miss
         self.ran: list[float] = []
+        self.loop = Loop(
+            name="t", step=self, interval_s=1.0, first_after_s=1.0, pacer=StormPacer(max_rest_s=1.0)
+        )
+        self.pacer = cast(StormPacer, self.loop.pacer)
 
-    def run_once(self) -> PassResult:
+    def __call__(self) -> None:
         self.ran.append(time.monotonic())
         time.sleep(self.pass_s)
-        return PassResult()
+        if len(self.ran) == self.miss:
+            self.loop._wake.clear()
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def wake(self) -> None:
+        self.loop.wake()
+
+    def stop(self) -> None:
+        self.loop.stop()
 
 
 @pytest.mark.parametrize("pass_s", [0.001, 0.02], ids=["short-passes", "longer-passes"])
 def test_storm_of_wakeups_is_coalesced(pass_s: float) -> None:
     """Woken all the time, passes start at most every ``storm_gap_s``, or every
     (1 + busy_factor) pass durations when that is longer."""
-    loop = _CountingLoop(pass_s=pass_s)
+    loop = _Counting(pass_s=pass_s)
     loop.start()
     try:
         end = time.monotonic() + 1.0
@@ -291,23 +305,13 @@ def test_storm_of_wakeups_is_coalesced(pass_s: float) -> None:
     finally:
         loop.stop()
     gaps = [b - a for a, b in zip(loop.ran[2:], loop.ran[3:], strict=False)]
-    assert len(loop.ran) <= 1.0 / max(loop.storm_gap_s, (1 + loop.busy_factor) * pass_s) + 4
-    assert min(gaps) >= min(loop.storm_gap_s, (1 + loop.busy_factor) * pass_s) * 0.9
-
-
-class _MissedLoop(_CountingLoop):
-    """Its fifth pass ends as if the submitters had not had the CPU while it ran (no
-    wake-up seen), as happens on a busy machine."""
-
-    def run_once(self) -> PassResult:
-        result = super().run_once()
-        if len(self.ran) == 5:
-            self._event.clear()
-        return result
+    pacer = loop.pacer
+    assert len(loop.ran) <= 1.0 / max(pacer.storm_gap_s, (1 + pacer.busy_factor) * pass_s) + 4
+    assert min(gaps) >= min(pacer.storm_gap_s, (1 + pacer.busy_factor) * pass_s) * 0.9
 
 
 def test_a_pass_the_submitters_miss_does_not_end_the_storm() -> None:
-    loop = _MissedLoop(pass_s=0.001)
+    loop = _Counting(pass_s=0.001, miss=5)
     loop.start()
     try:
         end = time.monotonic() + 0.6
@@ -318,11 +322,11 @@ def test_a_pass_the_submitters_miss_does_not_end_the_storm() -> None:
         loop.stop()
     gaps = [b - a for a, b in zip(loop.ran[2:], loop.ran[3:], strict=False)]
     assert len(loop.ran) >= 7
-    assert min(gaps) >= loop.storm_gap_s * 0.9
+    assert min(gaps) >= loop.pacer.storm_gap_s * 0.9
 
 
 def test_lone_wakeup_is_served_at_once() -> None:
-    loop = _CountingLoop(pass_s=0.001)
+    loop = _Counting(pass_s=0.001)
     loop.start()
     try:
         time.sleep(0.05)  # past the first (interval) wait's start

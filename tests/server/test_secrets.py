@@ -21,8 +21,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
 from gpufleet.server import db as dbmod
+from gpufleet.server.errors import TokenKeyError
 from gpufleet.server.models import Setting
-from gpufleet.server.tokenkey import TokenHasher, TokenKeyError, load_hasher
+from gpufleet.server.tokenkey import TokenHasher, load_hasher
 from server.conftest import (
     ADMIN_TOKEN,
     Server,

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpufleet.server.app import StartupError, create_app
+    from gpufleet.server.app import create_app
     from gpufleet.server.config import ServerConfig
+    from gpufleet.server.errors import StartupError
 
 
 def run(config: ServerConfig, *, host: str, port: int) -> None:
@@ -45,10 +46,14 @@ def run(config: ServerConfig, *, host: str, port: int) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("StartupError", "create_app"):
-        from gpufleet.server import app
+    if name == "create_app":
+        from gpufleet.server.app import create_app
 
-        return getattr(app, name)
+        return create_app
+    if name == "StartupError":
+        from gpufleet.server.errors import StartupError
+
+        return StartupError
     if name == "ServerConfig":
         from gpufleet.server.config import ServerConfig
 

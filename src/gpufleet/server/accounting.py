@@ -1,7 +1,7 @@
 """Chargeback: cost, energy and utilisation accrued while a job holds GPUs.
 
 A job *accrues* from the moment the scheduler gives it GPUs (``accrued_to`` = that
-time, ``charge_model`` = their model) until it lets them go (``stop_values``: done,
+time, ``charge_model`` = their model) until it lets them go (``release_attempt``: done,
 cancelled, preempted, requeued, timed out). Accruing ``[accrued_to, now)`` adds
 
 - cost: GPUs x hours x the price in force (``pricing.PriceSchedule.cost``: split at
@@ -13,7 +13,7 @@ cancelled, preempted, requeued, timed out). Accruing ``[accrued_to, now)`` adds
 
 to the job row (``cost``, ``energy_wh``) and to the hourly ledger (``usage``: one row
 per job per UTC hour), in the same transaction, moving ``accrued_to`` to ``now`` with a
-compare-and-set. Accrual runs every ``AccountingLoop.interval_s`` for every job holding
+compare-and-set. Accrual runs every ``--accrual-interval`` (``loops/accrual.py``) for every job holding
 GPUs, when a job stops, and just before a new price schedule takes over: a schedule
 change is exact, however long the job. Energy and utilisation are sampled at the ticks
 (a reading stands for the time since the previous tick); the last partial tick of a job
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,7 +39,6 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from gpufleet.server.clock import Clock
-from gpufleet.server.db import Database
 from gpufleet.server.hot import HotState
 from gpufleet.server.models import Allocation, Job, PriceScheduleRow, Team, UsageRow
 from gpufleet.server.pricing import PriceSchedule, parse_prices
@@ -416,56 +414,3 @@ def budgets(s: Session, now: float, team_ids: Iterable[int] | None = None) -> di
         return {}
     spent = month_spend(s, now, [t.id for t in teams])
     return {t.id: BudgetState(t.name, spent.get(t.id, 0.0), t.budget_soft, t.budget_hard) for t in teams}
-
-
-# -- the loop ---------------------------------------------------------------------------------
-
-
-class AccountingLoop:
-    """Accrues every job holding GPUs every ``interval_s`` with the telemetry at hand,
-    then calls ``after_tick(now)`` (the soft-budget warnings; errors logged)."""
-
-    def __init__(
-        self,
-        *,
-        db: Database,
-        clock: Clock,
-        readings: Readings,
-        interval_s: float = 15.0,
-        after_tick: Callable[[float], None] | None = None,
-    ) -> None:
-        self.after_tick = after_tick
-        self.db = db
-        self.clock = clock
-        self.readings = readings
-        self.interval_s = interval_s
-        self.ticks = 0
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def tick(self) -> int:
-        now = self.clock.now()
-        with self.db.write() as s:
-            n = accrue_all(s, now, readings=self.readings)
-        self.ticks += 1
-        if self.after_tick is not None:
-            self.after_tick(now)
-        return n
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpufleet-accounting", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.tick()
-            except Exception:  # never die: log, count, go on
-                self.failures += 1
-                log.exception("accounting tick failed")

@@ -30,7 +30,6 @@ import hashlib
 import logging
 import queue
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -281,52 +280,3 @@ class WebhookSender:
                 return False
             delay = min(self.max_backoff_s, delay * 2)
         return False
-
-
-class AlertLoop:
-    """Evaluates the rules every ``interval_s`` in a daemon thread; never dies on an error."""
-
-    def __init__(
-        self,
-        *,
-        view: Callable[[], FleetView],
-        hot: HotState,
-        sender: WebhookSender,
-        rules: AlertRules = AlertRules(),
-        interval_s: float = 15.0,
-        tracker: AlertTracker | None = None,
-    ) -> None:
-        self.view = view
-        self.hot = hot
-        self.sender = sender
-        self.rules = rules
-        self.interval_s = interval_s
-        self.tracker = tracker or AlertTracker()
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def run_once(self) -> int:
-        view = self.view()
-        messages = self.tracker.update(evaluate(view, self.hot, rules=self.rules), now=view.at)
-        for m in messages:
-            self.sender.send(m)
-        return len(messages)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpufleet-alerts", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.sender.close()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.run_once()
-            except Exception:
-                self.failures += 1
-                log.exception("alert evaluation failed")

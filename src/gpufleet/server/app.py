@@ -22,28 +22,23 @@ from gpufleet.server import db as dbmod
 from gpufleet.server.clock import Clock, SystemClock
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.deps import Parts, PartsDep
+from gpufleet.server.errors import ProblemError, StartupError, TokenKeyError
 from gpufleet.server.health import HealthMonitor
 from gpufleet.server.hot import HotState
 from gpufleet.server.lanes import Admission
-from gpufleet.server.lifecycle import LifecycleConfig, LifecycleLoop
-from gpufleet.server.loops import Loop
+from gpufleet.server.loops import build as loops
 from gpufleet.server.metrics import wiring as observability
-from gpufleet.server.problems import BodyLimitMiddleware, ProblemError, UrlGuardMiddleware, install_handlers
+from gpufleet.server.problems import BodyLimitMiddleware, UrlGuardMiddleware, install_handlers
 from gpufleet.server.routers import accounts, agents, jobs, logs, maintenance, nodes, security
 from gpufleet.server.routers import chargeback as chargeback_router
 from gpufleet.server.routers import reservations as reservations_router
-from gpufleet.server.schedproc import ChildScheduler, LoopSpec
 from gpufleet.server.schemas import Health
 from gpufleet.server.services import chargeback
 from gpufleet.server.services.accounts import TokenCache, bootstrap_admin, bound_lifetimes
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.inventory import FleetCache
-from gpufleet.server.tokenkey import TokenHasher, TokenKeyError, check_key, load_hasher
+from gpufleet.server.tokenkey import TokenHasher, check_key, load_hasher
 from gpufleet.server.writer import GroupCommitWriter
-
-
-class StartupError(Exception):
-    """The server cannot start (the message says why and what to do)."""
 
 
 def token_hasher(config: ServerConfig) -> TokenHasher:
@@ -115,16 +110,7 @@ def create_app(
     clock = clock or SystemClock()
     hasher = token_hasher(config)
     database = db if db is not None else prepare(config, clock=clock, hasher=hasher)
-    spec = LoopSpec(
-        database_url=database.url,
-        policy=config.policy,
-        node_timeout_s=config.node_timeout_s,
-        interval_s=config.schedule_interval_s,
-        reservation_idle_release_s=config.reservation_idle_release_s,
-    )
-    loop = spec.loop(database, clock)
-    if config.scheduler_process:
-        loop.elsewhere = ChildScheduler(spec=spec, loop=loop)
+    sched = loops.scheduling(config, database, clock)
     writer = GroupCommitWriter(database)
     hot = HotState(health=HealthMonitor(config.health))
     readings = accounting.telemetry_readings(
@@ -134,7 +120,7 @@ def create_app(
         config=config,
         db=database,
         clock=clock,
-        scheduler=loop,
+        scheduler=sched.runner,
         fleets=FleetCache(),
         tokens=TokenCache(hasher=hasher, clock=clock.now),
         writer=writer,
@@ -146,53 +132,18 @@ def create_app(
             db=database, schedule=config.prices, actor="server --prices", now=clock.now()
         )
     parts.budget_warnings.refresh(database, clock.now())
-    accrual = accounting.AccountingLoop(
-        db=database,
-        clock=clock,
-        readings=readings,
-        interval_s=config.accrual_interval_s,
-        after_tick=lambda now: parts.budget_warnings.refresh(database, now),
-    )
-    lifecycle = LifecycleLoop(
-        db=database,
-        hot=hot,
-        clock=clock,
-        config=LifecycleConfig(
-            node_timeout_s=config.node_timeout_s,
-            requeue_after_s=config.requeue_after_s,
-            interval_s=config.schedule_interval_s,
-        ),
-        waker=loop.wake,
-        fleets_invalidate=parts.fleets.invalidate,
-    )
-
     audit_log = audit.AuditLog(writer)
-    keep_s = config.audit_days * 86400
-    retention = Loop(
-        name="audit-retention",
-        interval_s=min(3600.0, max(1.0, keep_s / 10)),
-        step=audit.retention_step(database, now=clock.now, keep_s=keep_s),
-        first_after_s=min(60.0, max(1.0, keep_s / 10)),
-    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loop.start()
-        obs.start()
-        lifecycle.start()
-        accrual.start()
-        retention.start()
+        everything.start()  # every control loop, started and stopped as one
         # What start-up built (routes, schemas, SQLAlchemy metadata) lives as long as the
         # process: keep it out of every garbage collection (p99 under load: 165 -> 45 ms).
         gc.freeze()
         try:
             yield
         finally:
-            retention.stop()
-            accrual.stop()
-            lifecycle.stop()
-            obs.stop()
-            loop.stop()
+            everything.stop()
             audit_log.flush()  # the gathered rows, before the writer's last batch
             writer.close()
             database.dispose()
@@ -233,5 +184,17 @@ def create_app(
     v1.include_router(chargeback_router.router)
     v1.include_router(security.router)
     app.include_router(v1)
-    obs = observability.install(app, parts)  # /metrics, the fleet page, alerts
+    view = observability.install(app, parts, sched.observer)  # /metrics, the fleet page
+    everything = loops.build(
+        config,
+        db=database,
+        clock=clock,
+        hot=hot,
+        sched=sched,
+        readings=readings,
+        after_accrual=lambda now: parts.budget_warnings.refresh(database, now),
+        fleets_invalidate=parts.fleets.invalidate,
+        view=view,
+    )
+    app.state.loops = everything
     return app

@@ -270,8 +270,3 @@ def purge(db: Database, *, before: float, chunk: int = 5000) -> int:
         gone += len(ids)
         if len(ids) < chunk:
             return gone
-
-
-def retention_step(db: Database, *, now: Callable[[], float], keep_s: float) -> Callable[[], int]:
-    """The retention loop's step: delete what is older than ``keep_s``."""
-    return lambda: purge(db, before=now() - keep_s)

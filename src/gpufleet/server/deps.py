@@ -19,8 +19,8 @@ from gpufleet.server.audit import note_principal
 from gpufleet.server.clock import Clock
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.db import Database
+from gpufleet.server.loops.runner import Runner
 from gpufleet.server.problems import ProblemError
-from gpufleet.server.scheduling import SchedulerLoop
 from gpufleet.server.schemas import NODE_NAME
 from gpufleet.server.services.auth import Principal, Refused, TokenCache, check_token, hash_token
 from gpufleet.server.services.caps import PendingCounts
@@ -37,7 +37,8 @@ class Parts:
     config: ServerConfig
     db: Database
     clock: Clock
-    scheduler: SchedulerLoop
+    scheduler: Runner
+    """The scheduling loop (a thread's or the child process's): routers wake it."""
     fleets: FleetCache
     tokens: TokenCache
     writer: Writer

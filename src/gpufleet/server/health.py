@@ -26,7 +26,7 @@ rules start remembering afresh.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpufleet.server.schemas import GpuTelemetry
@@ -92,7 +92,8 @@ class HealthMonitor:
         self.rules = rules or HealthRules()
         self._gpus: dict[tuple[str, int], _GpuMemory] = {}
         self._lock = threading.Lock()
-        self._news = threading.Event()
+        self.waker: Callable[[], None] = lambda: None
+        """Wakes the lifecycle loop (set by ``loops.lifecycle.lifecycle_loop``)."""
 
     def observe(self, node: str, telemetry: Sequence[GpuTelemetry], now: float) -> bool:
         """Note one node's readings; True if a rule fired that had not fired before."""
@@ -115,7 +116,7 @@ class HealthMonitor:
                         fresh = True
                     mem.latched[f.rule] = f
         if fresh:
-            self._news.set()
+            self.waker()
         return fresh
 
     def take(self) -> dict[tuple[str, int], list[Finding]]:
@@ -124,7 +125,6 @@ class HealthMonitor:
             out = {k: list(m.latched.values()) for k, m in self._gpus.items() if m.latched}
             for m in self._gpus.values():
                 m.latched = {}
-        self._news.clear()
         return out
 
     def put_back(self, found: dict[tuple[str, int], list[Finding]]) -> None:
@@ -149,7 +149,4 @@ class HealthMonitor:
 
     def poke(self) -> None:
         """Wake the lifecycle loop now (a drain or rollout was started)."""
-        self._news.set()
-
-    def wait(self, timeout: float) -> bool:
-        return self._news.wait(timeout)
+        self.waker()

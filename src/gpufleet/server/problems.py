@@ -23,6 +23,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpufleet.server.errors import (
+    ProblemError as ProblemError,  # (for routers/jobs.py, deps.py until they import errors)
+)
+
 log = logging.getLogger("gpufleet.server")
 PROBLEM_JSON = "application/problem+json"
 T = TypeVar("T")
@@ -57,17 +61,6 @@ def not_found(detail: str) -> Failure:
 
 def conflict(detail: str) -> Failure:
     return Failure(kind=Kind.CONFLICT, detail=detail)
-
-
-class ProblemError(Exception):
-    def __init__(
-        self, status: int, detail: str, *, title: str | None = None, errors: list[Any] | None = None
-    ) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-        self.title = title or HTTPStatus(status).phrase
-        self.errors = errors
 
 
 def unwrap(result: T | Failure) -> T:

@@ -37,15 +37,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
 from gpufleet.server.db import Database, create_private
+from gpufleet.server.errors import TokenKeyError
 from gpufleet.server.models import Setting
 
 MIN_SECRET = 32
 KEY_ID = "token_key_id"
 _LABEL = b"gpufleet token key id v1"
-
-
-class TokenKeyError(Exception):
-    """The secret cannot be read or made (the message says which file and why)."""
 
 
 @dataclass(frozen=True, slots=True)

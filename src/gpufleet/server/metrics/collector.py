@@ -43,9 +43,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpufleet.server.hot import HotState
+from gpufleet.server.loops.runner import Runner
+from gpufleet.server.loops.scheduling import PassObserver
 from gpufleet.server.metrics.history import RecordingTelemetryStore
 from gpufleet.server.metrics.state import ServerMetrics
-from gpufleet.server.scheduling import SchedulerLoop
 from gpufleet.server.services.dashboard import FleetView
 
 DCGM_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
@@ -67,7 +68,8 @@ class FleetCollector(Collector):
         view: Callable[[], FleetView],
         hot: HotState,
         metrics: ServerMetrics,
-        scheduler: SchedulerLoop,
+        scheduler: Runner,
+        observer: PassObserver | None = None,
         team_costs: bool = True,
     ) -> None:
         """``team_costs``: False leaves out the ``gpufleet_team_cost_accrued``,
@@ -76,6 +78,7 @@ class FleetCollector(Collector):
         self.hot = hot
         self.metrics = metrics
         self.scheduler = scheduler
+        self.observer = observer or PassObserver()
         self.team_costs = team_costs
 
     def collect(self) -> Iterator[Metric]:
@@ -237,7 +240,7 @@ class FleetCollector(Collector):
         yield GaugeMetricFamily(
             "gpufleet_scheduler_skipped_nodes",
             "Nodes the last scheduling pass left out: their stored GPUs are invalid (several models...).",
-            value=self.scheduler.skipped_nodes,
+            value=self.observer.skipped_nodes,
         )
         stats = self.hot.latencies.stats()
         yield CounterMetricFamily("gpufleet_syncs", "Agent syncs handled.", value=stats.count)

@@ -25,8 +25,9 @@ from gpufleet.pki import PeerIdentity, node_identity
 from gpufleet.server.audit import Actor, note_actor
 from gpufleet.server.cred_schemas import CertificateIn, CertificateOut, NodeCredentialList, RevokedOut
 from gpufleet.server.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
+from gpufleet.server.errors import ProblemError
 from gpufleet.server.hot import HotState, NodeCred
-from gpufleet.server.problems import ProblemError, unwrap
+from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.schemas import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply
 from gpufleet.server.services import fleet, nodecreds, sync

@@ -16,11 +16,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpufleet.server.audit import note_object, note_principal
 from gpufleet.server.deps import Me, Parts, PartsDep, cached_principal
+from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.problems import Failure, ObjectId, ProblemError, problem_response, unwrap
 from gpufleet.server.schemas import JobDetail, JobPage, JobSubmit, PriorityChange
 from gpufleet.server.services import jobs
 from gpufleet.server.services.accounts import Principal
-from gpufleet.server.states import JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

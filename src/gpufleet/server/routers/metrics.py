@@ -18,8 +18,8 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpufleet.server.deps import PartsDep, get_principal
+from gpufleet.server.errors import ProblemError
 from gpufleet.server.metrics.state import ServerMetrics
-from gpufleet.server.problems import ProblemError
 
 router = APIRouter(tags=["metrics"])
 

@@ -24,13 +24,13 @@ from gpufleet.scheduler import JobRequest
 from gpufleet.server import accounting
 from gpufleet.server.db import Database
 from gpufleet.server.hot import HotState
+from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.metrics.history import FATAL_XIDS, RecordingTelemetryStore
 from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow, ReservationRow, Team, UsageRow, User
 from gpufleet.server.problems import Failure, not_found
 from gpufleet.server.schemas import GpuTelemetry
 from gpufleet.server.services.accounts import Principal
 from gpufleet.server.services.reservations import BOOKED, to_core
-from gpufleet.server.states import JobState
 from gpufleet.server.web.schemas import (
     FleetSnapshot,
     NodeHistory,

@@ -32,6 +32,9 @@ from gpufleet.scheduler.capacity import fleet_index
 from gpufleet.scheduler.core import gpu_type_matches, job_options
 from gpufleet.scheduler.options import no_such_model
 from gpufleet.server.db import Database
+from gpufleet.server.errors import Conflict
+from gpufleet.server.jobstate.states import TERMINAL, JobState
+from gpufleet.server.jobstate.transitions import event_row, move, ref, release_attempt
 from gpufleet.server.models import Allocation, GpuRow, Job, JobEvent, NodeRow, ReservationRow, Team, User
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.schemas import (
@@ -45,8 +48,6 @@ from gpufleet.server.schemas import (
 from gpufleet.server.services.accounts import Principal
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.inventory import FleetCache
-from gpufleet.server.states import TERMINAL, JobState
-from gpufleet.server.transitions import event_row, move, ref, stop_values
 from gpufleet.server.writer import Writer, call
 from gpufleet.timefmt import parse_duration
 
@@ -599,11 +600,10 @@ def _change(
                 if isinstance(decided, Failure):
                     return decided
                 to, reason, values = decided
-                if not move(s, ref(job), to, actor=actor.name, reason=reason, now=now, values=values):
-                    raise _Retry
+                move(s, ref(job), to, actor=actor.name, reason=reason, now=now, values=values)
                 s.expire(job)
                 return _detail(s, job, user=user, team=team)
-        except _Retry:
+        except Conflict:
             continue
     return conflict(f"job {job_id} is changing too fast; try again")
 
@@ -615,7 +615,7 @@ def cancel(*, db: Database, actor: Principal, job_id: int, now: float, waker: Wa
         return (
             JobState.CANCELLED,
             f"cancelled by {actor.name}",
-            stop_values(s, job, now=now, confirmed=False) | {"ended_at": now},
+            release_attempt(s, job, now=now, confirmed=False) | {"ended_at": now},
         )
 
     out = _change(db, actor, job_id, now, decide)
@@ -659,7 +659,3 @@ def set_priority(
     out = _change(db, actor, job_id, now, decide)
     waker()
     return out
-
-
-class _Retry(Exception):
-    """The job changed between read and CAS write: roll back, read again."""

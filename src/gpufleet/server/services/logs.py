@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from gpufleet.server.db import Database
+from gpufleet.server.jobstate.states import TERMINAL, JobState
 from gpufleet.server.models import Job, JobLogChunk
 from gpufleet.server.problems import Failure, not_found
 from gpufleet.server.services.accounts import Principal
-from gpufleet.server.states import TERMINAL, JobState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

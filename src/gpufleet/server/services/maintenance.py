@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session
 
 from gpufleet.server.db import Database
 from gpufleet.server.health import HealthMonitor
-from gpufleet.server.lifecycle import add_event, start_drain
 from gpufleet.server.maint_schemas import (
     CordonIn,
     DrainIn,
@@ -33,6 +32,7 @@ from gpufleet.server.maint_schemas import (
 from gpufleet.server.models import GpuEvent, GpuRow, NodeRow, Rollout, RolloutNode
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.nodeops import add_event, start_drain
 from gpufleet.timefmt import parse_duration
 
 Waker = Callable[[], None]

@@ -7,12 +7,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpufleet.server.db import Database
+from gpufleet.server.jobstate.states import TERMINAL
 from gpufleet.server.models import DEFAULT_POOL, Job, NodeRow, Pool
 from gpufleet.server.pages import PoolPage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.schemas import PoolIn, PoolOut, PoolPatch
 from gpufleet.server.services.accounts import Principal
-from gpufleet.server.states import TERMINAL
 
 
 def _out(s: Session, p: Pool) -> PoolOut:

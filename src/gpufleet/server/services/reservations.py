@@ -19,7 +19,6 @@ used it for the server's ``--idle-release``). A BOOKED row past its end is shown
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -27,7 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from gpufleet.scheduler import Fleet, Reservation, ReservationMove, RunningJob
+from gpufleet.scheduler import Fleet, Reservation
 from gpufleet.scheduler.reservations import admit_reservation
 from gpufleet.server.db import Database
 from gpufleet.server.models import Membership, NodeRow, Pool, ReservationEvent, ReservationRow, Team, User
@@ -37,7 +36,6 @@ from gpufleet.server.reservation_schemas import ReservationIn, ReservationOut
 from gpufleet.server.services.accounts import Principal
 from gpufleet.server.services.caps import Caps, reservations_problem
 from gpufleet.server.services.inventory import FleetCache
-from gpufleet.timefmt import format_duration
 
 BOOKED, CANCELLED, RELEASED = "BOOKED", "CANCELLED", "RELEASED"
 _STEP = {"daily": timedelta(days=1), "weekly": timedelta(days=7)}
@@ -95,7 +93,7 @@ def to_core(r: ReservationRow) -> Reservation:
     )
 
 
-def _booked(s: Session, *, after: float) -> list[ReservationRow]:
+def booked_rows(s: Session, *, after: float) -> list[ReservationRow]:
     q = select(ReservationRow).where(ReservationRow.state == BOOKED, ReservationRow.end > after)
     return list(s.scalars(q.order_by(ReservationRow.start, ReservationRow.id)))
 
@@ -178,7 +176,7 @@ def create(
         if over is not None:
             return over
         here = {n.name for n in fleet.nodes}  # other pools' bookings are no conflict
-        existing = [r for r in map(to_core, _booked(s, after=now)) if any(n in here for n, _ in r.nodes)]
+        existing = [r for r in map(to_core, booked_rows(s, after=now)) if any(n in here for n, _ in r.nodes)]
         maps: list[tuple[tuple[str, int], ...]] = []
         for i, (start, end) in enumerate(wins):
             got = admit_reservation(
@@ -223,7 +221,7 @@ def create(
         s.flush()
         s.execute(
             insert(ReservationEvent),
-            [_event(r.id, now, actor.name, "booked", _where(r.node_map)) for r in rows],
+            [event_row(r.id, now, actor.name, "booked", where_text(r.node_map)) for r in rows],
         )
         return [_out(r, actor.name, now) for r in rows]
 
@@ -252,11 +250,11 @@ def _pool_of(fleet: Fleet, node_map: Sequence[tuple[str, int]]) -> str | None:
     return pools.pop() if len(pools) == 1 else None
 
 
-def _where(node_map: Sequence[Sequence[Any]]) -> str:
+def where_text(node_map: Sequence[Sequence[Any]]) -> str:
     return " ".join(f"{n}:{c}" for n, c in node_map)
 
 
-def _event(rid: int, at: float, actor: str, kind: str, reason: str) -> dict[str, Any]:
+def event_row(rid: int, at: float, actor: str, kind: str, reason: str) -> dict[str, Any]:
     return {"reservation_id": rid, "at": at, "actor": actor, "kind": kind, "reason": reason[:512]}
 
 
@@ -346,93 +344,9 @@ def cancel(*, db: Database, actor: Principal, reservation_id: int, now: float) -
         )
         if done.rowcount != 1:  # type: ignore[attr-defined]
             return conflict(f"reservation {reservation_id} changed meanwhile; try again")
-        s.execute(insert(ReservationEvent), [_event(row.id, now, actor.name, "cancelled", "")])
+        s.execute(insert(ReservationEvent), [event_row(row.id, now, actor.name, "cancelled", "")])
         s.refresh(row)
         return _out(row, owner, now)
 
 
 # -- the scheduling pass ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Booked:
-    """A BOOKED reservation as the pass loaded it (for its CAS writes)."""
-
-    core: Reservation
-    version: int
-    last_used_at: float | None
-    node_map: tuple[tuple[str, int], ...]
-
-
-def load_booked(s: Session, now: float) -> list[Booked]:
-    return [
-        Booked(
-            core=to_core(r),
-            version=r.version,
-            last_used_at=r.last_used_at,
-            node_map=tuple((str(n), int(c)) for n, c in r.node_map),
-        )
-        for r in _booked(s, after=now)
-    ]
-
-
-def _used(b: Booked, running: Sequence[RunningJob]) -> bool:
-    nodes = {n for n, _ in b.node_map}
-    return any(b.core.owns(rj.job) and any(p.node in nodes for p in rj.placement) for rj in running)
-
-
-def step_reservations(
-    s: Session,
-    *,
-    booked: Sequence[Booked],
-    running: Sequence[RunningJob],
-    moves: Sequence[ReservationMove],
-    now: float,
-    idle_release_s: float,
-    actor: str,
-) -> int:
-    """Inside the pass's commit: apply the plan's reservation moves, mark used ones,
-    release active ones no owner job used for ``idle_release_s``. Each write is a CAS on
-    the version; a row that changed meanwhile is skipped (the next pass sees it fresh).
-    Returns how many were released."""
-    by_id = {b.core.id: b for b in booked}
-    moved: dict[str, dict[str, int]] = {}
-    for m in moves:
-        b = by_id.get(m.reservation)
-        if b is None:
-            continue
-        nm = moved.setdefault(m.reservation, dict(b.node_map))
-        nm[m.from_node] = nm.get(m.from_node, 0) - m.gpus
-        nm[m.to_node] = nm.get(m.to_node, 0) + m.gpus
-    released = 0
-    events: list[dict[str, Any]] = []
-    for b in booked:
-        vals: dict[str, Any] = {}
-        rid = int(b.core.id)
-        if b.core.id in moved:
-            vals["node_map"] = [[n, c] for n, c in moved[b.core.id].items() if c > 0]
-            events.append(_event(rid, now, actor, "moved", _where(vals["node_map"])))
-        if b.core.active(now) and not b.core.maintenance:
-            if _used(b, running):
-                if b.last_used_at is None or now - b.last_used_at >= min(60.0, idle_release_s / 4):
-                    vals["last_used_at"] = now
-            elif now - max(b.core.start, b.last_used_at or b.core.start) >= idle_release_s:
-                reason = f"released: no job of its owners used it for {format_duration(idle_release_s)}"
-                vals |= {"state": RELEASED, "reason": reason}
-                events.append(_event(rid, now, actor, "released", reason))
-        if not vals:
-            continue
-        done = s.execute(
-            update(ReservationRow)
-            .where(
-                ReservationRow.id == rid, ReservationRow.version == b.version, ReservationRow.state == BOOKED
-            )
-            .values(version=b.version + 1, **vals)
-        )
-        if done.rowcount != 1:  # type: ignore[attr-defined]
-            events = [e for e in events if e["reservation_id"] != rid]
-            continue
-        released += vals.get("state") == RELEASED
-    if events:
-        s.execute(insert(ReservationEvent), events)
-    return released

@@ -62,11 +62,13 @@ from sqlalchemy.orm import Session
 
 from gpufleet.server import accounting
 from gpufleet.server.db import Database
+from gpufleet.server.errors import Conflict
 from gpufleet.server.hot import HotState
-from gpufleet.server.lifecycle import add_event
+from gpufleet.server.jobstate.requeue import requeue
+from gpufleet.server.jobstate.states import ACTIVE, JobState
+from gpufleet.server.jobstate.transitions import attempt_of, move, ref, release_attempt
 from gpufleet.server.models import DEFAULT_POOL, Allocation, GpuRow, Job, JobLogChunk, NodeRow, User
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
-from gpufleet.server.requeue import Conflict, requeue
 from gpufleet.server.schemas import (
     MAX_GPU_INDEX,
     DesiredJob,
@@ -78,9 +80,8 @@ from gpufleet.server.schemas import (
     PeerNode,
     SyncReply,
 )
+from gpufleet.server.services.nodeops import add_event
 from gpufleet.server.services.nodes import _set_gpus, inventory_problem
-from gpufleet.server.states import ACTIVE, JobState
-from gpufleet.server.transitions import attempt_of, move, ref, stop_values
 from gpufleet.server.writer import Writer
 
 log = logging.getLogger("gpufleet.server")
@@ -104,10 +105,6 @@ class AgentActor:
 
 def master_port(job_id: int) -> int:
     return PORT_BASE + job_id % PORT_SPAN
-
-
-class _Retry(Exception):
-    pass
 
 
 # -- what the node should run ------------------------------------------------------------------
@@ -267,8 +264,8 @@ def _observe(
     now: float,
     readings: accounting.Readings,
 ) -> bool:
-    """Apply the observations the node may make; True if a job changed. Raises _Retry
-    on a lost CAS."""
+    """Apply the observations the node may make; True if a job changed. Raises
+    ``Conflict`` on a lost CAS."""
     changed = False
     for o in _latest(scope):
         job = scope.jobs[o.job_id]
@@ -276,10 +273,7 @@ def _observe(
         if to is None:
             continue
         if to == JobState.REQUEUED:
-            try:
-                requeue(s, job, now=now, actor=actor, reason=f"attempt vanished on {node}", lost=(node,))
-            except Conflict:
-                raise _Retry from None
+            requeue(s, job, now=now, actor=actor, reason=f"attempt vanished on {node}", lost=(node,))
             changed = True
             continue
         if to == JobState.RUNNING:
@@ -287,12 +281,11 @@ def _observe(
             reason = f"running on {node}"
         else:
             code = o.exit_code if o.exit_code is not None else -1
-            values = stop_values(s, job, now=now, confirmed=False, confirmed_on=node, readings=readings) | {
-                "exit_code": code
-            }
+            values = release_attempt(
+                s, job, now=now, confirmed=False, confirmed_on=node, readings=readings
+            ) | {"exit_code": code}
             reason = f"exited with code {code} on {node}"
-        if not move(s, ref(job), to, actor=actor, reason=reason, now=now, values=values):
-            raise _Retry
+        move(s, ref(job), to, actor=actor, reason=reason, now=now, values=values)
         changed = True
     for job in _stops_confirmed(s, node, body):
         rest = [n for n in _nodes(job.stopping_on) if n != node]
@@ -384,7 +377,7 @@ _NODE = select(NodeRow.last_seen, NodeRow.leaf, NodeRow.rack, NodeRow.address).w
 
 
 _JOB_HERE = select(Allocation.id).where(Allocation.node == bindparam("node")).limit(1)
-"""Allocations exist only for SCHEDULED/RUNNING jobs (``stop_values`` deletes them)."""
+"""Allocations exist only for SCHEDULED/RUNNING jobs (``release_attempt`` deletes them)."""
 _STOPPING = (
     select(Job.id).where(Job.stopping_on.is_not(None), Job.stopping_on.like(bindparam("like"))).limit(1)
 )
@@ -455,8 +448,8 @@ def _write(
 ) -> _Written | Failure:
     """The durable half of a sync, in the caller's transaction (the group commit's
     SAVEPOINT): register or update the node (an inventory it cannot take cordons it
-    instead), apply the observations, ingest the logs. Raises _Retry on a lost
-    compare-and-set."""
+    instead), apply the observations, ingest the logs. Raises ``Conflict`` on a
+    lost compare-and-set."""
     node = s.get(NodeRow, name)
     if node is None:
         if body.gpus is None:
@@ -532,7 +525,7 @@ def sync_node(
     for _ in range(5):
         try:
             out = writer.run(write)
-        except (_Retry, OperationalError):  # a lost CAS, or the commit failed (SQLite busy too long)
+        except (Conflict, OperationalError):  # a lost CAS, or the commit failed (SQLite busy too long)
             continue
         if isinstance(out, Failure):
             return out

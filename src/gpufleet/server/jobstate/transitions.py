@@ -2,9 +2,12 @@
 
 Every change of a job's state goes through ``move``: one ``UPDATE ... WHERE id=:id AND
 version=:v AND state=:s`` plus the event insert, inside the caller's transaction. When
-the row changed underneath (rowcount 0) ``move`` returns False and writes nothing; the
-caller rolls back and retries with fresh state, or reports a conflict. Version 0 is a
+the row changed underneath (rowcount 0) nothing is written; the caller rolls back and
+retries with fresh state, or reports a conflict. Version 0 is a
 valid version: it is compared, never tested for truth.
+
+``move`` raises ``errors.Conflict`` when the row changed underneath (rowcount 0) and
+writes nothing; the caller's transaction rolls back.
 """
 
 from __future__ import annotations
@@ -17,12 +20,9 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.server import accounting
+from gpufleet.server.errors import Conflict, IllegalTransition
+from gpufleet.server.jobstate.states import ACTIVE, JobState, allowed
 from gpufleet.server.models import Allocation, Job, JobEvent
-from gpufleet.server.states import ACTIVE, JobState, allowed
-
-
-class IllegalTransition(Exception):
-    """A caller asked for a transition the state machine forbids: a bug, not input."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,10 +67,10 @@ def move(
     now: float,
     via: JobState | None = None,
     values: dict[str, Any] | None = None,
-) -> bool:
+) -> None:
     """Move ``job`` to ``to`` (through the transit state ``via``, e.g. PREEMPTED, whose
     event is written too; ``to == job.state`` records an audited change of ``values``).
-    Returns False, changing nothing, if the job moved meanwhile."""
+    Raises ``Conflict``, changing nothing, if the job moved meanwhile."""
     steps = [job.state, *([via] if via is not None else []), to]
     for a, b in itertools.pairwise(steps):
         if a != b and not allowed(a, b):  # a == b: an audited change that keeps the state
@@ -82,16 +82,15 @@ def move(
         .execution_options(synchronize_session=False)
     )
     if res.rowcount != 1:  # type: ignore[attr-defined]
-        return False
+        raise Conflict(f"job {job.id} changed meanwhile", job_id=job.id)
     rows = [
         event_row(job_id=job.id, at=now, actor=actor, src=a, dst=b, reason=reason)
         for a, b in itertools.pairwise(steps)
     ]
     s.execute(insert(JobEvent), rows)
-    return True
 
 
-def stop_values(
+def release_attempt(
     s: Session,
     job: Job,
     *,
@@ -100,12 +99,15 @@ def stop_values(
     readings: accounting.Readings = accounting.no_readings,
     confirmed_on: str | None = None,
 ) -> dict[str, Any]:
-    """Column values for a job leaving SCHEDULED/RUNNING: its GPUs are released (rows
-    deleted here), GPU-seconds and run time accumulated, and, unless the agent confirmed
-    the exit, its nodes recorded in ``stopping_on`` until they confirm (with the attempt
-    they were told to stop). ``confirmed_on``: the one node that reported the exit (the
-    other nodes of a multi-node job still run their part, and ship its last output,
-    until they confirm too). Its cost stops accruing (``accounting.close``)."""
+    """End the bookkeeping of a job's attempt as it leaves SCHEDULED/RUNNING. This
+    writes (the caller's ``move`` commits it with the state change): the job's GPUs are
+    released (its allocation rows deleted) and its cost stops accruing
+    (``accounting.close``). Returns the column values for that ``move``: GPU-seconds and
+    run time accumulated and, unless the agent confirmed the exit, its nodes recorded in
+    ``stopping_on`` until they confirm (with the attempt they were told to stop).
+    ``confirmed_on``: the one node that reported the exit (the other nodes of a
+    multi-node job still run their part, and ship its last output, until they confirm
+    too)."""
     if JobState(job.state) not in ACTIVE:
         return {}
     accounting.close(s, job.id, now, readings=readings)

@@ -28,21 +28,21 @@ Each pass, observe then act (Ray autoscaler's sync/step split):
 0-GPU jobs in a CPU-only pool are outside the core (it schedules GPUs): they start on
 the Ready, uncordoned node of their pool that runs the fewest jobs, in queue order.
 
-``gpufleet server`` runs this loop in a child process (``schedproc.py``) so that a pass
-over thousands of pending jobs does not hold the API process's GIL; the loop object in
-the API process then forwards ``wake`` and takes ``passes``, ``failures`` and
-``on_pass`` from the child's reports (``elsewhere``).
+This module is the pass only (``SchedulingPass.run_once``); it runs on the common
+``runner.Loop`` with a ``StormPacer``, in a thread or, in ``gpufleet server``, in a
+child process (``child.py``) so that a pass over thousands of pending jobs does not
+hold the API process's GIL. Either way ``PassObserver`` carries what a pass reports
+(the metrics' ``on_pass``, the nodes it skipped) to the API process.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -53,11 +53,13 @@ from gpufleet.scheduler import JobRequest, NodeGpus, Plan, Policy, Quota, Runnin
 from gpufleet.server import accounting
 from gpufleet.server.clock import Clock
 from gpufleet.server.db import Database
+from gpufleet.server.errors import Conflict
+from gpufleet.server.jobstate.states import ACTIVE, JobState
+from gpufleet.server.jobstate.transitions import JobRef, move, ref, release_attempt
+from gpufleet.server.loops.reservations import Booked, load_booked, step_reservations
+from gpufleet.server.loops.runner import Loop
 from gpufleet.server.models import Allocation, Job, NodeRow, Pool, Team, User
 from gpufleet.server.services.inventory import LiveFleet
-from gpufleet.server.services.reservations import Booked, load_booked, step_reservations
-from gpufleet.server.states import ACTIVE, JobState
-from gpufleet.server.transitions import JobRef, move, ref, stop_values
 
 log = logging.getLogger("gpufleet.scheduling")
 ACTOR = "scheduler"
@@ -162,18 +164,6 @@ class _PendingCache:
         self.rows = {}
 
 
-class Elsewhere(Protocol):
-    """Where the passes run when not in this loop's thread (``schedproc.ChildScheduler``)."""
-
-    def start(self) -> None: ...
-    def wake(self) -> None: ...
-    def stop(self) -> None: ...
-
-
-class _Retry(Exception):
-    pass
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PassResult:
     started: int = 0
@@ -200,7 +190,30 @@ class _StatusCache:
     rows: dict[int, tuple[int | None, float | None, str | None]] = field(default_factory=dict)
 
 
-class SchedulerLoop:
+@dataclass(slots=True)
+class PassObserver:
+    """What the passes report to the API process, wherever they run: the nodes the last
+    pass left out and, after each committed pass, ``on_pass(snapshot, plan, seconds)``
+    (the metrics; ``server/metrics``). In ``child.py`` mode a reader thread feeds it from
+    the child's reports."""
+
+    skipped_nodes: int = 0
+    """Nodes the last pass left out (their rows are invalid: ``inventory.py``)."""
+    on_pass: Callable[[Snapshot, Plan, float], None] | None = None
+
+    def passed(self, snapshot: Snapshot, plan: Plan, seconds: float) -> None:
+        """Tell ``on_pass``; its errors are logged, never raised."""
+        if self.on_pass is None:
+            return
+        try:
+            self.on_pass(snapshot, plan, seconds)
+        except Exception:
+            log.exception("scheduling pass observer failed")
+
+
+class SchedulingPass:
+    """One scheduling pass (``run_once``), retried from fresh state on a lost CAS."""
+
     def __init__(
         self,
         *,
@@ -208,104 +221,24 @@ class SchedulerLoop:
         policy: Policy,
         clock: Clock,
         node_timeout_s: float,
-        interval_s: float = 1.0,
         max_attempts: int = 5,
-        busy_factor: float = 4.0,
-        storm_gap_s: float = 0.05,
-        on_pass: Callable[[Snapshot, Plan, float], None] | None = None,
+        observer: PassObserver | None = None,
         reservation_idle_release_s: float = 900.0,
     ) -> None:
-        self.reservation_idle_release_s = reservation_idle_release_s
-        self.on_pass = on_pass
-        """Called after each committed pass with its snapshot, plan and duration in
-        seconds (the metrics; ``server/metrics``). Its errors are logged, never raised."""
-        self.busy_factor = busy_factor
-        self.storm_gap_s = storm_gap_s
         self.db = db
         self.policy = policy
         self.clock = clock
         self.node_timeout_s = node_timeout_s
-        self.interval_s = interval_s
         self.max_attempts = max_attempts
-        self.passes = 0
-        self.failures = 0
-        self.skipped_nodes = 0
-        """Nodes the last pass left out (their rows are invalid: ``inventory.py``)."""
-        self._event = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.observer = observer or PassObserver()
+        self.reservation_idle_release_s = reservation_idle_release_s
         self._statuses = _StatusCache()
         self._fleet = LiveFleet()
         self._pending = _PendingCache()
-        self.elsewhere: Elsewhere | None = None
-        """Set before ``start``: the passes run there (a child process) and this loop
-        only forwards ``start``/``wake``/``stop``; whoever runs them updates ``passes``,
-        ``failures`` and ``skipped_nodes`` and calls ``on_pass``."""
 
-    # -- the thread -----------------------------------------------------------------------
-    def wake(self) -> None:
-        if self.elsewhere is not None:
-            self.elsewhere.wake()
-        else:
-            self._event.set()
-
-    def start(self) -> None:
-        if self.elsewhere is not None:
-            self.elsewhere.start()
-            return
-        self._thread = threading.Thread(target=self._run, name="gpufleet-scheduler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self.elsewhere is not None:
-            self.elsewhere.stop()
-        self._stop.set()
-        self._event.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        """Passes back to back would starve the API under a stream of wake-ups, so once
-        passes run back to back (woken again while running, twice in a row) the loop
-        rests ``busy_factor * d`` after a pass of d seconds (at most the interval): it
-        then takes at most 1/(1+busy_factor) of the process (of a core, in the child
-        process). Short passes under a submit storm (a short queue) would still run
-        dozens of times a second, each reading the fleet: passes then start at most
-        every ``storm_gap_s``. An occasional wake-up is served at once.
-
-        A storm ends only after a quiet spell: a pass that starts ``storm_gap_s`` or more
-        after the previous one ended, with no wake-up during the rest before it, and is
-        not woken while it runs. On a busy machine the submitters may not get the CPU
-        during one short pass, and that alone must not let the next pass run straight
-        after it."""
-        streak = 0
-        last_end = -math.inf
-        woken_resting = False
-        while not self._stop.is_set():
-            self._event.wait(self.interval_s)
-            self._event.clear()
-            if self._stop.is_set():
-                return
-            t0 = time.monotonic()
-            quiet = not woken_resting and t0 - last_end >= self.storm_gap_s
-            woken_resting = False
-            try:
-                self.run_once()
-            except Exception:  # never die: log, count, go on
-                self.failures += 1
-                log.exception("scheduling pass failed")
-            last_end = time.monotonic()
-            if self._event.is_set():
-                streak += 1
-            elif quiet:
-                streak = 0
-            if streak >= 2:
-                took = time.monotonic() - t0
-                self._stop.wait(min(self.interval_s, max(self.busy_factor * took, self.storm_gap_s - took)))
-                woken_resting = self._event.is_set()
-
-    # -- one pass -------------------------------------------------------------------------
     def run_once(self) -> PassResult:
+        """One pass; raises ``Conflict`` when every attempt lost a compare-and-set (the
+        runner counts it as a failed pass)."""
         t0 = time.perf_counter()
         for attempt in range(1, self.max_attempts + 1):
             now = self.clock.now()
@@ -317,17 +250,12 @@ class SchedulerLoop:
                     timed_out = self._time_limits(s, now)
                     started = self._commit(s, loaded, result, now)
                     started += self._start_cpu_jobs(s, loaded.cpu_pending, now)
-            except (_Retry, IntegrityError, OperationalError) as exc:
+            except (Conflict, IntegrityError, OperationalError) as exc:
                 log.info("scheduling pass attempt %d rejected (%s); retrying", attempt, type(exc).__name__)
                 self._statuses.rows.clear()
                 self._pending.clear()
                 continue
-            self.passes += 1
-            if self.on_pass is not None:
-                try:
-                    self.on_pass(loaded.snapshot, result, time.perf_counter() - t0)
-                except Exception:
-                    log.exception("scheduling pass observer failed")
+            self.observer.passed(loaded.snapshot, result, time.perf_counter() - t0)
             return PassResult(
                 started=started,
                 preempted=len(result.preemptions),
@@ -335,9 +263,7 @@ class SchedulerLoop:
                 waiting=len(result.pending),
                 attempts=attempt,
             )
-        self.failures += 1
-        log.warning("scheduling pass gave up after %d attempts", self.max_attempts)
-        return PassResult(attempts=self.max_attempts)
+        raise Conflict(f"scheduling pass gave up after {self.max_attempts} attempts")
 
     def _time_limits(self, s: Session, now: float) -> int:
         q = select(Job).where(
@@ -348,16 +274,15 @@ class SchedulerLoop:
         )
         n = 0
         for job in s.scalars(q):
-            vals = stop_values(s, job, now=now, confirmed=False)
+            vals = release_attempt(s, job, now=now, confirmed=False)
             reason = f"time limit {job.time_limit_s:g}s reached"
-            if not move(s, ref(job), JobState.TIMEOUT, actor=ACTOR, reason=reason, now=now, values=vals):
-                raise _Retry
+            move(s, ref(job), JobState.TIMEOUT, actor=ACTOR, reason=reason, now=now, values=vals)
             n += 1
         return n
 
     def _load(self, s: Session, now: float) -> _Loaded:
         fleet = self._fleet.load(s, live_since=now - self.node_timeout_s)
-        self.skipped_nodes = len(self._fleet.skipped)
+        self.observer.skipped_nodes = len(self._fleet.skipped)
         teams = dict(s.execute(select(Team.id, Team.name)).all())
         users = dict(s.execute(select(User.id, User.name)).all())
         quotas = tuple(
@@ -416,9 +341,9 @@ class SchedulerLoop:
             jref = loaded.refs[pre.job_id]
             job = s.get(Job, jref.id)
             assert job is not None
-            vals = stop_values(s, job, now=now, confirmed=False)
+            vals = release_attempt(s, job, now=now, confirmed=False)
             vals |= {"ended_at": None, "pending_since": now, "scheduled_at": None, "started_at": None}
-            if not move(
+            move(
                 s,
                 jref,
                 JobState.PENDING,
@@ -427,8 +352,7 @@ class SchedulerLoop:
                 reason=pre.reason,
                 now=now,
                 values=vals,
-            ):
-                raise _Retry
+            )
         allocs: list[dict[str, Any]] = []
         models = {n.name: n.gpus[0].model for n in loaded.snapshot.fleet.nodes if n.gpus and result.starts}
         for st in result.starts:
@@ -443,7 +367,7 @@ class SchedulerLoop:
                 "accrued_to": now,
                 "charge_model": models[first.node],
             }
-            if not move(
+            move(
                 s,
                 jref,
                 JobState.SCHEDULED,
@@ -451,8 +375,7 @@ class SchedulerLoop:
                 reason=placed_reason([(p.node, p.gpus) for p in st.placement], how=result.policy),
                 now=now,
                 values=vals,
-            ):
-                raise _Retry
+            )
             allocs += [
                 {"job_id": jref.id, "node": p.node, "gpu_index": g} for p in st.placement for g in p.gpus
             ]
@@ -511,7 +434,7 @@ class SchedulerLoop:
                 continue
             node = min(choices, key=lambda n: load.get(n.name, 0))
             vals = {"scheduled_at": now, "queue_position": None, "estimated_start": None, "wait_reason": None}
-            if not move(
+            move(
                 s,
                 job.ref(),
                 JobState.SCHEDULED,
@@ -519,8 +442,7 @@ class SchedulerLoop:
                 reason=placed_reason([(node.name, ())], how="cpu"),
                 now=now,
                 values=vals,
-            ):
-                raise _Retry
+            )
             s.execute(insert(Allocation), [{"job_id": job.id, "node": node.name, "gpu_index": None}])
             load[node.name] = load.get(node.name, 0) + 1
             n_started += 1
@@ -545,4 +467,54 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str]) -> JobR
         pending_since=job.pending_since,
         preemptible=job.requeue,
         reservation=None if job.reservation_id is None else str(job.reservation_id),
+    )
+
+
+class StormPacer:
+    """Passes back to back would starve the API under a stream of wake-ups, so once
+    passes run back to back (woken again while running, twice in a row) the loop rests
+    ``busy_factor * d`` after a pass of d seconds (at most ``max_rest_s``, the interval):
+    it then takes at most 1/(1+busy_factor) of the process (of a core, in the child
+    process). Short passes under a submit storm (a short queue) would still run dozens
+    of times a second, each reading the fleet: passes then start at most every
+    ``storm_gap_s``. An occasional wake-up is served at once.
+
+    A storm ends only after a quiet spell: a pass that starts ``storm_gap_s`` or more
+    after the previous one ended, with no wake-up during the rest before it, and is not
+    woken while it runs. On a busy machine the submitters may not get the CPU during one
+    short pass, and that alone must not let the next pass run straight after it."""
+
+    def __init__(self, *, max_rest_s: float, busy_factor: float = 4.0, storm_gap_s: float = 0.05) -> None:
+        self.max_rest_s = max_rest_s
+        self.busy_factor = busy_factor
+        self.storm_gap_s = storm_gap_s
+        self._streak = 0
+        self._last_end = -math.inf
+        self._woken_resting = False
+
+    def rest_after(self, *, started: float, ended: float, woken: bool) -> float:
+        quiet = not self._woken_resting and started - self._last_end >= self.storm_gap_s
+        self._woken_resting = False
+        self._last_end = ended
+        if woken:
+            self._streak += 1
+        elif quiet:
+            self._streak = 0
+        if self._streak < 2:
+            return 0.0
+        took = ended - started
+        return min(self.max_rest_s, max(self.busy_factor * took, self.storm_gap_s - took))
+
+    def rested(self, *, woken: bool) -> None:
+        self._woken_resting = woken
+
+
+def scheduling_loop(step: SchedulingPass, *, interval_s: float) -> Loop:
+    """The scheduling pass on the common runner, paced against wake-up storms."""
+    return Loop(
+        name="scheduling",
+        step=step.run_once,
+        interval_s=interval_s,
+        first_after_s=0.0,
+        pacer=StormPacer(max_rest_s=interval_s),
     )

@@ -18,9 +18,9 @@ from collections.abc import Collection
 
 from sqlalchemy.orm import Session
 
+from gpufleet.server.jobstate.states import ACTIVE, JobState
+from gpufleet.server.jobstate.transitions import move, ref, release_attempt
 from gpufleet.server.models import Job
-from gpufleet.server.states import ACTIVE, JobState
-from gpufleet.server.transitions import move, ref, stop_values
 
 MAX_BACKOFF_S = 600.0
 
@@ -36,11 +36,11 @@ def requeue(
     s: Session, job: Job, *, now: float, actor: str, reason: str, lost: Collection[str] = ()
 ) -> JobState | None:
     """Requeue (or fail) ``job`` inside the caller's transaction. Returns the state it
-    went to, None if it is not SCHEDULED/RUNNING, and raises ``Conflict`` when the job
+    went to, None if it is not SCHEDULED/RUNNING, and raises ``errors.Conflict`` when the job
     changed underneath (the caller rolls back and retries)."""
     if JobState(job.state) not in ACTIVE:
         return None
-    vals = stop_values(s, job, now=now, confirmed=False)
+    vals = release_attempt(s, job, now=now, confirmed=False)
     still = [n for n in (vals.get("stopping_on") or "").split(",") if n and n not in lost]
     vals["stopping_on"] = ",".join(still) or None
     n = job.attempts + 1
@@ -54,7 +54,7 @@ def requeue(
             "not_before": now + backoff_s(job, n),
         }
         why = f"{reason}; requeued (attempt {n + 1} of {job.max_attempts})"
-        if not move(
+        move(
             s,
             ref(job),
             JobState.PENDING,
@@ -63,15 +63,9 @@ def requeue(
             reason=why,
             now=now,
             values=vals,
-        ):
-            raise Conflict(job.id)
+        )
         return JobState.PENDING
     because = "--no-requeue" if not job.requeue else f"{job.max_attempts} attempts used"
     why = f"{reason}; not requeued ({because})"
-    if not move(s, ref(job), JobState.FAILED, actor=actor, reason=why, now=now, values=vals):
-        raise Conflict(job.id)
+    move(s, ref(job), JobState.FAILED, actor=actor, reason=why, now=now, values=vals)
     return JobState.FAILED
-
-
-class Conflict(Exception):
-    """The job moved between read and write: roll back and look again."""

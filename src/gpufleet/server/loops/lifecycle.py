@@ -26,7 +26,6 @@ Transitions it makes:
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,11 +36,13 @@ from sqlalchemy.orm import Session
 from gpufleet.server.clock import Clock
 from gpufleet.server.db import Database
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
+from gpufleet.server.errors import Conflict
 from gpufleet.server.health import RECOVERABLE, Finding, HealthMonitor
 from gpufleet.server.hot import HotState
-from gpufleet.server.models import Allocation, GpuEvent, GpuRow, Job, NodeRow, Rollout, RolloutNode
-from gpufleet.server.requeue import Conflict, requeue
-from gpufleet.server.states import ACTIVE
+from gpufleet.server.loops import health as gpu_health
+from gpufleet.server.loops.runner import Loop
+from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow, Rollout, RolloutNode
+from gpufleet.server.services import nodeops
 
 log = logging.getLogger("gpufleet.lifecycle")
 ACTOR = "lifecycle"
@@ -64,48 +65,10 @@ class PassStats:
     errors: int = 0
 
 
-def add_event(
-    s: Session,
-    *,
-    at: float,
-    node: str,
-    kind: str,
-    severity: str,
-    reason: str,
-    actor: str,
-    gpu: int | None = None,
-    job_id: int | None = None,
-) -> None:
-    s.add(
-        GpuEvent(
-            at=at,
-            node=node,
-            gpu_index=gpu,
-            kind=kind,
-            severity=severity,
-            reason=reason[:512],
-            actor=actor[:64],
-            job_id=job_id,
-        )
-    )
+class LifecyclePass:
+    """One lifecycle pass (``run_once``); runs on the common ``runner.Loop``, woken by
+    the health monitor when a rule fires and by maintenance requests."""
 
-
-def requeue_on(
-    s: Session, *, node: str, now: float, actor: str, reason: str, gpu: int | None = None, lost: bool = False
-) -> int:
-    """Requeue every job holding a GPU (or, ``gpu`` given, that GPU) on ``node``."""
-    q = select(Allocation.job_id).where(Allocation.node == node)
-    if gpu is not None:
-        q = q.where(Allocation.gpu_index == gpu)
-    ids = sorted(set(s.scalars(q)))
-    n = 0
-    for job in s.scalars(select(Job).where(Job.id.in_(ids)).order_by(Job.id)) if ids else ():
-        if requeue(s, job, now=now, actor=actor, reason=reason, lost=(node,) if lost else ()) is not None:
-            n += 1
-    return n
-
-
-class LifecycleLoop:
     def __init__(
         self,
         *,
@@ -123,36 +86,12 @@ class LifecycleLoop:
         self.waker = waker
         self.fleets_invalidate = fleets_invalidate
         self.started_at = clock.now()
-        self.passes = 0
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.item_errors = 0
+        """Items that failed (logged); the pass itself went on."""
 
     @property
     def monitor(self) -> HealthMonitor:
         return self.hot.health
-
-    # -- the thread ---------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpufleet-lifecycle", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.monitor.wait(self.config.interval_s)
-            if self._stop.is_set():
-                return
-            try:
-                self.run_once()
-            except Exception:  # never die: log, count, go on
-                self.failures += 1
-                log.exception("lifecycle pass failed")
-                self._stop.wait(self.config.interval_s)
 
     # -- one pass -------------------------------------------------------------------------------
     def run_once(self) -> PassStats:
@@ -186,18 +125,17 @@ class LifecycleLoop:
                 self._item(stats, None, self._release_stops, n.name)
         failed: dict[tuple[str, int], list[Finding]] = {}
         for (node, idx), found in sorted(findings.items()):
-            if not self._item(stats, "cordoned", self._cordon_gpu, node, idx, found, now):
+            if not self._item(stats, "cordoned", gpu_health.cordon_gpu, node, idx, found, now):
                 failed[(node, idx)] = found
         if failed:
             self.monitor.put_back(failed)
         for g in recoverable:
             if self.monitor.cool_for(g.node, g.index, now) >= self.monitor.rules.recover_after_s:
-                self._item(stats, "recovered", self._recover_gpu, g.node, g.index, now)
+                self._item(stats, "recovered", gpu_health.recover_gpu, g.node, g.index, now, self.monitor)
         for n in nodes:
             if n.drain_deadline is not None:
                 self._item(stats, None, self._drain_step, n.name, now)
         self._item(stats, None, self._rollout_step, now)
-        self.passes += 1
         if stats.changes:
             self.fleets_invalidate()
             self.waker()
@@ -213,7 +151,7 @@ class LifecycleLoop:
                 continue
             except Exception:
                 stats.errors += 1
-                self.failures += 1
+                self.item_errors += 1
                 log.exception("lifecycle: %s%r failed", getattr(fn, "__name__", fn), args)
                 return False
             if counter is not None and changed:
@@ -230,9 +168,9 @@ class LifecycleLoop:
             return 0
         node.lost_at = now
         reason = f"node {name} lost: unseen for {now - last:.0f} s"
-        n = requeue_on(s, node=name, now=now, actor=ACTOR, reason=reason, lost=True)
+        n = nodeops.requeue_on(s, node=name, now=now, actor=ACTOR, reason=reason, lost=True)
         self._release_stops(s, name)
-        add_event(
+        nodeops.add_event(
             s,
             at=now,
             node=name,
@@ -259,7 +197,7 @@ class LifecycleLoop:
         node = s.get(NodeRow, name)
         if node is None or node.lost_at is None:
             return 0
-        add_event(
+        nodeops.add_event(
             s,
             at=now,
             node=name,
@@ -271,54 +209,13 @@ class LifecycleLoop:
         node.lost_at = None
         return 1
 
-    # -- GPU health -----------------------------------------------------------------------------
-    def _cordon_gpu(self, s: Session, node: str, idx: int, found: list[Finding], now: float) -> int:
-        gpu = s.get(GpuRow, (node, idx))
-        if gpu is None or gpu.cordoned:
-            return 0
-        first = found[0]
-        why = "; ".join(f.reason for f in found)
-        gpu.cordoned, gpu.cordon_reason, gpu.cordon_rule, gpu.cordoned_at = True, why[:256], first.rule, now
-        held = s.scalar(select(Allocation.job_id).where(Allocation.node == node, Allocation.gpu_index == idx))
-        n = requeue_on(s, node=node, gpu=idx, now=now, actor=ACTOR, reason=f"GPU {node}/{idx}: {why}")
-        add_event(
-            s,
-            at=now,
-            node=node,
-            gpu=idx,
-            kind="gpu_cordoned",
-            severity="critical",
-            actor=ACTOR,
-            reason=f"{first.rule}: {why}" + (f"; job {held} requeued" if n else ""),
-            job_id=held,
-        )
-        log.warning("GPU %s/%d cordoned (%s)", node, idx, why)
-        return 1
-
-    def _recover_gpu(self, s: Session, node: str, idx: int, now: float) -> int:
-        gpu = s.get(GpuRow, (node, idx))
-        if gpu is None or not gpu.cordoned or gpu.cordon_rule not in RECOVERABLE:
-            return 0
-        add_event(
-            s,
-            at=now,
-            node=node,
-            gpu=idx,
-            kind="gpu_recovered",
-            severity="info",
-            actor=ACTOR,
-            reason=f"{gpu.cordon_rule} normal for {self.monitor.rules.recover_after_s:.0f} s",
-        )
-        gpu.cordoned, gpu.cordon_reason, gpu.cordon_rule, gpu.cordoned_at = False, None, None, None
-        return 1
-
     # -- drains and rollouts --------------------------------------------------------------------
     def _drain_step(self, s: Session, name: str, now: float) -> int:
         node = s.get(NodeRow, name)
         if node is None or node.drain_deadline is None:
             return 0
         if node.drain_requeue or now >= node.drain_deadline:
-            return requeue_on(s, node=name, now=now, actor=ACTOR, reason=f"node {name} drained")
+            return nodeops.requeue_on(s, node=name, now=now, actor=ACTOR, reason=f"node {name} drained")
         return 0
 
     def _rollout_step(self, s: Session, now: float) -> int:
@@ -335,7 +232,7 @@ class LifecycleLoop:
         for m in members:
             if m.state == "draining" and m.node not in busy:
                 m.state = "drained"
-                add_event(
+                nodeops.add_event(
                     s,
                     at=now,
                     node=m.node,
@@ -355,7 +252,7 @@ class LifecycleLoop:
             if node is None:
                 m.state, m.finished_at = "done", now
                 continue
-            start_drain(
+            nodeops.start_drain(
                 s,
                 node,
                 now=now,
@@ -373,31 +270,8 @@ class LifecycleLoop:
         return changed
 
 
-def start_drain(
-    s: Session, node: NodeRow, *, now: float, grace_s: float, requeue: bool, reason: str, actor: str
-) -> None:
-    """Cordon ``node`` and set its drain deadline: its jobs may finish until then, the
-    rest are requeued (at once with ``requeue``)."""
-    node.cordoned = True
-    node.cordon_reason = f"drain: {reason}"[:256]
-    node.drain_deadline = now if requeue else now + grace_s
-    node.drain_requeue = requeue
-    how = "requeue now" if requeue else f"grace {grace_s:g} s"
-    add_event(
-        s,
-        at=now,
-        node=node.name,
-        kind="node_draining",
-        severity="warning",
-        actor=actor,
-        reason=f"drain started ({how}): {reason}",
-    )
-
-
-def active_jobs_on(s: Session, node: str) -> list[int]:
-    q = (
-        select(Allocation.job_id)
-        .join(Job, Job.id == Allocation.job_id)
-        .where(Allocation.node == node, Job.state.in_([str(a) for a in ACTIVE]))
-    )
-    return sorted(set(s.scalars(q)))
+def lifecycle_loop(step: LifecyclePass) -> Loop:
+    """The lifecycle pass on the common runner; the health monitor wakes it."""
+    loop = Loop(name="lifecycle", step=step.run_once, interval_s=step.config.interval_s)
+    step.monitor.waker = loop.wake
+    return loop

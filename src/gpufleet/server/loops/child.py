@@ -1,21 +1,20 @@
-"""The scheduling loop in a child process, off the API process's GIL.
+"""The scheduling loop in a child process, off the API process's GIL (``ChildLoop``).
 
 A pass over thousands of pending jobs is tens to hundreds of milliseconds of CPU-bound
 Python. Run in a thread of the API process it held the GIL the event loop needs: with
 8 clients submitting back to back, 380 jobs/s while the queue was long against 800
-while it was short. ``gpufleet server`` therefore runs the ``SchedulerLoop`` in a child
-(``python -m gpufleet.server.schedproc``); it needs only the database and a wake-up.
-
-The API process keeps its ``SchedulerLoop`` object (routers, the lifecycle loop and
-``/metrics`` use it as before) with ``elsewhere`` set to a ``ChildScheduler``:
+while it was short. ``gpufleet server`` therefore runs the scheduling pass on its
+runner in a child (``python -m gpufleet.server.loops.child``); it needs only the
+database and a wake-up. In the API process a ``ChildLoop`` stands for it (the same
+``runner.Runner`` as a thread's loop: routers wake it, ``/metrics`` reads its counters):
 
 - *wake*: one byte on the child's stdin (non-blocking; a full pipe already means
   "wake up"). The first stdin line is the ``LoopSpec`` (JSON; the database URL may
   hold a password, so it is not on the command line).
 - *reports*: the child writes one JSON line per committed pass (``PassReport``) on a
-  pipe; a thread of the parent sets the loop's ``passes``/``failures``/``skipped_nodes``
-  and calls its
-  ``on_pass`` with a *summary* snapshot and plan: the pass's time, the jobs it started
+  pipe; a thread of the parent sets the ``ChildLoop``'s ``passes``/``failures``, the
+  ``PassObserver``'s ``skipped_nodes``, and calls the observer with a *summary*
+  snapshot and plan: the pass's time, the jobs it started
   (with their pool and queue time) and its fragmentation, which is what the metrics
   read. Counters also travel when only a failure changed them.
 - *lifetime*: stdin's EOF ends the child, so it never outlives the API process, even
@@ -38,23 +37,21 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, Any
 
 from gpufleet.scheduler import Fleet, JobRequest, NodeGpus, Plan, Snapshot, Start, make_policy
+from gpufleet.server.clock import Clock, SystemClock
 from gpufleet.server.db import Database
-
-if TYPE_CHECKING:
-    from gpufleet.server.clock import Clock
-    from gpufleet.server.scheduling import SchedulerLoop
+from gpufleet.server.loops.runner import Loop
+from gpufleet.server.loops.scheduling import PassObserver, SchedulingPass, scheduling_loop
 
 log = logging.getLogger("gpufleet.scheduling")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoopSpec:
-    """What the child needs to build its ``SchedulerLoop`` (system clock)."""
+    """What the child needs to build its scheduling loop (system clock)."""
 
     database_url: str
     policy: str
@@ -62,18 +59,20 @@ class LoopSpec:
     interval_s: float
     reservation_idle_release_s: float
 
-    def loop(self, db: Database, clock: Clock) -> SchedulerLoop:
-        """The loop this spec describes (the API process's, and the child's own)."""
-        from gpufleet.server.scheduling import SchedulerLoop
-
-        return SchedulerLoop(
+    def step(self, db: Database, clock: Clock, observer: PassObserver) -> SchedulingPass:
+        """The pass this spec describes (a thread's, or the child's own)."""
+        return SchedulingPass(
             db=db,
             policy=make_policy(self.policy),
             clock=clock,
             node_timeout_s=self.node_timeout_s,
-            interval_s=self.interval_s,
+            observer=observer,
             reservation_idle_release_s=self.reservation_idle_release_s,
         )
+
+    def loop(self, db: Database, clock: Clock, observer: PassObserver) -> Loop:
+        """The scheduling loop in a thread of this process."""
+        return scheduling_loop(self.step(db, clock, observer), interval_s=self.interval_s)
 
 
 # -- the report of one pass ------------------------------------------------------------------
@@ -140,22 +139,16 @@ def summary(report: dict[str, Any]) -> tuple[Snapshot, Plan, float] | None:
 # -- parent side -----------------------------------------------------------------------------
 
 
-class Counted(Protocol):
-    """What a report updates: the ``SchedulerLoop``'s counters and observer."""
+class ChildLoop:
+    """The scheduling loop run and supervised in a child process (a ``runner.Runner``)."""
 
-    passes: int
-    failures: int
-    skipped_nodes: int
-    on_pass: Callable[[Snapshot, Plan, float], None] | None
-
-
-class ChildScheduler:
-    """Runs and supervises the child; ``SchedulerLoop.elsewhere`` in ``gpufleet server``."""
-
-    def __init__(self, *, spec: LoopSpec, loop: Counted, restart_after_s: float = 1.0) -> None:
+    def __init__(self, *, spec: LoopSpec, observer: PassObserver, restart_after_s: float = 1.0) -> None:
+        self.name = "scheduling"
         self.spec = spec
-        self.loop = loop
+        self.observer = observer
         self.restart_after_s = restart_after_s
+        self.passes = 0
+        self.failures = 0
         self._lock = threading.Lock()  # guards _proc's stdin against a concurrent close
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
@@ -193,7 +186,7 @@ class ChildScheduler:
 
     def _supervise(self) -> None:
         while not self._stopping.is_set():
-            base = (self.loop.passes, self.loop.failures)
+            base = (self.passes, self.failures)
             try:
                 proc, reports = self._spawn()
             except OSError:
@@ -206,14 +199,14 @@ class ChildScheduler:
                 if self._stopping.is_set():
                     return
                 log.error("scheduler process exited (status %s); restarting it", rc)
-            self.loop.failures += 1
+            self.failures += 1
             self._stopping.wait(self.restart_after_s)
 
     def _spawn(self) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
         read_fd, write_fd = os.pipe()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gpufleet.server.schedproc", str(write_fd)],
+                [sys.executable, "-m", "gpufleet.server.loops.child", str(write_fd)],
                 stdin=subprocess.PIPE,
                 pass_fds=(write_fd,),
             )
@@ -233,15 +226,12 @@ class ChildScheduler:
         return proc, os.fdopen(read_fd, "rb")
 
     def _observe(self, report: dict[str, Any], base: tuple[int, int]) -> None:
-        self.loop.passes = base[0] + report["passes"]
-        self.loop.failures = base[1] + report["failures"]
-        self.loop.skipped_nodes = int(report.get("skipped_nodes", 0))
+        self.passes = base[0] + report["passes"]
+        self.failures = base[1] + report["failures"]
+        self.observer.skipped_nodes = int(report.get("skipped_nodes", 0))
         args = summary(report)
-        if args is not None and self.loop.on_pass is not None:
-            try:
-                self.loop.on_pass(*args)
-            except Exception:
-                log.exception("scheduling pass observer failed")
+        if args is not None:
+            self.observer.passed(*args)
 
 
 # -- child side ------------------------------------------------------------------------------
@@ -251,30 +241,29 @@ class _Reporter:
     """Writes reports on the pipe; called from the loop's thread (passes) and the main
     thread (counters)."""
 
-    def __init__(self, out: IO[bytes], loop: Counted) -> None:
+    def __init__(self, out: IO[bytes], loop: Loop, observer: PassObserver) -> None:
         self.out = out
         self.loop = loop
+        self.observer = observer
         self._lock = threading.Lock()
         self._sent = (0, 0, 0)
 
     def on_pass(self, snapshot: Snapshot, plan: Plan, seconds: float) -> None:
         self._send(
             pass_report(
-                passes=self.loop.passes,
+                passes=self.loop.passes + 1,  # the runner counts this pass when it returns
                 failures=self.loop.failures,
                 snapshot=snapshot,
                 plan=plan,
                 seconds=seconds,
-                skipped_nodes=self.loop.skipped_nodes,
+                skipped_nodes=self.observer.skipped_nodes,
             )
         )
 
     def counters(self) -> None:
-        loop = self.loop
-        if (loop.passes, loop.failures, loop.skipped_nodes) != self._sent:
-            self._send(
-                pass_report(passes=loop.passes, failures=loop.failures, skipped_nodes=loop.skipped_nodes)
-            )
+        loop, skipped = self.loop, self.observer.skipped_nodes
+        if (loop.passes, loop.failures, skipped) != self._sent:
+            self._send(pass_report(passes=loop.passes, failures=loop.failures, skipped_nodes=skipped))
 
     def _send(self, report: dict[str, Any]) -> None:
         with self._lock:
@@ -288,8 +277,6 @@ class _Reporter:
 
 def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us (stdin EOF)
-    from gpufleet.server.clock import SystemClock
-
     stdin = sys.stdin.fileno()
     line = b""
     while not line.endswith(b"\n"):
@@ -299,9 +286,10 @@ def main(argv: list[str]) -> None:
         line += got
     spec = LoopSpec(**json.loads(line))
     db = Database.connect(spec.database_url)
-    loop = spec.loop(db, SystemClock())
-    reporter = _Reporter(os.fdopen(int(argv[0]), "wb"), loop)
-    loop.on_pass = reporter.on_pass
+    observer = PassObserver()
+    loop = spec.loop(db, SystemClock(), observer)
+    reporter = _Reporter(os.fdopen(int(argv[0]), "wb"), loop, observer)
+    observer.on_pass = reporter.on_pass
     loop.start()
     loop.wake()  # a first pass at once
     try:

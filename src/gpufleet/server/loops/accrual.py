@@ -1,0 +1,32 @@
+"""The accrual loop: every ``interval_s`` it accrues cost, energy and utilisation for
+every job holding GPUs (``accounting.accrue_all``, one transaction) with the telemetry
+at hand, then refreshes the soft-budget warnings (``after``; its errors fail the step,
+which the runner logs and counts)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpufleet.server import accounting
+from gpufleet.server.clock import Clock
+from gpufleet.server.db import Database
+from gpufleet.server.loops.runner import Loop
+
+
+def accrual_loop(
+    *,
+    db: Database,
+    clock: Clock,
+    readings: accounting.Readings,
+    interval_s: float,
+    after: Callable[[float], None] | None = None,
+) -> Loop:
+    def step() -> int:
+        now = clock.now()
+        with db.write() as s:
+            n = accounting.accrue_all(s, now, readings=readings)
+        if after is not None:
+            after(now)
+        return n
+
+    return Loop(name="accrual", step=step, interval_s=interval_s)

@@ -1,0 +1,96 @@
+"""Builds the server's loops (``app.py`` is the only caller): the scheduling loop in a
+thread or a child process, and every other loop, as one ``Loops``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpufleet.server import accounting
+from gpufleet.server.alerts import AlertRules, WebhookSender
+from gpufleet.server.clock import Clock
+from gpufleet.server.config import ServerConfig
+from gpufleet.server.db import Database
+from gpufleet.server.hot import HotState
+from gpufleet.server.loops.accrual import accrual_loop
+from gpufleet.server.loops.alerts import alert_loop
+from gpufleet.server.loops.audit import retention_loop
+from gpufleet.server.loops.child import ChildLoop, LoopSpec
+from gpufleet.server.loops.lifecycle import LifecycleConfig, LifecyclePass, lifecycle_loop
+from gpufleet.server.loops.runner import Loops, Runner
+from gpufleet.server.loops.scheduling import PassObserver
+from gpufleet.server.services.dashboard import FleetView
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scheduling:
+    """The scheduling loop as the rest of the server sees it: a runner to wake and
+    count, and the observer its passes report to."""
+
+    runner: Runner
+    observer: PassObserver
+
+
+def scheduling(config: ServerConfig, db: Database, clock: Clock) -> Scheduling:
+    """The scheduling loop: in a child process with ``config.scheduler_process``, else
+    in a thread of this process."""
+    spec = LoopSpec(
+        database_url=db.url,
+        policy=config.policy,
+        node_timeout_s=config.node_timeout_s,
+        interval_s=config.schedule_interval_s,
+        reservation_idle_release_s=config.reservation_idle_release_s,
+    )
+    observer = PassObserver()
+    runner: Runner
+    if config.scheduler_process:
+        runner = ChildLoop(spec=spec, observer=observer)
+    else:
+        runner = spec.loop(db, clock, observer)
+    return Scheduling(runner=runner, observer=observer)
+
+
+def build(
+    config: ServerConfig,
+    *,
+    db: Database,
+    clock: Clock,
+    hot: HotState,
+    sched: Scheduling,
+    readings: accounting.Readings,
+    after_accrual: Callable[[float], None],
+    fleets_invalidate: Callable[[], None],
+    view: Callable[[], FleetView],
+) -> Loops:
+    """Every loop of the server, not started."""
+    loops = Loops([sched.runner])
+    lifecycle = LifecyclePass(
+        db=db,
+        hot=hot,
+        clock=clock,
+        config=LifecycleConfig(
+            node_timeout_s=config.node_timeout_s,
+            requeue_after_s=config.requeue_after_s,
+            interval_s=config.schedule_interval_s,
+        ),
+        waker=sched.runner.wake,
+        fleets_invalidate=fleets_invalidate,
+    )
+    loops.add(lifecycle_loop(lifecycle))
+    loops.add(
+        accrual_loop(
+            db=db, clock=clock, readings=readings, interval_s=config.accrual_interval_s, after=after_accrual
+        )
+    )
+    loops.add(retention_loop(db=db, clock=clock, keep_s=config.audit_days * 86400))
+    if config.alert_webhook:
+        loops.add(
+            alert_loop(
+                view=view,
+                hot=hot,
+                sender=WebhookSender(config.alert_webhook),
+                rules=AlertRules(queue_wait_s=config.queue_wait_alert_s),
+                interval_s=config.alert_interval_s,
+            )
+        )
+    return loops

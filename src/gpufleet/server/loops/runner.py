@@ -1,0 +1,162 @@
+"""The one runner every control loop runs on, and the set that starts and stops them.
+
+``Loop`` calls a *step* (a function of state: observe, then act) every ``interval_s``
+in a daemon thread, and at once when woken (``wake()``: a submit, a finished job, a
+health finding). It never dies on a failed step: the exception is logged, counted in
+``failures``, and the next step runs after one more interval (so a step that fails at
+once cannot spin on wake-ups). ``passes`` counts the steps that returned.
+
+A *pacer* (optional) decides how long the loop rests after a step, to hold a loop
+that is woken all the time to a share of the CPU (the scheduling loop's
+``StormPacer``). ``Loops`` is the one object ``app.py`` starts and stops: every loop of
+the process, started in order and stopped in reverse (HA makes starting it
+conditional on leadership). A loop may also run in a child process
+(``loops/child.py``): what the rest of the server needs of a loop is ``Runner``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from gpufleet.server.errors import Conflict
+
+log = logging.getLogger("gpufleet.loops")
+
+
+class Runner(Protocol):
+    """What the server needs of a running loop: start, stop, wake, its counters."""
+
+    name: str
+    passes: int
+    failures: int
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def wake(self) -> None: ...
+
+
+class Pacer(Protocol):
+    """How long a loop rests after a step (0: wait for the next wake-up or interval)."""
+
+    def rest_after(self, *, started: float, ended: float, woken: bool) -> float:
+        """``started``/``ended``: the step's monotonic times; ``woken``: a wake-up came
+        while it ran."""
+        ...
+
+    def rested(self, *, woken: bool) -> None:
+        """The rest is over; ``woken``: a wake-up came during it."""
+        ...
+
+
+class Loop:
+    """A step run periodically in a thread, never dying on one bad step."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        step: Callable[[], object],
+        interval_s: float,
+        first_after_s: float | None = None,
+        pacer: Pacer | None = None,
+        on_stop: Callable[[], None] | None = None,
+    ) -> None:
+        """``first_after_s``: the first step runs this long after ``start`` (default:
+        one interval, or at once if woken). ``on_stop``: called once the thread has
+        ended (to close what the step used, e.g. the alert webhook's sender)."""
+        self.name = name
+        self.step = step
+        self.interval_s = interval_s
+        self.first_after_s = interval_s if first_after_s is None else first_after_s
+        self.pacer = pacer
+        self.on_stop = on_stop
+        self.passes = 0
+        self.failures = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def run_once(self) -> bool:
+        """One step; True if it returned. Never raises."""
+        try:
+            self.step()
+        except Conflict as exc:  # expected under contention: no traceback
+            self.failures += 1
+            log.warning("%s: %s", self.name, exc)
+            return False
+        except Exception:  # never die: log, count, go on
+            self.failures += 1
+            log.exception("%s failed", self.name)
+            return False
+        self.passes += 1
+        return True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"gpufleet-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self.on_stop is not None:
+            self.on_stop()
+
+    def _run(self) -> None:
+        wait = self.first_after_s
+        while not self._stop.is_set():
+            self._wake.wait(wait)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            started = time.monotonic()
+            ok = self.run_once()
+            wait = self.interval_s
+            if not ok:  # rest one interval whatever wakes us: a failing step must not spin
+                self._stop.wait(self.interval_s)
+                continue
+            if self.pacer is not None:
+                woken = self._wake.is_set()
+                rest = self.pacer.rest_after(started=started, ended=time.monotonic(), woken=woken)
+                if rest > 0:
+                    self._stop.wait(rest)
+                    self.pacer.rested(woken=self._wake.is_set())
+
+
+class Loops:
+    """Every loop of the process as one: ``start`` in order, ``stop`` in reverse."""
+
+    def __init__(self, runners: Sequence[Runner] = ()) -> None:
+        self.runners = list(runners)
+        self.running = False
+
+    def add(self, runner: Runner) -> Runner:
+        self.runners.append(runner)
+        return runner
+
+    def __getitem__(self, name: str) -> Runner:
+        for r in self.runners:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def start(self) -> None:
+        for r in self.runners:
+            r.start()
+        self.running = True
+
+    def stop(self) -> None:
+        for r in reversed(self.runners):
+            try:
+                r.stop()
+            except Exception:
+                log.exception("stopping %s failed", r.name)
+        self.running = False
