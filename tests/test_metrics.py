@@ -16,8 +16,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.server import db as dbmod
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
-from gpufleet.server.hot import HotState
 from gpufleet.server.loops.runner import Loop
 from gpufleet.server.metrics.collector import FleetCollector
 from gpufleet.server.metrics.state import ServerMetrics
@@ -286,7 +286,7 @@ def _collect(view: FleetView, db: Database) -> dict[str, list[tuple[dict[str, st
     metrics = ServerMetrics()
     loop = Loop(name="scheduling", step=lambda: None, interval_s=1.0)
     metrics.registry.register(
-        FleetCollector(view=lambda: view, hot=HotState(), metrics=metrics, scheduler=loop)
+        FleetCollector(view=lambda: view, hot=AgentState(), metrics=metrics, scheduler=loop)
     )
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for fam in text_string_to_metric_families(generate_latest(metrics.registry).decode()):

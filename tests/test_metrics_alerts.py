@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.alerts import Alert, AlertRules, AlertTracker, WebhookSender, evaluate
-from gpufleet.server.hot import HotState
 from gpufleet.server.metrics.history import RecordingTelemetryStore
 from gpufleet.server.schemas import GpuTelemetry
 from gpufleet.server.services.dashboard import FleetView, GpuInfo, NodeInfo, QueueStat, TeamSpend
@@ -40,8 +40,8 @@ def spent(cost: float, *, soft: float | None = None, hard: float | None = 100.0)
     return (TeamSpend(team="t", cost=cost, gpu_hours=1, energy_kwh=1, budget_soft=soft, budget_hard=hard),)
 
 
-def hot_state(**tel: Any) -> HotState:
-    hot = HotState(telemetry=RecordingTelemetryStore())
+def hot_state(**tel: Any) -> AgentState:
+    hot = AgentState(telemetry=RecordingTelemetryStore())
     if tel:
         hot.telemetry.put(
             "n1", at=NOW, gpus=[GpuTelemetry(index=0, **tel)], driver_version=None, cuda_version=None
@@ -70,7 +70,7 @@ def hot_state(**tel: Any) -> HotState:
         "budget-89pct", "budget-90pct", "budget-spent", "soft-budget-only", "zero-hard-budget",
     ],
 )  # fmt: skip
-def test_rules(fleet_view: FleetView, hot: HotState, want: list[tuple[str, str]]) -> None:
+def test_rules(fleet_view: FleetView, hot: AgentState, want: list[tuple[str, str]]) -> None:
     got = evaluate(fleet_view, hot, rules=AlertRules(queue_wait_s=1800))
     assert [(a.name, a.severity) for a in got] == want
 

@@ -15,11 +15,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpufleet.server import db as dbmod
-from gpufleet.server.hot import HotState
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.models import GpuRow, NodeRow, Team
 from gpufleet.server.problems import Failure, Kind, invalid
 from gpufleet.server.schemas import GpuIn, NodeSync, SyncReply
 from gpufleet.server.services import sync
+from gpufleet.server.services.nodes import write_heartbeats
 from gpufleet.server.writer import GroupCommitWriter, InlineWriter
 
 TEAMS = Team.metadata.tables["teams"]
@@ -125,7 +126,7 @@ def test_run_rolls_back_a_failure(database: dbmod.Database) -> None:
 # -- agents' writes through the writer (registration, syncs, heartbeats) -----------------------
 
 
-def register(writer: GroupCommitWriter, database: dbmod.Database, hot: HotState, name: str) -> object:
+def register(writer: GroupCommitWriter, database: dbmod.Database, hot: AgentState, name: str) -> object:
     body = NodeSync(gpus=[GpuIn(index=i, model="H100") for i in range(2)], address="10.0.0.1")
     return sync.sync_node(
         db=database,
@@ -143,7 +144,7 @@ def register(writer: GroupCommitWriter, database: dbmod.Database, hot: HotState,
 def test_registrations_share_commits_and_reply_after_them(database: dbmod.Database) -> None:
     """Fifty agents registering at once: every reply comes after its node is committed,
     and the writes took fewer transactions than agents."""
-    writer, hot = GroupCommitWriter(database), HotState()
+    writer, hot = GroupCommitWriter(database), AgentState()
     names = [f"n{i:02d}" for i in range(50)]
     replies: dict[str, object] = {}
     committed: dict[str, bool] = {}
@@ -173,7 +174,7 @@ def test_registrations_share_commits_and_reply_after_them(database: dbmod.Databa
 
 
 def test_a_refused_sync_writes_nothing_next_to_others(database: dbmod.Database) -> None:
-    writer, hot = GroupCommitWriter(database), HotState()
+    writer, hot = GroupCommitWriter(database), AgentState()
     try:
         assert isinstance(register(writer, database, hot, "good"), SyncReply)
         unknown = sync.sync_node(
@@ -200,7 +201,7 @@ def last_seen(database: dbmod.Database) -> dict[str, float | None]:
 
 
 def test_heartbeats_go_through_the_writer_and_stay_visible_until_committed(database: dbmod.Database) -> None:
-    writer, hot = GroupCommitWriter(database), HotState()
+    writer, hot = GroupCommitWriter(database), AgentState()
     try:
         for name in ("a", "b"):
             assert isinstance(register(writer, database, hot, name), SyncReply)  # last_seen 100
@@ -208,7 +209,7 @@ def test_heartbeats_go_through_the_writer_and_stay_visible_until_committed(datab
         blocker = writer.apply(lambda s, items: [gate.wait(10)], None)
         hot.heartbeats.note("a", 150.0)
         hot.heartbeats.note("b", 50.0)  # older than the stored one: never moves it back
-        hot.heartbeats.maybe_flush(writer)
+        hot.heartbeats.maybe_flush(writer, write_heartbeats)
         assert hot.heartbeats.latest() == {"a": 150.0, "b": 50.0}, "in flight: still reported"
         gate.set()
         blocker.result(10)
@@ -220,11 +221,11 @@ def test_heartbeats_go_through_the_writer_and_stay_visible_until_committed(datab
 
 
 def test_failed_heartbeat_write_is_put_back(tmp_path: Path) -> None:
-    hot = HotState()
+    hot = AgentState()
     empty = dbmod.Database.connect(f"sqlite:///{tmp_path / 'no-tables.db'}")  # the UPDATE fails
     try:
         hot.heartbeats.note("a", 1.0)
-        hot.heartbeats.flush(InlineWriter(empty))
+        hot.heartbeats.flush(InlineWriter(empty), write_heartbeats)
     finally:
         empty.dispose()
     assert hot.heartbeats.latest() == {"a": 1.0}

@@ -1,10 +1,34 @@
-"""The ``gpufleet`` command. Each area registers its commands from its own module."""
+"""The ``gpufleet`` command: every command and group is added here, in the order
+``gpufleet --help`` lists them.
+
+Layout: ``_common`` (the client, output and errors every client command shares),
+``apps`` (the command groups), one ``*_cmds`` module per subject, and helpers that hold
+no command (``jobview``, ``sbatch``, ``localtime``, ``words``, ``options``). No command
+module imports another.
+"""
 
 from __future__ import annotations
 
 import typer
 
 from gpufleet import __version__
+
+# Importing a module adds its group commands (``@apps.admin_app.command``) in its source
+# order; two modules fill ``admin``, in this import order: admin_cmds (users, teams...)
+# before chargeback_cmds (prices, budgets). admin_cmds and db_cmds only fill groups.
+from gpufleet.cli import (  # noqa: F401
+    account_cmds,
+    admin_cmds,
+    agent_cmds,
+    apps,
+    chargeback_cmds,
+    db_cmds,
+    job_cmds,
+    node_cmds,
+    reservation_cmds,
+    server_cmds,
+    sim_cmds,
+)
 from gpufleet.cli.options import flag
 
 app = typer.Typer(
@@ -30,25 +54,37 @@ def _root(
     """gpufleet: one control plane for a shared GPU cluster."""
 
 
-from gpufleet.cli import sim_cmds  # noqa: E402
+sim_cmds.register(app)  # simulate, and the trace group
 
-sim_cmds.register(app)
+app.command("server")(server_cmds.server)
+app.command("login")(account_cmds.login)
+# `submit job.sh --flag`: options after the script are the script's, as sbatch reads them
+app.command("submit", context_settings={"allow_interspersed_args": False})(job_cmds.submit)
+app.command("queue")(job_cmds.queue)
+app.command("cancel")(job_cmds.cancel)
+app.command("hold")(job_cmds.hold)
+app.command("release")(job_cmds.release)
+app.command("nodes")(node_cmds.nodes)
+app.command("default-team")(account_cmds.default_team)
+app.command("agent")(agent_cmds.agent)
+app.command("logs")(job_cmds.logs)
+app.command("demo")(server_cmds.demo)
+app.command("reserve")(reservation_cmds.reserve)
+app.command("reservations")(reservation_cmds.reservations)
+app.command("price")(chargeback_cmds.price)
+app.command("usage")(chargeback_cmds.usage)
 
-from gpufleet.cli import api_cmds  # noqa: E402
-
-api_cmds.register(app)
-
-from gpufleet.cli import agent_cmds  # noqa: E402
-
-agent_cmds.register(app)
-
-from gpufleet.cli import chargeback_cmds, reservation_cmds  # noqa: E402
-
-reservation_cmds.register(app)
-chargeback_cmds.register(app)
-
-from gpufleet.cli import db_cmds, node_cmds  # noqa: E402, F401  (commands on `db` and `node`)
+app.add_typer(apps.jobs_app, name="jobs")
+app.add_typer(apps.admin_app, name="admin")
+app.add_typer(apps.db_app, name="db")
+app.add_typer(apps.tokens_app, name="tokens")
+app.add_typer(apps.node_app, name="node")
+app.add_typer(apps.ca_app, name="ca")
+app.add_typer(apps.reservation_app, name="reservation")
 
 
 def main() -> None:
     app()
+
+
+__all__ = ["app", "main"]

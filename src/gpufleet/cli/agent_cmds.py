@@ -1,52 +1,34 @@
-"""``gpufleet agent``, ``gpufleet node join-token``, ``gpufleet logs`` and
-``gpufleet demo``.
+"""``gpufleet agent``: the node agent.
 
-The agent's credential: ``--token-file`` (a file only its owner can read, as ssh wants of
-a private key), else ``GPUFLEET_AGENT_TOKEN``; ``--token`` on the command line still works
+Its credential: ``--token-file`` (a file only its owner can read, as ssh wants of a
+private key), else ``GPUFLEET_AGENT_TOKEN``; ``--token`` on the command line still works
 for tests but warns, since every process on the node can read a command line.
-``GPUFLEET_URL``/``GPUFLEET_TOKEN`` are the user commands' connection, as everywhere;
-``GPUFLEET_ADMIN_TOKEN`` the demo's admin token.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import socket
-import sys
 import threading
-import time
 from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
 
-import httpx
 import platformdirs
 import typer
 
-from gpufleet.cli.options import flag, json_flag
-from gpufleet.client import ClientError, GpufleetClient, load_connection, tls_verify
-from gpufleet.sim.engine import NODES_PER_LEAF
+from gpufleet.cli._common import BAD_INPUT, fail
+from gpufleet.cli.options import flag
 from gpufleet.timefmt import parse_duration
-
-node_app = typer.Typer(
-    help="Nodes (operators): credentials, cordon, drain, rollout, events.", no_args_is_help=True
-)
-ca_app = typer.Typer(help="The cluster's certificate authority (TLS for the server, mTLS for agents).")
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"gpufleet: error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def _seconds(value: str, what: str) -> float:
     try:
         return parse_duration(value)
     except ValueError as exc:
-        raise _fail(f"{what}: {exc}", 2) from None
+        raise fail(f"{what}: {exc}", BAD_INPUT) from None
 
 
 def _local_address(server_url: str) -> str:
@@ -70,11 +52,11 @@ def _credential(token_file: Path | None, token: str | None, *, required: bool = 
             st = token_file.stat()
             secret = token_file.read_text().strip()
         except OSError as exc:
-            raise _fail(f"--token-file: cannot read {token_file}: {exc.strerror}", 2) from None
+            raise fail(f"--token-file: cannot read {token_file}: {exc.strerror}", BAD_INPUT) from None
         if st.st_mode & 0o077:
-            raise _fail(f"--token-file: {token_file} is readable by others: chmod 600 {token_file}", 2)
+            raise fail(f"--token-file: {token_file} is readable by others: chmod 600 {token_file}", BAD_INPUT)
         if not secret:
-            raise _fail(f"--token-file: {token_file} is empty", 2)
+            raise fail(f"--token-file: {token_file} is empty", BAD_INPUT)
         return secret
     if token:
         typer.echo(
@@ -85,7 +67,7 @@ def _credential(token_file: Path | None, token: str | None, *, required: bool = 
         return token
     if from_env or not required:
         return from_env
-    raise _fail("--token-file (or GPUFLEET_AGENT_TOKEN) is required", 2)
+    raise fail("--token-file (or GPUFLEET_AGENT_TOKEN) is required", BAD_INPUT)
 
 
 def _default_work_dir(node: str) -> Path:
@@ -104,9 +86,9 @@ def _bytes(value: str, what: str) -> int:
     try:
         n = int(float(num) * units[unit])
     except ValueError:
-        raise _fail(f"{what}: expected a size like 512M or 64G, got {value!r}", 2) from None
+        raise fail(f"{what}: expected a size like 512M or 64G, got {value!r}", BAD_INPUT) from None
     if n <= 0:
-        raise _fail(f"{what}: must be above 0", 2)
+        raise fail(f"{what}: must be above 0", BAD_INPUT)
     return n
 
 
@@ -206,7 +188,7 @@ def agent(
     try:
         users = UserMap.load(user_map) if user_map is not None else UserMap()
     except ValueError as exc:
-        raise _fail(f"--user-map: {exc}", 2) from None
+        raise fail(f"--user-map: {exc}", BAD_INPUT) from None
     run_as = RunAs(users=users, node=node)
     if run_as.note:
         typer.echo(f"gpufleet agent: {run_as.note}", err=True)
@@ -225,7 +207,7 @@ def agent(
             else NvmlProbe()
         )
     except ProbeError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     config = AgentConfig(
         node=node,
         work_dir=wd,
@@ -244,7 +226,7 @@ def agent(
         try:
             cert = ensure_certificate(url=server, node=node, directory=pki, token=secret, ca_file=ca)
         except AgentTransportError as exc:
-            raise _fail(str(exc)) from None
+            raise fail(str(exc)) from None
         transport = HttpTransport(server, ca_file=ca, cert=cert)
     bot = make_agent(
         config=config,
@@ -278,7 +260,7 @@ def agent(
     )
     if not bot.sync_once() and bot.stats.last_status in (401, 403):
         bot.close()
-        raise _fail(bot.stats.last_error or "credential refused")
+        raise fail(bot.stats.last_error or "credential refused")
     thread = threading.Thread(target=bot.run, args=(stop,), name="gpufleet-agent", daemon=True)
     thread.start()
     while thread.is_alive():
@@ -287,160 +269,4 @@ def agent(
     typer.echo("gpufleet agent: stopped (jobs keep running; restart to re-adopt them)", err=True)
 
 
-@node_app.command("join-token")
-def join_token(
-    node: str | None = typer.Option(None, "--node", help="Bind to this node (default: first to sync)."),
-) -> None:
-    """Create a node credential for `gpufleet agent --token` (shown once)."""
-    try:
-        with GpufleetClient.from_env() as c:
-            made = c.request("POST", "/nodes/join-tokens", json={"node": node})
-    except ClientError as exc:
-        raise _fail(exc.message, 2 if exc.status in (400, 422) else 1) from None
-    typer.echo(made["token"])
-
-
-@node_app.command("credentials")
-def credentials(
-    node: str | None = typer.Option(None, "--node", help="Only this node's."),
-    as_json: bool = json_flag(),
-) -> None:
-    """List node join tokens and certificates (never the secrets: a token's last
-    characters, a certificate's serial)."""
-    try:
-        with GpufleetClient.from_env() as c:
-            items = [it.model_dump() for it in c.node_credentials(node=node)]
-    except ClientError as exc:
-        raise _fail(exc.message, 2 if exc.status in (400, 422) else 1) from None
-    if as_json:
-        typer.echo(json.dumps(items, indent=2))
-        return
-    typer.echo(f"{'KIND':<11} {'ID':>5} {'NODE':<24} {'HINT/SERIAL':<40} {'EXPIRES':<10} STATE")
-    for it in items:
-        expires = time.strftime("%Y-%m-%d", time.localtime(it["not_after"])) if it["not_after"] else "-"
-        state = "revoked" if it["revoked_at"] else ("unbound" if it["node"] is None else "active")
-        typer.echo(
-            f"{it['kind']:<11} {it['id']:>5} {it['node'] or '-':<24} {it['hint']:<40} {expires:<10} {state}"
-        )
-
-
-@node_app.command("revoke")
-def revoke(
-    node: str = typer.Argument(..., help="The node whose join tokens and certificates to revoke."),
-) -> None:
-    """Revoke every credential of a node: its next sync is refused (re-admit it with a
-    new join token)."""
-    try:
-        with GpufleetClient.from_env() as c:
-            got = c.request("POST", f"/nodes/{node}/revoke")
-    except ClientError as exc:
-        raise _fail(exc.message, 2 if exc.status in (400, 422) else 1) from None
-    typer.echo(
-        f"revoked {got['join_tokens']} join token(s) and {got['certificates']} certificate(s) of {node}"
-    )
-
-
-@ca_app.command("init")
-def ca_init(
-    directory: Path = typer.Argument(..., help="Where to keep ca.crt, ca.key, server.crt, server.key."),
-    names: list[str] = typer.Option(
-        ["localhost", "127.0.0.1"],
-        "--name",
-        help="Host names and IP addresses the server is reached at (repeat).",
-    ),
-) -> None:
-    """Make the cluster CA and a server certificate signed by it (keys 0600).
-
-    Then: gpufleet server --tls-cert DIR/server.crt --tls-key DIR/server.key --ca-dir DIR;
-    agents and users pass --ca-file DIR/ca.crt (GPUFLEET_CA_FILE)."""
-    from gpufleet.pki import CertificateAuthority, PkiError
-
-    try:
-        ca = CertificateAuthority.load_or_create(directory)
-        crt, key = ca.issue_server(names, directory)
-    except (PkiError, OSError) as exc:
-        raise _fail(str(exc), 2) from None
-    typer.echo(f"CA          {directory / 'ca.crt'}  (give it to agents and users: --ca-file)")
-    typer.echo(f"server cert {crt}  for {', '.join(names)}")
-    typer.echo(f"server key  {key}")
-
-
-def logs(
-    job_id: int = typer.Argument(...),
-    follow: bool = flag("--follow", "-f", help="Stream until the job is over."),
-) -> None:
-    """A job's output (stdout and stderr, as its nodes shipped them)."""
-    conn = load_connection()
-    headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else {}
-    url = f"{conn.url.rstrip('/')}/v1/jobs/{job_id}/logs"
-    try:
-        with (
-            httpx.Client(
-                headers=headers, timeout=httpx.Timeout(30.0, read=None), verify=tls_verify(conn.ca_file)
-            ) as http,
-            http.stream("GET", url, params={"follow": "true"} if follow else {}) as resp,
-        ):
-            if resp.status_code >= 400:
-                resp.read()
-                detail = ""
-                try:
-                    detail = str(resp.json().get("detail", ""))
-                except ValueError:
-                    detail = resp.text[:200]
-                raise _fail(f"{resp.status_code}: {detail}")
-            for text in resp.iter_text():
-                sys.stdout.write(text)
-                sys.stdout.flush()
-    except httpx.HTTPError as exc:
-        raise _fail(f"cannot reach server {conn.url} ({exc.__class__.__name__})") from None
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
-
-
-def demo(
-    nodes: int = typer.Option(50, "--nodes", min=1, max=2000),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=64),
-    port: int = typer.Option(8080, "--port", min=1, max=65535),
-    no_workload: bool = flag("--no-workload", help="No background trace replay."),
-    data_dir: Path | None = typer.Option(
-        None, "--data-dir", help="Keep the database and agent dirs here (default: a temp dir, removed)."
-    ),
-    nodes_per_leaf: int = typer.Option(
-        NODES_PER_LEAF, "--nodes-per-leaf", min=1, help="Servers under one leaf switch."
-    ),
-    speed: float = typer.Option(300.0, "--speed", min=1.0, help="Trace time compression."),
-    tls: bool = flag(
-        "--tls", help="HTTPS with the demo's own CA; agents enrol for node certificates (mTLS)."
-    ),
-) -> None:
-    """A whole simulated fleet on this machine. Ctrl-C stops everything.
-
-    The server on SQLite, agents with simulated H100s, a replay of the bundled Philly
-    sample, the fleet page and an admin token."""
-    from gpufleet.demo import DemoOptions, run_demo
-
-    code = run_demo(
-        DemoOptions(
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            port=port,
-            workload=not no_workload,
-            data_dir=data_dir,
-            nodes_per_leaf=nodes_per_leaf,
-            speed=speed,
-            admin_token=os.environ.get("GPUFLEET_ADMIN_TOKEN") or None,
-            tls=tls,
-        )
-    )
-    raise typer.Exit(code)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("agent")(agent)
-    app.command("logs")(logs)
-    app.command("demo")(demo)
-    app.add_typer(node_app, name="node")
-    app.add_typer(ca_app, name="ca")
-
-
-__all__ = ["register"]
+__all__ = ["agent"]

@@ -20,13 +20,11 @@ from zoneinfo import ZoneInfo
 
 import typer
 
-from gpufleet.cli import words
-from gpufleet.cli.api_cmds import _client, _fail, _json, _table, admin_app
+from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table
+from gpufleet.cli.apps import admin_app
+from gpufleet.cli.localtime import local_zone, show_time
 from gpufleet.cli.options import flag, json_flag
-from gpufleet.cli.reservation_cmds import local_zone, show_time
-from gpufleet.client import GpufleetClient
 from gpufleet.scheduler import gpu_type_matches
-from gpufleet.server.schemas import JobOut
 
 
 def price(
@@ -39,10 +37,10 @@ def price(
     """GPU prices now, and when each GPU model gets cheaper (for work that can wait).
 
     Lists the models the fleet has; the schedule may price others too (--all)."""
-    with _client() as c:
+    with client() as c:
         out = c.prices()
     if json_out:
-        _json(out.model_dump())
+        print_json(out.model_dump())
         return
     if out.schedule is None:
         typer.echo("no prices set: GPUs cost nothing (admins: gpufleet admin set-prices FILE)")
@@ -50,14 +48,14 @@ def price(
     rows = [p for p in out.prices if gpu_type is None or gpu_type_matches(gpu_type, p.gpu_type)]
     fleet = {p.gpu_type for p in out.prices if p.in_fleet}
     if not rows:
-        raise _fail(f"no GPU model matching {gpu_type!r}; the fleet has {_names(fleet)}")
+        raise fail(f"no GPU model matching {gpu_type!r}; the fleet has {_names(fleet)}")
     shown = rows if all_models or not fleet else [p for p in rows if p.in_fleet]
     if not shown:
-        raise _fail(
+        raise fail(
             f"the fleet has no {gpu_type} GPU (it has {_names(fleet)}); --all shows the schedule's price"
         )
     zone = local_zone()
-    _table(
+    print_table(
         ("GPU TYPE", "NOW/GPU-H", "BASE", "CHEAPER FROM", "THEN", "SAVES"),
         [
             (
@@ -89,30 +87,6 @@ def _names(models: set[str]) -> str:
     return ", ".join(sorted(models)) if models else "no GPU yet"
 
 
-def price_hint(c: GpufleetClient, job: JobOut) -> list[str]:
-    """What a just-submitted job costs per hour now and when it would be cheaper
-    (``gpufleet submit`` prints it: work that can wait may be held and released
-    off-peak). Empty when no prices are set. The models are those the job could get:
-    the fleet's that match its ``gpu_type`` as the scheduler matches them (all the
-    schedule's, before any node registered)."""
-    if job.gpus == 0:
-        return []
-    out = c.prices()
-    if out.schedule is None:
-        return []
-    zone = local_zone()
-    rows = [p for p in out.prices if not job.gpu_type or gpu_type_matches(job.gpu_type, p.gpu_type)]
-    rows = [p for p in rows if p.in_fleet] or rows
-    gpus = words.count(job.gpus, "GPU")
-    lines = []
-    for p in rows[:4]:
-        line = f"{p.gpu_type} costs {p.price:.4g}/GPU-hour now ({gpus}: {p.price * job.gpus:.4g}/h)"
-        if p.next_cheaper_at is not None and p.next_cheaper_price is not None:
-            line += f"; {p.next_cheaper_price:.4g} from {show_time(p.next_cheaper_at, zone)}"
-        lines.append(line)
-    return lines
-
-
 def usage(
     by: str = typer.Option("team", "--by", help="user, team, pool or gpu-type."),
     month: str | None = typer.Option(
@@ -131,11 +105,11 @@ def usage(
     one), as budgets count them. Idle waste: GPU-hours allocated at under 5% utilisation.
     Admins see everyone; others see their teams."""
     if by not in ("user", "team", "pool", "gpu-type"):
-        raise _fail(f"--by: expected user, team, pool or gpu-type, got {by!r}", 2)
-    with _client() as c:
+        raise fail(f"--by: expected user, team, pool or gpu-type, got {by!r}", BAD_INPUT)
+    with client() as c:
         rep = c.usage(by=by, month=month, start=start, end=end)
     if json_out:
-        _json(rep.model_dump())
+        print_json(rep.model_dump())
         return
     cols = ("key", "jobs", "gpu_hours", "cost", "energy_kwh", "avg_util_pct", "idle_gpu_hours")
     rows: list[list[Any]] = [[getattr(r, k) for k in cols] for r in [*rep.rows, rep.total]]
@@ -145,7 +119,7 @@ def usage(
         w.writerows(["" if v is None else v for v in r] for r in rows)
         return
     typer.echo(f"usage by {by}, {period(rep.start, rep.end, rep.timezone)}")
-    _table(
+    print_table(
         (by.upper(), "JOBS", "GPU-HOURS", "COST", "ENERGY-KWH", "UTIL%", "IDLE GPU-H"),
         [[r[0], r[1], f"{r[2]:.1f}", f"{r[3]:.2f}", f"{r[4]:.1f}", r[5], f"{r[6]:.1f}"] for r in rows],
     )
@@ -166,8 +140,8 @@ def set_prices(path: Path = typer.Argument(..., help="A JSON or .toml price sche
         text = path.read_text()
         body = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (OSError, ValueError) as exc:
-        raise _fail(f"cannot read {path}: {exc}", 2) from None
-    with _client() as c:
+        raise fail(f"cannot read {path}: {exc}", BAD_INPUT) from None
+    with client() as c:
         out = c.set_prices(body)
     typer.echo(f"prices set for {', '.join(p.gpu_type for p in out.prices) or 'no GPU model'}")
 
@@ -179,7 +153,7 @@ def set_budget(
     hard: float | None = typer.Option(None, "--hard", min=0, help="Monthly spend that holds new jobs."),
 ) -> None:
     """Set (or, without options, clear) a team's monthly budget."""
-    with _client() as c:
+    with client() as c:
         t = c.set_budget(team, soft=soft, hard=hard)
     typer.echo(
         f"team {t.name}: soft {t.budget_soft if t.budget_soft is not None else 'none'}, "
@@ -188,6 +162,4 @@ def set_budget(
     )
 
 
-def register(app: typer.Typer) -> None:
-    app.command("price")(price)
-    app.command("usage")(usage)
+__all__ = ["period", "price", "set_budget", "set_prices", "usage"]

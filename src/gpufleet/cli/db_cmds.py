@@ -1,6 +1,6 @@
-"""``gpufleet db backup FILE`` and ``gpufleet db restore FILE``.
+"""``gpufleet db upgrade``, ``gpufleet db backup FILE`` and ``gpufleet db restore FILE``.
 
-SQLite: online, through SQLite's backup API (a consistent copy while the server runs
+Backup and restore on SQLite: online, through SQLite's backup API (a consistent copy while the server runs
 and writes; WAL mode). Restore copies FILE over the database with the same API: stop the
 server first, then start it again (it refuses a schema it does not know; run
 ``gpufleet db upgrade`` after restoring an older backup).
@@ -13,6 +13,9 @@ that command; ``restore`` likewise runs or prints
 A backup holds job environments (secrets) and token digests: its file is created mode
 0600, as the database itself is (``gpufleet.server.db``). The token secret is not in it
 (``tokenkey.py``): keep a copy of that file apart from the backups.
+
+These commands import SQLAlchemy and the server's ``db`` module when they run: the rest
+of the CLI (``gpufleet queue``...) imports neither.
 """
 
 from __future__ import annotations
@@ -26,19 +29,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from gpufleet.cli._common import fail
+from gpufleet.cli.apps import db_app
+
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
-
-from gpufleet.cli.api_cmds import db_app
 
 URL_OPT = typer.Option(
     None, "--database-url", help="SQLAlchemy URL (default: GPUFLEET_DATABASE_URL or SQLite)."
 )
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"gpufleet: error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def make_url(url: str) -> URL:
@@ -99,7 +98,24 @@ def _run_or_print(argv: list[str], shown: list[str], what: str) -> None:
         raise typer.Exit(1)
     res = subprocess.run(argv, capture_output=True, text=True, check=False)
     if res.returncode != 0:
-        raise _fail(f"{argv[0]} failed: {res.stderr.strip()[:500]}")
+        raise fail(f"{argv[0]} failed: {res.stderr.strip()[:500]}")
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    database_url: str | None = typer.Option(None, "--database-url", help="SQLAlchemy URL."),
+) -> None:
+    """Create or migrate the schema to this gpufleet's version."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gpufleet.server import db
+
+    url = database_url or db.default_database_url()
+    try:
+        db.upgrade(url)
+    except SQLAlchemyError as exc:
+        raise fail(f"cannot upgrade {url}: {str(exc).splitlines()[0]}") from None
+    typer.echo(f"database at revision {db.head_revision()}")
 
 
 @db_app.command("backup")
@@ -111,9 +127,9 @@ def backup(
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
         if not u.database or u.database == ":memory:" or not Path(u.database).exists():
-            raise _fail(f"no SQLite database at {u.database!r}")
+            raise fail(f"no SQLite database at {u.database!r}")
         if file.exists():
-            raise _fail(f"{file} exists; choose a new file")
+            raise fail(f"{file} exists; choose a new file")
         create_private(file)  # SQLite would make it with the umask's mode
         pages = sqlite_copy(u.database, str(file))
         typer.echo(f"backed up {u.database} to {file} ({pages} pages)")
@@ -143,14 +159,14 @@ def restore(
     url = _url(database_url)
     u = make_url(url)
     if not file.is_file():
-        raise _fail(f"no backup file {file}")
+        raise fail(f"no backup file {file}")
     if not yes and not typer.confirm(f"replace {u.render_as_string()} with {file}?"):
         raise typer.Exit(1)
     if u.get_backend_name() == "sqlite":
         if not u.database or u.database == ":memory:":
-            raise _fail("restore needs a SQLite file URL")
+            raise fail("restore needs a SQLite file URL")
         if not _is_gpufleet(str(file)):
-            raise _fail(f"{file} is not a gpufleet SQLite backup")
+            raise fail(f"{file} is not a gpufleet SQLite backup")
         private_sqlite_file(Path(u.database))
         pages = sqlite_copy(str(file), u.database)
         typer.echo(
@@ -163,4 +179,4 @@ def restore(
     typer.echo(f"restored {file} into {u.render_as_string()}")
 
 
-__all__ = ["backup", "libpq_url", "restore", "sqlite_copy"]
+__all__ = ["backup", "db_upgrade", "libpq_url", "restore", "sqlite_copy"]

@@ -1,5 +1,6 @@
-"""Node maintenance commands (operators and admins): ``gpufleet node cordon|uncordon|
-drain|rollout|events``.
+"""Node commands: ``gpufleet nodes`` (anyone, like sinfo); for operators and admins a
+node's credentials (``gpufleet node join-token|credentials|revoke``) and maintenance
+(``gpufleet node cordon|uncordon|drain|rollout|events``).
 
 A driver upgrade rolling through the fleet, two nodes at a time::
 
@@ -12,29 +13,13 @@ A driver upgrade rolling through the fleet, two nodes at a time::
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import typer
 
-from gpufleet.cli.agent_cmds import node_app
-from gpufleet.cli.options import flag
-from gpufleet.client import ClientError, GpufleetClient
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"gpufleet: error: {message}", err=True)
-    return typer.Exit(code)
-
-
-@contextmanager
-def _client() -> Iterator[GpufleetClient]:
-    try:
-        with GpufleetClient.from_env() as c:
-            yield c
-    except ClientError as exc:
-        raise _fail(exc.message, 2 if exc.status in (400, 422) else 1) from None
+from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table
+from gpufleet.cli.apps import node_app
+from gpufleet.cli.options import flag, json_flag
 
 
 def _node_line(n: dict[str, Any]) -> str:
@@ -46,6 +31,84 @@ def _node_line(n: dict[str, Any]) -> str:
     return f"node {n['name']}: {state}, {n['gpus_used']} GPU(s) in use{extra}"
 
 
+def nodes(
+    name: str | None = typer.Argument(None, help="Show one node in detail."),
+    pool: str | None = typer.Option(None, "--pool", "-p"),
+    json_out: bool = json_flag(),
+) -> None:
+    """Nodes and their GPUs, like sinfo."""
+    with client() as c:
+        items = [c.node(name)] if name else c.nodes(pool=pool)
+    if json_out:
+        print_json([n.model_dump() for n in items])
+        return
+    print_table(
+        ("NODE", "POOL", "STATE", "FREE", "USED", "TOTAL", "MODEL"),
+        [
+            (
+                n.name,
+                n.pool,
+                n.state + (",cordoned" if n.cordoned else ""),
+                n.gpus_free,
+                n.gpus_used,
+                n.gpus_total,
+                n.model,
+            )
+            for n in items
+        ],
+    )
+    if name:
+        for g in items[0].gpus:
+            typer.echo(
+                f"  gpu{g.index} {g.model} {g.uuid} nvlink={g.nvlink_domain} "
+                f"{'ok' if g.healthy else 'UNHEALTHY'} job={g.job_id or '-'}"
+            )
+
+
+@node_app.command("join-token")
+def join_token(
+    node: str | None = typer.Option(None, "--node", help="Bind to this node (default: first to sync)."),
+) -> None:
+    """Create a node credential for `gpufleet agent --token` (shown once)."""
+    with client() as c:
+        made = c.request("POST", "/nodes/join-tokens", json={"node": node})
+    typer.echo(made["token"])
+
+
+@node_app.command("credentials")
+def credentials(
+    node: str | None = typer.Option(None, "--node", help="Only this node's."),
+    as_json: bool = json_flag(),
+) -> None:
+    """List node join tokens and certificates (never the secrets: a token's last
+    characters, a certificate's serial)."""
+    with client() as c:
+        items = [it.model_dump() for it in c.node_credentials(node=node)]
+    if as_json:
+        print_json(items)
+        return
+    typer.echo(f"{'KIND':<11} {'ID':>5} {'NODE':<24} {'HINT/SERIAL':<40} {'EXPIRES':<10} STATE")
+    for it in items:
+        expires = time.strftime("%Y-%m-%d", time.localtime(it["not_after"])) if it["not_after"] else "-"
+        state = "revoked" if it["revoked_at"] else ("unbound" if it["node"] is None else "active")
+        typer.echo(
+            f"{it['kind']:<11} {it['id']:>5} {it['node'] or '-':<24} {it['hint']:<40} {expires:<10} {state}"
+        )
+
+
+@node_app.command("revoke")
+def revoke(
+    node: str = typer.Argument(..., help="The node whose join tokens and certificates to revoke."),
+) -> None:
+    """Revoke every credential of a node: its next sync is refused (re-admit it with a
+    new join token)."""
+    with client() as c:
+        got = c.request("POST", f"/nodes/{node}/revoke")
+    typer.echo(
+        f"revoked {got['join_tokens']} join token(s) and {got['certificates']} certificate(s) of {node}"
+    )
+
+
 @node_app.command("cordon")
 def cordon(
     node: str = typer.Argument(...),
@@ -53,7 +116,7 @@ def cordon(
     reason: str = typer.Option("", "--reason"),
 ) -> None:
     """Take a node (or one GPU) out of scheduling; running jobs stay."""
-    with _client() as c:
+    with client() as c:
         n = c.request("POST", f"/nodes/{node}/cordon", json={"gpu": gpu, "reason": reason})
     typer.echo(_node_line(n))
 
@@ -64,7 +127,7 @@ def uncordon(
     gpu: int | None = typer.Option(None, "--gpu", min=0, help="Only this GPU index."),
 ) -> None:
     """Put a node (or GPU) back in service; in a rollout, the node is then done."""
-    with _client() as c:
+    with client() as c:
         n = c.request("POST", f"/nodes/{node}/uncordon", json={"gpu": gpu})
     typer.echo(_node_line(n))
 
@@ -96,8 +159,8 @@ def drain(
     """Cordon and empty a node, or roll a drain through many (rolling maintenance)."""
     nodes = nodes or []
     if all_nodes == bool(nodes):
-        raise _fail("give NODE(s) or --all", 2)
-    with _client() as c:
+        raise fail("give NODE(s) or --all", BAD_INPUT)
+    with client() as c:
         if len(nodes) == 1 and not all_nodes:
             body = {"grace": grace, "requeue": requeue, "reason": reason}
             n = c.request("POST", f"/nodes/{nodes[0]}/drain", json=body)
@@ -124,7 +187,7 @@ def rollout(
     cancel: bool = flag("--cancel", help="Cancel the rollout: start no more drains."),
 ) -> None:
     """Progress of a rolling drain."""
-    with _client() as c:
+    with client() as c:
         if cancel:
             rid = rollout_id if rollout_id is not None else c.request("GET", "/rollouts/current")["id"]
             r = c.request("POST", f"/rollouts/{rid}/cancel")
@@ -143,7 +206,7 @@ def events(
     params: dict[str, Any] = {"limit": limit, "alerts": alerts}
     if node:
         params["node"] = node
-    with _client() as c:
+    with client() as c:
         rows = c.request("GET", "/fleet/events", params=params)
     for e in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"]))
@@ -151,4 +214,14 @@ def events(
         typer.echo(f"{at}  {e['severity']:<8} {e['kind']:<14} {where}: {e['reason']}")
 
 
-__all__ = ["cordon", "drain", "events", "rollout", "uncordon"]
+__all__ = [
+    "cordon",
+    "credentials",
+    "drain",
+    "events",
+    "join_token",
+    "nodes",
+    "revoke",
+    "rollout",
+    "uncordon",
+]

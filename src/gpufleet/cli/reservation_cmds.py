@@ -4,65 +4,24 @@ Whom a reservation is for (its team and users: their jobs may run in it) is one 
 who booked it (the API's ``owner``: they, or an operator, may cancel it) another; an
 admin booking for team vision is the booker, vision the team. The list shows both.
 
-Times: the CLI reads and shows *local* time (``TZ`` or the system's zone); the API and
-the database hold UNIX seconds (UTC). A repeat keeps the local wall-clock time: the CLI
-sends its IANA zone name and the server steps in that zone.
+Times: the CLI reads and shows *local* time (``TZ`` or the system's zone; ``localtime``);
+the API and the database hold UNIX seconds (UTC). A repeat keeps the local wall-clock
+time: the CLI sends its IANA zone name and the server steps in that zone.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from datetime import datetime
-from pathlib import Path
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
 
 from gpufleet.cli import words
-from gpufleet.cli.api_cmds import _client, _fail, _json, _table
+from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table
+from gpufleet.cli.apps import reservation_app
+from gpufleet.cli.localtime import local_zone, parse_start, show_time
 from gpufleet.cli.options import flag, json_flag
 from gpufleet.server.reservation_schemas import ReservationOut
 from gpufleet.timefmt import format_duration, parse_duration
-
-reservation_app = typer.Typer(help="One reservation: cancel.", no_args_is_help=True)
-
-
-def local_zone() -> str:
-    """The caller's IANA zone: ``TZ`` if it names one, else /etc/localtime's target."""
-    tz = os.environ.get("TZ", "").lstrip(":")
-    candidates = [tz] if tz else []
-    try:
-        target = str(Path("/etc/localtime").resolve())
-        if "zoneinfo/" in target:
-            candidates.append(target.split("zoneinfo/", 1)[1])
-    except OSError:
-        pass
-    for name in candidates:
-        try:
-            ZoneInfo(name)
-            return name
-        except (ZoneInfoNotFoundError, ValueError):
-            continue
-    return "UTC"
-
-
-def parse_start(text: str, *, zone: str, now: float) -> float:
-    """``+2h`` (from now) or an ISO time; a time without an offset is local in ``zone``."""
-    text = text.strip()
-    if text.startswith("+"):
-        return now + parse_duration(text[1:])
-    try:
-        dt = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"cannot read start {text!r} (try 2026-12-03T09:00 or +2h)") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=ZoneInfo(zone))
-    return dt.timestamp()
-
-
-def show_time(ts: float, zone: str) -> str:
-    return datetime.fromtimestamp(ts, ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M %Z")
 
 
 def _csv(value: str | None) -> list[str]:
@@ -78,7 +37,7 @@ def for_whom(r: ReservationOut) -> str:
 
 
 def _print(items: list[ReservationOut], zone: str) -> None:
-    _table(
+    print_table(
         ("ID", "NAME", "TEAM", "USERS", "BOOKED BY", "STATE", "GPUS", "START", "END", "NODES", "REASON"),
         [
             (
@@ -124,12 +83,12 @@ def reserve(
     --users) run there; you are the one who booked it."""
     zone = local_zone()
     if repeat not in (None, "daily", "weekly"):
-        raise _fail("--repeat: daily or weekly", 2)
+        raise fail("--repeat: daily or weekly", BAD_INPUT)
     try:
         start_ts = parse_start(start, zone=zone, now=time.time())
         duration_s = parse_duration(duration)
     except ValueError as exc:
-        raise _fail(str(exc), 2) from None
+        raise fail(str(exc), BAD_INPUT) from None
     spec = {
         "start": start_ts,
         "duration_s": duration_s,
@@ -147,10 +106,10 @@ def reserve(
         "node_names": _csv(node),
         "maintenance": maintenance,
     }
-    with _client() as c:
+    with client() as c:
         made = c.reserve(spec)
     if json_out:
-        _json([r.model_dump() for r in made])
+        print_json([r.model_dump() for r in made])
         return
     for r in made:
         typer.echo(
@@ -169,10 +128,10 @@ def reservations(
 
     TEAM and USERS: whose jobs may run in it. BOOKED BY: who booked it (they, or an
     operator, may cancel it)."""
-    with _client() as c:
+    with client() as c:
         items = c.reservations(include_past=all_)
     if json_out:
-        _json([r.model_dump() for r in items])
+        print_json([r.model_dump() for r in items])
     else:
         _print(items, local_zone())
 
@@ -180,12 +139,10 @@ def reservations(
 @reservation_app.command("cancel")
 def cancel(reservation_id: int = typer.Argument(...)) -> None:
     """Cancel a reservation (whoever booked it, or an operator)."""
-    with _client() as c:
+    with client() as c:
         r = c.cancel_reservation(reservation_id)
     typer.echo(f"reservation {r.id} {r.state.lower()}")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("reserve")(reserve)
-    app.command("reservations")(reservations)
-    app.add_typer(reservation_app, name="reservation")
+# local_zone, parse_start and show_time: still importable from here (gpufleet.demo, tests)
+__all__ = ["cancel", "for_whom", "local_zone", "parse_start", "reservations", "reserve", "show_time"]

@@ -38,8 +38,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.clock import Clock
-from gpufleet.server.hot import HotState
 from gpufleet.server.models import Allocation, Job, PriceScheduleRow, Team, UsageRow
 from gpufleet.server.pricing import PriceSchedule, parse_prices
 
@@ -67,7 +67,7 @@ def no_readings(node: str, index: int) -> None:
     return None
 
 
-def telemetry_readings(hot: HotState, clock: Clock, *, max_age_s: float) -> Readings:
+def telemetry_readings(hot: AgentState, clock: Clock, *, max_age_s: float) -> Readings:
     """Readings from the agents' latest telemetry (``hot.telemetry``: looked up at each
     call, the observability wiring swaps in its recording store), when fresh."""
 

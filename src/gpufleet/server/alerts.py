@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from gpufleet import __version__
-from gpufleet.server.hot import HotState
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.metrics.history import FATAL_XIDS, RecordingTelemetryStore
 from gpufleet.server.services.dashboard import HOT_C, FleetView
 
@@ -69,7 +69,7 @@ class Alert:
         return {"alertname": self.name, **dict(self.labels), "severity": self.severity}
 
 
-def evaluate(view: FleetView, hot: HotState, *, rules: AlertRules = AlertRules()) -> list[Alert]:
+def evaluate(view: FleetView, hot: AgentState, *, rules: AlertRules = AlertRules()) -> list[Alert]:
     out: list[Alert] = []
     store = hot.telemetry
     recorder = store if isinstance(store, RecordingTelemetryStore) else None

@@ -19,12 +19,12 @@ from gpufleet import __version__
 from gpufleet.pki import CertificateAuthority, PkiError
 from gpufleet.server import accounting, audit
 from gpufleet.server import db as dbmod
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.clock import Clock, SystemClock
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.deps import Parts, PartsDep
 from gpufleet.server.errors import ProblemError, StartupError, TokenKeyError
 from gpufleet.server.health import HealthMonitor
-from gpufleet.server.hot import HotState
 from gpufleet.server.lanes import Admission
 from gpufleet.server.loops import build as loops
 from gpufleet.server.metrics import wiring as observability
@@ -112,7 +112,7 @@ def create_app(
     database = db if db is not None else prepare(config, clock=clock, hasher=hasher)
     sched = loops.scheduling(config, database, clock)
     writer = GroupCommitWriter(database)
-    hot = HotState(health=HealthMonitor(config.health))
+    hot = AgentState(health=HealthMonitor(config.health))
     readings = accounting.telemetry_readings(
         hot, clock, max_age_s=max(config.node_timeout_s, 2 * config.accrual_interval_s)
     )

@@ -71,8 +71,8 @@ from gpufleet.server.ratelimit import AuthThrottle, Buckets, LaneSizes, RateLimi
 from gpufleet.server.services.accounts import Principal, TokenCache, authenticate, hash_token
 
 if TYPE_CHECKING:
+    from gpufleet.server.agentstate import CredCache
     from gpufleet.server.db import Database
-    from gpufleet.server.hot import CredCache
 
 NODE_TOKEN_PREFIX = "gfn_"
 SYNC_PATH = re.compile(r"/v1/nodes/[^/]+/sync")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.alerts import AlertRules, AlertTracker, WebhookSender, evaluate
-from gpufleet.server.hot import HotState
 from gpufleet.server.loops.runner import Loop
 from gpufleet.server.services.dashboard import FleetView
 
@@ -16,7 +16,7 @@ from gpufleet.server.services.dashboard import FleetView
 def alert_loop(
     *,
     view: Callable[[], FleetView],
-    hot: HotState,
+    hot: AgentState,
     sender: WebhookSender,
     rules: AlertRules,
     interval_s: float,

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpufleet.server import accounting
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.alerts import AlertRules, WebhookSender
 from gpufleet.server.clock import Clock
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.db import Database
-from gpufleet.server.hot import HotState
 from gpufleet.server.loops.accrual import accrual_loop
 from gpufleet.server.loops.alerts import alert_loop
 from gpufleet.server.loops.audit import retention_loop
@@ -55,7 +55,7 @@ def build(
     *,
     db: Database,
     clock: Clock,
-    hot: HotState,
+    hot: AgentState,
     sched: Scheduling,
     readings: accounting.Readings,
     after_accrual: Callable[[float], None],

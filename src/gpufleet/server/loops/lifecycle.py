@@ -33,12 +33,12 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.clock import Clock
 from gpufleet.server.db import Database
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.server.errors import Conflict
 from gpufleet.server.health import RECOVERABLE, Finding, HealthMonitor
-from gpufleet.server.hot import HotState
 from gpufleet.server.loops import health as gpu_health
 from gpufleet.server.loops.runner import Loop
 from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow, Rollout, RolloutNode
@@ -73,7 +73,7 @@ class LifecyclePass:
         self,
         *,
         db: Database,
-        hot: HotState,
+        hot: AgentState,
         clock: Clock,
         config: LifecycleConfig,
         waker: Callable[[], None],

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpufleet.server.hot import HotState
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.loops.runner import Runner
 from gpufleet.server.loops.scheduling import PassObserver
 from gpufleet.server.metrics.history import RecordingTelemetryStore
@@ -66,7 +66,7 @@ class FleetCollector(Collector):
         self,
         *,
         view: Callable[[], FleetView],
-        hot: HotState,
+        hot: AgentState,
         metrics: ServerMetrics,
         scheduler: Runner,
         observer: PassObserver | None = None,

@@ -2,7 +2,7 @@
 and the last XID each GPU reported.
 
 It is a ``TelemetryStore`` (``hot.py``) that also records what it is given, so the sync
-path stays as it is: ``create_app`` builds ``HotState(telemetry=RecordingTelemetryStore())``.
+path stays as it is: ``create_app`` builds ``AgentState(telemetry=RecordingTelemetryStore())``.
 Like the rest of the hot data it is per process and lost at restart; history in SQL is a
 later issue. Memory: ``keep`` samples x GPUs x 4 floats (4,000 GPUs, 120 samples: ~15 MB).
 """
@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpufleet.server.hot import TelemetryStore
+from gpufleet.server.agentstate import TelemetryStore
 from gpufleet.server.schemas import GpuTelemetry
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})

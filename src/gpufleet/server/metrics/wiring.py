@@ -11,8 +11,8 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.deps import Parts
-from gpufleet.server.hot import HotState
 from gpufleet.server.loops.scheduling import PassObserver
 from gpufleet.server.metrics.collector import FleetCollector
 from gpufleet.server.metrics.history import RecordingTelemetryStore
@@ -26,7 +26,7 @@ STATIC = Path(__file__).resolve().parents[1] / "web" / "static"
 
 
 def install(app: FastAPI, parts: Parts, observer: PassObserver) -> Callable[[], FleetView]:
-    hot: HotState = app.state.hot
+    hot: AgentState = app.state.hot
     if not isinstance(hot.telemetry, RecordingTelemetryStore):
         hot.telemetry = RecordingTelemetryStore()
     metrics = ServerMetrics()

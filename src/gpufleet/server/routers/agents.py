@@ -22,11 +22,11 @@ from fastapi import APIRouter, Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.pki import PeerIdentity, node_identity
+from gpufleet.server.agentstate import AgentState, NodeCred
 from gpufleet.server.audit import Actor, note_actor
 from gpufleet.server.cred_schemas import CertificateIn, CertificateOut, NodeCredentialList, RevokedOut
 from gpufleet.server.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
 from gpufleet.server.errors import ProblemError
-from gpufleet.server.hot import HotState, NodeCred
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.schemas import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply
@@ -37,12 +37,12 @@ from gpufleet.server.tlsproto import peer_certificate
 router = APIRouter(tags=["nodes"])
 
 
-async def get_hot(request: Request) -> HotState:
-    hot: HotState = request.app.state.hot
+async def get_hot(request: Request) -> AgentState:
+    hot: AgentState = request.app.state.hot
     return hot
 
 
-HotDep = Annotated[HotState, Depends(get_hot)]
+HotDep = Annotated[AgentState, Depends(get_hot)]
 
 
 def _bearer(authorization: str | None) -> str:
@@ -67,7 +67,7 @@ async def _actor(
     name: str,
     request: Request,
     parts: Parts,
-    hot: HotState,
+    hot: AgentState,
     authorization: str | None,
     *,
     certificate_only: bool,
@@ -108,7 +108,7 @@ def _peer(pem: str) -> PeerIdentity | None:
     return node_identity(ssl.PEM_cert_to_DER_cert(pem))
 
 
-def _resolve(parts: Parts, hot: HotState, token: str, name: str) -> NodeCred:
+def _resolve(parts: Parts, hot: AgentState, token: str, name: str) -> NodeCred:
     cred = nodecreds.authenticate_node(db=parts.db, token=token, cache=hot.creds, hasher=parts.hasher)
     if cred is None:
         raise ProblemError(401, "invalid or revoked node credential", title="Unauthorized")

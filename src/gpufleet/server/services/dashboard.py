@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 
 from gpufleet.scheduler import JobRequest
 from gpufleet.server import accounting
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
-from gpufleet.server.hot import HotState
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.metrics.history import FATAL_XIDS, RecordingTelemetryStore
 from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow, ReservationRow, Team, UsageRow, User
@@ -316,7 +316,7 @@ class ViewCache:
 # -- the page's endpoints ---------------------------------------------------------------------
 
 
-def gpu_flags(*, gpu: GpuInfo, node: NodeInfo, hot: HotState, busy: bool) -> int:
+def gpu_flags(*, gpu: GpuInfo, node: NodeInfo, hot: AgentState, busy: bool) -> int:
     tel = hot.telemetry.get(gpu.node)
     t = tel.gpus.get(gpu.index) if tel is not None else None
     flags = BUSY if busy else 0
@@ -335,7 +335,7 @@ def _faulty(t: GpuTelemetry) -> bool:
     return t.lost or bool(t.health) or bool(FATAL_XIDS & set(t.xid_events)) or (t.ecc_dbe or 0) > 0
 
 
-def snapshot(view: FleetView, hot: HotState) -> FleetSnapshot:
+def snapshot(view: FleetView, hot: AgentState) -> FleetSnapshot:
     """Per GPU: [index, util %, temp C, memory used MiB, memory MiB, flags, job id]. The
     cordon reasons ride along (the node's, and each GPU cordoned on its own), so the
     page's node panel explains a hatched tile from the same read as the heatmap."""
@@ -380,7 +380,7 @@ def snapshot(view: FleetView, hot: HotState) -> FleetSnapshot:
 
 
 def node_history(
-    *, db: Database, hot: HotState, actor: Principal, name: str, now: float
+    *, db: Database, hot: AgentState, actor: Principal, name: str, now: float
 ) -> NodeHistory | Failure:
     """A node's recent telemetry and the jobs on it. Like ``GET /v1/jobs``, a plain user
     sees the details of their own jobs only (others: id and GPU count)."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
-from gpufleet.server.hot import HotState
 from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow
 from gpufleet.server.schemas import FleetSummary
 
 
-def summary(*, db: Database, hot: HotState, live_since: float) -> FleetSummary:
+def summary(*, db: Database, hot: AgentState, live_since: float) -> FleetSummary:
     with db.read() as s:
         nodes = s.scalar(select(func.count()).select_from(NodeRow)) or 0
         ready = (

@@ -27,9 +27,9 @@ from sqlalchemy import Update, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.pki import CertificateAuthority, PkiError
+from gpufleet.server.agentstate import CredCache, NodeCred, Revocations
 from gpufleet.server.cred_schemas import CertificateOut, NodeCredentialList, NodeCredentialOut, RevokedOut
 from gpufleet.server.db import Database
-from gpufleet.server.hot import CredCache, NodeCred, Revocations
 from gpufleet.server.models import NodeCertificate, NodeCredential
 from gpufleet.server.pages import cut, id_cursor
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found

@@ -2,7 +2,7 @@
 
 Sync, the agent protocol, lives in ``services/sync.py``. Registration (``PUT``) counts
 as a sighting of the node, like a sync. The latest telemetry an agent sent (hot data,
-``HotState``) is shown with each GPU.
+``AgentState``) is shown with each GPU.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
-from gpufleet.server.hot import HotState
 from gpufleet.server.models import Allocation, GpuRow, NodeRow, Pool
 from gpufleet.server.pages import NodePage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
@@ -25,7 +25,7 @@ from gpufleet.server.services.inventory import FleetCache
 Waker = Callable[[], None]
 
 
-def _node_out(s: Session, n: NodeRow, live_since: float, hot: HotState | None = None) -> NodeOut:
+def _node_out(s: Session, n: NodeRow, live_since: float, hot: AgentState | None = None) -> NodeOut:
     gpus = list(s.scalars(select(GpuRow).where(GpuRow.node == n.name).order_by(GpuRow.index)))
     held = dict(
         s.execute(
@@ -81,7 +81,7 @@ def list_nodes(
     actor: Principal,
     live_since: float,
     pool: str | None = None,
-    hot: HotState | None = None,
+    hot: AgentState | None = None,
     limit: int = 100,
     cursor: str | None = None,
 ) -> NodePage:
@@ -97,7 +97,7 @@ def list_nodes(
 
 
 def show_node(
-    *, db: Database, actor: Principal, name: str, live_since: float, hot: HotState | None = None
+    *, db: Database, actor: Principal, name: str, live_since: float, hot: AgentState | None = None
 ) -> NodeOut | Failure:
     with db.read() as s:
         n = s.get(NodeRow, name)
@@ -120,7 +120,7 @@ def judge_inventory(
     GPU row, ``held`` the job holding each allocated GPU. Refused: an index no GPU can
     have, an index or UUID twice, several models (the scheduler's ``Node`` holds one),
     a held GPU of another model than before (hardware does not change under a running
-    job), and a held GPU gone while the others changed model (``_set_gpus`` keeps a held
+    job), and a held GPU gone while the others changed model (``set_gpus`` keeps a held
     GPU that vanished: the node would then mix models)."""
     seen: set[int] = set()
     uuids: set[str] = set()
@@ -160,7 +160,7 @@ def inventory_problem(s: Session, node: str, gpus: Sequence[GpuIn]) -> Contradic
     return judge_inventory(gpus, stored=stored, held={i: j for i, j in held if i is not None})
 
 
-def _set_gpus(s: Session, node: str, gpus: Sequence[GpuIn]) -> None:
+def set_gpus(s: Session, node: str, gpus: Sequence[GpuIn]) -> None:
     """Replace the inventory; a GPU that disappeared while allocated stays, unhealthy."""
     held = set(
         s.scalars(
@@ -211,7 +211,7 @@ def put_node(
         node.pool, node.leaf, node.rack, node.cordoned = spec.pool, spec.leaf, spec.rack, spec.cordoned
         node.last_seen = now
         s.flush()
-        _set_gpus(s, name, spec.gpus)
+        set_gpus(s, name, spec.gpus)
         s.flush()
         out = _node_out(s, node, live_since)
     fleets.invalidate()
@@ -233,3 +233,21 @@ def delete_node(*, db: Database, actor: Principal, name: str, fleets: FleetCache
         s.delete(n)
     fleets.invalidate()
     return out
+
+
+def write_heartbeats(s: Session, batches: Sequence[dict[str, float]]) -> list[None]:
+    """A ``BulkOp``: each batch's ``last_seen`` values in one executemany (never moving
+    a node's ``last_seen`` back)."""
+    latest: dict[str, float] = {}
+    for batch in batches:
+        for node, at in batch.items():
+            latest[node] = max(at, latest.get(node, at))
+    if latest:
+        stmt = (
+            update(NodeRow)
+            .where(NodeRow.name == bindparam("n"))
+            .where(NodeRow.last_seen.is_(None) | (NodeRow.last_seen < bindparam("t")))
+            .values(last_seen=bindparam("t"))
+        )
+        s.connection().execute(stmt, [{"n": n, "t": t} for n, t in sorted(latest.items())])
+    return [None] * len(batches)

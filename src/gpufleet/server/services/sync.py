@@ -16,7 +16,7 @@ count only for a job *attempt* (``DesiredJob.attempt``):
 Judged on the state before the sync, so a sync that reports an exit and ships the last
 bytes in one message keeps them. Everything else (no attempt given, no such job, a job
 placed elsewhere or never placed, another attempt) is dropped, item by item, never the
-whole sync, and counted (``HotState.rejected``: ``gpufleet_sync_rejected_items_total``
+whole sync, and counted (``AgentState.rejected``: ``gpufleet_sync_rejected_items_total``
 by kind and reason). Where NodeRestriction is silent: a duplicate the server already
 applied (an exit resent after a lost answer) counts like any other dropped item; a node
 declared lost needs no stop confirmation (``requeue.py``), so output of an attempt it
@@ -44,7 +44,7 @@ running jobs keep their heartbeat, but takes nothing new.) A sync naming GPUs no
 can have also has their telemetry dropped.
 
 A sync that would change nothing durable (the steady state of an idle or busy fleet) is
-answered from a read transaction; its heartbeat goes to ``HotState.heartbeats``.
+answered from a read transaction; its heartbeat goes to ``AgentState.heartbeats``.
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from gpufleet.server import accounting
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
 from gpufleet.server.errors import Conflict
-from gpufleet.server.hot import HotState
 from gpufleet.server.jobstate.requeue import requeue
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import attempt_of, move, ref, release_attempt
@@ -81,7 +81,7 @@ from gpufleet.server.schemas import (
     SyncReply,
 )
 from gpufleet.server.services.nodeops import add_event
-from gpufleet.server.services.nodes import _set_gpus, inventory_problem
+from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
 from gpufleet.server.writer import Writer
 
 log = logging.getLogger("gpufleet.server")
@@ -468,7 +468,7 @@ def _write(
     if body.gpus is not None and new_gpus:
         bad = inventory_problem(s, name, body.gpus)
         if bad is None:
-            _set_gpus(s, name, body.gpus)
+            set_gpus(s, name, body.gpus)
         elif not _quarantine(s, node, bad.reason, now):
             reshaped = _node_differs(node, body)  # the same refusal again: nothing new
         s.flush()
@@ -488,7 +488,7 @@ def sync_node(
     *,
     db: Database,
     writer: Writer,
-    hot: HotState,
+    hot: AgentState,
     actor: AgentActor,
     name: str,
     body: NodeSync,
@@ -518,7 +518,7 @@ def sync_node(
     fast = _fast_reply(db, name, body)
     if fast is not None:
         hot.heartbeats.note(name, now)
-        hot.heartbeats.maybe_flush(writer)
+        hot.heartbeats.maybe_flush(writer, write_heartbeats)
         _count(hot, name, fast.rejected)
         return fast.reply
     write = partial(_write, name=name, body=body, actor=actor.name, now=now, readings=readings)
@@ -538,7 +538,7 @@ def sync_node(
     return conflict(f"node {name}: the database is busy or its jobs change too fast; sync again")
 
 
-def _count(hot: HotState, node: str, rejected: Counter[tuple[str, str]]) -> None:
+def _count(hot: AgentState, node: str, rejected: Counter[tuple[str, str]]) -> None:
     """Count what a sync had dropped (once, after it was answered: not per retry)."""
     if rejected:
         hot.rejected.add(rejected)

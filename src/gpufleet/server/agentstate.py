@@ -1,4 +1,7 @@
-"""Hot data: what the server keeps in memory about its agents, per process.
+"""What the server keeps in memory about its agents, per process (DESIGN.md's "hot
+data": latest values in memory, durable state in SQL). Nothing here touches the
+database: the heartbeat rows are written by whoever flushes them (``services/sync.py``,
+with ``services.nodes.write_heartbeats``).
 
 - latest telemetry per node (``GET /v1/nodes/{name}`` shows it; history in SQL is a
   later issue),
@@ -7,7 +10,7 @@
   fleet of idle agents costs one statement a second instead of one write per sync,
 - the node-credential cache, and sync latency figures (``GET /v1/fleet/summary``).
 
-One ``HotState`` per app (``app.state.hot``). With several server processes each keeps
+One ``AgentState`` per app (``app.state.hot``). With several server processes each keeps
 its own telemetry; liveness is shared through the database.
 """
 
@@ -22,13 +25,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from sqlalchemy import bindparam, update
-from sqlalchemy.orm import Session
-
 from gpufleet.server.health import HealthMonitor
-from gpufleet.server.models import NodeRow
 from gpufleet.server.schemas import GpuTelemetry, SyncStats
-from gpufleet.server.writer import Writer
+from gpufleet.server.writer import BulkOp, Writer
 
 log = logging.getLogger("gpufleet.server")
 
@@ -69,24 +68,6 @@ class TelemetryStore:
         self._nodes.pop(node, None)
 
 
-def write_heartbeats(s: Session, batches: Sequence[dict[str, float]]) -> list[None]:
-    """A ``BulkOp``: each batch's ``last_seen`` values in one executemany (never moving
-    a node's ``last_seen`` back)."""
-    latest: dict[str, float] = {}
-    for batch in batches:
-        for node, at in batch.items():
-            latest[node] = max(at, latest.get(node, at))
-    if latest:
-        stmt = (
-            update(NodeRow)
-            .where(NodeRow.name == bindparam("n"))
-            .where(NodeRow.last_seen.is_(None) | (NodeRow.last_seen < bindparam("t")))
-            .values(last_seen=bindparam("t"))
-        )
-        s.connection().execute(stmt, [{"n": n, "t": t} for n, t in sorted(latest.items())])
-    return [None] * len(batches)
-
-
 @dataclass(slots=True)
 class Heartbeats:
     """``last_seen`` values not yet written. ``maybe_flush`` hands them, when a flush is
@@ -113,21 +94,21 @@ class Heartbeats:
                 out[node] = max(at, out.get(node, at))
             return out
 
-    def maybe_flush(self, writer: Writer) -> None:
+    def maybe_flush(self, writer: Writer, write: BulkOp[dict[str, float], None]) -> None:
         now = time.monotonic()
         with self._lock:
             if self._inflight or not self._pending or now - self._last_flush < self.flush_s:
                 return
             batch, self._pending, self._inflight, self._last_flush = self._pending, {}, self._pending, now
-        writer.apply(write_heartbeats, batch).add_done_callback(self._written)
+        writer.apply(write, batch).add_done_callback(self._written)
 
-    def flush(self, writer: Writer) -> None:
+    def flush(self, writer: Writer, write: BulkOp[dict[str, float], None]) -> None:
         """Write what is pending now and wait for it (tests, shutdown)."""
         with self._lock:
             if self._inflight or not self._pending:
                 return
             batch, self._pending, self._inflight = self._pending, {}, self._pending
-        fut = writer.apply(write_heartbeats, batch)
+        fut = writer.apply(write, batch)
         fut.add_done_callback(self._written)
         with contextlib.suppress(Exception):
             fut.result()
@@ -252,7 +233,7 @@ class Rejections:
 
 
 @dataclass(slots=True)
-class HotState:
+class AgentState:
     telemetry: TelemetryStore = field(default_factory=TelemetryStore)
     heartbeats: Heartbeats = field(default_factory=Heartbeats)
     latencies: Latencies = field(default_factory=Latencies)

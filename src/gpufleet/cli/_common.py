@@ -1,0 +1,75 @@
+"""What every client command needs: a client for the saved connection, its output
+(JSON, or a plain table), and its errors.
+
+Errors are one line on stderr, ``gpufleet: error: ...``: exit 2 for bad input (the
+server's 400, 413 or 422, a bad option), 1 for everything else (unreachable server, 401,
+403, 404, 409). A command raises what :func:`fail` returns, so that the checker sees the
+function end there: ``raise fail("...", BAD_INPUT) from None``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+
+from gpufleet.client import ClientError, GpufleetClient
+
+FAILED = 1
+"""Exit code of a command that could not do its work."""
+BAD_INPUT = 2
+"""Exit code of a command given bad input: an option, an argument, or a request the
+server refused as such. Click exits 2 for a usage error too."""
+_BAD_INPUT_STATUSES = (400, 413, 422)
+
+
+def fail(message: str, code: int = FAILED) -> typer.Exit:
+    """Print ``gpufleet: error: MESSAGE`` on stderr; returns the exit to raise."""
+    error(message)
+    return typer.Exit(code)
+
+
+def error(message: str) -> None:
+    """An error that does not end the command (one of several jobs it acts on)."""
+    typer.echo(f"gpufleet: error: {message}", err=True)
+
+
+def warn(message: str) -> None:
+    typer.echo(f"gpufleet: warning: {message}", err=True)
+
+
+def exit_code(exc: ClientError) -> int:
+    """:data:`BAD_INPUT` for a request the server refused as bad input, else :data:`FAILED`."""
+    return BAD_INPUT if exc.status in _BAD_INPUT_STATUSES else FAILED
+
+
+@contextmanager
+def client() -> Iterator[GpufleetClient]:
+    """The client for the saved connection (``gpufleet login``, or ``GPUFLEET_URL`` and
+    ``GPUFLEET_TOKEN``); a :class:`ClientError` inside the block ends the command with
+    its message and :func:`exit_code`."""
+    try:
+        with GpufleetClient.from_env() as c:
+            yield c
+    except ClientError as exc:
+        raise fail(exc.message, exit_code(exc)) from None
+
+
+def print_json(data: Any) -> None:
+    """``--json`` output: indented; what JSON has no type for (a datetime) as its text."""
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Columns padded to their widest cell, two spaces apart; ``None`` shows as ``-``.
+    Plain text, so that ``awk`` and ``grep`` read it as they read ``squeue``'s."""
+    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for r in cells:
+        typer.echo("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+__all__ = ["BAD_INPUT", "FAILED", "client", "error", "exit_code", "fail", "print_json", "print_table", "warn"]

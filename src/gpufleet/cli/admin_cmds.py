@@ -1,0 +1,198 @@
+"""``gpufleet admin``: users, teams, quotas, pools and the audit log (admins). Prices and
+budgets are in ``chargeback_cmds``.
+
+``admin create-user --database-url`` writes the database directly (the way back in when
+every admin token lapsed): it imports the server then, the other commands never do.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table
+from gpufleet.cli.apps import admin_app
+from gpufleet.cli.options import flag, json_flag
+from gpufleet.timefmt import parse_duration
+
+
+@admin_app.command("create-user")
+def create_user(
+    name: str = typer.Argument(...),
+    team: list[str] = typer.Option([], "--team", help="Team(s) to join; repeat."),
+    role: str = typer.Option("user", "--role", help="admin, operator or user."),
+    database_url: str | None = typer.Option(
+        None, "--database-url", help="Write the database directly instead of calling the API."
+    ),
+    token_secret_file: Path | None = typer.Option(
+        None,
+        "--token-secret-file",
+        envvar="GPUFLEET_TOKEN_SECRET_FILE",
+        help="With --database-url: the server's token secret (as gpufleet server takes it).",
+    ),
+) -> None:
+    """Create a user and print their token (shown only once). With --database-url, on
+    the database host: also the way back in when every admin token lapsed."""
+    if role not in ("admin", "operator", "user"):
+        raise fail(f"--role: {role!r} is not one of admin, operator, user", BAD_INPUT)
+    if database_url is not None:
+        from gpufleet.server.direct import create_user_direct
+        from gpufleet.server.problems import Failure
+
+        made = create_user_direct(
+            database_url=database_url, name=name, role=role, teams=team, secret_file=token_secret_file
+        )
+        if isinstance(made, Failure):
+            raise fail(f"cannot create user: {made.detail}")
+        typer.echo(made)
+        return
+    with client() as c:
+        typer.echo(c.create_user(name, role=role, teams=team).token)
+
+
+@admin_app.command("create-team")
+def create_team(name: str = typer.Argument(...)) -> None:
+    """Create a team."""
+    with client() as c:
+        typer.echo(f"team {c.create_team(name).name} created")
+
+
+@admin_app.command("add-member")
+def add_member(team: str = typer.Argument(...), user: str = typer.Argument(...)) -> None:
+    """Add a user to a team."""
+    with client() as c:
+        t = c.add_member(team, user)
+    typer.echo(f"team {t.name}: {', '.join(t.members)}")
+
+
+@admin_app.command("set-quota")
+def set_quota(
+    team: str = typer.Argument(...),
+    gpus: int = typer.Option(..., "--gpus", min=0, help="Nominal share (fair-share weight)."),
+    limit: int | None = typer.Option(None, "--limit", min=0, help="Hard cap (default: none)."),
+) -> None:
+    """Set a team's quota."""
+    with client() as c:
+        t = c.set_quota(team, gpus=gpus, limit=limit)
+    typer.echo(f"team {t.name}: {t.quota_gpus} GPUs nominal, limit {t.quota_limit or 'none'}")
+
+
+@admin_app.command("create-pool")
+def create_pool(
+    name: str = typer.Argument(...),
+    cpu_only: bool = flag("--cpu-only", help="A pool for 0-GPU jobs."),
+    description: str = typer.Option("", "--description"),
+) -> None:
+    """Create a pool (partition)."""
+    with client() as c:
+        p = c.create_pool(name, gpu=not cpu_only, description=description)
+    typer.echo(f"pool {p.name} created ({'GPU' if p.gpu else 'CPU-only'})")
+
+
+@admin_app.command("delete-pool")
+def delete_pool(name: str = typer.Argument(...)) -> None:
+    """Delete an unused pool."""
+    with client() as c:
+        typer.echo(f"pool {c.delete_pool(name).name} deleted")
+
+
+@admin_app.command("users")
+def list_users(json_out: bool = json_flag()) -> None:
+    """List users."""
+    with client() as c:
+        items = c.users()
+    if json_out:
+        print_json([u.model_dump() for u in items])
+    else:
+        rows = [(u.name, u.role, ",".join(u.teams), u.default_team or "-") for u in items]
+        print_table(("USER", "ROLE", "TEAMS", "DEFAULT TEAM"), rows)
+
+
+@admin_app.command("teams")
+def list_teams(json_out: bool = json_flag()) -> None:
+    """List teams, quotas and budgets."""
+    with client() as c:
+        items = c.teams()
+    if json_out:
+        print_json([t.model_dump() for t in items])
+    else:
+        print_table(
+            ("TEAM", "QUOTA", "LIMIT", "BUDGET SOFT", "HARD", "SPENT (MONTH)", "MEMBERS"),
+            [
+                (
+                    t.name,
+                    t.quota_gpus,
+                    t.quota_limit,
+                    t.budget_soft,
+                    t.budget_hard,
+                    None if t.month_cost is None else f"{t.month_cost:.2f}",
+                    ",".join(t.members),
+                )
+                for t in items
+            ],
+        )
+
+
+@admin_app.command("pools")
+def list_pools(json_out: bool = json_flag()) -> None:
+    """List pools."""
+    with client() as c:
+        items = c.pools()
+    if json_out:
+        print_json([p.model_dump() for p in items])
+    else:
+        print_table(
+            ("POOL", "KIND", "NODES", "DESCRIPTION"),
+            [(p.name, "gpu" if p.gpu else "cpu", p.nodes, p.description) for p in items],
+        )
+
+
+@admin_app.command("audit")
+def audit(
+    user: str | None = typer.Option(None, "--user", help="Only this user's requests."),
+    since: str | None = typer.Option(None, "--since", help="Only this recent, e.g. 1h or 1d."),
+    limit: int = typer.Option(100, "--limit", min=1, max=100_000, help="At most this many rows."),
+    json_out: bool = json_flag(),
+) -> None:
+    """The audit log: every mutating API request (who, from where, what, outcome), newest
+    first. Admins only; agents' syncs are not in it."""
+    try:
+        start = None if since is None else time.time() - parse_duration(since)
+    except ValueError as exc:
+        raise fail(f"--since: {exc}", BAD_INPUT) from None
+    with client() as c:
+        rows = c.audit(user=user, since=start, limit=limit)
+    if json_out:
+        print_json([r.model_dump() for r in rows])
+        return
+    print_table(
+        ("TIME", "USER", "ROLE", "ADDRESS", "REQUEST", "OBJECT", "STATUS"),
+        [
+            (
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.at)),
+                r.actor,
+                r.role,
+                r.address,
+                f"{r.method} {r.path}",
+                r.object,
+                r.status,
+            )
+            for r in rows
+        ],
+    )
+
+
+__all__ = [
+    "add_member",
+    "audit",
+    "create_pool",
+    "create_team",
+    "create_user",
+    "delete_pool",
+    "list_pools",
+    "list_teams",
+    "list_users",
+    "set_quota",
+]

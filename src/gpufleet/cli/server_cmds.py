@@ -1,0 +1,293 @@
+"""Commands that run or set up the control plane on this machine: ``gpufleet server``,
+``gpufleet ca init`` and ``gpufleet demo``.
+
+They import the server (or the agent) when they run, not when the CLI starts: the help
+shows defaults from ``gpufleet.server.defaults`` and ``gpufleet.server.health``, which
+are plain constants. ``GPUFLEET_ADMIN_TOKEN``, when set, is the admin token of
+``server`` and ``demo``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+import typer
+
+from gpufleet.cli._common import BAD_INPUT, fail
+from gpufleet.cli.apps import ca_app
+from gpufleet.cli.options import flag
+from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
+from gpufleet.server.health import DEFAULT_FATAL_XIDS
+from gpufleet.sim.engine import NODES_PER_LEAF
+from gpufleet.timefmt import parse_duration
+
+
+def server(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535),
+    database_url: str | None = typer.Option(
+        None, "--database-url", help="SQLAlchemy URL (default: SQLite in the user data dir)."
+    ),
+    policy: str = typer.Option("default", "--policy", help="Scheduling policy."),
+    node_timeout: str = typer.Option(
+        f"{NODE_TIMEOUT_S:g}s", "--node-timeout", help="A node unseen this long is NotReady."
+    ),
+    requeue_after: str = typer.Option(
+        f"{REQUEUE_AFTER_S:g}s",
+        "--requeue-after",
+        help="NotReady this much longer: node lost, its jobs requeued.",
+    ),
+    gpu_max_temp: float = typer.Option(85.0, "--gpu-max-temp", help="Hotter (C) for --gpu-hot-for: cordon."),
+    gpu_hot_for: str = typer.Option("30s", "--gpu-hot-for"),
+    gpu_recover_after: str = typer.Option(
+        "10m", "--gpu-recover-after", help="An overheat cordon lifts after this long at normal temperature."
+    ),
+    gpu_fatal_xids: str = typer.Option(
+        ",".join(map(str, sorted(DEFAULT_FATAL_XIDS))), "--gpu-fatal-xids", help="XIDs that cordon a GPU."
+    ),
+    gpu_max_ecc_dbe: int = typer.Option(1, "--gpu-max-ecc-dbe", min=0, help="DBE errors; 0: off."),
+    gpu_max_retired_pages: int = typer.Option(60, "--gpu-max-retired-pages", min=0, help="0: off."),
+    alert_webhook: str | None = typer.Option(
+        None, "--alert-webhook", help="POST built-in alerts here (Alertmanager webhook JSON)."
+    ),
+    queue_wait_alert: str = typer.Option("30m", "--queue-wait-alert", help="QueueWaitHigh threshold."),
+    idle_release: str = typer.Option(
+        "15m", "--idle-release", help="Release a started reservation no owner job used for this long."
+    ),
+    prices: Path | None = typer.Option(
+        None, "--prices", help="Price schedule (JSON or .toml) to put in force at start."
+    ),
+    scheduler_thread: bool = flag(
+        "--scheduler-thread",
+        help="Run scheduling passes in a thread of the API process (default: a child process).",
+    ),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve HTTPS with this certificate (PEM)."),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="The certificate's key (PEM, 0600)."),
+    ca_dir: Path | None = typer.Option(
+        None,
+        "--ca-dir",
+        help="The cluster CA (gpufleet ca init): with --tls-cert, agents sync with node certificates.",
+    ),
+    insecure_http: bool = flag("--insecure-http", help="Allow plain HTTP on an address other than loopback."),
+    rate_user: str = typer.Option(
+        "30/10", "--rate-user", help="A user's requests: BURST/PER_SECOND (a token bucket), or off."
+    ),
+    rate_operator: str = typer.Option(
+        "300/100", "--rate-operator", help="An operator's requests (as --rate-user)."
+    ),
+    rate_admin: str = typer.Option("300/100", "--rate-admin", help="An admin's requests (as --rate-user)."),
+    auth_failures: str = typer.Option(
+        "20/1m", "--auth-failures", help="Failed authentications per address: N/WINDOW, then 429; or off."
+    ),
+    node_lane: int = typer.Option(16, "--node-lane", min=1, help="Agent requests served at once."),
+    admin_lane: int = typer.Option(8, "--admin-lane", min=1, help="Operator and admin requests at once."),
+    user_lane: int = typer.Option(4, "--user-lane", min=1, help="User requests served at once."),
+    max_pending_jobs: int = typer.Option(
+        10_000, "--max-pending-jobs", min=0, help="Pending or held jobs per user (0: no cap)."
+    ),
+    max_reservations: int = typer.Option(
+        100, "--max-reservations", min=0, help="Booked or active reservations per user (0: no cap)."
+    ),
+    max_tokens: int = typer.Option(50, "--max-tokens", min=0, help="Live API tokens per user (0: no cap)."),
+    token_secret_file: Path | None = typer.Option(
+        None,
+        "--token-secret-file",
+        envvar="GPUFLEET_TOKEN_SECRET_FILE",
+        help="The key tokens are stored under (made, 0600, if missing). Default: GPUFLEET_TOKEN_SECRET, "
+        "else DB.token-secret next to a SQLite DB or token-secret in the user data dir.",
+    ),
+    token_ttl: str = typer.Option("90d", "--token-ttl", help="API tokens expire after this."),
+    session_ttl: str = typer.Option("12h", "--session-ttl", help="Web sign-ins expire after this."),
+    audit_days: float = typer.Option(
+        90.0, "--audit-days", min=0.0001, help="Keep audit rows this many days."
+    ),
+    metrics_public: bool = flag(
+        "--metrics-public", help="Serve /metrics without a token (default: operators and admins)."
+    ),
+    team_cost_metrics: bool = flag(
+        "--team-cost-metrics/--no-team-cost-metrics",
+        default=True,
+        help="Per-team cost and budget series in /metrics.",
+    ),
+) -> None:
+    """Run the control plane (API under /v1, scheduling and node-lifecycle loops).
+
+    Health rules cordon one GPU and requeue its job: temperature above --gpu-max-temp
+    for --gpu-hot-for, an XID in --gpu-fatal-xids, --gpu-max-ecc-dbe double-bit ECC
+    errors, the GPU lost from the bus, --gpu-max-retired-pages retired pages.
+
+    Every user has a request bucket (--rate-user; operators and admins their own); an
+    address with --auth-failures failed logins gets 429. Agents, operators and users are
+    served in separate lanes (--node-lane, --admin-lane, --user-lane requests at once), so
+    a flood of user requests never queues a node's sync. A plain user may hold at most
+    --max-pending-jobs queued jobs, --max-reservations reservations and --max-tokens tokens.
+
+    Tokens are stored as HMAC-SHA256 under a secret (--token-secret-file; servers sharing
+    one database need the same one) and expire (--token-ttl; the fleet page's sign-in
+    after --session-ttl). Mutating requests are audited (gpufleet admin audit), kept
+    --audit-days. /metrics takes an operator's or admin's token unless --metrics-public."""
+    from gpufleet.scheduler import POLICIES
+    from gpufleet.server import ServerConfig, StartupError, run
+    from gpufleet.server.db import default_database_url
+    from gpufleet.server.health import HealthRules
+    from gpufleet.server.pricing import load_prices
+    from gpufleet.server.ratelimit import LaneSizes, Rate, RateLimits
+    from gpufleet.server.services.caps import Caps
+
+    if policy not in POLICIES:
+        raise fail(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}", BAD_INPUT)
+    if tls_cert is None and not insecure_http and not _loopback(host):
+        raise fail(
+            f"--host {host} is reachable from other machines: serve it with --tls-cert/--tls-key "
+            "(gpufleet ca init makes them), or pass --insecure-http to send tokens in clear",
+            BAD_INPUT,
+        )
+    if (tls_key is not None or ca_dir is not None) and tls_cert is None:
+        raise fail("--tls-key and --ca-dir go with --tls-cert", BAD_INPUT)
+    for f in (tls_cert, tls_key):
+        if f is not None and not f.is_file():
+            raise fail(f"{f}: no such file", BAD_INPUT)
+    try:
+        timeout_s = parse_duration(node_timeout)
+        rules = HealthRules(
+            max_temp_c=gpu_max_temp,
+            temp_for_s=parse_duration(gpu_hot_for),
+            recover_after_s=parse_duration(gpu_recover_after),
+            fatal_xids=frozenset(int(x) for x in gpu_fatal_xids.split(",") if x.strip()),
+            max_ecc_dbe=gpu_max_ecc_dbe,
+            max_retired_pages=gpu_max_retired_pages,
+        )
+        requeue_s = parse_duration(requeue_after)
+        queue_wait_s = parse_duration(queue_wait_alert)
+        idle_release_s = parse_duration(idle_release)
+        schedule = None if prices is None else load_prices(prices)
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        raise fail(f"--prices {prices}: {exc}" if isinstance(exc, OSError) else str(exc), BAD_INPUT) from None
+    try:
+        token_ttl_s, session_ttl_s = parse_duration(token_ttl), parse_duration(session_ttl)
+    except ValueError as exc:
+        raise fail(f"--token-ttl/--session-ttl: {exc}", BAD_INPUT) from None
+    if token_ttl_s <= 0 or session_ttl_s <= 0:
+        raise fail("--token-ttl and --session-ttl must be longer than 0", BAD_INPUT)
+    rates: dict[str, Rate | None] = {}
+    for option, text in (
+        ("rate-user", rate_user),
+        ("rate-operator", rate_operator),
+        ("rate-admin", rate_admin),
+        ("auth-failures", auth_failures),
+    ):
+        try:
+            rates[option] = Rate.parse(text)
+        except ValueError as exc:
+            raise fail(f"--{option}: {exc}", BAD_INPUT) from None
+    config = ServerConfig(
+        database_url=database_url or default_database_url(),
+        policy=policy,
+        node_timeout_s=timeout_s,
+        requeue_after_s=requeue_s,
+        health=rules,
+        admin_token=os.environ.get("GPUFLEET_ADMIN_TOKEN") or None,
+        alert_webhook=alert_webhook or None,
+        queue_wait_alert_s=queue_wait_s,
+        reservation_idle_release_s=idle_release_s,
+        prices=schedule,
+        scheduler_process=not scheduler_thread,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        ca_dir=ca_dir,
+        rates=RateLimits(
+            user=rates["rate-user"],
+            operator=rates["rate-operator"],
+            admin=rates["rate-admin"],
+            auth_failures=rates["auth-failures"],
+        ),
+        lanes=LaneSizes(node=node_lane, admin=admin_lane, user=user_lane),
+        caps=Caps(pending_jobs=max_pending_jobs, reservations=max_reservations, tokens=max_tokens),
+        token_secret_file=token_secret_file,
+        token_ttl_s=token_ttl_s,
+        session_ttl_s=session_ttl_s,
+        audit_days=audit_days,
+        metrics_public=metrics_public,
+        team_cost_metrics=team_cost_metrics,
+    )
+    try:
+        run(config, host=host, port=port)
+    except StartupError as exc:
+        raise fail(str(exc)) from None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@ca_app.command("init")
+def ca_init(
+    directory: Path = typer.Argument(..., help="Where to keep ca.crt, ca.key, server.crt, server.key."),
+    names: list[str] = typer.Option(
+        ["localhost", "127.0.0.1"],
+        "--name",
+        help="Host names and IP addresses the server is reached at (repeat).",
+    ),
+) -> None:
+    """Make the cluster CA and a server certificate signed by it (keys 0600).
+
+    Then: gpufleet server --tls-cert DIR/server.crt --tls-key DIR/server.key --ca-dir DIR;
+    agents and users pass --ca-file DIR/ca.crt (GPUFLEET_CA_FILE)."""
+    from gpufleet.pki import CertificateAuthority, PkiError
+
+    try:
+        ca = CertificateAuthority.load_or_create(directory)
+        crt, key = ca.issue_server(names, directory)
+    except (PkiError, OSError) as exc:
+        raise fail(str(exc), BAD_INPUT) from None
+    typer.echo(f"CA          {directory / 'ca.crt'}  (give it to agents and users: --ca-file)")
+    typer.echo(f"server cert {crt}  for {', '.join(names)}")
+    typer.echo(f"server key  {key}")
+
+
+def demo(
+    nodes: int = typer.Option(50, "--nodes", min=1, max=2000),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=64),
+    port: int = typer.Option(8080, "--port", min=1, max=65535),
+    no_workload: bool = flag("--no-workload", help="No background trace replay."),
+    data_dir: Path | None = typer.Option(
+        None, "--data-dir", help="Keep the database and agent dirs here (default: a temp dir, removed)."
+    ),
+    nodes_per_leaf: int = typer.Option(
+        NODES_PER_LEAF, "--nodes-per-leaf", min=1, help="Servers under one leaf switch."
+    ),
+    speed: float = typer.Option(300.0, "--speed", min=1.0, help="Trace time compression."),
+    tls: bool = flag(
+        "--tls", help="HTTPS with the demo's own CA; agents enrol for node certificates (mTLS)."
+    ),
+) -> None:
+    """A whole simulated fleet on this machine. Ctrl-C stops everything.
+
+    The server on SQLite, agents with simulated H100s, a replay of the bundled Philly
+    sample, the fleet page and an admin token."""
+    from gpufleet.demo import DemoOptions, run_demo
+
+    code = run_demo(
+        DemoOptions(
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            port=port,
+            workload=not no_workload,
+            data_dir=data_dir,
+            nodes_per_leaf=nodes_per_leaf,
+            speed=speed,
+            admin_token=os.environ.get("GPUFLEET_ADMIN_TOKEN") or None,
+            tls=tls,
+        )
+    )
+    raise typer.Exit(code)
+
+
+__all__ = ["ca_init", "demo", "server"]
