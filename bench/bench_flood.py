@@ -86,28 +86,28 @@ def seed(db_url: str, jobs_n: int) -> dict[str, str]:
     from gpufleet.server.models import User
     from gpufleet.server.problems import Failure
     from gpufleet.server.schemas import JobSubmit, PoolIn, UserIn
-    from gpufleet.server.services import accounts, jobs, pools
+    from gpufleet.server.services import auth, jobs, pools, users
     from gpufleet.server.services.inventory import FleetCache
 
     db = Database.connect(db_url)
     now = time.time()
-    accounts.bootstrap_admin(db=db, now=now, token=TOKEN)
+    users.bootstrap_admin(db=db, now=now, token=TOKEN)
     with db.read() as s:
         admin_id = s.scalar(select(User.id).where(User.name == "admin"))
     assert admin_id is not None
-    admin = accounts.Principal(user_id=admin_id, name="admin", role="admin")
-    accounts.create_team(db=db, actor=admin, name="bench")
-    accounts.add_member(db=db, actor=admin, team="bench", user="admin")
+    admin = auth.Principal(user_id=admin_id, name="admin", role="admin")
+    users.create_team(db=db, actor=admin, name="bench")
+    users.add_member(db=db, actor=admin, team="bench", user="admin")
     pools.create_pool(db=db, actor=admin, spec=PoolIn(name=FLOOD_POOL, gpu=True))
     tokens = {}
     for name in ("flooder", "other"):
-        made = accounts.create_user(
+        made = users.create_user(
             db=db, actor=admin, spec=UserIn(name=name, role="user", teams=["bench"]), now=now
         )
         assert not isinstance(made, Failure), made
         tokens[name] = made.token
         if name == "flooder":
-            who = accounts.Principal(user_id=made.id, name=name, role="user")
+            who = auth.Principal(user_id=made.id, name=name, role="user")
             spec = JobSubmit.model_validate(JOB)
             fleets = FleetCache()
             for start in range(0, jobs_n, 500):

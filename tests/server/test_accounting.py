@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import func, select
 
 from gpufleet.scheduler import make_policy
-from gpufleet.server import accounting
 from gpufleet.server import db as dbmod
+from gpufleet.server import ledger
 from gpufleet.server.clock import FakeClock
 from gpufleet.server.loops.scheduling import SchedulingPass
 from gpufleet.server.models import GpuRow, Job, Membership, NodeRow, Team, UsageRow, User
@@ -22,7 +22,7 @@ from gpufleet.server.pricing import parse_prices
 from gpufleet.server.problems import Failure
 from gpufleet.server.schemas import BudgetIn
 from gpufleet.server.services import chargeback, jobs
-from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.auth import Principal
 
 from .conftest import scratch_postgres
 
@@ -119,7 +119,7 @@ def test_cost_spans_the_off_peak_edge_and_is_split_per_hour(database: dbmod.Data
     assert _row(database, jid).state == "SCHEDULED"
     clock.t = T0 + 1.5 * H  # a tick in the middle: 21:00-22:30
     with database.write() as s:
-        assert accounting.accrue_all(s, clock.t, readings=accounting.no_readings) == 1
+        assert ledger.accrue_all(s, clock.t, readings=ledger.no_readings) == 1
     _end(database, jid, T0 + 2 * H)
     job = _row(database, jid)
     # 21-22: 2 GPUs x 1 h x 2.0; 22-23: 2 x 1 x 1.0 (x0.5 off-peak)
@@ -160,15 +160,15 @@ def test_energy_and_utilisation_from_readings(database: dbmod.Database) -> None:
     jid = _job(database, user=2, team=1, gpus=2, gpu_type="H100")
     _loop(database, clock).run_once()
     busy = {
-        0: accounting.Sample(util_pct=50.0, power_w=400.0),
-        1: accounting.Sample(util_pct=2.0, power_w=100.0),
+        0: ledger.Sample(util_pct=50.0, power_w=400.0),
+        1: ledger.Sample(util_pct=2.0, power_w=100.0),
     }
 
-    def readings(node: str, index: int) -> accounting.Sample | None:
+    def readings(node: str, index: int) -> ledger.Sample | None:
         return busy.get(index) if node == "h1" else None
 
     with database.write() as s:
-        accounting.accrue_all(s, clock.t + H, readings=readings)
+        ledger.accrue_all(s, clock.t + H, readings=readings)
     job = _row(database, jid)
     assert job.energy_wh == pytest.approx(500.0)
     report = chargeback.usage(
@@ -196,7 +196,7 @@ def test_usage_sums_equal_job_costs_and_others_see_only_their_teams(database: db
     for k, jid in enumerate(ids):  # ends at 17:00 .. 23:30+: some cross the 22:00 edge
         clock.t = T0 - 5 * H + (2.5 + 1.75 * k) * H
         with database.write() as s:
-            accounting.accrue_all(s, clock.t - 0.3 * H, readings=accounting.no_readings)
+            ledger.accrue_all(s, clock.t - 0.3 * H, readings=ledger.no_readings)
         _end(database, jid, clock.t)
     costs = {jid: _row(database, jid).cost for jid in ids}
     assert all(c > 0 for c in costs.values())

@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpufleet import __version__
 from gpufleet.pki import CertificateAuthority, PkiError
-from gpufleet.server import accounting, audit
+from gpufleet.server import audit, ledger
 from gpufleet.server import db as dbmod
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.clock import Clock, SystemClock
@@ -29,14 +29,16 @@ from gpufleet.server.lanes import Admission
 from gpufleet.server.loops import build as loops
 from gpufleet.server.metrics import wiring as observability
 from gpufleet.server.problems import BodyLimitMiddleware, UrlGuardMiddleware, install_handlers
-from gpufleet.server.routers import accounts, agents, jobs, logs, maintenance, nodes, security
+from gpufleet.server.routers import agents, jobs, logs, maintenance, nodes, security, users
 from gpufleet.server.routers import chargeback as chargeback_router
 from gpufleet.server.routers import reservations as reservations_router
 from gpufleet.server.schemas import Health
 from gpufleet.server.services import chargeback
-from gpufleet.server.services.accounts import TokenCache, bootstrap_admin, bound_lifetimes
+from gpufleet.server.services.auth import TokenCache
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.services.tokens import bound_lifetimes
+from gpufleet.server.services.users import bootstrap_admin
 from gpufleet.server.tokenkey import TokenHasher, check_key, load_hasher
 from gpufleet.server.writer import GroupCommitWriter
 
@@ -113,7 +115,7 @@ def create_app(
     sched = loops.scheduling(config, database, clock)
     writer = GroupCommitWriter(database)
     hot = AgentState(health=HealthMonitor(config.health))
-    readings = accounting.telemetry_readings(
+    readings = ledger.telemetry_readings(
         hot, clock, max_age_s=max(config.node_timeout_s, 2 * config.accrual_interval_s)
     )
     parts = Parts(
@@ -176,7 +178,7 @@ def create_app(
     v1.include_router(_health_router())
     v1.include_router(jobs.router)
     v1.include_router(nodes.router)
-    v1.include_router(accounts.router)
+    v1.include_router(users.router)
     v1.include_router(agents.router)
     v1.include_router(logs.router)
     v1.include_router(maintenance.router)

@@ -14,11 +14,11 @@ from fastapi import Depends, Header, Path, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from gpufleet.server.accounting import Readings, no_readings
 from gpufleet.server.audit import note_principal
 from gpufleet.server.clock import Clock
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.db import Database
+from gpufleet.server.ledger import Readings, no_readings
 from gpufleet.server.loops.runner import Runner
 from gpufleet.server.problems import ProblemError
 from gpufleet.server.schemas import NODE_NAME
@@ -43,7 +43,7 @@ class Parts:
     tokens: TokenCache
     writer: Writer
     budget_warnings: BudgetWarnings = field(default_factory=BudgetWarnings)
-    """Soft-budget warnings per team, refreshed by the accounting loop."""
+    """Soft-budget warnings per team, refreshed by the accrual loop."""
     readings: Readings = no_readings
     """The agents' latest GPU readings (energy and utilisation accrue from them)."""
     pending: PendingCounts = field(default_factory=lambda: PendingCounts(cap=0))

@@ -16,7 +16,7 @@ user    everyone else, and requests whose credential is missing or unknown (the 
         answers them 401)
 ======  ==========================================================================
 
-"Controllers" (the scheduling, lifecycle, health and accounting loops) are not in a
+"Controllers" (the scheduling, lifecycle, accrual and alert loops) are not in a
 lane: they do not come through HTTP. They run in their own threads (and the scheduler
 in its own process), and the lanes keep user requests from taking what they need: the
 thread pool (the seats of all lanes fit in it; ``_fit_thread_pool``) and the
@@ -68,7 +68,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpufleet.server.problems import problem_response
 from gpufleet.server.ratelimit import AuthThrottle, Buckets, LaneSizes, RateLimits, retry_after_header
-from gpufleet.server.services.accounts import Principal, TokenCache, authenticate, hash_token
+from gpufleet.server.services.auth import Principal, TokenCache, authenticate, hash_token
 
 if TYPE_CHECKING:
     from gpufleet.server.agentstate import CredCache

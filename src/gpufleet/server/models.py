@@ -67,7 +67,7 @@ class Token(Base):
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    """None: never (only the bootstrap admin token; ``services/accounts.py``)."""
+    """None: never (only the bootstrap admin token; ``services/tokens.py``)."""
     kind: Mapped[str] = mapped_column(String(16), default="api", server_default="api")
     """``api``, ``session`` (the fleet page's sign-in) or ``bootstrap`` (the first admin's)."""
 
@@ -181,7 +181,7 @@ class Job(Base):
     wait_reason: Mapped[str | None] = mapped_column(String(512), nullable=True)
     reservation_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     """The reservation this job must run in (``submit --reservation``); None: any GPUs."""
-    # Accounting (``server/accounting.py``): accrued while the job holds GPUs.
+    # Accounting (``server/ledger.py``): accrued while the job holds GPUs.
     cost: Mapped[float] = mapped_column(Float, default=0.0)
     energy_wh: Mapped[float] = mapped_column(Float, default=0.0)
     accrued_to: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -353,7 +353,7 @@ class ReservationEvent(Base):
 class UsageRow(Base):
     """What one job used in one UTC hour: the ledger ``gpufleet usage`` sums.
 
-    Written as cost accrues (every accounting tick and when the job lets its GPUs go),
+    Written as cost accrues (every accrual tick and when the job lets its GPUs go),
     so a report over any whole hours is a sum, never a recomputation. ``observed_gpu_s``
     is the part of ``gpu_s`` with fresh telemetry; utilisation and idle waste are over it.
     """

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
-from gpufleet.server import accounting
+from gpufleet.server import ledger
 from gpufleet.server.errors import Conflict, IllegalTransition
 from gpufleet.server.jobstate.states import ACTIVE, JobState, allowed
 from gpufleet.server.models import Allocation, Job, JobEvent
@@ -96,13 +96,13 @@ def release_attempt(
     *,
     now: float,
     confirmed: bool,
-    readings: accounting.Readings = accounting.no_readings,
+    readings: ledger.Readings = ledger.no_readings,
     confirmed_on: str | None = None,
 ) -> dict[str, Any]:
     """End the bookkeeping of a job's attempt as it leaves SCHEDULED/RUNNING. This
     writes (the caller's ``move`` commits it with the state change): the job's GPUs are
     released (its allocation rows deleted) and its cost stops accruing
-    (``accounting.close``). Returns the column values for that ``move``: GPU-seconds and
+    (``ledger.close``). Returns the column values for that ``move``: GPU-seconds and
     run time accumulated and, unless the agent confirmed the exit, its nodes recorded in
     ``stopping_on`` until they confirm (with the attempt they were told to stop).
     ``confirmed_on``: the one node that reported the exit (the other nodes of a
@@ -110,7 +110,7 @@ def release_attempt(
     too)."""
     if JobState(job.state) not in ACTIVE:
         return {}
-    accounting.close(s, job.id, now, readings=readings)
+    ledger.close(s, job.id, now, readings=readings)
     nodes = sorted(set(s.scalars(select(Allocation.node).where(Allocation.job_id == job.id))))
     s.execute(delete(Allocation).where(Allocation.job_id == job.id))
     ran = (

@@ -1,5 +1,5 @@
 """The accrual loop: every ``interval_s`` it accrues cost, energy and utilisation for
-every job holding GPUs (``accounting.accrue_all``, one transaction) with the telemetry
+every job holding GPUs (``ledger.accrue_all``, one transaction) with the telemetry
 at hand, then refreshes the soft-budget warnings (``after``; its errors fail the step,
 which the runner logs and counts)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpufleet.server import accounting
+from gpufleet.server import ledger
 from gpufleet.server.clock import Clock
 from gpufleet.server.db import Database
 from gpufleet.server.loops.runner import Loop
@@ -17,14 +17,14 @@ def accrual_loop(
     *,
     db: Database,
     clock: Clock,
-    readings: accounting.Readings,
+    readings: ledger.Readings,
     interval_s: float,
     after: Callable[[float], None] | None = None,
 ) -> Loop:
     def step() -> int:
         now = clock.now()
         with db.write() as s:
-            n = accounting.accrue_all(s, now, readings=readings)
+            n = ledger.accrue_all(s, now, readings=readings)
         if after is not None:
             after(now)
         return n

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpufleet.server import accounting
+from gpufleet.server import ledger
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.alerts import AlertRules, WebhookSender
 from gpufleet.server.clock import Clock
@@ -57,7 +57,7 @@ def build(
     clock: Clock,
     hot: AgentState,
     sched: Scheduling,
-    readings: accounting.Readings,
+    readings: ledger.Readings,
     after_accrual: Callable[[float], None],
     fleets_invalidate: Callable[[], None],
     view: Callable[[], FleetView],

@@ -50,7 +50,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.placefmt import placed_reason
 from gpufleet.scheduler import JobRequest, NodeGpus, Plan, Policy, Quota, RunningJob, Snapshot, plan
-from gpufleet.server import accounting
+from gpufleet.server import ledger
 from gpufleet.server.clock import Clock
 from gpufleet.server.db import Database
 from gpufleet.server.errors import Conflict
@@ -314,7 +314,7 @@ class SchedulingPass:
             )
         pending: list[JobRequest] = []
         cpu_pending: list[_JobRow] = []
-        over = {tid: b.hold_reason() for tid, b in accounting.budgets(s, now).items() if b.over_hard}
+        over = {tid: b.hold_reason() for tid, b in ledger.budgets(s, now).items() if b.over_hard}
         held: dict[int, str] = {}
         self._pending.check_names(teams, users)
         for job, jref, req in self._pending.load(s, now):
@@ -363,7 +363,7 @@ class SchedulingPass:
                 "queue_position": None,
                 "estimated_start": None,
                 "wait_reason": None,
-                # Cost accrues from here (``accounting.py``) at the price of this model.
+                # Cost accrues from here (``ledger.py``) at the price of this model.
                 "accrued_to": now,
                 "charge_model": models[first.node],
             }

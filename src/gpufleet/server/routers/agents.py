@@ -31,7 +31,7 @@ from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.schemas import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply
 from gpufleet.server.services import fleet, nodecreds, sync
-from gpufleet.server.services.accounts import hash_token
+from gpufleet.server.services.auth import hash_token
 from gpufleet.server.tlsproto import peer_certificate
 
 router = APIRouter(tags=["nodes"])

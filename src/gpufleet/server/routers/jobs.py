@@ -20,7 +20,7 @@ from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.problems import Failure, ObjectId, ProblemError, problem_response, unwrap
 from gpufleet.server.schemas import JobDetail, JobPage, JobSubmit, PriorityChange
 from gpufleet.server.services import jobs
-from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.auth import Principal
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

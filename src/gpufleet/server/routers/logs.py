@@ -19,7 +19,7 @@ from gpufleet.server.db import Database
 from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.problems import Failure, ObjectId, unwrap
 from gpufleet.server.services import logs
-from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.auth import Principal
 
 router = APIRouter(tags=["jobs"])
 POLL_S = 0.5

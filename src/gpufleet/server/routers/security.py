@@ -11,8 +11,8 @@ from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.schemas import TokenCreated
-from gpufleet.server.services import accounts
 from gpufleet.server.services import audit as audit_service
+from gpufleet.server.services import tokens
 
 router = APIRouter()
 
@@ -22,7 +22,7 @@ def create_session(parts: PartsDep, me: Me) -> TokenCreated:
     """Trade the API token of this request for a web session token (``--session-ttl``,
     12 h by default; never past the API token's own expiry). The fleet page signs in
     this way and keeps only the session in the browser; ``DELETE /v1/tokens/{id}`` ends it."""
-    made = accounts.create_session(
+    made = tokens.create_session(
         db=parts.db, actor=me, now=parts.now(), hasher=parts.hasher, ttl_s=parts.config.session_ttl_s
     )
     return unwrap(made)

@@ -10,7 +10,7 @@ from gpufleet.server.db import Database
 from gpufleet.server.models import AuditRow
 from gpufleet.server.pages import cut, id_cursor
 from gpufleet.server.problems import Failure, forbidden, invalid
-from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.auth import Principal
 
 
 def list_audit(

@@ -1,7 +1,7 @@
 """Who is calling: the ``Principal`` behind a bearer token, the token cache, and the
 check of a token against the database (HMAC under the server's key, ``tokenkey.py``;
 a pre-0008 sha256 row is accepted and rewritten on first use; an expired token is
-refused with a detail that says so). ``services/accounts.py`` creates and revokes
+refused with a detail that says so). ``services/tokens.py`` creates and revokes
 tokens and re-exports these names.
 """
 

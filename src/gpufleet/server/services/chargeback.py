@@ -1,4 +1,4 @@
-"""Prices, usage reports and team budgets (the API side of ``server/accounting.py``).
+"""Prices, usage reports and team budgets (the API side of ``server/ledger.py``).
 
 Who sees what: everyone reads the prices; admins set them and budgets. A usage report
 covers every job for admins; for anyone else only the jobs of their own teams (a team
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
-from gpufleet.server import accounting
+from gpufleet.server import ledger
 from gpufleet.server.db import Database
 from gpufleet.server.models import GpuRow, Membership, Team, UsageRow, User
 from gpufleet.server.pricing import PriceSchedule, parse_prices
@@ -36,17 +36,18 @@ from gpufleet.server.schemas import (
     UsageRowOut,
     unstorable,
 )
-from gpufleet.server.services.accounts import Principal, team_out
+from gpufleet.server.services.auth import Principal
+from gpufleet.server.services.users import team_out
 
 By = Literal["user", "team", "pool", "gpu-type"]
-_HOUR = accounting.HOUR
+_HOUR = ledger.HOUR
 
 
 # -- prices -----------------------------------------------------------------------------------
 
 
 def _prices_out(s: Session, now: float) -> PricesOut:
-    found = accounting.schedule_in_force(s)
+    found = ledger.schedule_in_force(s)
     if found is None:
         return PricesOut(schedule=None, set_at=None, set_by=None, now=now, prices=[])
     schedule, row = found
@@ -97,7 +98,7 @@ def set_prices(
     actor: Principal,
     body: dict[str, Any],
     now: float,
-    readings: accounting.Readings = accounting.no_readings,
+    readings: ledger.Readings = ledger.no_readings,
 ) -> PricesOut | Failure:
     """Put a new schedule in force from ``now``: what ran before is charged at the old
     prices (accrued in the same transaction)."""
@@ -107,7 +108,7 @@ def set_prices(
     if isinstance(schedule, Failure):
         return schedule
     with db.write() as s:
-        accounting.store_schedule(s, schedule, actor=actor.name, now=now, readings=readings)
+        ledger.store_schedule(s, schedule, actor=actor.name, now=now, readings=readings)
         return _prices_out(s, now)
 
 
@@ -115,10 +116,10 @@ def ensure_prices(*, db: Database, schedule: PriceSchedule, actor: str, now: flo
     """``gpufleet server --prices FILE``: store the file's schedule unless it is already
     the one in force. Returns whether it was stored."""
     with db.write() as s:
-        found = accounting.schedule_in_force(s)
+        found = ledger.schedule_in_force(s)
         if found is not None and found[0] == schedule:
             return False
-        accounting.store_schedule(s, schedule, actor=actor, now=now)
+        ledger.store_schedule(s, schedule, actor=actor, now=now)
         return True
 
 
@@ -142,12 +143,12 @@ def report_period(
             return invalid("month: give either month or from/to, not both")
         try:
             year, mon = (int(x) for x in month.split("-"))
-            a, b = accounting.month_bounds(year, mon, zone)
+            a, b = ledger.month_bounds(year, mon, zone)
         except ValueError:
             return invalid(f"month: expected YYYY-MM, got {month!r}")
     else:
         try:
-            a = _instant(start, tz) if start else accounting.month_start(now, zone)
+            a = _instant(start, tz) if start else ledger.month_start(now, zone)
             b = _instant(end, tz) if end else now
         except ValueError as exc:
             return invalid(f"from/to: expected an ISO 8601 date or date-time ({exc})")
@@ -180,12 +181,12 @@ def usage(
     now: float,
 ) -> UsageReport | Failure:
     with db.read() as s:
-        zone = accounting.finance_zone(s)
+        zone = ledger.finance_zone(s)
         period = report_period(month=month, start=start, end=end, now=now, zone=zone)
         if isinstance(period, Failure):
             return period
         a, b = period
-        sums = [func.sum(getattr(UsageRow, c)) for c in accounting.SUMS]
+        sums = [func.sum(getattr(UsageRow, c)) for c in ledger.SUMS]
         where: list[ColumnElement[bool]] = [UsageRow.hour >= a, UsageRow.hour < b]
         if not actor.is_admin:
             mine = select(Membership.team_id).where(Membership.user_id == actor.user_id)
@@ -230,7 +231,7 @@ def set_budget(*, db: Database, actor: Principal, team: str, spec: BudgetIn, now
 
 @dataclass(slots=True)
 class BudgetWarnings:
-    """Soft-budget warnings per team name, refreshed by the accounting tick, so a submit
+    """Soft-budget warnings per team name, refreshed by the accrual tick, so a submit
     reads a dict instead of summing the ledger."""
 
     _warnings: dict[str, str] = field(default_factory=dict)
@@ -241,7 +242,7 @@ class BudgetWarnings:
 
     def refresh(self, db: Database, now: float) -> None:
         with db.read() as s:
-            states = accounting.budgets(s, now)
+            states = ledger.budgets(s, now)
         fresh = {b.team: b.warning() for b in states.values() if b.over_soft}
         with self._lock:
             self._warnings = fresh

@@ -2,7 +2,7 @@
 over nodes, GPUs, allocations, job counts and open reservations (``FleetView``), cached
 for a second so a page poll, a Prometheus scrape and an alert evaluation in the same
 second share it. Each team's month so far (``TeamSpend``: a sum over the ledger) rides
-along, cached for ``ViewCache.spend_ttl_s``: the ledger only moves at accounting ticks.
+along, cached for ``ViewCache.spend_ttl_s``: the ledger only moves at accrual ticks.
 
 Also the page's small read endpoints: the compact fleet snapshot (a few numbers per GPU,
 ~40 bytes each, so 4,000 GPUs stay ~200 kB), one node's telemetry history and jobs, and
@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpufleet.scheduler import JobRequest
-from gpufleet.server import accounting
+from gpufleet.server import ledger
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
 from gpufleet.server.jobstate.states import JobState
@@ -29,7 +29,7 @@ from gpufleet.server.metrics.history import FATAL_XIDS, RecordingTelemetryStore
 from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow, ReservationRow, Team, UsageRow, User
 from gpufleet.server.problems import Failure, not_found
 from gpufleet.server.schemas import GpuTelemetry
-from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.reservations import BOOKED, to_core
 from gpufleet.server.web.schemas import (
     FleetSnapshot,
@@ -78,7 +78,7 @@ class QueueStat:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TeamSpend:
     """A team's calendar month so far in the finance time zone, from the ledger (so up to
-    the last accounting tick; the window of ``accounting.month_spend``, which holds jobs),
+    the last accrual tick; the window of ``ledger.month_spend``, which holds jobs),
     and its monthly budget. Cost is in the price schedule's unit (0 without prices)."""
 
     team: str
@@ -263,8 +263,8 @@ def load_reservations(
 def load_spend(db: Database, *, now: float) -> tuple[TeamSpend, ...]:
     """Every team's ``TeamSpend``: one grouped sum over this month's ledger rows."""
     with db.read() as s:
-        month = accounting.month_start(now, accounting.finance_zone(s))
-        since = math.floor(month / accounting.HOUR) * accounting.HOUR
+        month = ledger.month_start(now, ledger.finance_zone(s))
+        since = math.floor(month / ledger.HOUR) * ledger.HOUR
         q = (
             select(
                 UsageRow.team_id,
@@ -284,7 +284,7 @@ def load_spend(db: Database, *, now: float) -> tuple[TeamSpend, ...]:
                 TeamSpend(
                     team=name,
                     cost=cost,
-                    gpu_hours=gpu_s / accounting.HOUR,
+                    gpu_hours=gpu_s / ledger.HOUR,
                     energy_kwh=wh / 1000.0,
                     budget_soft=soft,
                     budget_hard=hard,

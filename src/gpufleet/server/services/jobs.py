@@ -45,7 +45,7 @@ from gpufleet.server.schemas import (
     JobPage,
     JobSubmit,
 )
-from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.inventory import FleetCache
 from gpufleet.server.writer import Writer, call

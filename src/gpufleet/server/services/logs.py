@@ -15,7 +15,7 @@ from gpufleet.server.db import Database
 from gpufleet.server.jobstate.states import TERMINAL, JobState
 from gpufleet.server.models import Job, JobLogChunk
 from gpufleet.server.problems import Failure, not_found
-from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.auth import Principal
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,7 +31,7 @@ from gpufleet.server.maint_schemas import (
 )
 from gpufleet.server.models import GpuEvent, GpuRow, NodeRow, Rollout, RolloutNode
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
-from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.nodeops import add_event, start_drain
 from gpufleet.timefmt import parse_duration
 

@@ -19,7 +19,7 @@ from gpufleet.server.models import Allocation, GpuRow, NodeRow, Pool
 from gpufleet.server.pages import NodePage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.schemas import MAX_GPU_INDEX, GpuIn, GpuOut, NodeOut, NodePut
-from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.inventory import FleetCache
 
 Waker = Callable[[], None]

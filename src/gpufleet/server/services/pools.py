@@ -12,7 +12,7 @@ from gpufleet.server.models import DEFAULT_POOL, Job, NodeRow, Pool
 from gpufleet.server.pages import PoolPage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.schemas import PoolIn, PoolOut, PoolPatch
-from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.auth import Principal
 
 
 def _out(s: Session, p: Pool) -> PoolOut:

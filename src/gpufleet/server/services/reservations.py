@@ -33,7 +33,7 @@ from gpufleet.server.models import Membership, NodeRow, Pool, ReservationEvent, 
 from gpufleet.server.pages import ReservationPage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.reservation_schemas import ReservationIn, ReservationOut
-from gpufleet.server.services.accounts import Principal
+from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.caps import Caps, reservations_problem
 from gpufleet.server.services.inventory import FleetCache
 

@@ -60,7 +60,7 @@ from sqlalchemy import bindparam, func, insert, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from gpufleet.server import accounting
+from gpufleet.server import ledger
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
 from gpufleet.server.errors import Conflict
@@ -262,7 +262,7 @@ def _observe(
     scope: _Scope,
     actor: str,
     now: float,
-    readings: accounting.Readings,
+    readings: ledger.Readings,
 ) -> bool:
     """Apply the observations the node may make; True if a job changed. Raises
     ``Conflict`` on a lost CAS."""
@@ -444,7 +444,7 @@ class _Written(_Answer):
 
 
 def _write(
-    s: Session, *, name: str, body: NodeSync, actor: str, now: float, readings: accounting.Readings
+    s: Session, *, name: str, body: NodeSync, actor: str, now: float, readings: ledger.Readings
 ) -> _Written | Failure:
     """The durable half of a sync, in the caller's transaction (the group commit's
     SAVEPOINT): register or update the node (an inventory it cannot take cordons it
@@ -495,7 +495,7 @@ def sync_node(
     now: float,
     fleets_invalidate: Callable[[], None],
     waker: Waker,
-    readings: accounting.Readings = accounting.no_readings,
+    readings: ledger.Readings = ledger.no_readings,
 ) -> SyncReply | Failure:
     """Answer one sync. ``readings``: the latest GPU telemetry, for the energy of jobs
     that ended. A sync that changes something durable (a registration, a job

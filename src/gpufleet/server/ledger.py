@@ -1,4 +1,5 @@
-"""Chargeback: cost, energy and utilisation accrued while a job holds GPUs.
+"""The cost ledger: cost, energy and utilisation accrued while a job holds GPUs
+(prices, budgets and reports on top of it: ``services/chargeback.py``).
 
 A job *accrues* from the moment the scheduler gives it GPUs (``accrued_to`` = that
 time, ``charge_model`` = their model) until it lets them go (``release_attempt``: done,
@@ -43,7 +44,7 @@ from gpufleet.server.clock import Clock
 from gpufleet.server.models import Allocation, Job, PriceScheduleRow, Team, UsageRow
 from gpufleet.server.pricing import PriceSchedule, parse_prices
 
-log = logging.getLogger("gpufleet.accounting")
+log = logging.getLogger("gpufleet.ledger")
 
 HOUR = 3600.0
 IDLE_PCT = 5.0

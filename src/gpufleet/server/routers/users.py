@@ -24,24 +24,24 @@ from gpufleet.server.schemas import (
     UserIn,
     UserOut,
 )
-from gpufleet.server.services import accounts, pools
+from gpufleet.server.services import pools, tokens, users
 
 router = APIRouter()
 
 
 @router.get("/users/me", response_model=UserOut, tags=["users"])
 def whoami(parts: PartsDep, me: Me) -> UserOut:
-    return accounts.whoami(db=parts.db, actor=me)
+    return users.whoami(db=parts.db, actor=me)
 
 
 @router.get("/users", response_model=UserPage, tags=["users"])
 def list_users(parts: PartsDep, me: Me, limit: Limit = 100, cursor: Cursor = None) -> UserPage:
-    return unwrap(accounts.list_users(db=parts.db, actor=me, limit=limit, cursor=cursor))
+    return unwrap(users.list_users(db=parts.db, actor=me, limit=limit, cursor=cursor))
 
 
 @router.post("/users", status_code=201, response_model=UserCreated, tags=["users"])
 def create_user(spec: UserIn, parts: PartsDep, me: Me) -> UserCreated:
-    made = accounts.create_user(
+    made = users.create_user(
         db=parts.db, actor=me, spec=spec, now=parts.now(), hasher=parts.hasher, ttl_s=parts.config.token_ttl_s
     )
     return unwrap(made)
@@ -51,32 +51,32 @@ def create_user(spec: UserIn, parts: PartsDep, me: Me) -> UserCreated:
 def set_default_team(name: str, spec: DefaultTeamIn, parts: PartsDep, me: Me) -> UserOut:
     """Set the team a user's jobs are charged to when a submission names none: one's
     own (any of one's teams), or anyone's for an admin."""
-    return unwrap(accounts.set_default_team(db=parts.db, actor=me, user=name, team=spec.team))
+    return unwrap(users.set_default_team(db=parts.db, actor=me, user=name, team=spec.team))
 
 
 @router.get("/teams", response_model=TeamPage, tags=["teams"])
 def list_teams(parts: PartsDep, me: Me, limit: Limit = 100, cursor: Cursor = None) -> TeamPage:
-    return accounts.list_teams(db=parts.db, actor=me, now=parts.now(), limit=limit, cursor=cursor)
+    return users.list_teams(db=parts.db, actor=me, now=parts.now(), limit=limit, cursor=cursor)
 
 
 @router.post("/teams", status_code=201, response_model=TeamOut, tags=["teams"])
 def create_team(spec: TeamIn, parts: PartsDep, me: Me) -> TeamOut:
-    return unwrap(accounts.create_team(db=parts.db, actor=me, name=spec.name))
+    return unwrap(users.create_team(db=parts.db, actor=me, name=spec.name))
 
 
 @router.get("/teams/{name}", response_model=TeamOut, tags=["teams"])
 def get_team(name: str, parts: PartsDep, me: Me) -> TeamOut:
-    return unwrap(accounts.get_team(db=parts.db, actor=me, name=name, now=parts.now()))
+    return unwrap(users.get_team(db=parts.db, actor=me, name=name, now=parts.now()))
 
 
 @router.post("/teams/{name}/members", response_model=TeamOut, tags=["teams"])
 def add_member(name: str, spec: MemberIn, parts: PartsDep, me: Me) -> TeamOut:
-    return unwrap(accounts.add_member(db=parts.db, actor=me, team=name, user=spec.user))
+    return unwrap(users.add_member(db=parts.db, actor=me, team=name, user=spec.user))
 
 
 @router.put("/teams/{name}/quota", response_model=TeamOut, tags=["teams"])
 def set_quota(name: str, spec: QuotaIn, parts: PartsDep, me: Me) -> TeamOut:
-    out = unwrap(accounts.set_quota(db=parts.db, actor=me, team=name, quota=spec))
+    out = unwrap(users.set_quota(db=parts.db, actor=me, team=name, quota=spec))
     parts.scheduler.wake()
     return out
 
@@ -85,13 +85,13 @@ def set_quota(name: str, spec: QuotaIn, parts: PartsDep, me: Me) -> TeamOut:
 def list_tokens(
     parts: PartsDep, me: Me, user: str | None = None, limit: Limit = 100, cursor: Cursor = None
 ) -> TokenPage:
-    return unwrap(accounts.list_tokens(db=parts.db, actor=me, user=user, limit=limit, cursor=cursor))
+    return unwrap(tokens.list_tokens(db=parts.db, actor=me, user=user, limit=limit, cursor=cursor))
 
 
 @router.post("/tokens", status_code=201, response_model=TokenCreated, tags=["tokens"])
 def create_token(spec: TokenIn, parts: PartsDep, me: Me) -> TokenCreated:
     return unwrap(
-        accounts.create_token(
+        tokens.create_token(
             db=parts.db,
             actor=me,
             name=spec.name,
@@ -108,7 +108,7 @@ def create_token(spec: TokenIn, parts: PartsDep, me: Me) -> TokenCreated:
 @router.delete("/tokens/{token_id}", response_model=TokenOut, tags=["tokens"])
 def revoke_token(token_id: ObjectId, parts: PartsDep, me: Me) -> TokenOut:
     return unwrap(
-        accounts.revoke_token(db=parts.db, actor=me, token_id=token_id, now=parts.now(), cache=parts.tokens)
+        tokens.revoke_token(db=parts.db, actor=me, token_id=token_id, now=parts.now(), cache=parts.tokens)
     )
 
 

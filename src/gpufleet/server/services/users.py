@@ -1,96 +1,25 @@
-"""Users, teams, team quotas and API tokens (who is calling: ``services/auth.py``).
-
-Tokens are 32 random bytes (urlsafe base64, prefixed ``gf_``); only their HMAC with the
-server's key is stored (``tokenkey.py``), so a token is shown once, when it is created.
-A row from before 0008 holds plain sha256: it is accepted and rewritten to the HMAC on
-its first use.
-
-Every token expires except the bootstrap admin token (``GPUFLEET_ADMIN_TOKEN``, or the
-one printed on the first start): that is the break-glass credential of an empty
-database; it may be revoked once another admin token is active, and
-``gpufleet admin create-user --role admin --database-url`` (on the database host) makes
-a new admin if every admin token lapsed. API tokens live ``--token-ttl`` (90 days) or
-less when asked (``POST /v1/tokens {"expires_in": "1h"}``); a web session
-(``POST /v1/sessions``: what the fleet page trades the pasted API token for, so the
-long-lived token is not kept in the browser) lives ``--session-ttl`` (12 h), never past
-the token it came from, and cannot mint tokens or sessions. The last active admin token
-(not a session) cannot be revoked.
-"""
+"""Users, teams, memberships (each user's default team) and team quotas. A new user
+gets a first API token (``services/tokens.py``); the first start of an empty database
+creates the ``admin`` user (``bootstrap_admin``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from gpufleet.server import accounting
+from gpufleet.server import ledger
 from gpufleet.server.db import Database
-from gpufleet.server.models import Membership, Team, Token, User
-from gpufleet.server.pages import TeamPage, TokenPage, UserPage, cut, id_cursor
+from gpufleet.server.models import Membership, Team, User
+from gpufleet.server.pages import TeamPage, UserPage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
-from gpufleet.server.schemas import (
-    QuotaIn,
-    Role,
-    TeamOut,
-    TokenCreated,
-    TokenOut,
-    UserCreated,
-    UserIn,
-    UserOut,
-)
-
-# Who is calling lives in ``auth.py``; these names were defined here and are re-exported.
-from gpufleet.server.services.auth import Principal as Principal
-from gpufleet.server.services.auth import Refused as Refused
-from gpufleet.server.services.auth import TokenCache as TokenCache
-from gpufleet.server.services.auth import authenticate as authenticate
-from gpufleet.server.services.auth import check_token as check_token
-from gpufleet.server.services.auth import hash_token as hash_token
-from gpufleet.server.services.auth import hasher_for, new_token
-from gpufleet.server.services.caps import Caps, tokens_problem
+from gpufleet.server.schemas import QuotaIn, Role, TeamOut, UserCreated, UserIn, UserOut
+from gpufleet.server.services.auth import Principal, hasher_for
+from gpufleet.server.services.tokens import TOKEN_TTL_S, add_token
 from gpufleet.server.tokenkey import TokenHasher
-from gpufleet.timefmt import format_duration, parse_duration
 
 ROLES: tuple[Role, ...] = ("admin", "operator", "user")
-TOKEN_TTL_S = 90 * 86400.0
-SESSION_TTL_S = 12 * 3600.0
-
-
-def _add_token(
-    s: Session,
-    *,
-    user: User,
-    name: str,
-    now: float,
-    hasher: TokenHasher,
-    expires_at: float | None,
-    kind: str = "api",
-    token: str | None = None,
-) -> TokenCreated:
-    token = token or new_token()
-    row = Token(
-        user_id=user.id,
-        name=name,
-        token_hash=hasher.digest(token),
-        hint=token[-4:],
-        created_at=now,
-        expires_at=expires_at,
-        kind=kind,
-    )
-    s.add(row)
-    s.flush()
-    return TokenCreated(
-        id=row.id,
-        user=user.name,
-        name=name,
-        hint=row.hint,
-        created_at=now,
-        revoked=False,
-        kind=kind,
-        expires_at=expires_at,
-        token=token,
-    )
 
 
 def bootstrap_admin(
@@ -113,7 +42,7 @@ def bootstrap_admin(
             s.add(team)
         s.flush()
         _join(s, admin.id, team.id)
-        created = _add_token(
+        created = add_token(
             s,
             user=admin,
             name="bootstrap",
@@ -124,19 +53,6 @@ def bootstrap_admin(
             token=token,
         )
     return None if token else created.token
-
-
-def bound_lifetimes(*, db: Database, now: float, ttl_s: float) -> int:
-    """Give every API token without an expiry (rows from before 0008) ``ttl_s`` from
-    ``now``; the number changed. The server does it at start."""
-    with db.write() as s:
-        res = s.execute(
-            update(Token)
-            .where(Token.expires_at.is_(None), Token.kind != "bootstrap")
-            .values(expires_at=now + ttl_s)
-            .execution_options(synchronize_session=False)
-        )
-        return int(getattr(res, "rowcount", 0) or 0)
 
 
 # -- users and teams --------------------------------------------------------------------------
@@ -210,7 +126,7 @@ def create_user(
         s.flush()
         for name in dict.fromkeys(spec.teams):  # as listed: the first is the default team
             _join(s, user.id, teams[name].id)
-        tok = _add_token(
+        tok = add_token(
             s, user=user, name="initial", now=now, hasher=hasher_for(db, hasher), expires_at=now + ttl_s
         )
         return UserCreated(**_user_out(s, user).model_dump(), token=tok.token)
@@ -246,7 +162,7 @@ def team_out(s: Session, t: Team, *, now: float | None = None, finances: bool = 
     q = select(User.name).join(Membership, Membership.user_id == User.id).where(Membership.team_id == t.id)
     spent = None
     if finances and now is not None and (t.budget_soft is not None or t.budget_hard is not None):
-        spent = round(accounting.month_spend(s, now, [t.id]).get(t.id, 0.0), 4)
+        spent = round(ledger.month_spend(s, now, [t.id]).get(t.id, 0.0), 4)
     return TeamOut(
         name=t.name,
         members=sorted(s.scalars(q)),
@@ -347,169 +263,3 @@ def set_quota(*, db: Database, actor: Principal, team: str, quota: QuotaIn) -> T
         t.quota_gpus, t.quota_limit = quota.gpus, quota.limit
         s.flush()
         return team_out(s, t)
-
-
-# -- tokens -------------------------------------------------------------------------------------
-
-
-def _token_out(t: Token, user: str) -> TokenOut:
-    return TokenOut(
-        id=t.id,
-        user=user,
-        name=t.name,
-        hint=t.hint,
-        created_at=t.created_at,
-        revoked=t.revoked_at is not None,
-        kind=t.kind,
-        expires_at=t.expires_at,
-    )
-
-
-def create_token(
-    *,
-    db: Database,
-    actor: Principal,
-    name: str,
-    user: str | None,
-    now: float,
-    caps: Caps | None = None,
-    hasher: TokenHasher | None = None,
-    expires_in: str | float | None = None,
-    max_ttl_s: float = TOKEN_TTL_S,
-) -> TokenCreated | Failure:
-    """``caps``: refuse a token past the owner's cap (``services/caps.py``). It lives
-    ``expires_in`` (seconds or a duration; at most, and by default, ``max_ttl_s``:
-    ``--token-ttl``)."""
-    if actor.session:
-        return forbidden("a web session cannot create tokens: use an API token")
-    if user is not None and user != actor.name and not actor.is_admin:
-        return forbidden("only admins create tokens for other users")
-    ttl_s = _lifetime(expires_in, max_ttl_s)
-    if isinstance(ttl_s, Failure):
-        return ttl_s
-    with db.write() as s:
-        owner = s.scalar(select(User).where(User.name == (user or actor.name)))
-        if owner is None:
-            return not_found(f"no user {user}")
-        if caps is not None:
-            problem = tokens_problem(
-                s, caps=caps, user_id=owner.id, name=owner.name, role=owner.role, now=now
-            )
-            if problem is not None:
-                return problem
-        return _add_token(
-            s, user=owner, name=name, now=now, hasher=hasher_for(db, hasher), expires_at=now + ttl_s
-        )
-
-
-def _lifetime(value: str | float | None, max_s: float) -> float | Failure:
-    if value is None:
-        return max_s
-    try:
-        secs = float(value) if isinstance(value, int | float) else parse_duration(value)
-    except ValueError as exc:
-        return invalid(f"expires_in: {exc}")
-    if not 0 < secs <= max_s:
-        return invalid(
-            f"expires_in: a token lives more than 0 s and at most {format_duration(max_s)} (--token-ttl)"
-        )
-    return secs
-
-
-def create_session(
-    *,
-    db: Database,
-    actor: Principal,
-    now: float,
-    hasher: TokenHasher | None = None,
-    ttl_s: float = SESSION_TTL_S,
-) -> TokenCreated | Failure:
-    """A web session for the caller: ``ttl_s`` (``--session-ttl``), never past the
-    expiry of the token it is made with."""
-    if actor.session:
-        return forbidden("a web session cannot start another: sign in with an API token")
-    expires_at = now + ttl_s if actor.expires_at is None else min(now + ttl_s, actor.expires_at)
-    with db.write() as s:
-        owner = s.get(User, actor.user_id)
-        if owner is None:
-            return not_found(f"no user {actor.name}")
-        return _add_token(
-            s,
-            user=owner,
-            name="web",
-            now=now,
-            hasher=hasher_for(db, hasher),
-            expires_at=expires_at,
-            kind="session",
-        )
-
-
-def list_tokens(
-    *, db: Database, actor: Principal, user: str | None, limit: int = 100, cursor: str | None = None
-) -> TokenPage | Failure:
-    """By id: yours, or (admins) everyone's or ``user``'s."""
-    if user is not None and user != actor.name and not actor.is_admin:
-        return forbidden("only admins list other users' tokens")
-    try:
-        after_id = id_cursor(cursor)
-    except ValueError:
-        return invalid(f"cursor: {cursor!r} is not a cursor this list gave")
-    with db.read() as s:
-        q = select(Token, User.name).join(User, User.id == Token.user_id).order_by(Token.id).limit(limit + 1)
-        if user is not None:
-            q = q.where(User.name == user)
-        elif not actor.is_admin:
-            q = q.where(Token.user_id == actor.user_id)
-        if after_id is not None:
-            q = q.where(Token.id > after_id)
-        rows, after = cut([r.tuple() for r in s.execute(q)], limit, lambda r: str(r[0].id))
-        return TokenPage(items=[_token_out(t, name) for t, name in rows], next_cursor=after)
-
-
-def revoke_token(
-    *, db: Database, actor: Principal, token_id: int, now: float, cache: TokenCache | None = None
-) -> TokenOut | Failure:
-    if cache is not None:
-        cache.clear()
-    with db.write() as s:
-        row = s.execute(
-            select(Token, User.name).join(User, User.id == Token.user_id).where(Token.id == token_id)
-        ).first()
-        if row is None or (row[0].user_id != actor.user_id and not actor.is_admin):
-            return not_found(f"no token {token_id}")
-        tok, owner = row.tuple()
-        if tok.revoked_at is None:
-            refused = _last_admin_token(s, tok, now=now)
-            if refused is not None:
-                return refused
-            tok.revoked_at = now
-        return _token_out(tok, owner)
-
-
-def _active(now: float) -> ColumnElement[bool]:
-    return and_(
-        Token.revoked_at.is_(None),
-        Token.kind != "session",
-        or_(Token.expires_at.is_(None), Token.expires_at > now),
-    )
-
-
-def _last_admin_token(s: Session, tok: Token, *, now: float) -> Failure | None:
-    """A conflict when ``tok`` is the last active admin token (revoking it would lock
-    every admin out). Revocations of admin tokens are serialised by locking the admin
-    users' rows first (PostgreSQL; SQLite's writers are serial already), so two admins
-    revoking each other's last tokens at once cannot both succeed."""
-    if tok.kind == "session" or (tok.expires_at is not None and tok.expires_at <= now):
-        return None
-    if s.scalar(select(User.role).where(User.id == tok.user_id)) != "admin":
-        return None
-    admins = list(s.scalars(select(User.id).where(User.role == "admin").order_by(User.id).with_for_update()))
-    other = s.scalar(
-        select(Token.id).where(Token.user_id.in_(admins), Token.id != tok.id, _active(now)).limit(1)
-    )
-    if other is not None:
-        return None
-    return conflict(
-        f"token {tok.id} is the last active admin token: revoking it would lock every admin out; "
-        "create another admin token first (gpufleet tokens create)"
-    )
