@@ -1,0 +1,298 @@
+"""The jobs of one node as its agent's sync sees them (``services/sync.py`` is the
+endpoint; its docstring has the rules): what the node should run (``desired``), which
+job attempts it may speak for (``scope_of``), what its observations change (``observe``),
+and its log bytes (``ingest_logs``); a node whose inventory cannot be taken is
+cordoned (``quarantine``). Everything here runs inside the sync's
+transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+from gpufleet.server import ledger
+from gpufleet.server.jobstate.requeue import requeue
+from gpufleet.server.jobstate.states import ACTIVE, JobState
+from gpufleet.server.jobstate.transitions import attempt_of, move, ref, release_attempt
+from gpufleet.server.models import Allocation, Job, JobLogChunk, NodeRow, User
+from gpufleet.server.schemas import (
+    DesiredJob,
+    LogAck,
+    LogChunkIn,
+    NodeSync,
+    ObservedJob,
+    PeerNode,
+)
+from gpufleet.server.services.nodeops import add_event
+
+log = logging.getLogger("gpufleet.server")
+ACTOR = "sync"
+"""The actor of what the server decides on a node's report (its cordon)."""
+PORT_BASE = 20_000
+PORT_SPAN = 20_000
+
+
+def master_port(job_id: int) -> int:
+    return PORT_BASE + job_id % PORT_SPAN
+
+
+# -- what the node should run ------------------------------------------------------------------
+
+
+def desired(s: Session, node: str) -> list[DesiredJob]:
+    q = (
+        select(Job, User.name)
+        .join(Allocation, Allocation.job_id == Job.id)
+        .join(User, User.id == Job.user_id)
+        .where(Allocation.node == node, Job.state.in_([str(a) for a in ACTIVE]))
+        .order_by(Job.id)
+    )
+    jobs: dict[int, tuple[Job, str]] = {}
+    for job, user in s.execute(q):
+        jobs.setdefault(job.id, (job, user))
+    if not jobs:
+        return []
+    placement: dict[int, dict[str, list[int]]] = {jid: {} for jid in jobs}
+    aq = (
+        select(Allocation.job_id, Allocation.node, Allocation.gpu_index)
+        .where(Allocation.job_id.in_(jobs))
+        .order_by(Allocation.id)
+    )
+    for jid, n, idx in s.execute(aq):
+        gpus = placement[jid].setdefault(n, [])
+        if idx is not None:
+            gpus.append(idx)
+    names = {n for p in placement.values() for n in p}
+    addresses = dict(s.execute(select(NodeRow.name, NodeRow.address).where(NodeRow.name.in_(names))).all())
+    return [_desired_job(job, user, node, placement[jid], addresses) for jid, (job, user) in jobs.items()]
+
+
+def _desired_job(
+    job: Job, user: str, node: str, placement: dict[str, list[int]], addresses: dict[str, str | None]
+) -> DesiredJob:
+    """The placement's first node is the master; every node gets its rank in it."""
+    peers = [PeerNode(node=n, address=addresses.get(n) or n, gpus=sorted(g)) for n, g in placement.items()]
+    return DesiredJob(
+        job_id=job.id,
+        attempt=attempt_of(job.scheduled_at),
+        name=job.name,
+        command=job.command,
+        env=job.env,
+        image=job.image,
+        gpus=sorted(placement.get(node, [])),
+        time_limit_s=job.time_limit_s,
+        deadline=None
+        if job.time_limit_s is None or job.started_at is None
+        else job.started_at + job.time_limit_s,
+        user=user,
+        output=job.output,
+        error=job.error,
+        nodes=peers,
+        node_rank=[p.node for p in peers].index(node),
+        master_addr=peers[0].address,
+        master_port=master_port(job.id),
+        world_size=max(1, sum(len(p.gpus) for p in peers)),
+    )
+
+
+# -- what the node may speak for ------------------------------------------------------------
+
+
+def _nodes(stopping_on: str | None) -> list[str]:
+    return [n for n in (stopping_on or "").split(",") if n]
+
+
+def _why_not(job: Job | None, attempt: int | None, node: str, held: set[int]) -> str | None:
+    """None if ``node`` may speak for this attempt of ``job``, else why not (a
+    ``hot.REJECT_REASONS`` label)."""
+    if attempt is None:
+        return "no_attempt"
+    if job is None:
+        return "unknown_job"
+    if job.id in held:
+        return None if attempt == attempt_of(job.scheduled_at) else "stale_attempt"
+    if node in _nodes(job.stopping_on):
+        stopped = job.stopping_attempt
+        return None if stopped is None or attempt == stopped else "stale_attempt"
+    return "not_assigned"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Scope:
+    """A sync's items this node may speak for, judged on the state before the sync."""
+
+    jobs: dict[int, Job]
+    """The jobs the sync names that exist."""
+    states: list[ObservedJob]
+    logs: list[LogChunkIn]
+    rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(kind, reason) -> items dropped."""
+
+
+def scope_of(s: Session, node: str, body: NodeSync) -> _Scope:
+    ids = {o.job_id for o in body.jobs} | {c.job_id for c in body.logs}
+    if not ids:
+        return _Scope(jobs={}, states=[], logs=[])
+    here = select(Allocation.id).where(Allocation.job_id == Job.id, Allocation.node == node).exists()
+    jobs: dict[int, Job] = {}
+    held: set[int] = set()
+    for job, is_here in s.execute(select(Job, here).where(Job.id.in_(ids))):
+        jobs[job.id] = job
+        if is_here:
+            held.add(job.id)
+    out = _Scope(jobs=jobs, states=[], logs=[])
+    for o in body.jobs:
+        why = _why_not(jobs.get(o.job_id), o.attempt, node, held)
+        if why is None:
+            out.states.append(o)
+        else:
+            out.rejected[("state", why)] += 1
+    for c in body.logs:
+        why = _why_not(jobs.get(c.job_id), c.attempt, node, held)
+        if why is None:
+            out.logs.append(c)
+        else:
+            out.rejected[("log", why)] += 1
+    return out
+
+
+# -- observations --------------------------------------------------------------------------------
+
+
+def _transition(o: ObservedJob, job: Job) -> JobState | None:
+    """The move an observation the node may make asks for, None if it changes nothing
+    (an attempt being stopped has left SCHEDULED/RUNNING already)."""
+    st = JobState(job.state)
+    if o.state == "running" and st == JobState.SCHEDULED:
+        return JobState.RUNNING
+    if o.state == "lost" and st in ACTIVE:
+        return JobState.REQUEUED
+    if o.state == "exited" and st in ACTIVE:
+        return JobState.COMPLETED if (o.exit_code or 0) == 0 and o.exit_code is not None else JobState.FAILED
+    return None
+
+
+def _stops_confirmed(s: Session, node: str, body: NodeSync) -> list[Job]:
+    """Jobs told to stop here that the node reports running no attempt of."""
+    running = {o.job_id for o in body.jobs if o.state == "running"}
+    q = select(Job).where(Job.stopping_on.is_not(None), Job.stopping_on.contains(node))
+    return [job for job in s.scalars(q) if node in _nodes(job.stopping_on) and job.id not in running]
+
+
+def _latest(scope: _Scope) -> list[ObservedJob]:
+    """One observation per job (the last: a sync is one moment of the node)."""
+    return list({o.job_id: o for o in scope.states}.values())
+
+
+def observe(
+    s: Session,
+    node: str,
+    body: NodeSync,
+    scope: _Scope,
+    actor: str,
+    now: float,
+    readings: ledger.Readings,
+) -> bool:
+    """Apply the observations the node may make; True if a job changed. Raises
+    ``Conflict`` on a lost CAS."""
+    changed = False
+    for o in _latest(scope):
+        job = scope.jobs[o.job_id]
+        to = _transition(o, job)
+        if to is None:
+            continue
+        if to == JobState.REQUEUED:
+            requeue(s, job, now=now, actor=actor, reason=f"attempt vanished on {node}", lost=(node,))
+            changed = True
+            continue
+        if to == JobState.RUNNING:
+            values = {"started_at": now}
+            reason = f"running on {node}"
+        else:
+            code = o.exit_code if o.exit_code is not None else -1
+            values = release_attempt(
+                s, job, now=now, confirmed=False, confirmed_on=node, readings=readings
+            ) | {"exit_code": code}
+            reason = f"exited with code {code} on {node}"
+        move(s, ref(job), to, actor=actor, reason=reason, now=now, values=values)
+        changed = True
+    for job in _stops_confirmed(s, node, body):
+        rest = [n for n in _nodes(job.stopping_on) if n != node]
+        job.stopping_on = ",".join(rest) or None
+        changed = True
+    return changed
+
+
+def would_change(s: Session, node: str, body: NodeSync, scope: _Scope) -> bool:
+    if any(_transition(o, scope.jobs[o.job_id]) is not None for o in _latest(scope)):
+        return True
+    return bool(_stops_confirmed(s, node, body))
+
+
+# -- logs ----------------------------------------------------------------------------------------
+
+
+def ingest_logs(s: Session, node: str, chunks: Sequence[LogChunkIn], now: float) -> list[LogAck]:
+    """Store the chunks (the node may ship all of them: ``scope``)."""
+    if not chunks:
+        return []
+    ends: dict[tuple[int, int], int] = {}
+    rows: list[dict[str, object]] = []
+    for c in chunks:
+        key = (c.job_id, c.attempt)
+        if key not in ends:
+            ends[key] = int(
+                s.scalar(
+                    select(func.coalesce(func.max(JobLogChunk.end), 0)).where(
+                        JobLogChunk.job_id == c.job_id,
+                        JobLogChunk.attempt == c.attempt,
+                        JobLogChunk.node == node,
+                    )
+                )
+                or 0
+            )
+        if c.offset == ends[key] and c.end > c.offset:
+            rows.append(
+                {
+                    "job_id": c.job_id,
+                    "attempt": c.attempt,
+                    "node": node,
+                    "offset": c.offset,
+                    "end": c.end,
+                    "data": c.data,  # cleaned of NULs by its schema (``LogChunkIn``)
+                    "at": now,
+                }
+            )
+            ends[key] = c.end
+    if rows:
+        s.execute(insert(JobLogChunk), rows)
+    return [LogAck(job_id=j, attempt=a, end=e) for (j, a), e in sorted(ends.items())]
+
+
+# -- an inventory the server cannot take ------------------------------------------------------
+
+
+def quarantine(s: Session, node: NodeRow, why: str, now: float) -> bool:
+    """Cordon ``node`` because its inventory was refused (once per reason: a node that
+    keeps sending the same one writes one event). True if it changed something."""
+    reason = f"inventory refused: {why}"[:256]
+    if node.cordoned and node.cordon_reason == reason:
+        return False
+    node.cordoned, node.cordon_reason = True, reason
+    add_event(
+        s,
+        at=now,
+        node=node.name,
+        kind="cordoned",
+        severity="critical",
+        actor=ACTOR,
+        reason=f"{reason}; its stored GPUs are kept, nothing new lands on it until an operator uncordons it",
+    )
+    log.warning("node %s cordoned: %s", node.name, reason)
+    return True
