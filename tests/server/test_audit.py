@@ -18,7 +18,6 @@ from sqlalchemy.exc import DBAPIError
 
 from gpufleet.server import db as dbmod
 from gpufleet.server.audit import purge
-from gpufleet.server.loops.runner import Loop
 from gpufleet.server.models import AuditRow
 from server.conftest import Server, gpufleet, make_pool, make_team, make_user, ok, scratch_postgres, unique
 from server.playnode import register, sync
@@ -186,20 +185,3 @@ def test_purge_deletes_only_older_rows(scratch: dbmod.Database, chunk: int) -> N
     with scratch.read() as s:
         left = sorted(round((now - at) / HOUR, 1) for at in s.scalars(select(AuditRow.at)))
     assert left == [0.0, 1.0, 23.0]
-
-
-def test_the_loop_runs_steps_and_survives_a_failing_one() -> None:
-    calls: list[int] = []
-
-    def step() -> None:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("first step fails")
-
-    loop = Loop(name="t", interval_s=0.01, step=step, first_after_s=0)
-    loop.start()
-    deadline = time.monotonic() + 5
-    while loop.passes < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    loop.stop()
-    assert loop.failures == 1 and loop.passes >= 2

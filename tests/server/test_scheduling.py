@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import pytest
 
-from gpufleet.server.loops.runner import Loop
-from gpufleet.server.loops.scheduling import StormPacer
 from server.conftest import Server, make_node, make_pool, make_team, make_user, ok, wait_for
 
 
@@ -256,87 +254,3 @@ def test_new_token_is_served_then_cached(server: Server, team: str) -> None:
     with server.client(token) as c:
         first, second = (ok(c.post("/jobs", json=spec), 201) for _ in range(2))
     assert first["user"] == second["user"] != "admin"
-
-
-# -- the loop's pacing (in process, passes stubbed) ----------------------------------------------
-
-
-class _Counting:
-    """A scheduling step that only records when it ran and takes ``pass_s``; on pass
-    ``miss`` it ends as if the submitters had not had the CPU while it ran (no wake-up
-    seen), as happens on a busy machine."""
-
-    def __init__(self, *, pass_s: float, miss: int = 0) -> None:
-        self.pass_s = pass_s
-        self.miss = miss
-        self.ran: list[float] = []
-        self.loop = Loop(
-            name="t", step=self, interval_s=1.0, first_after_s=1.0, pacer=StormPacer(max_rest_s=1.0)
-        )
-        self.pacer = cast(StormPacer, self.loop.pacer)
-
-    def __call__(self) -> None:
-        self.ran.append(time.monotonic())
-        time.sleep(self.pass_s)
-        if len(self.ran) == self.miss:
-            self.loop._wake.clear()
-
-    def start(self) -> None:
-        self.loop.start()
-
-    def wake(self) -> None:
-        self.loop.wake()
-
-    def stop(self) -> None:
-        self.loop.stop()
-
-
-@pytest.mark.parametrize("pass_s", [0.001, 0.02], ids=["short-passes", "longer-passes"])
-def test_storm_of_wakeups_is_coalesced(pass_s: float) -> None:
-    """Woken all the time, passes start at most every ``storm_gap_s``, or every
-    (1 + busy_factor) pass durations when that is longer."""
-    loop = _Counting(pass_s=pass_s)
-    loop.start()
-    try:
-        end = time.monotonic() + 1.0
-        while time.monotonic() < end:  # a submit storm: a wake-up every 0.5 ms
-            loop.wake()
-            time.sleep(0.0005)
-    finally:
-        loop.stop()
-    gaps = [b - a for a, b in zip(loop.ran[2:], loop.ran[3:], strict=False)]
-    pacer = loop.pacer
-    assert len(loop.ran) <= 1.0 / max(pacer.storm_gap_s, (1 + pacer.busy_factor) * pass_s) + 4
-    assert min(gaps) >= min(pacer.storm_gap_s, (1 + pacer.busy_factor) * pass_s) * 0.9
-
-
-def test_a_pass_the_submitters_miss_does_not_end_the_storm() -> None:
-    loop = _Counting(pass_s=0.001, miss=5)
-    loop.start()
-    try:
-        end = time.monotonic() + 0.6
-        while time.monotonic() < end:
-            loop.wake()
-            time.sleep(0.0005)
-    finally:
-        loop.stop()
-    gaps = [b - a for a, b in zip(loop.ran[2:], loop.ran[3:], strict=False)]
-    assert len(loop.ran) >= 7
-    assert min(gaps) >= loop.pacer.storm_gap_s * 0.9
-
-
-def test_lone_wakeup_is_served_at_once() -> None:
-    loop = _Counting(pass_s=0.001)
-    loop.start()
-    try:
-        time.sleep(0.05)  # past the first (interval) wait's start
-        for _ in range(3):
-            t0 = time.monotonic()
-            loop.wake()
-            while len(loop.ran) == 0 or loop.ran[-1] < t0:
-                assert time.monotonic() - t0 < 0.5, "not woken"
-                time.sleep(0.0005)
-            assert loop.ran[-1] - t0 < 0.25  # not held back (the interval is 1 s)
-            time.sleep(0.1)  # idle again
-    finally:
-        loop.stop()
