@@ -18,9 +18,11 @@ database and a wake-up. In the API process a ``ChildLoop`` stands for it (the sa
   (with their pool and queue time) and its fragmentation, which is what the metrics
   read. Counters also travel when only a failure changed them.
 - *lifetime*: stdin's EOF ends the child, so it never outlives the API process, even
-  one killed by SIGKILL. A child that dies is logged, counted as a failed pass and
-  started again after ``restart_after_s``. Ctrl-C reaches the whole process group: the
-  child ignores SIGINT and lets the parent stop it.
+  one killed by SIGKILL. A stopping parent also sends SIGTERM, which the child takes
+  like EOF (the pass in flight finishes) and which ends a child still importing at
+  once. A child that dies is logged, counted as a failed pass and started again after
+  ``restart_after_s``. Ctrl-C reaches the whole process group: the child ignores
+  SIGINT and lets the parent stop it.
 
 Crash safety is the thread's: the API commits accepted jobs before their 201; the
 child reads them and commits each pass in one transaction of its own.
@@ -175,6 +177,10 @@ class ChildLoop:
             if proc is not None and proc.stdin is not None:
                 proc.stdin.close()  # EOF: the child finishes its pass and exits
         if proc is not None:
+            # SIGTERM too: it ends the child the same way (its handler) and, while it is
+            # still starting (seconds of imports), at once instead of after its first pass
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
             try:
                 proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -275,8 +281,13 @@ class _Reporter:
                 pass  # the parent is gone: stdin's EOF ends us
 
 
+def _stop_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(0)  # unwinds main: the pass in flight finishes, then the loop stops
+
+
 def main(argv: list[str]) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us (stdin EOF)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us (stdin EOF, SIGTERM)
+    signal.signal(signal.SIGTERM, _stop_on_term)
     stdin = sys.stdin.fileno()
     line = b""
     while not line.endswith(b"\n"):
