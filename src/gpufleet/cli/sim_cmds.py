@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpufleet.cli.options import flag
-from gpufleet.scheduler import POLICIES
+from gpufleet.scheduler import POLICIES, Quota
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.sim.engine import NODES_PER_LEAF, FleetSpec, SimConfig
 from gpufleet.sim.trace import TraceError, TraceLoad
@@ -35,6 +35,29 @@ def _duration(value: str, what: str) -> float:
         return parse_duration(value)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint=what) from None
+
+
+def parse_quotas(values: list[str]) -> tuple[Quota, ...]:
+    """``--quota TEAM=GPUS[:LIMIT]`` values, one Quota per team (a team given twice is
+    an error, not a silent override)."""
+    out: dict[str, Quota] = {}
+    for value in values:
+        team, sep, amount = value.partition("=")
+        gpus, _, limit = amount.partition(":")
+        try:
+            if not sep or not team.strip():
+                raise ValueError
+            q = Quota(team=team.strip(), gpus=int(gpus), limit=int(limit) if limit else None)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{value!r}: expected TEAM=GPUS or TEAM=GPUS:LIMIT (whole numbers)", param_hint="--quota"
+            ) from None
+        if q.gpus < 0 or (q.limit is not None and q.limit < 0):
+            raise typer.BadParameter(f"{value!r}: GPUS and LIMIT must be >= 0", param_hint="--quota")
+        if q.team in out:
+            raise typer.BadParameter(f"team {q.team} given twice", param_hint="--quota")
+        out[q.team] = q
+    return tuple(out.values())
 
 
 def load(path: Path, fmt: str) -> TraceLoad:
@@ -94,6 +117,12 @@ def simulate(
     default_limit: str = typer.Option(
         "4h", "--default-time-limit", help="Assumed run time of jobs without a limit (estimates, backfill)."
     ),
+    quota: list[str] = typer.Option(
+        [],
+        "--quota",
+        help="A team's quota, TEAM=GPUS (fair share's weight) or TEAM=GPUS:LIMIT (LIMIT: a hard cap); "
+        "repeat for each team.",
+    ),
 ) -> None:
     """Replay a job trace through the scheduling core under each policy and compare them."""
     if fmt not in FORMATS:
@@ -119,6 +148,7 @@ def simulate(
         repair_s=_duration(repair, "--repair-time"),
         requeue_after_s=_duration(requeue_after, "--requeue-after"),
         seed=seed,
+        quotas=parse_quotas(quota),
     )
     fleet = FleetSpec(nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=nodes_per_leaf)
     loaded = load(trace, fmt)
@@ -206,7 +236,7 @@ def simulate(
     out.print(
         f"bounds: avg JCT >= {format_duration(bound['avg_jct_lower_s'])}, "
         f"utilisation <= {bound['utilization_upper']:.1%}; "
-        f"rejected (too large for the fleet): {summary['rejected']}"
+        f"rejected (too large for the fleet or a team's hard limit): {summary['rejected']}"
     )
     if json_out is not None:
         json_out.write_text(json.dumps(summary, indent=2))

@@ -1,12 +1,15 @@
-"""gpufleet's pure scheduling core: ``plan(snapshot, policy) -> Plan``.
+"""gpufleet's pure scheduling core: ``plan(snapshot, policy, cache=...) -> Plan``.
 
-No I/O, no clock, no global state. The server and the simulator both call ``plan``.
+No I/O, no clock, no global state. The server and the simulator both call ``plan``;
+each keeps its own ``PlanCache`` (one per loop) for what may be reused between passes.
 """
 
+from gpufleet.scheduler.cache import PlanCache
 from gpufleet.scheduler.core import gpu_type_matches, plan
 from gpufleet.scheduler.model import (
     Fleet,
     Gpu,
+    Hold,
     JobRequest,
     Node,
     NodeGpus,
@@ -29,12 +32,14 @@ __all__ = [
     "POLICIES",
     "Fleet",
     "Gpu",
+    "Hold",
     "JobRequest",
     "Node",
     "NodeGpus",
     "PendingStatus",
     "Placement",
     "Plan",
+    "PlanCache",
     "Policy",
     "Preemption",
     "Quota",

@@ -8,7 +8,8 @@ is an O(1) check and best-fit is a short scan, which is what keeps a pass over 1
 pending jobs fast.
 
 This module is mutable on purpose: it is the scratch pad of one ``plan()`` call and never
-escapes it. The static part of a fleet (``FleetIndex``) is derived once per Fleet object.
+escapes it. The static part of a fleet (``FleetIndex``) is derived once per Fleet object
+and kept by the caller's ``PlanCache`` (cache.py), with the memos that follow it.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ class GroupInfo:
 
 
 class FleetIndex:
-    """The static facts of a Fleet, computed once per Fleet object."""
+    """The static facts of a Fleet, computed once per Fleet object, and the memos that
+    follow that fleet from pass to pass (holdings, last occupancy, options, per-policy
+    state). Owned by one ``PlanCache`` (one caller, one thread), or by one pass when
+    the caller keeps none."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
@@ -288,21 +292,11 @@ def _ordered_diff(
     return removed, list(new[j:])
 
 
-_INDEX_CACHE: dict[int, tuple[Fleet, FleetIndex]] = {}
-
-
 def fleet_index(fleet: Fleet) -> FleetIndex:
-    """Memoised FleetIndex. Keyed by identity (a strong reference is kept, so the id
-    cannot be reused); callers that keep one Fleet object across passes, like the
-    simulator, pay for the index once."""
-    hit = _INDEX_CACHE.get(id(fleet))
-    if hit is not None and hit[0] is fleet:
-        return hit[1]
-    index = FleetIndex(fleet)
-    if len(_INDEX_CACHE) >= 8:
-        _INDEX_CACHE.pop(next(iter(_INDEX_CACHE)))
-    _INDEX_CACHE[id(fleet)] = (fleet, index)
-    return index
+    """A fresh FleetIndex of ``fleet``. Kept for callers outside the core that want the
+    static facts once (e.g. a submit check); a caller that asks again and again should
+    keep a ``PlanCache`` and use ``PlanCache.index``, which memoises it per Fleet."""
+    return FleetIndex(fleet)
 
 
 class GroupFree:

@@ -24,7 +24,8 @@ class Gpu:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Node:
-    """A GPU server. All its GPUs are of one model (as in real servers).
+    """A server. All its GPUs are of one model (as in real servers); a node with no
+    GPUs is a CPU-only node: it runs only 0-GPU jobs (see cpu.py).
 
     ``schedulable`` is False when the node is cordoned, draining or not ready: its
     running jobs stay, but nothing new lands on it.
@@ -176,13 +177,29 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Hold:
+    """A team whose waiting jobs may not start (e.g. over its hard budget), and why.
+    Its jobs stay pending with ``reason`` as their reason, without a queue position or
+    an estimated start; they reserve nothing and keep no one else waiting. Jobs of the
+    team that already run are not touched."""
+
+    team: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Snapshot:
+    """Everything one pass may look at. ``pending`` holds GPU jobs and 0-GPU jobs alike
+    (the core places both); ``running`` likewise (0-GPU jobs with a placement of
+    ``NodeGpus(node=..., gpus=())``: they count toward their node's job count)."""
+
     now: float
     fleet: Fleet
     running: tuple[RunningJob, ...] = ()
     pending: tuple[JobRequest, ...] = ()
     quotas: tuple[Quota, ...] = ()
     reservations: tuple[Reservation, ...] = ()
+    holds: tuple[Hold, ...] = ()
 
 
 class Status(enum.Enum):
@@ -208,10 +225,12 @@ class Preemption:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PendingStatus:
     """A waiting job's place in line. ``reason`` starts with a Slurm-style code
-    (Resources, Priority, QuotaLimit, Unschedulable) followed by the detail."""
+    (Resources, Priority, QuotaLimit, Unschedulable) followed by the detail, except for
+    a held job, whose reason is the ``Hold``'s as given. ``position`` is None for jobs
+    outside the GPU queue: held jobs and 0-GPU jobs that found no node."""
 
     job_id: str
-    position: int
+    position: int | None
     estimated_start: float | None
     status: Status
     reason: str

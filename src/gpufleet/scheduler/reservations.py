@@ -156,8 +156,8 @@ class ReservationBook:
             if not short:
                 continue
             for rj in sorted(running, key=lambda x: x.started_at, reverse=True):
-                if r.owns(rj.job):
-                    continue
+                if r.owns(rj.job) or not rj.job.gpus:
+                    continue  # an owner, or a 0-GPU job: it holds none of the GPUs
                 hits = [id_of[p.node] for p in rj.placement if id_of.get(p.node) in short]
                 if hits and any(short[n] > 0 for n in hits):
                     out.append((r, rj))

@@ -10,13 +10,16 @@ sorted across passes and, per pass, only applies what the occupancy says changed
 gone, jobs new) and re-keys the jobs whose time came. For other policies the ranking is
 built afresh each pass. Either way the ranking is the same: ascending by (key, start
 time), ties in running order, exactly as sorting the keys of every job would give.
+0-GPU jobs are never candidates (stopping them frees no GPU).
+
+A ``RunningKeys`` lives on a FleetIndex, which the caller's ``PlanCache`` owns: one
+caller, one thread, so it takes no lock.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import threading
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
@@ -75,7 +78,7 @@ def rank_running(
     entries = [
         (key(rj.job, rj, ctx), rj.started_at, -i, rj)
         for i, rj in enumerate(running)
-        if rj.job.preemptible and ok(rj, ctx)
+        if rj.job.preemptible and rj.job.gpus and ok(rj, ctx)
     ]
     return Ranking(entries, ordered=False)
 
@@ -101,10 +104,9 @@ class RunningKeys:
     caller keeps the order of ``running`` stable, as the simulator and server do.
     """
 
-    __slots__ = ("backlog", "built", "chained", "entries", "expiry", "lock", "occ", "seq", "slot")
+    __slots__ = ("backlog", "built", "chained", "entries", "expiry", "occ", "seq", "slot")
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.occ: Occupancy | None = None
         self.entries: list[Entry] = []
         self.slot: dict[int, tuple[Entry, float]] = {}  # id(job) -> (its entry, valid until)
@@ -117,38 +119,28 @@ class RunningKeys:
     def observe(self, occ: Occupancy) -> None:
         """Follow this pass's occupancy (every pass, whether it ranks or not). One not
         derived from the last makes the cache start over; callers that hand in new
-        objects every pass (the server) thus never build it."""
-        if not self.lock.acquire(blocking=False):
-            return  # another thread: the chain breaks and the cache starts over later
-        try:
-            last, self.occ = self.occ, occ
-            if last is not None and occ.parent == id(last):
-                self.chained = True
-                if self.built:
-                    self.backlog.append((occ.gone, occ.new))
-                    if len(self.backlog) > 64:
-                        self.built = False  # cheaper to key everything again
-            else:
-                self.chained = self.built = False
-                self.entries, self.slot, self.expiry, self.backlog = [], {}, [], []
-        finally:
-            self.lock.release()
+        objects every pass thus never build it."""
+        last, self.occ = self.occ, occ
+        if last is not None and occ.parent == id(last):
+            self.chained = True
+            if self.built:
+                self.backlog.append((occ.gone, occ.new))
+                if len(self.backlog) > 64:
+                    self.built = False  # cheaper to key everything again
+        else:
+            self.chained = self.built = False
+            self.entries, self.slot, self.expiry, self.backlog = [], {}, [], []
 
     def ranking(self, occ: Occupancy, now: float, key_of: KeyFn) -> Ranking | None:
         """The ranking for ``occ``, or None when the cache did not follow up to it."""
-        if not self.lock.acquire(blocking=False):
+        if occ is not self.occ or not self.chained:
             return None
-        try:
-            if occ is not self.occ or not self.chained:
-                return None
-            if not self.built:  # the first pass of a chain that ranks: key everything once
-                self._rebuild(occ.jobs.values(), key_of)
-                self.backlog, self.built = [], True
-            else:
-                self._apply(now, key_of)
-            return Ranking(list(self.entries), ordered=True)
-        finally:
-            self.lock.release()
+        if not self.built:  # the first pass of a chain that ranks: key everything once
+            self._rebuild(occ.jobs.values(), key_of)
+            self.backlog, self.built = [], True
+        else:
+            self._apply(now, key_of)
+        return Ranking(list(self.entries), ordered=True)
 
     def _apply(self, now: float, key_of: KeyFn) -> None:
         """Jobs gone and new since the last ranking, and keys whose time came."""
@@ -176,7 +168,7 @@ class RunningKeys:
         """Key everything afresh (one sort, not one insertion per job)."""
         self.entries, self.slot, self.expiry = [], {}, []
         for rj in running:
-            if rj.job.preemptible:
+            if rj.job.preemptible and rj.job.gpus:
                 key, until = key_of(rj)
                 self.seq += 1
                 entry = (key, rj.started_at, -self.seq, rj)
@@ -188,7 +180,7 @@ class RunningKeys:
         heapq.heapify(self.expiry)
 
     def _put(self, rj: RunningJob, key_of: KeyFn) -> None:
-        if not rj.job.preemptible:
+        if not rj.job.preemptible or not rj.job.gpus:
             return
         key, until = key_of(rj)
         self.seq += 1

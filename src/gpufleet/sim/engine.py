@@ -26,17 +26,19 @@ import numpy as np
 from gpufleet.scheduler import (
     Fleet,
     Gpu,
+    Hold,
     JobRequest,
     Node,
     Placement,
+    PlanCache,
     Policy,
+    Quota,
     Reservation,
     ReservationMove,
     RunningJob,
     Snapshot,
     plan,
 )
-from gpufleet.scheduler.capacity import fleet_index
 from gpufleet.scheduler.core import shared_options
 from gpufleet.sim.trace import TraceJob
 
@@ -98,6 +100,11 @@ class SimConfig:
     node timeout + requeue-after); a failed GPU's job at once (the GPU is cordoned)."""
     seed: int = 0
     sample_interval_s: float = 900.0
+    quotas: tuple[Quota, ...] = ()
+    """Team quotas, in every snapshot (fair share's weights; ``limit``: hard caps)."""
+    holds: tuple[Hold, ...] = ()
+    """Teams whose waiting jobs may not start (none unless configured). Their jobs stay
+    pending to the end of the run and are not among the outcomes."""
 
 
 @dataclass(slots=True)
@@ -192,6 +199,11 @@ class Simulator:
         self.healthy_fleet = fleet  # without outages: decides what can ever run
         self.policy = policy
         self.cfg = config
+        # One cache for the whole run: the same Fleet, RunningJob and JobRequest objects
+        # come back pass after pass, so their index, holdings and keys are reused.
+        self.cache = PlanCache()
+        self.held_teams = {h.team for h in config.holds}
+        self.limits = {q.team: q.limit for q in config.quotas if q.limit is not None}
         self.rng = np.random.default_rng(config.seed)
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = 0
@@ -295,12 +307,18 @@ class Simulator:
             elif kind == REQUEUE:
                 self.enqueue(self.limbo.pop(str(data)))
                 self.want_pass(self.now)
-            if not self.pending and not self.running and not self.limbo and i >= len(arrivals):
+            if not self.waiting() and not self.running and not self.limbo and i >= len(arrivals):
                 break  # only future failures remain
         if progress is not None:
             progress(len(arrivals))
         self.sample_until(self.now + self.cfg.sample_interval_s)  # the last point: the end state
         return self.result(time.perf_counter() - wall)
+
+    def waiting(self) -> bool:
+        """Whether a pending job could still start (jobs of held teams never do)."""
+        if not self.held_teams:
+            return bool(self.pending)
+        return any(j.request.team not in self.held_teams for j in self.pending.values())
 
     def arrive(self, tj: TraceJob) -> None:
         req = JobRequest(
@@ -315,7 +333,15 @@ class Simulator:
             submit_time=tj.submit_s,
             oracle_remaining_s=tj.duration_s,
         )
-        why = shared_options(fleet_index(self.healthy_fleet), req)
+        why: object
+        if req.gpus == 0:  # placed by the core on the least busy node of its pool (cpu.py)
+            pools = {n.pool for n in self.healthy_fleet.nodes}
+            why = None if req.pool in pools else f"unknown pool {req.pool}"
+        else:
+            why = shared_options(self.cache.index(self.healthy_fleet), req)
+        limit = self.limits.get(req.team)
+        if limit is not None and req.gpus > limit:  # it would wait for ever (QuotaLimit)
+            why = f"needs {req.gpus} GPUs, over team {req.team}'s hard limit of {limit}"
         if isinstance(why, str):
             self.rejected.append((tj.job_id, why))
             return
@@ -333,9 +359,11 @@ class Simulator:
             fleet=self.fleet,
             running=self.running_view,
             pending=self.pending_view,
+            quotas=self.cfg.quotas,
             reservations=self.reservations,
+            holds=self.cfg.holds,
         )
-        result = plan(snap, self.policy, explain=False)
+        result = plan(snap, self.policy, explain=False, cache=self.cache)
         for move in result.reservation_moves:
             self.move_reservation(move)
         self.passes += 1
@@ -344,7 +372,7 @@ class Simulator:
             self.stop(self.running[pre.job_id], preempted=True)
         for start in result.starts:
             self.start(self.dequeue(start.job_id), start.placement)
-        if self.pending and self.policy.preemptive:
+        if self.policy.preemptive and self.waiting():
             self.want_pass(self.now + self.cfg.preempt_interval_s)
 
     def move_reservation(self, move: ReservationMove) -> None:
@@ -467,7 +495,7 @@ class Simulator:
         self.push(self.now + float(self.rng.exponential(1.0 / rate)), FAIL, what)
 
     def fail(self, what: str) -> None:
-        if not self.pending and not self.running:
+        if not self.waiting() and not self.running:
             return  # the trace is over: stop injecting
         node = self.fleet.nodes[int(self.rng.integers(len(self.fleet.nodes)))]
         if what == "gpu":

@@ -43,7 +43,8 @@ def write_report(comparison: Comparison, out_dir: Path, *, title: str = "gpuflee
         "",
         f"{s['jobs']} jobs on {fleet['nodes']} nodes x {fleet['gpus_per_node']} GPUs "
         f"({fleet['gpus']} GPUs, {fleet['nodes_per_leaf']} nodes per leaf switch); "
-        f"offered load {s['offered_load']:.2f}; {s['rejected']} jobs rejected as too large for the fleet.",
+        f"offered load {s['offered_load']:.2f}; {s['rejected']} jobs rejected as too large for the fleet "
+        "or for their team's hard limit.",
         "",
         f"Bounds: mean JCT >= {format_duration(s['bounds']['avg_jct_lower_s'])} (mean duration), "
         f"utilisation <= {s['bounds']['utilization_upper']:.1%}.",

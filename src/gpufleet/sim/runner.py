@@ -100,6 +100,8 @@ def compare_policies(
             "node_failures_per_node_day": config.node_failures_per_node_day,
             "repair_s": config.repair_s,
             "seed": config.seed,
+            "quotas": {q.team: {"gpus": q.gpus, "limit": q.limit} for q in config.quotas},
+            "holds": {h.team: h.reason for h in config.holds},
         },
         "policies": {name: r.metrics() for name, r in results.items()},
     }

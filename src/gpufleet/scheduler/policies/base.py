@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from gpufleet.scheduler.model import JobRequest, Quota, RunningJob, Snapshot
@@ -28,19 +28,41 @@ Key = tuple[Any, ...]
 class Context:
     """What a policy may look at besides the job: the clock of the snapshot, quotas
     and the GPUs each team holds (computed on first use; the core keeps it current
-    during a pass as it starts and preempts jobs)."""
+    during a pass as it starts and preempts jobs).
 
-    __slots__ = ("_running", "_team_gpus", "now", "quotas")
+    ``memo``: where the policy may memoise per-object results (keys of waiting jobs,
+    of running jobs) by name. The core passes the policy's memo from the caller's
+    ``PlanCache``, so memos last as long as the caller keeps the cache; without one
+    they last one pass. Policies keep no state of their own."""
 
-    def __init__(self, *, now: float, quotas: dict[str, Quota], running: Sequence[RunningJob] = ()) -> None:
+    __slots__ = ("_running", "_team_gpus", "memo", "now", "quotas")
+
+    def __init__(
+        self,
+        *,
+        now: float,
+        quotas: dict[str, Quota],
+        running: Sequence[RunningJob] = (),
+        memo: dict[str, dict[int, Any]] | None = None,
+    ) -> None:
         self.now = now
         self.quotas = quotas
         self._running = running
         self._team_gpus: dict[str, int] | None = None
+        self.memo: dict[str, dict[int, Any]] = {} if memo is None else memo
 
     @classmethod
-    def of(cls, snapshot: Snapshot) -> Context:
-        return cls(now=snapshot.now, quotas={q.team: q for q in snapshot.quotas}, running=snapshot.running)
+    def of(cls, snapshot: Snapshot, memo: dict[str, dict[int, Any]] | None = None) -> Context:
+        return cls(
+            now=snapshot.now, quotas={q.team: q for q in snapshot.quotas}, running=snapshot.running, memo=memo
+        )
+
+    def memo_of(self, name: str) -> dict[int, Any]:
+        """The memo called ``name`` (made on first use)."""
+        hit = self.memo.get(name)
+        if hit is None:
+            hit = self.memo[name] = {}
+        return hit
 
     @property
     def team_gpus(self) -> dict[str, int]:
@@ -71,10 +93,6 @@ class Policy:
     """Assumed run time of a job that gave no time limit (Slurm's DefaultTime): used
     for estimated start times and backfill, never to stop a job."""
 
-    _memo: dict[int, tuple[Key, JobRequest]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-
     @property
     def static_pending_keys(self) -> bool:
         """True when a waiting job's key depends on the job alone (not on time or load)."""
@@ -94,7 +112,7 @@ class Policy:
             # A waiting job's key never changes, and callers (the simulator, the server
             # between passes) hand in the same JobRequest objects pass after pass: memoise
             # by identity. The memo holds the job, so an id cannot be reused while cached.
-            memo = self._memo
+            memo: dict[int, tuple[Key, JobRequest]] = ctx.memo_of("order")
             if len(memo) > 400_000:
                 memo.clear()
             keyed = []

@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar
 
@@ -55,9 +55,6 @@ class DefaultPolicy(Policy):
     use_limits: bool = True
     width_aware: bool = True
     tie_break: str = "submit"
-    _run_memo: dict[int, tuple[RunningJob, Key, float]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
 
     @cached_property
     def boundaries(self) -> tuple[float, ...]:
@@ -119,7 +116,7 @@ class DefaultPolicy(Policy):
     def key(self, job: JobRequest, running: RunningJob | None, ctx: Context) -> Key:
         now = ctx.now
         if running is not None:
-            hit = self._run_memo.get(id(running))
+            hit: tuple[RunningJob, Key, float] | None = ctx.memo_of("running").get(id(running))
             if hit is not None and hit[0] is running and now < hit[2]:
                 return hit[1]
         level, until = self._level_until(job, running, now)
@@ -130,7 +127,7 @@ class DefaultPolicy(Policy):
         key = (-job.priority, starving, level, tie, job.submit_time, job.id)
         if running is not None:
             # A running job's key changes only when its level does: memoise until then.
-            memo = self._run_memo
+            memo = ctx.memo_of("running")
             if len(memo) > 200_000:
                 memo.clear()
             memo[id(running)] = (running, key, until)
@@ -140,7 +137,7 @@ class DefaultPolicy(Policy):
         """``key``, valid for as long as ``key`` memoises it (until the job's level or
         its starvation protection changes)."""
         key = self.key(running.job, running, ctx)
-        hit = self._run_memo.get(id(running))
+        hit = ctx.memo_of("running").get(id(running))
         return key, (hit[2] if hit is not None and hit[0] is running and hit[1] == key else -math.inf)
 
     def order(self, pending: Sequence[JobRequest], ctx: Context) -> list[tuple[Key, JobRequest]]:
@@ -150,7 +147,7 @@ class DefaultPolicy(Policy):
         fresh objects every pass, so this runs for every job of a 10,000-job queue
         (tests check that it agrees with ``key``)."""
         now = ctx.now
-        memo = self._memo
+        memo: dict[int, tuple[Key, JobRequest]] = ctx.memo_of("order")
         if len(memo) > 400_000:
             memo.clear()
         bounds = self.boundaries

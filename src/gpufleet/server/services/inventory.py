@@ -23,6 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.scheduler import Fleet, Gpu, Node
+from gpufleet.scheduler.capacity import FleetIndex
 from gpufleet.server.models import GpuRow, NodeRow
 
 NodeKey = tuple[tuple[object, ...], ...]
@@ -88,7 +89,7 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
 @dataclass(slots=True)
 class LiveFleet:
     """The scheduling loop's fleet. The same ``Fleet`` object is returned while nothing
-    in it changed, so the core's per-Fleet index (``fleet_index``) stays memoised."""
+    in it changed, so the index this loop's ``PlanCache`` keeps of it stays valid."""
 
     _key: tuple[object, ...] | None = None
     _fleet: Fleet | None = None
@@ -127,6 +128,8 @@ class FleetCache:
     stale_s: float = 10.0
     _cache: dict[str, tuple[float, float, Fleet]] = field(default_factory=dict)
     """pool -> (fresh until, loaded at, fleet)"""
+    _indexes: dict[str, tuple[Fleet, FleetIndex]] = field(default_factory=dict)
+    """pool -> its fleet's static index (``index``), while that fleet is the cached one"""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def registered(self, s: Session, pool: str, *, stale_ok: bool = False) -> Fleet:
@@ -139,6 +142,19 @@ class FleetCache:
         with self._lock:
             self._cache[pool] = (now + self.ttl_s, now, fleet)
         return fleet
+
+    def index(self, pool: str, fleet: Fleet) -> FleetIndex:
+        """The core's static index of ``fleet`` (a fleet this cache returned for
+        ``pool``), built once per loaded fleet: a submit check reads only its fixed
+        facts (``job_options``), so threads share it."""
+        with self._lock:
+            hit = self._indexes.get(pool)
+        if hit is not None and hit[0] is fleet:
+            return hit[1]
+        index = FleetIndex(fleet)
+        with self._lock:
+            self._indexes[pool] = (fleet, index)
+        return index
 
     def is_fresh(self, pool: str, fleet: Fleet) -> bool:
         with self._lock:

@@ -28,7 +28,7 @@ from sqlalchemy import bindparam, insert, select
 from sqlalchemy.orm import Session
 
 from gpufleet.scheduler import Fleet, JobRequest
-from gpufleet.scheduler.capacity import fleet_index
+from gpufleet.scheduler.capacity import FleetIndex
 from gpufleet.scheduler.core import gpu_type_matches, job_options
 from gpufleet.scheduler.options import no_such_model
 from gpufleet.server.db import Database
@@ -157,10 +157,10 @@ def _shape_problem(ctx: _Ctx, spec: JobSubmit, fleets: FleetCache) -> Failure | 
     fleet = ctx.fleets.get(spec.pool)
     if fleet is None:
         fleet = ctx.fleets[spec.pool] = fleets.registered(ctx.s, spec.pool, stale_ok=True)
-    problem = _never_fits(fleet, spec)
+    problem = _never_fits(fleets.index(spec.pool, fleet), spec)
     if problem is not None and not fleets.is_fresh(spec.pool, fleet):  # confirm on today's fleet
         fleet = ctx.fleets[spec.pool] = fleets.registered(ctx.s, spec.pool)
-        problem = _never_fits(fleet, spec)
+        problem = _never_fits(fleets.index(spec.pool, fleet), spec)
     if problem is not None and spec.gpu_type and not _has_model(fleet, spec.gpu_type):
         models = [(n.pool, n.model) for n in fleet.nodes] + _models_elsewhere(ctx.s, spec.pool)
         problem = invalid(f"cannot ever run: {no_such_model(spec.gpu_type, spec.pool, models=models)}")
@@ -183,8 +183,8 @@ def _models_elsewhere(s: Session, pool: str) -> list[tuple[str, str]]:
     return [(p, m) for p, m in s.execute(q.distinct())]
 
 
-def _never_fits(fleet: Fleet, spec: JobSubmit) -> Failure | None:
-    if not fleet.nodes:  # an empty pool: the job waits (Unschedulable) until nodes register
+def _never_fits(index: FleetIndex, spec: JobSubmit) -> Failure | None:
+    if not index.fleet.nodes:  # an empty pool: the job waits (Unschedulable) until nodes register
         return None
     req = JobRequest(
         id="submit",
@@ -195,7 +195,7 @@ def _never_fits(fleet: Fleet, spec: JobSubmit) -> Failure | None:
         gpu_type=spec.gpu_type,
         pool=spec.pool,
     )
-    opts = job_options(fleet_index(fleet), req)
+    opts = job_options(index, req)
     return invalid(f"cannot ever run: {opts}") if isinstance(opts, str) else None
 
 

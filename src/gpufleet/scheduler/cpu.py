@@ -1,0 +1,74 @@
+"""Placement of 0-GPU (CPU-only) jobs: on the schedulable node of the job's pool that
+runs the fewest jobs, ties by node name.
+
+Why this shape:
+
+* A node's count of jobs is the load measure until CPU and memory become resources (a
+  later issue): every job that runs on a node counts once (GPU jobs included, whatever
+  their width), plus the starts this pass decided, less the jobs it preempts.
+* The pool is the only filter (a 0-GPU job's ``gpus_per_node``, ``nodes``, ``gpu_type``
+  and ``reservation`` do not apply). A 0-GPU job may land on any schedulable node of its
+  pool, with or without GPUs: that is the server's rule from before the core placed
+  these jobs. Keeping 0-GPU jobs off GPU servers is the operator's pool layout: the
+  server refuses ``gpus=0`` in a GPU pool and ``gpus>=1`` in a CPU-only pool
+  (``server/services/jobs.py``), so in practice they meet only CPU-only nodes.
+* They never compete with GPU jobs: they take no queue position, no GPU, no shadow
+  reservation, and GPU quotas do not apply to them; they are never preempted, never
+  victims, never wait behind a GPU job, and a GPU job never waits behind them. A job
+  that cannot be placed (its pool has no schedulable node) waits with an Unschedulable
+  reason, no queue position and no estimated start.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection, Iterable, Sequence
+
+from gpufleet.scheduler.model import Fleet, JobRequest, NodeGpus, RunningJob, Start
+
+
+class CpuPlacer:
+    """The node loads of one pass, built on first use (most passes have no 0-GPU job)."""
+
+    __slots__ = ("_heaps", "_known", "fleet")
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        running: Sequence[RunningJob],
+        *,
+        preempted: Collection[str] = (),
+        starts: Iterable[Start] = (),
+    ) -> None:
+        self.fleet = fleet
+        jobs: dict[str, int] = {}
+        for rj in running:
+            if rj.job.id in preempted:
+                continue
+            for node in {p.node for p in rj.placement}:
+                jobs[node] = jobs.get(node, 0) + 1
+        for st in starts:
+            for node in {p.node for p in st.placement}:
+                jobs[node] = jobs.get(node, 0) + 1
+        heaps: dict[str, list[tuple[int, str]]] = {}
+        known: set[str] = set()
+        for n in fleet.nodes:
+            known.add(n.pool)
+            if n.schedulable:
+                heaps.setdefault(n.pool, []).append((jobs.get(n.name, 0), n.name))
+        for h in heaps.values():
+            heapq.heapify(h)
+        self._heaps = heaps
+        self._known = known
+
+    def place(self, job: JobRequest) -> Start | str:
+        """Start ``job`` on its pool's least-loaded node (and count it there), or say
+        why it cannot start."""
+        heap = self._heaps.get(job.pool)
+        if not heap:
+            if job.pool in self._known:
+                return f"Unschedulable: no schedulable node in pool '{job.pool}' (all cordoned or not ready)"
+            return f"Unschedulable: no node in pool '{job.pool}'"
+        jobs, name = heap[0]
+        heapq.heapreplace(heap, (jobs + 1, name))
+        return Start(job_id=job.id, placement=(NodeGpus(node=name, gpus=()),))

@@ -1,0 +1,338 @@
+"""The simulator and the server make the same decisions (DESIGN.md's one rule).
+
+One job list is replayed through both: the simulator (``gpufleet.sim.engine``) and the
+server's own scheduling pass (``loops/scheduling.SchedulingPass``) on a SQLite database
+with a fake clock, driven by the same event rules (a pass at each arrival or finish,
+rounded up to the scheduling interval; preemptive policies also every preemption
+interval while jobs wait). GPU jobs of several widths, 0-GPU jobs (placed by the core
+on the least busy node), team quotas and a team held by its hard budget (the server:
+a budget of 0; the simulator: a ``Hold``) are in the list. Every start (when, which
+job, on exactly which GPUs) and every preemption must be the same.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from gpufleet.scheduler import Fleet, Hold, Node, Plan, Quota, Snapshot, make_policy
+from gpufleet.server import db as dbmod
+from gpufleet.server.clock import FakeClock
+from gpufleet.server.jobstate.states import JobState
+from gpufleet.server.jobstate.transitions import move, ref, release_attempt
+from gpufleet.server.loops.scheduling import PassObserver, SchedulingPass
+from gpufleet.server.models import GpuRow, Job, Membership, NodeRow, Team, User
+from gpufleet.sim.engine import FleetSpec, SimConfig, Simulator
+from gpufleet.sim.trace import TraceJob
+
+STEP = 10.0  # the scheduling interval (s): every time in the job list is a multiple
+PREEMPT_EVERY = 60.0
+T0 = 1_800_000_000.0  # the server's clock at trace time 0
+HELD = "c"
+QUOTAS = (Quota(team="a", gpus=20), Quota(team="b", gpus=12, limit=16), Quota(team=HELD, gpus=4))
+
+Event = tuple[float, str, tuple[tuple[str, tuple[int, ...]], ...]]
+"""(trace time, job id, placement as (node, GPU indices) pairs)."""
+
+
+def _fleet() -> Fleet:
+    gpu_nodes = FleetSpec(nodes=4, gpus_per_node=8, nodes_per_leaf=2).build().nodes
+    cpu = Node(name="node-cpu", gpus=(), leaf="leaf-009", rack="rack-009")
+    return Fleet(nodes=(*gpu_nodes, cpu))
+
+
+def _jobs(seed: int = 11, n: int = 48) -> list[TraceJob]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        gpus = rng.choice([0, 1, 1, 2, 4, 4, 8, 8, 16])
+        duration = STEP * rng.randint(3, 60)
+        out.append(
+            TraceJob(
+                job_id=str(i + 1),  # the server's ids: 1, 2, ... in submit order
+                user=f"u{i % 3}",
+                team=rng.choice(["a", "a", "b", HELD]),
+                submit_s=STEP * rng.randint(0, 90),
+                duration_s=duration,
+                gpus=gpus,
+                time_limit_s=duration + STEP * rng.randint(0, 6),
+                priority=rng.choice([0, 0, 0, 1]),
+            )
+        )
+    out.sort(key=lambda j: (j.submit_s, int(j.job_id)))
+    return [TraceJob(**{**_fields(j), "job_id": str(k + 1)}) for k, j in enumerate(out)]
+
+
+def _fields(j: TraceJob) -> dict[str, object]:
+    return {name: getattr(j, name) for name in TraceJob.__dataclass_fields__}
+
+
+def _placement(plan_start: object) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple((p.node, tuple(p.gpus)) for p in plan_start.placement)  # type: ignore[attr-defined]
+
+
+# -- the simulator -----------------------------------------------------------------------------
+
+
+def simulate(jobs: list[TraceJob], policy: str) -> tuple[list[Event], list[tuple[float, str]]]:
+    cfg = SimConfig(
+        restart_overhead_s=0.0,
+        sched_interval_s=STEP,
+        preempt_interval_s=PREEMPT_EVERY,
+        quotas=QUOTAS,
+        holds=(Hold(team=HELD, reason="held"),),
+    )
+    sim = Simulator(jobs, _fleet(), make_policy(policy), cfg, record=True)
+    sim.run()
+    starts = [
+        (t, job, tuple((p.node, tuple(p.gpus)) for p in pl))
+        for t, what, job, pl in sim.log
+        if what == "start"
+    ]
+    return starts, sorted(_preemptions(sim.log))
+
+
+def _preemptions(log: list[tuple[float, str, str, object]]) -> list[tuple[float, str]]:
+    """The simulator logs a finish as a stop too: every job runs to its end, so each
+    stop of a job but its last is a preemption."""
+    stops: dict[str, list[float]] = {}
+    for t, what, job, _ in log:
+        if what == "stop":
+            stops.setdefault(job, []).append(t)
+    return [(t, job) for job, times in stops.items() for t in times[:-1]]
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    started_at: float
+    remaining_s: float
+
+
+@dataclass
+class ServerReplay:
+    """The server's scheduling pass driven through the job list in fake time: arrivals
+    are inserted as the API would; a started job is confirmed RUNNING and a finished
+    one completed as its agent's sync would; a preempted job's nodes confirm its stop
+    at once (the simulator's graceful preemption)."""
+
+    db: dbmod.Database
+    policy: str
+    jobs: list[TraceJob]
+    clock: FakeClock = field(default_factory=lambda: FakeClock(T0))
+    starts: list[Event] = field(default_factory=list)
+    preemptions: list[tuple[float, str]] = field(default_factory=list)
+
+    def run(self) -> None:
+        observer = PassObserver(on_pass=self._record)
+        step = SchedulingPass(
+            db=self.db,
+            policy=make_policy(self.policy),
+            clock=self.clock,
+            node_timeout_s=1e12,
+            observer=observer,
+        )
+        preemptive = make_policy(self.policy).preemptive
+        remaining = {j.job_id: j.duration_s for j in self.jobs}
+        running: dict[str, _Run] = {}
+        # The simulator's event order: at one instant, finishes, then the pass they asked
+        # for, then arrivals (an arrival at the time of a pass comes after it), each
+        # kind in the order it was pushed.
+        events: list[tuple[float, int, int, str]] = []  # (t, kind, seq, job): 0 finish, 1 pass, 2 arrival
+        seq = 0
+
+        def push(at: float, kind: int, job_id: str = "") -> None:
+            nonlocal seq
+            heapq.heappush(events, (at, kind, seq, job_id))
+            seq += 1
+
+        for j in self.jobs:
+            push(j.submit_s, 2, j.job_id)
+        next_pass: float | None = None
+
+        def want_pass(at: float) -> None:
+            nonlocal next_pass
+            at = math.ceil(at / STEP) * STEP
+            if next_pass is None or at < next_pass:
+                next_pass = at
+                push(at, 1)
+
+        finish_at: dict[str, float] = {}
+        while events:
+            t, kind, _, job_id = heapq.heappop(events)
+            self.clock.t = T0 + t
+            if kind == 2:
+                self._submit(job_id)
+                want_pass(t)
+            elif kind == 0:
+                if finish_at.get(job_id) != t or job_id not in running:
+                    continue  # preempted meanwhile
+                del running[job_id]
+                remaining[job_id] = 0.0
+                self._complete(job_id)
+                want_pass(t)
+            elif kind == 1 and t == next_pass:
+                next_pass = None
+                self._new_starts, self._new_preempts = [], []
+                step.run_once()
+                for pre in self._new_preempts:
+                    run = running.pop(pre)
+                    remaining[pre] -= t - run.started_at
+                    self._confirm_stopped(pre)
+                    self.preemptions.append((t, pre))
+                for sid in self._new_starts:
+                    self._confirm_running(sid)
+                    running[sid] = _Run(started_at=t, remaining_s=remaining[sid])
+                    finish_at[sid] = t + remaining[sid]
+                    push(finish_at[sid], 0, sid)
+                waiting = self._waiting()
+                if preemptive and waiting:
+                    want_pass(t + PREEMPT_EVERY)
+
+    def _record(self, snapshot: Snapshot, plan: Plan, seconds: float) -> None:
+        t = snapshot.now - T0
+        for st in plan.starts:
+            self.starts.append((t, st.job_id, _placement(st)))
+            self._new_starts.append(st.job_id)
+        self._new_preempts += [p.job_id for p in plan.preemptions]
+
+    def _submit(self, job_id: str) -> None:
+        tj = next(j for j in self.jobs if j.job_id == job_id)
+        with self.db.write() as s:
+            team = s.query(Team).filter_by(name=tj.team).one()
+            user = s.query(User).filter_by(name=tj.user).one()
+            job = Job(
+                name=f"j{job_id}",
+                user_id=user.id,
+                team_id=team.id,
+                pool="default",
+                gpus=tj.gpus,
+                gpus_per_node=tj.gpus_per_node,
+                nodes=0,
+                priority=tj.priority,
+                time_limit_s=tj.time_limit_s,
+                command=["x"],
+                env={},
+                state=str(JobState.PENDING),
+                submit_time=T0 + tj.submit_s,
+                pending_since=T0 + tj.submit_s,
+            )
+            s.add(job)
+            s.flush()
+            assert str(job.id) == job_id
+
+    def _complete(self, job_id: str) -> None:
+        now = self.clock.now()
+        with self.db.write() as s:
+            job = s.get(Job, int(job_id))
+            assert job is not None
+            vals = release_attempt(s, job, now=now, confirmed=True) | {"exit_code": 0}
+            move(s, ref(job), JobState.COMPLETED, actor="t", reason="exited 0", now=now, values=vals)
+
+    def _confirm_running(self, job_id: str) -> None:
+        now = self.clock.now()
+        with self.db.write() as s:
+            job = s.get(Job, int(job_id))
+            assert job is not None
+            move(
+                s,
+                ref(job),
+                JobState.RUNNING,
+                actor="t",
+                reason="running",
+                now=now,
+                values={"started_at": now},
+            )
+
+    def _confirm_stopped(self, job_id: str) -> None:
+        with self.db.write() as s:
+            s.execute(update(Job).where(Job.id == int(job_id)).values(stopping_on=None))
+
+    def _waiting(self) -> bool:
+        """A pending job that could start (those of the held team never do)."""
+        with self.db.read() as s:
+            held = {t.id for t in s.query(Team).filter_by(name=HELD)}
+            return any(j.team_id not in held for j in s.query(Job).filter(Job.state == str(JobState.PENDING)))
+
+
+@pytest.fixture
+def server_db(tmp_path: Path) -> Iterator[dbmod.Database]:
+    url = f"sqlite:///{tmp_path / 'same.db'}"
+    dbmod.upgrade(url)
+    db = dbmod.Database.connect(url)
+    jobs = _jobs()
+    with db.write() as s:
+        for q in QUOTAS:
+            s.add(
+                Team(
+                    name=q.team,
+                    quota_gpus=q.gpus,
+                    quota_limit=q.limit,
+                    budget_hard=0.0 if q.team == HELD else None,
+                )
+            )
+        for name in sorted({j.user for j in jobs}):
+            s.add(User(name=name, role="user", created_at=0))
+        s.flush()
+        teams = {t.name: t.id for t in s.query(Team)}
+        for u in s.query(User):
+            for tid in teams.values():
+                s.add(Membership(user_id=u.id, team_id=tid))
+        for node in _fleet().nodes:
+            s.add(
+                NodeRow(
+                    name=node.name,
+                    pool="default",
+                    leaf=node.leaf,
+                    rack=node.rack,
+                    created_at=0,
+                    last_seen=T0 + 1e9,
+                )
+            )
+            s.flush()
+            s.add_all(
+                GpuRow(
+                    node=node.name,
+                    index=g.index,
+                    model=g.model,
+                    memory_mb=g.memory_mb,
+                    nvlink_domain=g.nvlink_domain,
+                )
+                for g in node.gpus
+            )
+    yield db
+    db.dispose()
+
+
+@pytest.mark.parametrize("policy", ["backfill", "fairshare", "default"])
+def test_simulator_and_server_decide_the_same(server_db: dbmod.Database, policy: str) -> None:
+    jobs = _jobs()
+    assert {j.gpus for j in jobs} >= {0, 1, 8, 16} and HELD in {j.team for j in jobs}
+    sim_starts, sim_preempted = simulate(jobs, policy)
+    replay = ServerReplay(db=server_db, policy=policy, jobs=jobs)
+    replay.run()
+    assert sorted(replay.starts) == sorted(sim_starts)
+    assert sorted(replay.preemptions) == sim_preempted
+    started = {job for _, job, _ in sim_starts}
+    assert not any(j.job_id in started for j in jobs if j.team == HELD)  # held: never started
+    assert any(j.job_id in started for j in jobs if j.gpus == 0)  # 0-GPU jobs placed by the core
+    assert len(started) >= len([j for j in jobs if j.team != HELD]) - 2
+
+
+def test_server_replay_is_not_vacuous(server_db: dbmod.Database) -> None:
+    """A different policy on the server side changes the decisions: the comparison above
+    can fail."""
+    jobs = _jobs()
+    sim_starts, _ = simulate(jobs, "backfill")
+    replay = ServerReplay(db=server_db, policy="fifo", jobs=jobs)
+    replay.run()
+    assert sorted(replay.starts) != sorted(sim_starts)
