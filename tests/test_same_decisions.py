@@ -29,7 +29,8 @@ from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import move, ref, release_attempt
 from gpufleet.server.loops.scheduling import PassObserver, SchedulingPass
 from gpufleet.server.models import GpuRow, Job, Membership, NodeRow, Team, User
-from gpufleet.sim.engine import FleetSpec, SimConfig, Simulator
+from gpufleet.sim.config import FleetSpec, SimConfig
+from gpufleet.sim.engine import Simulator
 from gpufleet.sim.trace import TraceJob
 
 STEP = 10.0  # the scheduling interval (s): every time in the job list is a multiple

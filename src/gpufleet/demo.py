@@ -55,7 +55,7 @@ from gpufleet.agent import (
 )
 from gpufleet.agent.jobs import SIMULATE_ENV, SIMULATE_UTIL_ENV
 from gpufleet.client import tls_verify
-from gpufleet.sim.engine import NODES_PER_LEAF
+from gpufleet.sim.config import NODES_PER_LEAF
 from gpufleet.sim.trace import TraceJob
 
 TEAMS = {"vision": ("alice", "bob"), "language": ("carol", "dave"), "speech": ("erin",)}

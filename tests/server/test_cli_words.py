@@ -17,7 +17,7 @@ from gpufleet.demo import DemoOptions
 from gpufleet.placefmt import Placed, gpu_ranges, parse_placed, placed_reason
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
-from gpufleet.sim.engine import NODES_PER_LEAF, FleetSpec
+from gpufleet.sim.config import NODES_PER_LEAF, FleetSpec
 from server.conftest import Server, gpufleet, make_node, make_pool, make_team, ok, unique, wait_for
 from server.playnode import register, sync
 

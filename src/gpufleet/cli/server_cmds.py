@@ -20,7 +20,7 @@ from gpufleet.cli.apps import ca_app
 from gpufleet.cli.options import flag
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.server.health import DEFAULT_FATAL_XIDS
-from gpufleet.sim.engine import NODES_PER_LEAF
+from gpufleet.sim.config import NODES_PER_LEAF
 from gpufleet.timefmt import parse_duration
 
 

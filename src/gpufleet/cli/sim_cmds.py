@@ -15,7 +15,7 @@ from rich.table import Table
 from gpufleet.cli.options import flag
 from gpufleet.scheduler import POLICIES, Quota
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
-from gpufleet.sim.engine import NODES_PER_LEAF, FleetSpec, SimConfig
+from gpufleet.sim.config import NODES_PER_LEAF, FleetSpec, SimConfig
 from gpufleet.sim.trace import TraceError, TraceLoad
 from gpufleet.timefmt import format_duration, parse_duration
 

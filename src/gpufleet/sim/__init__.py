@@ -1,6 +1,7 @@
 """The trace-driven simulator: replays job traces through the unchanged scheduling core."""
 
-from gpufleet.sim.engine import FleetSpec, JobOutcome, SimConfig, SimResult, Simulator
+from gpufleet.sim.config import FleetSpec, JobOutcome, SimConfig, SimResult
+from gpufleet.sim.engine import Simulator
 from gpufleet.sim.runner import Comparison, bounds, compare_policies
 from gpufleet.sim.trace import TraceError, TraceJob, TraceLoad, TraceProblem, offered_load
 

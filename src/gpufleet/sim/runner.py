@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.scheduler import Fleet, Reservation, admit_reservation, make_policy
-from gpufleet.sim.engine import FleetSpec, SimConfig, SimResult, Simulator
+from gpufleet.sim.config import FleetSpec, SimConfig, SimResult
+from gpufleet.sim.engine import Simulator
 from gpufleet.sim.loaders.reservations import ReservationRequest
 from gpufleet.sim.trace import TraceJob, offered_load
 
