@@ -167,7 +167,7 @@ def create_app(
     except (PkiError, OSError) as exc:
         raise StartupError(f"--ca-dir {config.ca_dir}: {exc}") from None
     install_handlers(app)
-    app.add_middleware(jobs.FastSubmit, parts=parts)  # innermost: inside the body limit
+    app.add_middleware(jobs.SubmitShortcut)  # innermost: POST /v1/jobs to its route, unrouted
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(audit.AuditMiddleware, audit=audit_log, now=clock.now)  # inside admission
     app.add_middleware(UrlGuardMiddleware)

@@ -102,18 +102,6 @@ async def current_principal(
     return who
 
 
-def cached_principal(tokens: TokenCache, authorization: str | None) -> Principal | None:
-    """The caller when ``authorization`` is a well-formed bearer token the cache knows;
-    None for anything else (``get_principal`` then answers it)."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return tokens.get(hash_token(token))
-
-
 PartsDep = Annotated[Parts, Depends(get_parts)]
 NodeNameIn = Annotated[
     str,
