@@ -63,7 +63,7 @@ def test_submit_cancel_and_refusals_are_logged_with_actor_and_status(server: Ser
         ok(c.post(f"/jobs/{job['id']}/cancel"))
         cancelled = f"/v1/jobs/{job['id']}/cancel"
         assert cancelled in [r["path"] for r in rows(server, alice.name)]  # committed before the reply
-        fast = ok(c.post("/jobs", json=spec), 201)  # FastSubmit (cached token)
+        fast = ok(c.post("/jobs", json=spec), 201)  # the token is cached now
         assert c.post("/jobs", json={"command": []}).status_code == 422
         assert c.post("/teams", json={"name": unique("t")}).status_code == 403
     got = eventually(lambda: rows(server, alice.name), 5)

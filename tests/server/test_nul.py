@@ -65,7 +65,7 @@ def test_submit_with_nul_is_a_422_naming_the_field(
 ) -> None:
     before = server.counts()
     with server.client() as c:
-        ok(c.get("/users/me"))  # the token is cached: the fast path may take the submit
+        ok(c.get("/users/me"))  # the token is cached (the submit then skips the token look-up)
         resp = post_json(c, "/jobs", body(world), headers)
     assert resp.status_code == 422, resp.text
     assert resp.headers["content-type"] == "application/problem+json"

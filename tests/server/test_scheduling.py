@@ -188,8 +188,8 @@ def test_list_filters_and_cursor_paging(server: Server, team: str) -> None:
         assert ok(c.get("/jobs", params={"pool": pool, "state": "RUNNING"}))["items"] == []
 
 
-# A plain submission (JSON, a cached token, a valid body) is served by ``FastSubmit``
-# ahead of FastAPI's routing; any other goes to the route. Both must answer the same.
+# One submit path (``routers/jobs.SubmitRoute``) whatever the content type's parameters:
+# plain JSON and JSON with a charset must answer the same (it once had two doors).
 FAST = {"content-type": "application/json"}
 ROUTED = {"content-type": "application/json; charset=utf-8"}  # not the plain case: the route
 
@@ -207,7 +207,7 @@ def _comparable(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def test_fast_and_routed_submissions_answer_the_same(server: Server, team: str) -> None:
+def test_plain_and_charset_submissions_answer_the_same(server: Server, team: str) -> None:
     pool = make_pool(server)
     make_node(server, pool=pool, gpus=2)
     spec = {"command": ["python", "train.py"], "gpus": 1, "pool": pool, "team": team, "time_limit": "2h"}
@@ -234,7 +234,7 @@ def test_fast_and_routed_submissions_answer_the_same(server: Server, team: str) 
     ],
     ids=["unknown-pool", "unknown-team", "invalid-body", "bad-time-limit"],
 )
-def test_fast_and_routed_refusals_are_the_same_problem(
+def test_plain_and_charset_refusals_are_the_same_problem(
     server: Server, team: str, spec: dict[str, Any], status: int
 ) -> None:
     before = server.counts()

@@ -1,7 +1,6 @@
 """What a submit may claim: a priority above 0 (operators and admins only, like
 ``PUT /v1/jobs/{id}/priority``) and a reservation (its users and its team's members;
-operators and admins may override). Both submit paths: the fast one (``FastSubmit``)
-and the route."""
+operators and admins may override), whether the caller's token is cached or not."""
 
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ def world(server: Server) -> dict[str, str]:
 
 def post(server: Server, token: str, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
     with server.client(token) as c:
-        ok(c.get("/users/me"))  # the token is cached: the fast path may take the submit
+        ok(c.get("/users/me"))  # the token is cached (the submit then skips the token look-up)
         return c.post("/jobs", content=json.dumps(body).encode(), headers=headers)
 
 

@@ -3,7 +3,8 @@
 it ended (the status), written by ``AuditMiddleware``. Agents' syncs are not audited
 (thousands a minute; what they change is in the job event log).
 
-Who: the ``Me`` dependency (``deps.current_principal``), ``FastSubmit`` and the agent
+Who: the ``Me`` dependency (``deps.current_principal``, which the submit route calls
+too) and the agent
 routes note the caller in the request's scope (``note_principal``/``note_actor``); a
 request that never authenticated has no actor. The object: what a handler noted
 (``note_object``), else the ``id`` (or ``name``) of a 201's body, else the route's path
@@ -169,7 +170,7 @@ class AuditLog:
 class AuditMiddleware:
     """Pure ASGI. Sits inside admission (a request refused for a rate limit is not
     logged: during a flood that would be a write per refused request) and outside
-    ``FastSubmit`` (which notes its caller and the new job's id)."""
+    the routes (the submit route notes its caller and the new job's id)."""
 
     def __init__(self, app: ASGIApp, *, audit: AuditLog, now: Callable[[], float]) -> None:
         self.app = app

@@ -180,7 +180,7 @@ class Ticket:
 
 
 class Admission:
-    """The ASGI middleware (outside the body limit and ``FastSubmit``: a refused request
+    """The ASGI middleware (outside the body limit and the submit route: a refused request
     costs neither a body read nor a route)."""
 
     def __init__(

@@ -4,8 +4,8 @@ Visibility: a plain user sees only their own jobs; another user's job answers 40
 (it is not revealed that the id exists). Operators and admins see and act on all jobs.
 Changing a priority is for operators and admins (a job's owner gets 403).
 
-What a submission may claim (403 otherwise, on both submit paths: ``FastSubmit`` and the
-route call ``submit``), after Slurm, where only operators raise a priority and only a
+What a submission may claim (403 otherwise; ``routers/jobs.py``
+calls ``submit``), after Slurm, where only operators raise a priority and only a
 reservation's users and accounts run in it:
 
 - a priority above 0: operators and admins only, as for ``set_priority``; 0 or below
