@@ -82,10 +82,11 @@ def seed(db_url: str, jobs_n: int) -> dict[str, str]:
     the seeding does not pass through (and is not slowed by) the API's limits."""
     from sqlalchemy import select
 
+    from gpufleet.api.jobs import JobSubmit
+    from gpufleet.api.users import PoolIn, UserIn
     from gpufleet.server.db import Database
     from gpufleet.server.models import User
     from gpufleet.server.problems import Failure
-    from gpufleet.server.schemas import JobSubmit, PoolIn, UserIn
     from gpufleet.server.services import auth, jobs, pools, users
     from gpufleet.server.services.inventory import FleetCache
 

@@ -179,8 +179,8 @@ def test_page_is_self_contained(f: Fleet) -> None:
 
 
 def test_history_ring_keeps_one_sample_per_step(tmp_path: Path) -> None:
+    from gpufleet.api.nodes import GpuTelemetry
     from gpufleet.server.metrics.history import RecordingTelemetryStore
-    from gpufleet.server.schemas import GpuTelemetry
 
     store = RecordingTelemetryStore(step_s=5, keep=3)
     for at in (0, 1, 5, 9, 10, 15, 20):

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from gpufleet.api.nodes import GpuTelemetry
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.alerts import Alert, AlertRules, AlertTracker, WebhookSender, evaluate
 from gpufleet.server.metrics.history import RecordingTelemetryStore
-from gpufleet.server.schemas import GpuTelemetry
 from gpufleet.server.services.dashboard import FleetView, GpuInfo, NodeInfo, QueueStat, TeamSpend
 from web.fleetapp import fleet
 

@@ -28,23 +28,13 @@ import httpx
 import platformdirs
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from gpufleet.server.audit_schemas import AuditOut, AuditPage
-from gpufleet.server.cred_schemas import NodeCredentialOut
-from gpufleet.server.reservation_schemas import ReservationOut
-from gpufleet.server.schemas import (
-    JobDetail,
-    JobPage,
-    NodeOut,
-    PoolOut,
-    PricesOut,
-    SyncReply,
-    TeamOut,
-    TokenCreated,
-    TokenOut,
-    UsageReport,
-    UserCreated,
-    UserOut,
-)
+from gpufleet.api.audit import AuditOut, AuditPage
+from gpufleet.api.chargeback import PricesOut, UsageReport
+from gpufleet.api.credentials import NodeCredentialOut
+from gpufleet.api.jobs import JobDetail, JobPage
+from gpufleet.api.nodes import NodeOut, SyncReply
+from gpufleet.api.reservations import ReservationOut
+from gpufleet.api.users import PoolOut, TeamOut, TokenCreated, TokenOut, UserCreated, UserOut
 
 M = TypeVar("M", bound=BaseModel)
 

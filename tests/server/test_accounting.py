@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
+from gpufleet.api.users import BudgetIn
 from gpufleet.scheduler import make_policy
 from gpufleet.server import db as dbmod
 from gpufleet.server import ledger
@@ -20,7 +21,6 @@ from gpufleet.server.loops.scheduling import SchedulingPass
 from gpufleet.server.models import GpuRow, Job, Membership, NodeRow, Team, UsageRow, User
 from gpufleet.server.pricing import parse_prices
 from gpufleet.server.problems import Failure
-from gpufleet.server.schemas import BudgetIn
 from gpufleet.server.services import chargeback, jobs
 from gpufleet.server.services.auth import Principal
 

@@ -271,8 +271,8 @@ def test_unknown_gpu_type_names_the_models_there_are(server: Server, setup: dict
 
 
 def test_jobs_show_has_cost_and_energy() -> None:
+    from gpufleet.api.jobs import JobDetail
     from gpufleet.cli.jobview import show_lines
-    from gpufleet.server.schemas import JobDetail
 
     base = {"id": 1, "name": "n", "user": "u", "team": "t", "pool": "p", "state": "COMPLETED", "gpus": 2,
             "gpus_per_node": 0, "nodes": 0, "gpu_type": None, "priority": 0, "time_limit_s": None,

@@ -14,11 +14,11 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from gpufleet.api.nodes import GpuIn, NodeSync, SyncReply
 from gpufleet.server import db as dbmod
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.models import GpuRow, NodeRow, Team
 from gpufleet.server.problems import Failure, Kind, invalid
-from gpufleet.server.schemas import GpuIn, NodeSync, SyncReply
 from gpufleet.server.services import sync
 from gpufleet.server.services.nodes import write_heartbeats
 from gpufleet.server.writer import GroupCommitWriter, InlineWriter

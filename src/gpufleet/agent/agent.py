@@ -34,8 +34,8 @@ from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
 from gpufleet.agent.runners import VANISHED, JobRunner
 from gpufleet.agent.transport import AgentTransportError, SyncTransport
+from gpufleet.api.nodes import SyncReply
 from gpufleet.server.clock import Clock, SystemClock
-from gpufleet.server.schemas import SyncReply
 
 log = logging.getLogger("gpufleet.agent")
 Key = tuple[int, int]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.server.schemas import DesiredJob
+from gpufleet.api.nodes import DesiredJob
 
 SIMULATE_ENV = "GPUFLEET_SIMULATE_S"
 SIMULATE_UTIL_ENV = "GPUFLEET_SIMULATE_UTIL"

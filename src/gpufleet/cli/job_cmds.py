@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import typer
 
+from gpufleet.api.jobs import JobOut
 from gpufleet.cli import jobview, sbatch, words
 from gpufleet.cli._common import BAD_INPUT, FAILED, client, error, fail, print_json, print_table, warn
 from gpufleet.cli.apps import jobs_app
@@ -21,7 +22,6 @@ from gpufleet.cli.localtime import local_zone, show_time
 from gpufleet.cli.options import flag, json_flag
 from gpufleet.client import ClientError, GpufleetClient, load_connection, tls_verify
 from gpufleet.scheduler import gpu_type_matches
-from gpufleet.server.schemas import JobOut
 from gpufleet.timefmt import format_duration, parse_duration
 
 

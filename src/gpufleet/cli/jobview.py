@@ -12,10 +12,10 @@ import shlex
 import time
 from collections.abc import Sequence
 
+from gpufleet.api.jobs import JobDetail, JobEventOut
 from gpufleet.cli import words
 from gpufleet.cli.sbatch import BatchScript
 from gpufleet.placefmt import gpu_ranges, parse_placed
-from gpufleet.server.schemas import JobDetail, JobEventOut
 from gpufleet.timefmt import format_duration
 
 SCRIPT_LINES = 10

@@ -15,12 +15,12 @@ import time
 
 import typer
 
+from gpufleet.api.reservations import ReservationOut
 from gpufleet.cli import words
 from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table
 from gpufleet.cli.apps import reservation_app
 from gpufleet.cli.localtime import local_zone, parse_start, show_time
 from gpufleet.cli.options import flag, json_flag
-from gpufleet.server.reservation_schemas import ReservationOut
 from gpufleet.timefmt import format_duration, parse_duration
 
 

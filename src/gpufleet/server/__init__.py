@@ -1,7 +1,8 @@
 """gpufleet's control-plane server: REST API (``/v1``), state in SQL, control loops.
 
 Public surface: ``create_app``, ``ServerConfig``, ``StartupError``, ``run``. Imported
-lazily so that ``gpufleet.server.schemas`` (used by the client) stays light.
+lazily so that importing the package costs nothing (the ``server`` command's options
+read ``gpufleet.server.defaults``).
 """
 
 from __future__ import annotations

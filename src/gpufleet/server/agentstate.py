@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from gpufleet.api.nodes import GpuTelemetry, SyncStats
 from gpufleet.server.health import HealthMonitor
-from gpufleet.server.schemas import GpuTelemetry, SyncStats
 from gpufleet.server.writer import BulkOp, Writer
 
 log = logging.getLogger("gpufleet.server")

@@ -16,6 +16,7 @@ from fastapi import APIRouter, FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpufleet import __version__
+from gpufleet.api.users import Health
 from gpufleet.pki import CertificateAuthority, PkiError
 from gpufleet.server import audit, ledger
 from gpufleet.server import db as dbmod
@@ -32,7 +33,6 @@ from gpufleet.server.problems import BodyLimitMiddleware, UrlGuardMiddleware, in
 from gpufleet.server.routers import agents, jobs, logs, maintenance, nodes, security, users
 from gpufleet.server.routers import chargeback as chargeback_router
 from gpufleet.server.routers import reservations as reservations_router
-from gpufleet.server.schemas import Health
 from gpufleet.server.services import chargeback
 from gpufleet.server.services.auth import TokenCache
 from gpufleet.server.services.caps import PendingCounts

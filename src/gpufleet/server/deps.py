@@ -14,6 +14,7 @@ from fastapi import Depends, Header, Path, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
+from gpufleet.api.base import NODE_NAME
 from gpufleet.server.audit import note_principal
 from gpufleet.server.clock import Clock
 from gpufleet.server.config import ServerConfig
@@ -21,7 +22,6 @@ from gpufleet.server.db import Database
 from gpufleet.server.ledger import Readings, no_readings
 from gpufleet.server.loops.runner import Runner
 from gpufleet.server.problems import ProblemError
-from gpufleet.server.schemas import NODE_NAME
 from gpufleet.server.services.auth import Principal, Refused, TokenCache, check_token, hash_token
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.chargeback import BudgetWarnings

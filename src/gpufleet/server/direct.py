@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from gpufleet.api.users import UserIn
 from gpufleet.server.db import Database, schema_problem
 from gpufleet.server.errors import TokenKeyError
 from gpufleet.server.problems import Failure, Kind
-from gpufleet.server.schemas import UserIn
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.tokens import TOKEN_TTL_S
 from gpufleet.server.services.users import create_user

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpufleet.server.schemas import GpuTelemetry
+from gpufleet.api.nodes import GpuTelemetry
 
 DEFAULT_FATAL_XIDS: frozenset[int] = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
 RECOVERABLE: frozenset[str] = frozenset({"temperature"})

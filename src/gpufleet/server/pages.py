@@ -16,8 +16,10 @@ from typing import TypeVar
 
 from pydantic import Field
 
-from gpufleet.server.reservation_schemas import ReservationOut
-from gpufleet.server.schemas import NodeOut, PoolOut, Reply, TeamOut, TokenOut, UserOut
+from gpufleet.api.base import Reply
+from gpufleet.api.nodes import NodeOut
+from gpufleet.api.reservations import ReservationOut
+from gpufleet.api.users import PoolOut, TeamOut, TokenOut, UserOut
 
 T = TypeVar("T")
 NEXT = "pass as ?cursor= for the next page; null at the end"

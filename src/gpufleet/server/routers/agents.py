@@ -21,15 +21,15 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
+from gpufleet.api.credentials import CertificateIn, CertificateOut, NodeCredentialList, RevokedOut
+from gpufleet.api.nodes import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply
 from gpufleet.pki import PeerIdentity, node_identity
 from gpufleet.server.agentstate import AgentState, NodeCred
 from gpufleet.server.audit import Actor, note_actor
-from gpufleet.server.cred_schemas import CertificateIn, CertificateOut, NodeCredentialList, RevokedOut
 from gpufleet.server.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
 from gpufleet.server.errors import ProblemError
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
-from gpufleet.server.schemas import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply
 from gpufleet.server.services import fleet, nodecreds, sync
 from gpufleet.server.services.auth import hash_token
 from gpufleet.server.tlsproto import peer_certificate

@@ -6,9 +6,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query
 
+from gpufleet.api.chargeback import PricesOut, UsageReport
+from gpufleet.api.users import BudgetIn, TeamOut
 from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.problems import unwrap
-from gpufleet.server.schemas import BudgetIn, PricesOut, TeamOut, UsageReport
 from gpufleet.server.services import chargeback
 
 router = APIRouter()

@@ -18,11 +18,11 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpufleet.api.jobs import JobDetail, JobPage, JobSubmit, PriorityChange
 from gpufleet.server.audit import note_object
 from gpufleet.server.deps import Me, Parts, PartsDep, current_principal, get_parts
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.problems import ObjectId, ProblemError, unwrap
-from gpufleet.server.schemas import JobDetail, JobPage, JobSubmit, PriorityChange
 from gpufleet.server.services import jobs
 from gpufleet.server.services.auth import Principal
 

@@ -7,11 +7,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from gpufleet.api.maintenance import CordonIn, DrainIn, FleetEventOut, RolloutIn, RolloutOut, UncordonIn
+from gpufleet.api.nodes import NodeOut
 from gpufleet.server.deps import Me, NodeNameIn, PartsDep
-from gpufleet.server.maint_schemas import CordonIn, DrainIn, FleetEventOut, RolloutIn, RolloutOut, UncordonIn
 from gpufleet.server.problems import Failure, ObjectId, unwrap
 from gpufleet.server.routers.agents import HotDep
-from gpufleet.server.schemas import NodeOut
 from gpufleet.server.services import maintenance, nodes
 
 router = APIRouter(tags=["maintenance"])

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from gpufleet.api.nodes import NodeOut, NodePut
 from gpufleet.server.deps import Me, NodeNameIn, PartsDep
 from gpufleet.server.pages import NodePage
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.agents import HotDep
 from gpufleet.server.routers.paging import Cursor, Limit
-from gpufleet.server.schemas import NodeOut, NodePut
 from gpufleet.server.services import nodes
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])

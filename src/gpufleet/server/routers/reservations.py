@@ -4,10 +4,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from gpufleet.api.reservations import ReservationIn, ReservationOut
 from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.pages import ReservationPage
 from gpufleet.server.problems import ObjectId, unwrap
-from gpufleet.server.reservation_schemas import ReservationIn, ReservationOut
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.services import reservations
 

@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from gpufleet.server.audit_schemas import AuditPage
+from gpufleet.api.audit import AuditPage
+from gpufleet.api.users import TokenCreated
 from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
-from gpufleet.server.schemas import TokenCreated
 from gpufleet.server.services import audit as audit_service
 from gpufleet.server.services import tokens
 

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gpufleet.server.deps import Me, PartsDep
-from gpufleet.server.pages import PoolPage, TeamPage, TokenPage, UserPage
-from gpufleet.server.problems import ObjectId, unwrap
-from gpufleet.server.routers.paging import Cursor, Limit
-from gpufleet.server.schemas import (
+from gpufleet.api.users import (
     DefaultTeamIn,
     MemberIn,
     PoolIn,
@@ -24,6 +20,10 @@ from gpufleet.server.schemas import (
     UserIn,
     UserOut,
 )
+from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.pages import PoolPage, TeamPage, TokenPage, UserPage
+from gpufleet.server.problems import ObjectId, unwrap
+from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.services import pools, tokens, users
 
 router = APIRouter()

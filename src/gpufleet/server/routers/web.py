@@ -14,12 +14,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 
 from gpufleet import __version__
+from gpufleet.api.fleet import FleetSnapshot, NodeHistory
 from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.agents import HotDep
 from gpufleet.server.services import dashboard
 from gpufleet.server.services.dashboard import FleetView, ViewCache
-from gpufleet.server.web.schemas import FleetSnapshot, NodeHistory
 
 page = APIRouter(include_in_schema=False)
 api = APIRouter(tags=["fleet"])

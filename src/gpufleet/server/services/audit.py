@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from gpufleet.server.audit_schemas import AuditOut, AuditPage
+from gpufleet.api.audit import AuditOut, AuditPage
 from gpufleet.server.db import Database
 from gpufleet.server.models import AuditRow
 from gpufleet.server.pages import cut, id_cursor

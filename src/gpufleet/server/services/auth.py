@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 
 from sqlalchemy import select, update
 
+from gpufleet.api.base import Role
 from gpufleet.server.db import Database
 from gpufleet.server.models import Token, User
-from gpufleet.server.schemas import Role
 from gpufleet.server.tokenkey import TokenHasher, load_hasher
 
 

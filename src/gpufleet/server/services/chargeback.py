@@ -22,20 +22,14 @@ from pydantic import ValidationError
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
+from gpufleet.api.base import unstorable
+from gpufleet.api.chargeback import PriceNow, PricesOut, UsageReport, UsageRowOut
+from gpufleet.api.users import BudgetIn, TeamOut
 from gpufleet.server import ledger
 from gpufleet.server.db import Database
 from gpufleet.server.models import GpuRow, Membership, Team, UsageRow, User
 from gpufleet.server.pricing import PriceSchedule, parse_prices
 from gpufleet.server.problems import Failure, forbidden, invalid, not_found
-from gpufleet.server.schemas import (
-    BudgetIn,
-    PriceNow,
-    PricesOut,
-    TeamOut,
-    UsageReport,
-    UsageRowOut,
-    unstorable,
-)
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.users import team_out
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gpufleet.api.fleet import FleetSnapshot, NodeHistory, NodeJob, SnapshotNode
+from gpufleet.api.nodes import GpuTelemetry
 from gpufleet.scheduler import JobRequest
 from gpufleet.server import ledger
 from gpufleet.server.agentstate import AgentState
@@ -28,15 +30,8 @@ from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.metrics.history import FATAL_XIDS, RecordingTelemetryStore
 from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow, ReservationRow, Team, UsageRow, User
 from gpufleet.server.problems import Failure, not_found
-from gpufleet.server.schemas import GpuTelemetry
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.reservations import BOOKED, to_core
-from gpufleet.server.web.schemas import (
-    FleetSnapshot,
-    NodeHistory,
-    NodeJob,
-    SnapshotNode,
-)
 
 HOT_C = 85.0
 """A GPU at or above this temperature is *hot* (page marker and the GpuHot alert)."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
+from gpufleet.api.nodes import FleetSummary
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
 from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow
-from gpufleet.server.schemas import FleetSummary
 
 
 def summary(*, db: Database, hot: AgentState, live_since: float) -> FleetSummary:

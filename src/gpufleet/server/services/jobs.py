@@ -27,6 +27,7 @@ from pydantic import TypeAdapter
 from sqlalchemy import bindparam, insert, select
 from sqlalchemy.orm import Session
 
+from gpufleet.api.jobs import AllocationOut, JobDetail, JobEventOut, JobOut, JobPage, JobSubmit
 from gpufleet.scheduler import Fleet, JobRequest
 from gpufleet.scheduler.capacity import FleetIndex
 from gpufleet.scheduler.core import gpu_type_matches, job_options
@@ -37,14 +38,6 @@ from gpufleet.server.jobstate.states import TERMINAL, JobState
 from gpufleet.server.jobstate.transitions import event_row, move, ref, release_attempt
 from gpufleet.server.models import Allocation, GpuRow, Job, JobEvent, NodeRow, ReservationRow, Team, User
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
-from gpufleet.server.schemas import (
-    AllocationOut,
-    JobDetail,
-    JobEventOut,
-    JobOut,
-    JobPage,
-    JobSubmit,
-)
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.inventory import FleetCache

@@ -18,9 +18,7 @@ from collections.abc import Callable
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpufleet.server.db import Database
-from gpufleet.server.health import HealthMonitor
-from gpufleet.server.maint_schemas import (
+from gpufleet.api.maintenance import (
     CordonIn,
     DrainIn,
     FleetEventOut,
@@ -29,6 +27,8 @@ from gpufleet.server.maint_schemas import (
     RolloutOut,
     UncordonIn,
 )
+from gpufleet.server.db import Database
+from gpufleet.server.health import HealthMonitor
 from gpufleet.server.models import GpuEvent, GpuRow, NodeRow, Rollout, RolloutNode
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal

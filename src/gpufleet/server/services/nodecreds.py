@@ -26,14 +26,14 @@ from functools import partial
 from sqlalchemy import Update, select, update
 from sqlalchemy.orm import Session
 
+from gpufleet.api.credentials import CertificateOut, NodeCredentialList, NodeCredentialOut, RevokedOut
+from gpufleet.api.nodes import JoinTokenOut
 from gpufleet.pki import CertificateAuthority, PkiError
 from gpufleet.server.agentstate import CredCache, NodeCred, Revocations
-from gpufleet.server.cred_schemas import CertificateOut, NodeCredentialList, NodeCredentialOut, RevokedOut
 from gpufleet.server.db import Database
 from gpufleet.server.models import NodeCertificate, NodeCredential
 from gpufleet.server.pages import cut, id_cursor
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
-from gpufleet.server.schemas import JoinTokenOut
 from gpufleet.server.services.auth import Principal, hash_token
 from gpufleet.server.tokenkey import TokenHasher, load_hasher
 from gpufleet.server.writer import Writer

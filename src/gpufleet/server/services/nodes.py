@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
+from gpufleet.api.base import MAX_GPU_INDEX
+from gpufleet.api.nodes import GpuIn, GpuOut, NodeOut, NodePut
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
 from gpufleet.server.models import Allocation, GpuRow, NodeRow, Pool
 from gpufleet.server.pages import NodePage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
-from gpufleet.server.schemas import MAX_GPU_INDEX, GpuIn, GpuOut, NodeOut, NodePut
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.inventory import FleetCache
 

@@ -16,19 +16,12 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
+from gpufleet.api.nodes import DesiredJob, LogAck, LogChunkIn, NodeSync, ObservedJob, PeerNode
 from gpufleet.server import ledger
 from gpufleet.server.jobstate.requeue import requeue
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import attempt_of, move, ref, release_attempt
 from gpufleet.server.models import Allocation, Job, JobLogChunk, NodeRow, User
-from gpufleet.server.schemas import (
-    DesiredJob,
-    LogAck,
-    LogChunkIn,
-    NodeSync,
-    ObservedJob,
-    PeerNode,
-)
 from gpufleet.server.services.nodeops import add_event
 
 log = logging.getLogger("gpufleet.server")

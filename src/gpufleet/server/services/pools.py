@@ -6,12 +6,12 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gpufleet.api.users import PoolIn, PoolOut, PoolPatch
 from gpufleet.server.db import Database
 from gpufleet.server.jobstate.states import TERMINAL
 from gpufleet.server.models import DEFAULT_POOL, Job, NodeRow, Pool
 from gpufleet.server.pages import PoolPage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
-from gpufleet.server.schemas import PoolIn, PoolOut, PoolPatch
 from gpufleet.server.services.auth import Principal
 
 

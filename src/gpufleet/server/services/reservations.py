@@ -26,13 +26,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.orm import Session
 
+from gpufleet.api.reservations import ReservationIn, ReservationOut
 from gpufleet.scheduler import Fleet, Reservation
 from gpufleet.scheduler.reservations import admit_reservation
 from gpufleet.server.db import Database
 from gpufleet.server.models import Membership, NodeRow, Pool, ReservationEvent, ReservationRow, Team, User
 from gpufleet.server.pages import ReservationPage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
-from gpufleet.server.reservation_schemas import ReservationIn, ReservationOut
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.caps import Caps, reservations_problem
 from gpufleet.server.services.inventory import FleetCache

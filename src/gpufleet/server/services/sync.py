@@ -60,18 +60,14 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from gpufleet.api.base import MAX_GPU_INDEX
+from gpufleet.api.nodes import GpuIn, NodeSync, SyncReply
 from gpufleet.server import ledger
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
 from gpufleet.server.errors import Conflict
 from gpufleet.server.models import DEFAULT_POOL, Allocation, GpuRow, Job, NodeRow
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
-from gpufleet.server.schemas import (
-    MAX_GPU_INDEX,
-    GpuIn,
-    NodeSync,
-    SyncReply,
-)
 from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
 from gpufleet.server.services.nodework import (
     desired,

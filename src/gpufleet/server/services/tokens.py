@@ -22,11 +22,11 @@ from __future__ import annotations
 from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.orm import Session
 
+from gpufleet.api.users import TokenCreated, TokenOut
 from gpufleet.server.db import Database
 from gpufleet.server.models import Token, User
 from gpufleet.server.pages import TokenPage, cut, id_cursor
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
-from gpufleet.server.schemas import TokenCreated, TokenOut
 from gpufleet.server.services.auth import Principal, TokenCache, hasher_for, new_token
 from gpufleet.server.services.caps import Caps, tokens_problem
 from gpufleet.server.tokenkey import TokenHasher

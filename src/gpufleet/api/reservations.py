@@ -1,4 +1,4 @@
-"""Request and response bodies of ``/v1/reservations`` (kept apart from ``schemas.py``)."""
+"""Request and response bodies of ``/v1/reservations``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
-from gpufleet.server.schemas import Name, NodeName, Reply, Request
+from gpufleet.api.base import Name, NodeName, Reply, Request
 
 Repeat = Literal["daily", "weekly"]
 

@@ -1,5 +1,5 @@
 """Request and response bodies of the maintenance API (cordon, drain, rollouts, fleet
-events). Kept apart from ``schemas.py`` so that file stays the core's."""
+events)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints
 
-from gpufleet.server.schemas import Name, NodeName, Reply, Request
+from gpufleet.api.base import Name, NodeName, Reply, Request
 
 Reason = Annotated[str, StringConstraints(max_length=200)]
 Duration = str | float

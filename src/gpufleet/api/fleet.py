@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from gpufleet.server.schemas import Reply
+from gpufleet.api.base import Reply
 
 
 class SnapshotNode(Reply):

@@ -1,0 +1,121 @@
+"""Jobs: submit, the job as listed and shown, its events and pages."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import (
+    Field,
+    StringConstraints,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from gpufleet.api.base import Name, Reply, Request
+
+
+class JobSubmit(Request):
+    command: list[Annotated[str, StringConstraints(max_length=65_536)]] = Field(min_length=1, max_length=4096)
+    name: Annotated[str, StringConstraints(max_length=128)] = ""
+    gpus: int = Field(
+        default=1, ge=0, le=100_000, description="GPUs in all: at least 1; 0 only in a CPU-only pool"
+    )
+    gpus_per_node: int = Field(default=0, ge=0, le=1024)
+    nodes: int = Field(default=0, ge=0, le=10_000)
+    gpu_type: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    team: Name | None = None
+    pool: Name = "default"
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    time_limit: str | float | None = Field(
+        default=None, description="seconds, or a duration such as 90s, 30m, 2h, 1-00:00:00"
+    )
+    image: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    env: dict[str, Annotated[str, StringConstraints(max_length=65_536)]] = Field(default_factory=dict)
+    requeue: bool = True
+    max_attempts: int = Field(default=5, ge=1, le=1000, description="attempts in all, the first included")
+    requeue_backoff: str | float = Field(
+        default=10.0,
+        description="delay before the 2nd requeue (doubling after, at most 10 min); the 1st is immediate",
+    )
+    output: Annotated[str, StringConstraints(max_length=512)] | None = None
+    error: Annotated[str, StringConstraints(max_length=512)] | None = None
+    reservation: int | None = Field(
+        default=None, ge=1, description="run only inside this reservation (its owners only)"
+    )
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus_not_negative(cls, value: object) -> object:
+        """Below 0: say what is allowed, not only the schema's bound (0 is refused in a
+        GPU pool, which only the service knows)."""
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise PydanticCustomError(
+                "gpus_negative", "a job needs at least 1 GPU (0 only in a CPU-only pool)"
+            )
+        return value
+
+
+class PriorityChange(Request):
+    priority: int = Field(ge=-1000, le=1000)
+
+
+class JobEventOut(Reply):
+    at: float
+    actor: str
+    from_state: str | None
+    to_state: str
+    reason: str
+
+
+class AllocationOut(Reply):
+    node: str
+    gpus: list[int]
+
+
+class JobOut(Reply):
+    id: int
+    name: str
+    user: str
+    team: str
+    pool: str
+    state: str
+    gpus: int
+    gpus_per_node: int
+    nodes: int
+    gpu_type: str | None
+    priority: int
+    time_limit_s: float | None
+    command: list[str]
+    image: str | None
+    requeue: bool
+    max_attempts: int = 5
+    attempts: int = Field(default=0, description="requeues after failures (node lost, GPU fault, drain)")
+    submit_time: float
+    scheduled_at: float | None
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    attained_service_s: float
+    queue_position: int | None
+    estimated_start: float | None
+    wait_reason: str | None
+    allocation: list[AllocationOut]
+    reservation: int | None = Field(
+        default=None, description="the reservation it runs in (submit --reservation)"
+    )
+    cost: float = Field(default=0.0, description="accrued while it held GPUs, at the prices in force")
+    energy_kwh: float = Field(default=0.0, description="from its GPUs' power telemetry")
+    warnings: list[str] = Field(default_factory=list, description="e.g. its team is over its soft budget")
+
+
+class JobDetail(JobOut):
+    env: dict[str, str]
+    output: str | None
+    error: str | None
+    events: list[JobEventOut]
+
+
+class JobPage(Reply):
+    items: list[JobOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
+    total: int | None = None

@@ -1,0 +1,222 @@
+"""Nodes and GPUs: inventory, telemetry, the agent's sync and its reply, the fleet summary."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    Field,
+    StringConstraints,
+    field_validator,
+)
+
+from gpufleet.api.base import INT32, MAX_GPU_INDEX, Name, NodeName, Reply, Request, clean_text
+
+
+class GpuIn(Request):
+    """A GPU as a node's agent reports it in a sync. An index no GPU can have is not a
+    malformed request but the node contradicting itself: the server judges the whole
+    inventory (``services/nodes.judge_inventory``) and cordons the node, while the rest
+    of the sync (heartbeat, jobs, logs) still counts."""
+
+    index: int = Field(ge=-INT32 - 1, le=INT32)
+    uuid: Annotated[str, StringConstraints(max_length=64)] = ""
+    model: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    memory_mb: int = Field(default=81_920, ge=0, le=INT32)
+    nvlink_domain: int = Field(default=0, ge=0, le=INT32)
+    healthy: bool = True
+
+
+class GpuPut(GpuIn):
+    """A GPU as an operator registers it (``PUT /v1/nodes/{name}``): a bad index is a 422."""
+
+    index: int = Field(ge=0, le=MAX_GPU_INDEX)
+
+
+class NodePut(Request):
+    pool: Name = "default"
+    leaf: Name = "leaf-0"
+    rack: Name = "rack-0"
+    cordoned: bool = False
+    gpus: list[GpuPut] = Field(default_factory=list, max_length=1024)
+
+
+class ObservedJob(Request):
+    job_id: int
+    state: Literal["running", "exited", "lost"] = Field(
+        description="lost: the attempt vanished without an exit code (its node restarted); it is requeued"
+    )
+    exit_code: int | None = Field(default=None, ge=-INT32 - 1, le=INT32)
+    attempt: int | None = Field(
+        default=None,
+        description="the DesiredJob.attempt this is about; required to change anything: an observation "
+        "without one, or about an attempt the node does not hold, is dropped",
+    )
+
+
+class GpuTelemetry(Request):
+    """Latest readings of one GPU (hot data: kept in the server's memory, not in SQL).
+    Readings of an index no GPU can have are dropped by the sync (like its inventory,
+    they do not refuse the whole sync)."""
+
+    index: int = Field(ge=-INT32 - 1, le=INT32)
+    utilization_pct: float | None = None
+    memory_used_mb: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    throttle_reasons: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
+        default_factory=list, max_length=32
+    )
+    ecc_sbe: int | None = None
+    ecc_dbe: int | None = None
+    xid_events: list[int] = Field(default_factory=list, max_length=256)
+    pcie_replay: int | None = None
+    retired_pages: int | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    nvlink_peers: list[int] = Field(default_factory=list, max_length=1024)
+    mig_enabled: bool | None = None
+    lost: bool = False
+    health: list[Annotated[str, StringConstraints(max_length=128)]] = Field(
+        default_factory=list, max_length=32, description="why the agent calls this GPU unhealthy"
+    )
+
+
+class LogChunkIn(Request):
+    """Bytes ``offset``..``end`` of a job attempt's log file on the sending node, decoded
+    as UTF-8. Stored only if ``offset`` is where the server's copy ends (idempotent)."""
+
+    job_id: int
+    attempt: int
+    offset: int = Field(ge=0)
+    end: int = Field(ge=0)
+    data: Annotated[str, StringConstraints(max_length=262_144)]
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _clean(cls, value: object) -> object:
+        """Cleaned, not refused: a job's output may hold any byte, and refusing it would
+        stop the node's syncs for as long as that output is unshipped."""
+        return clean_text(value) if isinstance(value, str) else value
+
+
+class NodeSync(Request):
+    gpus: list[GpuIn] | None = Field(default=None, max_length=1024)
+    telemetry: list[GpuTelemetry] | None = Field(default=None, max_length=1024)
+    jobs: list[ObservedJob] = Field(default_factory=list, max_length=10_000)
+    logs: list[LogChunkIn] = Field(default_factory=list, max_length=1024)
+    leaf: Name | None = None
+    rack: Name | None = None
+    address: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    driver_version: Annotated[str, StringConstraints(max_length=64)] | None = None
+    cuda_version: Annotated[str, StringConstraints(max_length=32)] | None = None
+
+
+class PeerNode(Reply):
+    node: str
+    address: str
+    gpus: list[int]
+
+
+class DesiredJob(Reply):
+    job_id: int
+    attempt: int = Field(description="identifies this placement of the job (a requeued job gets a new one)")
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    image: str | None
+    gpus: list[int]
+    time_limit_s: float | None
+    deadline: float | None
+    user: str
+    output: str | None
+    error: str | None
+    nodes: list[PeerNode] = Field(default_factory=list, description="the whole placement, master first")
+    node_rank: int = 0
+    master_addr: str = ""
+    master_port: int = 0
+    world_size: int = 0
+
+
+class LogAck(Reply):
+    job_id: int
+    attempt: int
+    end: int
+
+
+class SyncReply(Reply):
+    node: str
+    jobs: list[DesiredJob]
+    log_acks: list[LogAck] = Field(default_factory=list)
+
+
+class JoinTokenIn(Request):
+    node: NodeName | None = Field(
+        default=None, description="bind to this node; default: the first node that uses it"
+    )
+
+
+class JoinTokenOut(Reply):
+    id: int
+    node: str | None
+    hint: str
+    created_at: float
+    token: str = Field(description="shown only once")
+
+
+class SyncStats(Reply):
+    """Server-side sync handling time over the last minute; ``count``: syncs since start."""
+
+    count: int
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+
+
+class FleetSummary(Reply):
+    nodes: int
+    nodes_ready: int
+    gpus: int
+    gpus_busy: int
+    gpus_unhealthy: int
+    jobs: dict[str, int]
+    sync: SyncStats
+
+
+class GpuOut(Reply):
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int
+    nvlink_domain: int
+    healthy: bool
+    job_id: int | None
+    telemetry: GpuTelemetry | None = None
+    cordoned: bool = False
+    cordon_reason: str | None = None
+
+
+class NodeOut(Reply):
+    name: str
+    pool: str
+    leaf: str
+    rack: str
+    state: Literal["Ready", "NotReady"]
+    cordoned: bool
+    last_seen: float | None
+    model: str
+    gpus_total: int
+    gpus_used: int
+    gpus_free: int
+    gpus: list[GpuOut]
+    address: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    telemetry_at: float | None = None
+    cordon_reason: str | None = None
+    lost: bool = Field(default=False, description="declared lost: its jobs were requeued")
+    draining: bool = False
+    drain_deadline: float | None = None
+    gpus_cordoned: int = 0
