@@ -87,7 +87,7 @@ def seed(db_url: str, jobs_n: int) -> dict[str, str]:
     from gpufleet.server.db import Database
     from gpufleet.server.models import User
     from gpufleet.server.problems import Failure
-    from gpufleet.server.services import auth, jobs, pools, users
+    from gpufleet.server.services import auth, pools, submissions, users
     from gpufleet.server.services.inventory import FleetCache
 
     db = Database.connect(db_url)
@@ -113,11 +113,11 @@ def seed(db_url: str, jobs_n: int) -> dict[str, str]:
             fleets = FleetCache()
             for start in range(0, jobs_n, 500):
                 batch = [
-                    jobs.NewJob(actor=who, spec=spec, time_limit_s=None, now=now, fleets=fleets)
+                    submissions.NewJob(actor=who, spec=spec, time_limit_s=None, now=now, fleets=fleets)
                     for _ in range(min(500, jobs_n - start))
                 ]
                 with db.write() as s:
-                    jobs.insert_jobs(s, batch)
+                    submissions.insert_jobs(s, batch)
     db.dispose()
     return tokens
 

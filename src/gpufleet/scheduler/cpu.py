@@ -11,7 +11,7 @@ Why this shape:
   pool, with or without GPUs: that is the server's rule from before the core placed
   these jobs. Keeping 0-GPU jobs off GPU servers is the operator's pool layout: the
   server refuses ``gpus=0`` in a GPU pool and ``gpus>=1`` in a CPU-only pool
-  (``server/services/jobs.py``), so in practice they meet only CPU-only nodes.
+  (``server/services/submissions.py``), so in practice they meet only CPU-only nodes.
 * They never compete with GPU jobs: they take no queue position, no GPU, no shadow
   reservation, and GPU quotas do not apply to them; they are never preempted, never
   victims, never wait behind a GPU job, and a GPU job never waits behind them. A job

@@ -23,7 +23,7 @@ from gpufleet.server.audit import note_object
 from gpufleet.server.deps import Me, Parts, PartsDep, current_principal, get_parts
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.problems import ObjectId, ProblemError, unwrap
-from gpufleet.server.services import jobs
+from gpufleet.server.services import jobs, submissions
 from gpufleet.server.services.auth import Principal
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -37,7 +37,7 @@ async def submit(request: Request, spec: JobSubmit, parts: PartsDep, me: Me) -> 
     # That docstring is the operation's description in the OpenAPI document, which this
     # signature declares; ``SubmitRoute`` solves it.
     out = unwrap(
-        await jobs.submit(
+        await submissions.submit(
             writer=parts.writer,
             actor=me,
             spec=spec,

@@ -1,0 +1,371 @@
+"""Submitting jobs: validation against pools, memberships, fleets, caps and
+reservations, then one group-committed insert with the "submitted" event.
+
+What a submission may claim (403 otherwise), after Slurm, where only operators raise a
+priority and only a reservation's users and accounts run in it:
+
+- a priority above 0: operators and admins only, as for ``jobs.set_priority``; 0 or
+  below (being nice to others) is anyone's;
+- a reservation: its listed users and the members of its team; operators and admins
+  may run anything in any reservation (to test or rescue it). Its owner is not
+  implicitly one of them: booking for a team or other users leaves the owner out
+  unless listed (the scheduler's ``Reservation.owns`` reads the same lists). Checked
+  at submission, like Slurm; a later change of membership does not evict a job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import bindparam, insert, select
+from sqlalchemy.orm import Session
+
+from gpufleet.api.jobs import JobDetail, JobEventOut, JobSubmit
+from gpufleet.scheduler import Fleet, JobRequest
+from gpufleet.scheduler.capacity import FleetIndex
+from gpufleet.scheduler.core import gpu_type_matches, job_options
+from gpufleet.scheduler.options import no_such_model
+from gpufleet.server.jobstate.states import JobState
+from gpufleet.server.jobstate.transitions import event_row
+from gpufleet.server.models import GpuRow, Job, NodeRow, ReservationRow, Team
+from gpufleet.server.problems import Failure, forbidden, invalid
+from gpufleet.server.services.auth import Principal
+from gpufleet.server.services.caps import PendingCounts
+from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.writer import Writer, call
+from gpufleet.timefmt import parse_duration
+
+Waker = Callable[[], None]
+MAX_TIME_LIMIT_S = 365 * 86400.0
+
+# Submission's statements, built once (Core, not ORM: see ``insert_jobs``).
+_T = Job.metadata.tables
+_POOLS_Q = select(_T["pools"].c.name, _T["pools"].c.gpu).where(
+    _T["pools"].c.name.in_(bindparam("names", expanding=True))
+)
+_TEAMS_Q = (
+    select(_T["memberships"].c.user_id, _T["teams"].c.name, _T["teams"].c.id, _T["memberships"].c.is_default)
+    .join(_T["teams"], _T["teams"].c.id == _T["memberships"].c.team_id)
+    .where(_T["memberships"].c.user_id.in_(bindparam("users", expanding=True)))
+)
+_INSERT_JOBS = insert(_T["jobs"]).returning(_T["jobs"].c.id, sort_by_parameter_order=True)
+_INSERT_EVENTS = insert(_T["job_events"])
+
+
+def _time_limit(value: str | float | None) -> float | Failure | None:
+    if value is None:
+        return None
+    try:
+        secs = float(value) if isinstance(value, int | float) else parse_duration(value)
+    except ValueError as exc:
+        return invalid(f"time_limit: {exc}")
+    if not 0 < secs <= MAX_TIME_LIMIT_S:
+        return invalid(f"time_limit must be between 1 second and 365 days, got {value!r}")
+    return secs
+
+
+def _backoff(value: str | float) -> float | Failure:
+    try:
+        secs = float(value) if isinstance(value, int | float) else parse_duration(value)
+    except ValueError as exc:
+        return invalid(f"requeue_backoff: {exc}")
+    if not 0 <= secs <= 86_400:
+        return invalid(f"requeue_backoff must be between 0 and 1 day, got {value!r}")
+    return secs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewJob:
+    """One validated-so-far submission waiting in the group-commit queue."""
+
+    actor: Principal
+    spec: JobSubmit
+    time_limit_s: float | None
+    now: float
+    fleets: FleetCache
+    backoff_s: float = 10.0
+    pending: PendingCounts | None = None
+    """The per-user cap on queued jobs (``services/caps.py``); None: no cap."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Ctx:
+    """What a batch of submissions looked up once, in its transaction."""
+
+    s: Session
+    pools: dict[str, bool]  # name -> is a GPU pool
+    teams: dict[int, dict[str, int]]  # user id -> {team name: team id}
+    defaults: dict[int, str] = field(default_factory=dict)  # user id -> their default team
+    fleets: dict[str, Fleet] = field(default_factory=dict)
+    shapes: dict[tuple[object, ...], Failure | None] = field(default_factory=dict)
+
+
+def _team_for(ctx: _Ctx, actor: Principal, team: str | None) -> tuple[int, str] | Failure:
+    mine = ctx.teams.get(actor.user_id, {})
+    if team is None:  # Slurm's rule: the user's default account, else the only one
+        default = ctx.defaults.get(actor.user_id)
+        if default is not None and default in mine:
+            return mine[default], default
+        if len(mine) == 1:
+            name, tid = next(iter(mine.items()))
+            return tid, name
+        if not mine:
+            return invalid(
+                "team: you belong to no team; an admin adds you to one (gpufleet admin add-member)"
+            )
+        return invalid(
+            f"team: you belong to teams {', '.join(sorted(mine))} and have no default team: pass one "
+            "(--team), or set your default (gpufleet default-team TEAM)"
+        )
+    if team in mine:
+        return mine[team], team
+    if actor.is_admin:
+        found = ctx.s.scalar(select(Team.id).where(Team.name == team))
+        if found is not None:
+            return found, team
+        return invalid(f"team: no team {team}")
+    return forbidden(f"you are not a member of team {team}")
+
+
+def _shape_problem(ctx: _Ctx, spec: JobSubmit, fleets: FleetCache) -> Failure | None:
+    gpu_pool = ctx.pools[spec.pool]
+    if not gpu_pool:
+        return invalid(f"pool {spec.pool} is CPU-only: gpus must be 0") if spec.gpus else None
+    if spec.gpus == 0:
+        return invalid(f"pool {spec.pool} is a GPU pool: a job there needs gpus >= 1")
+    if spec.gpus_per_node and spec.nodes and spec.gpus_per_node * spec.nodes != spec.gpus:
+        return invalid(f"gpus ({spec.gpus}) != nodes ({spec.nodes}) x gpus_per_node ({spec.gpus_per_node})")
+    key = (spec.pool, spec.gpus, spec.gpus_per_node, spec.nodes, spec.gpu_type)
+    if key in ctx.shapes:  # same shape earlier in this batch: same answer
+        return ctx.shapes[key]
+    fleet = ctx.fleets.get(spec.pool)
+    if fleet is None:
+        fleet = ctx.fleets[spec.pool] = fleets.registered(ctx.s, spec.pool, stale_ok=True)
+    problem = _never_fits(fleets.index(spec.pool, fleet), spec)
+    if problem is not None and not fleets.is_fresh(spec.pool, fleet):  # confirm on today's fleet
+        fleet = ctx.fleets[spec.pool] = fleets.registered(ctx.s, spec.pool)
+        problem = _never_fits(fleets.index(spec.pool, fleet), spec)
+    if problem is not None and spec.gpu_type and not _has_model(fleet, spec.gpu_type):
+        models = [(n.pool, n.model) for n in fleet.nodes] + _models_elsewhere(ctx.s, spec.pool)
+        problem = invalid(f"cannot ever run: {no_such_model(spec.gpu_type, spec.pool, models=models)}")
+    ctx.shapes[key] = problem
+    return problem
+
+
+def _has_model(fleet: Fleet, gpu_type: str) -> bool:
+    return any(gpu_type_matches(gpu_type, n.model) for n in fleet.nodes)
+
+
+def _models_elsewhere(s: Session, pool: str) -> list[tuple[str, str]]:
+    """(pool, GPU model) of the other pools: a refused ``gpu_type`` names where it is
+    (the pool's own fleet, all a submission loads, cannot say)."""
+    q = (
+        select(NodeRow.pool, GpuRow.model)
+        .join(GpuRow, GpuRow.node == NodeRow.name)
+        .where(NodeRow.pool != pool)
+    )
+    return [(p, m) for p, m in s.execute(q.distinct())]
+
+
+def _never_fits(index: FleetIndex, spec: JobSubmit) -> Failure | None:
+    if not index.fleet.nodes:  # an empty pool: the job waits (Unschedulable) until nodes register
+        return None
+    req = JobRequest(
+        id="submit",
+        gpus=spec.gpus,
+        submit_time=0.0,
+        gpus_per_node=spec.gpus_per_node,
+        nodes=spec.nodes,
+        gpu_type=spec.gpu_type,
+        pool=spec.pool,
+    )
+    opts = job_options(index, req)
+    return invalid(f"cannot ever run: {opts}") if isinstance(opts, str) else None
+
+
+def _reservation_problem(ctx: _Ctx, new: NewJob) -> Failure | None:
+    """A job may name only a booked reservation that has not ended, and only one of its
+    people may (see the module's docstring): the scheduler places a job that names a
+    reservation in it, whoever submitted it."""
+    rid = new.spec.reservation
+    if rid is None:
+        return None
+    row = ctx.s.get(ReservationRow, rid)
+    if row is None or row.state != "BOOKED" or row.end <= new.now:
+        return invalid(f"reservation: no booked reservation {rid} that has not ended")
+    who = new.actor
+    if who.is_operator or who.name in row.users:
+        return None
+    if row.team is not None and row.team in ctx.teams.get(who.user_id, {}):
+        return None
+    people = "its users" + (f" and members of team {row.team}" if row.team is not None else "")
+    return forbidden(f"reservation {rid}: only {people} (or an operator) may run jobs in it")
+
+
+def _row(new: NewJob, team_id: int) -> dict[str, Any]:
+    spec = new.spec
+    return {
+        "name": spec.name or spec.command[0].rsplit("/", 1)[-1][:128],
+        "user_id": new.actor.user_id,
+        "team_id": team_id,
+        "pool": spec.pool,
+        "gpus": spec.gpus,
+        "gpus_per_node": spec.gpus_per_node,
+        "nodes": spec.nodes,
+        "gpu_type": spec.gpu_type,
+        "priority": spec.priority,
+        "time_limit_s": new.time_limit_s,
+        "command": list(spec.command),
+        "env": dict(spec.env),
+        "image": spec.image,
+        "requeue": spec.requeue,
+        "max_attempts": spec.max_attempts,
+        "attempts": 0,
+        "requeue_backoff_s": new.backoff_s,
+        "output": spec.output,
+        "error": spec.error,
+        "reservation_id": spec.reservation,
+        "state": str(JobState.PENDING),
+        "version": 0,
+        "submit_time": new.now,
+        "pending_since": new.now,
+        "attained_service_s": 0.0,
+        "executed_s": 0.0,
+    }
+
+
+def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure]:
+    """The group-commit ``BulkOp`` of submissions: check every job against the pools,
+    memberships and fleets of this transaction (one query each per batch, not per job),
+    then insert the valid ones and their "submitted" events with two multi-row INSERTs
+    (prepared Core statements: this is the API's hottest path). A refused job is a
+    Failure and writes nothing."""
+    conn = s.connection()
+    pools: dict[str, bool] = dict(conn.execute(_POOLS_Q, {"names": list({n.spec.pool for n in batch})}).all())
+    teams: dict[int, dict[str, int]] = {}
+    defaults: dict[int, str] = {}
+    users = list({n.actor.user_id for n in batch})
+    for uid, name, tid, is_default in conn.execute(_TEAMS_Q, {"users": users}):
+        teams.setdefault(uid, {})[name] = tid
+        if is_default:
+            defaults[uid] = name
+    ctx = _Ctx(s=s, pools=pools, teams=teams, defaults=defaults)
+    out: list[Failure | None] = []  # None: accepted
+    rows: list[dict[str, Any]] = []
+    accepted: list[tuple[int, NewJob, str, dict[str, Any]]] = []
+    for new in batch:
+        if new.spec.pool not in pools:
+            out.append(invalid(f"pool: no pool {new.spec.pool}"))
+            continue
+        team = _team_for(ctx, new.actor, new.spec.team)
+        if isinstance(team, Failure):
+            out.append(team)
+            continue
+        problem = _shape_problem(ctx, new.spec, new.fleets) or _reservation_problem(ctx, new)
+        if problem is None and new.pending is not None:  # last: it counts the job as accepted
+            who = new.actor
+            problem = new.pending.admit(s, user_id=who.user_id, name=who.name, role=who.role)
+        if problem is not None:
+            out.append(problem)
+            continue
+        row = _row(new, team[0])
+        accepted.append((len(out), new, team[1], row))
+        out.append(None)
+        rows.append(row)
+    if not rows:
+        return [f for f in out if f is not None]
+    ids = conn.execute(_INSERT_JOBS, rows).scalars().all()
+    events: list[dict[str, Any]] = []
+    details: dict[int, JobDetail] = {}
+    for (at, new, team_name, row), job_id in zip(accepted, ids, strict=True):
+        actor = new.actor.name
+        ev = event_row(
+            job_id=job_id, at=new.now, actor=actor, src=None, dst=JobState.PENDING, reason="submitted"
+        )
+        events.append(ev)
+        details[at] = _submitted(job_id, row, user=actor, team=team_name, event=ev)
+    conn.execute(_INSERT_EVENTS, events)
+    return [details[i] if f is None else f for i, f in enumerate(out)]
+
+
+def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event: dict[str, Any]) -> JobDetail:
+    """The reply to a submit, from the values just inserted (validated on the way in:
+    ``model_construct`` skips validating them a second time)."""
+    return JobDetail.model_construct(
+        id=job_id,
+        name=row["name"],
+        user=user,
+        team=team,
+        pool=row["pool"],
+        state=row["state"],
+        gpus=row["gpus"],
+        gpus_per_node=row["gpus_per_node"],
+        nodes=row["nodes"],
+        gpu_type=row["gpu_type"],
+        priority=row["priority"],
+        time_limit_s=row["time_limit_s"],
+        command=row["command"],
+        image=row["image"],
+        requeue=row["requeue"],
+        max_attempts=row["max_attempts"],
+        attempts=0,
+        submit_time=row["submit_time"],
+        scheduled_at=None,
+        started_at=None,
+        ended_at=None,
+        exit_code=None,
+        attained_service_s=0.0,
+        queue_position=None,
+        estimated_start=None,
+        wait_reason=None,
+        allocation=[],
+        reservation=row["reservation_id"],
+        cost=0.0,
+        energy_kwh=0.0,
+        # Every field given: a default_factory left to ``model_construct`` makes pydantic
+        # inspect the factory's signature per call (a third of the writer's CPU per job).
+        warnings=[],
+        env=row["env"],
+        output=row["output"],
+        error=row["error"],
+        events=[JobEventOut.model_construct(**{k: event[k] for k in JobEventOut.model_fields})],
+    )
+
+
+async def submit(
+    *,
+    writer: Writer,
+    actor: Principal,
+    spec: JobSubmit,
+    now: float,
+    fleets: FleetCache,
+    waker: Waker,
+    budget_warning: Callable[[str], str | None] = lambda team: None,
+    pending: PendingCounts | None = None,
+) -> JobDetail | Failure:
+    """Validate and insert in one transaction (shared with concurrent submits through
+    the group-commit ``writer``); returns once committed, without holding a thread
+    while it waits. The reply warns when the job's team is over its soft budget.
+    ``pending``: the per-user cap on queued jobs (403 past it)."""
+    if spec.priority > 0 and not actor.is_operator:
+        return forbidden(
+            f"priority {spec.priority}: only operators and admins give a job a priority above 0 "
+            "(0 or below is anyone's)"
+        )
+    limit = _time_limit(spec.time_limit)
+    if isinstance(limit, Failure):
+        return limit
+    backoff = _backoff(spec.requeue_backoff)
+    if isinstance(backoff, Failure):
+        return backoff
+    new = NewJob(
+        actor=actor, spec=spec, time_limit_s=limit, now=now, fleets=fleets, backoff_s=backoff, pending=pending
+    )
+    out = await call(writer, insert_jobs, new)
+    if isinstance(out, Failure):
+        return out
+    waker()
+    warning = budget_warning(out.team)
+    return out if warning is None else out.model_copy(update={"warnings": [warning]})
