@@ -186,6 +186,62 @@ def test_lane_cancelled_waiter_gives_up_its_place() -> None:
     assert asyncio.run(run()) == [True, True, 0, 0]
 
 
+def test_lane_serves_users_in_turn_not_in_arrival_order() -> None:
+    """A busy user's queue does not hold a quiet user back: flows are served round
+    robin, each in its own FIFO."""
+
+    async def run() -> list[str]:
+        lane = _lane(seats=1, queue=10)
+        await lane.enter(1, "busy")
+        order: list[str] = []
+
+        async def ask(flow: str, label: str) -> None:
+            await lane.enter(1, flow)
+            order.append(label)
+
+        tasks = [asyncio.ensure_future(ask("busy", f"b{i}")) for i in range(4)]
+        await _settle()
+        tasks.append(asyncio.ensure_future(ask("quiet", "q0")))
+        await _settle()
+        for _ in range(5):
+            lane.leave(1)
+            await _settle()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(run()) == ["b0", "q0", "b1", "b2", "b3"]
+
+
+def test_lane_wide_head_of_the_next_flow_is_not_passed() -> None:
+    async def run() -> list[object]:
+        lane = _lane(seats=4, queue=4)
+        await lane.enter(3, "a")
+        wide = asyncio.ensure_future(lane.enter(2, "b"))  # its turn, but 1 seat free
+        await _settle()
+        narrow = asyncio.ensure_future(lane.enter(1, "c"))  # after b's turn
+        await _settle()
+        before = (wide.done(), narrow.done(), lane.queued)
+        lane.leave(3)
+        await _settle()
+        return [before, wide.result(), narrow.result(), lane.free, lane.queued]
+
+    assert asyncio.run(run()) == [(False, False, 2), True, True, 1, 0]
+
+
+def test_lane_abandoned_flow_leaves_the_turns() -> None:
+    async def run() -> list[object]:
+        lane = _lane(seats=1, queue=4, wait_s=0.05)
+        await lane.enter(1, "a")
+        timed_out = await lane.enter(1, "b")  # waits 50 ms, then gives up
+        after = asyncio.ensure_future(lane.enter(1, "c"))
+        await _settle()
+        lane.leave(1)
+        await _settle()
+        return [timed_out, after.result(), lane.free, lane.queued]
+
+    assert asyncio.run(run()) == [False, True, 0, 0]
+
+
 @pytest.mark.parametrize(
     ("seats", "asked", "want"),
     [

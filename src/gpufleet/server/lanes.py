@@ -29,10 +29,11 @@ Decisions where APF is silent or does not fit:
   followed log stream must not hold a seat for hours).
 * A list page is wider than one seat, one per 100 items it asks for (APF's width of a
   LIST), but never more than half its lane, so one large page cannot shut the lane.
-* Within a lane the queue is FIFO (APF shuffle-shards queues by flow); fairness between
-  users comes from the per-user buckets (``ratelimit.py``), which are charged before a
-  request queues, so a flooding user's excess is refused at the door, cheaply, and
-  never waits in the lane in front of others.
+* Within a lane, fair queuing by user (APF's flows, without its shuffle sharding: a
+  queue per user, served round robin; ``Lane``), on top of the per-user buckets
+  (``ratelimit.py``), which are charged before a request queues, so a flooding user's
+  excess is refused at the door, cheaply, and what it may send waits its turn instead
+  of in front of everyone.
 * 429, not 503, when a lane's queue is full or a request waited ``wait_s``: APF's
   answer, and the one clients already back off on (``Retry-After: 1``).
 * Refusals are paced: every 429 here is sent one second after the request came (the
@@ -110,7 +111,12 @@ class LaneName(enum.StrEnum):
 
 
 class Lane:
-    """Seats with a bounded FIFO queue; event-loop only (no locks)."""
+    """Seats with a bounded queue, fair between flows (users); event-loop only (no
+    locks). Each flow's requests wait in their own FIFO; when seats free up, the flows
+    are served in turn (round robin: the flow served goes to the back), so a request of
+    a quiet user waits for at most one request of each busy user, not for the whole
+    queue they filled. A head that needs more seats than are free waits, and nobody
+    passes it (a wide request is never starved by narrow ones)."""
 
     def __init__(self, name: LaneName, *, seats: int, queue: int, wait_s: float) -> None:
         self.name = name
@@ -118,42 +124,55 @@ class Lane:
         self.free = seats
         self.queue = queue
         self.wait_s = wait_s
-        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._flows: dict[object, deque[tuple[int, asyncio.Future[None]]]] = {}
+        self._turns: deque[object] = deque()
+        """Flows with requests waiting, the next to be served first."""
+        self._count = 0
 
     @property
     def queued(self) -> int:
-        return len(self._waiting)
+        return self._count
 
-    async def enter(self, width: int) -> bool:
-        """Take ``width`` seats (``width()`` sizes a request), at once or after the
-        requests queued before it; False when the queue is full or the wait ran out
-        (nothing taken)."""
-        if not self._waiting and self.free >= width:
+    async def enter(self, width: int, flow: object = None) -> bool:
+        """Take ``width`` seats (``width()`` sizes a request) for ``flow`` (who asks;
+        None: one shared flow), at once or in its flow's turn; False when the queue is
+        full or the wait ran out (nothing taken)."""
+        if not self._count and self.free >= width:
             self.free -= width
             return True
-        if len(self._waiting) >= self.queue:
+        if self._count >= self.queue:
             return False
         item = (width, asyncio.get_running_loop().create_future())
-        self._waiting.append(item)
+        waiting = self._flows.get(flow)
+        if waiting is None:
+            waiting = self._flows[flow] = deque()
+            self._turns.append(flow)
+        waiting.append(item)
+        self._count += 1
         try:
             async with asyncio.timeout(self.wait_s):
                 await item[1]
         except TimeoutError:
-            self._abandon(item)
+            self._abandon(flow, item)
             return False
         except asyncio.CancelledError:  # the client went away while it waited
-            self._abandon(item)
+            self._abandon(flow, item)
             raise
         return True
 
-    def _abandon(self, item: tuple[int, asyncio.Future[None]]) -> None:
+    def _abandon(self, flow: object, item: tuple[int, asyncio.Future[None]]) -> None:
         width, fut = item
         if fut.done() and not fut.cancelled():
             self.leave(width)  # the seats came just as the wait ended: hand them on
             return
         fut.cancel()
-        if item in self._waiting:
-            self._waiting.remove(item)
+        waiting = self._flows.get(flow)
+        if waiting is not None and item in waiting:
+            waiting.remove(item)
+            self._count -= 1
+            if not waiting:
+                del self._flows[flow]
+                self._turns.remove(flow)
         self._wake()  # a wide request at the head may have held narrower ones back
 
     def leave(self, width: int) -> None:
@@ -161,8 +180,19 @@ class Lane:
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiting and self._waiting[0][0] <= self.free:
-            width, fut = self._waiting.popleft()
+        while self._turns:
+            flow = self._turns[0]
+            waiting = self._flows[flow]
+            width, fut = waiting[0]
+            if width > self.free:
+                return
+            waiting.popleft()
+            self._count -= 1
+            self._turns.popleft()
+            if waiting:
+                self._turns.append(flow)  # its next request waits for the others' turns
+            else:
+                del self._flows[flow]
             if not fut.done():
                 self.free -= width
                 fut.set_result(None)
@@ -177,6 +207,8 @@ class Ticket:
 
     lane: LaneName
     width: int = 1
+    flow: object = None
+    """Whose turn it is in the lane's fair queue: the user (None: one shared flow)."""
 
 
 class Admission:
@@ -226,7 +258,7 @@ class Admission:
             return
         lane = self.lanes[ticket.lane]
         width = lane.width(ticket.width)
-        if not await lane.enter(width):
+        if not await lane.enter(width, ticket.flow):
             detail = f"the server is busy ({lane.name} lane full: {lane.seats} seats, {lane.queued} waiting)"
             await Refusal(detail=detail, wait_s=1.0).send(scope, receive, send)
             return
@@ -277,7 +309,8 @@ class Admission:
         refused = self._charge(scope, who, width)
         if refused is not None:
             return refused
-        return Ticket(lane=LaneName.ADMIN if who.is_operator else LaneName.USER, width=width)
+        lane = LaneName.ADMIN if who.is_operator else LaneName.USER
+        return Ticket(lane=lane, width=width, flow=who.user_id)
 
     def _charge(self, scope: Scope, who: Principal, cost: int) -> Refusal | None:
         rate = self.rates.for_role(who.role)
