@@ -114,12 +114,6 @@ def _preemptions(log: list[tuple[float, str, str, object]]) -> list[tuple[float,
 
 
 @dataclass
-class _Run:
-    started_at: float
-    remaining_s: float
-
-
-@dataclass
 class ServerReplay:
     """The server's scheduling pass driven through the job list in fake time: arrivals
     are inserted as the API would; a started job is confirmed RUNNING and a finished
@@ -144,7 +138,7 @@ class ServerReplay:
         )
         preemptive = make_policy(self.policy).preemptive
         remaining = {j.job_id: j.duration_s for j in self.jobs}
-        running: dict[str, _Run] = {}
+        running: dict[str, float] = {}  # job -> when its attempt started
         # The simulator's event order: at one instant, finishes, then the pass they asked
         # for, then arrivals (an arrival at the time of a pass comes after it), each
         # kind in the order it was pushed.
@@ -186,13 +180,12 @@ class ServerReplay:
                 self._new_starts, self._new_preempts = [], []
                 step.run_once()
                 for pre in self._new_preempts:
-                    run = running.pop(pre)
-                    remaining[pre] -= t - run.started_at
+                    remaining[pre] -= t - running.pop(pre)
                     self._confirm_stopped(pre)
                     self.preemptions.append((t, pre))
                 for sid in self._new_starts:
                     self._confirm_running(sid)
-                    running[sid] = _Run(started_at=t, remaining_s=remaining[sid])
+                    running[sid] = t
                     finish_at[sid] = t + remaining[sid]
                     push(finish_at[sid], 0, sid)
                 waiting = self._waiting()

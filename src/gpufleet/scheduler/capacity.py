@@ -292,13 +292,6 @@ def _ordered_diff(
     return removed, list(new[j:])
 
 
-def fleet_index(fleet: Fleet) -> FleetIndex:
-    """A fresh FleetIndex of ``fleet``. Kept for callers outside the core that want the
-    static facts once (e.g. a submit check); a caller that asks again and again should
-    keep a ``PlanCache`` and use ``PlanCache.index``, which memoises it per Fleet."""
-    return FleetIndex(fleet)
-
-
 class GroupFree:
     """Free-count buckets of one group (see module docstring)."""
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpufleet.scheduler.capacity import Capacity, FleetIndex, GroupKey, fleet_index
+from gpufleet.scheduler.capacity import Capacity, FleetIndex, GroupKey
 from gpufleet.scheduler.model import Fleet, JobRequest, Reservation, ReservationMove, RunningJob
 from gpufleet.scheduler.placement import Shape, choose_nodes, describe_shape, job_shape
 
@@ -231,7 +231,7 @@ def admit_reservation(
     """
     from gpufleet.scheduler.options import gpu_type_matches, no_such_model
 
-    index: FleetIndex = fleet_index(fleet)
+    index = FleetIndex(fleet)
     overlapping = [r for r in existing if r.start < end and start < r.end]
     held: dict[int, int] = {}
     for r in overlapping:
