@@ -15,12 +15,19 @@ the agent reports it, so a restarted agent re-adopts running processes instead o
 starting them twice; a lost reply just means the same message is sent again.
 Between syncs, ``tick`` polls the jobs every ``tick_s``; news (a job ended, one was
 started or stopped) triggers the next sync at once instead of after ``sync_interval_s``.
+
+Service replicas (a ``DesiredJob.service``): the agent picks a free port of the node and
+gives it as ``$PORT`` (a container's port is published on it), probes the health path
+on it every ``probe_interval_s`` (2xx/3xx within ``probe_timeout_s``: ready), and
+reports ``ready`` and the endpoint (``http://ADDRESS:PORT``) with the replica; a change
+of readiness is news.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -28,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from pydantic import ValidationError
 
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
@@ -64,6 +72,8 @@ class AgentConfig:
     checkpoint_root: Path | None = None
     """Where ``checkpoints/<job>`` (GPUFLEET_CHECKPOINT_DIR) lives: a filesystem shared
     by all nodes lets a requeued job resume on another node (default: the work dir)."""
+    probe_interval_s: float = 1.0
+    probe_timeout_s: float = 1.0
 
 
 @dataclass(slots=True)
@@ -155,6 +165,9 @@ class Agent:
         self._xids: dict[int, list[int]] = {}
         self._faults: dict[int, frozenset[str]] = {}
         self._last_health = time.monotonic()
+        self._ready: dict[Key, tuple[bool, float]] = {}
+        """Service replicas: (ready, when last probed, monotonic)."""
+        self._http: httpx.Client | None = None
 
     # -- local state ------------------------------------------------------------------------
     def restore(self) -> int:
@@ -196,9 +209,43 @@ class Agent:
                     ended = True
                 self._save(cur)
             self._feed_probe()
+            probing = [j for j in self.jobs.values() if j.port is not None and j.exit_code is None]
+        if self._probe_replicas(probing):
+            self._news = True
         if ended:
             self._news = True
         return ended
+
+    def _probe_replicas(self, jobs: list[LocalJob]) -> bool:
+        """Probe the replicas that are due; True if one's readiness changed."""
+        changed = False
+        now = time.monotonic()
+        live = {j.key for j in jobs}
+        for key in [k for k in self._ready if k not in live]:
+            del self._ready[key]
+        for job in jobs:
+            was, at = self._ready.get(job.key, (False, -1e18))
+            if now - at < self.config.probe_interval_s:
+                continue
+            ok = self._probe_one(job)
+            self._ready[job.key] = (ok, now)
+            changed |= ok != was
+        return changed
+
+    def _probe_one(self, job: LocalJob) -> bool:
+        if self._http is None:
+            self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
+        try:
+            r = self._http.get(f"http://127.0.0.1:{job.port}{job.health_path or '/'}")
+        except httpx.HTTPError:
+            return False
+        return 200 <= r.status_code < 400
+
+    def endpoint(self, job: LocalJob) -> str:
+        host = self.config.address or "127.0.0.1"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # an IPv6 address
+        return f"http://{host}:{job.port}"
 
     def _feed_probe(self) -> None:
         if not isinstance(self.probe, LoadSink):
@@ -244,14 +291,16 @@ class Agent:
             for job in sorted(self.jobs.values(), key=lambda j: j.key):
                 size = job.log_size()
                 done = job.exit_code is not None and job.log_acked >= size
-                jobs.append(
-                    {
-                        "job_id": job.job_id,
-                        "attempt": job.attempt,
-                        "state": ("lost" if job.exit_code == VANISHED else "exited") if done else "running",
-                        "exit_code": job.exit_code if done else None,
-                    }
-                )
+                seen: dict[str, Any] = {
+                    "job_id": job.job_id,
+                    "attempt": job.attempt,
+                    "state": ("lost" if job.exit_code == VANISHED else "exited") if done else "running",
+                    "exit_code": job.exit_code if done else None,
+                }
+                if job.port is not None and not done:
+                    seen["endpoint"] = self.endpoint(job)
+                    seen["ready"] = job.exit_code is None and self._ready.get(job.key, (False, 0.0))[0]
+                jobs.append(seen)
                 if size > job.log_acked and budget > 0:
                     chunk = read_chunk(job.log_path, job.log_acked, min(self.config.log_chunk_bytes, budget))
                     if chunk is not None:
@@ -313,7 +362,14 @@ class Agent:
                 runner = self.runners.get(kind)
                 if runner is None:
                     continue
+                port = None
+                if d.service is not None:
+                    port = free_port()
+                    extra = {"PORT": str(port), "GPUFLEET_HOST_PORT": str(port)}
+                    spec = dataclasses.replace(spec, env={**spec.env, **extra})
                 job = runner.start(spec, now=now)
+                if d.service is not None:
+                    job = dataclasses.replace(job, port=port, health_path=d.service.health_path)
                 self._save(job)
                 busy |= set(spec.gpus)
                 self.stats.started += 1
@@ -418,6 +474,16 @@ class Agent:
     def close(self) -> None:
         self.probe.close()
         self.transport.close()
+        if self._http is not None:
+            self._http.close()
+
+
+def free_port() -> int:
+    """A TCP port of this node nobody listens on now (the kernel's pick); the replica
+    binds it a moment later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
 
 
 def _brief(exc: ValueError) -> str:

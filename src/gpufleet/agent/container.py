@@ -225,6 +225,11 @@ def container_spec(
     network: str | None = None
     job_network: NetworkSpec | None = None
     ports: dict[str, int] = {}
+    host_port = spec.env.get("GPUFLEET_HOST_PORT")
+    if host_port is not None and host_port.isdigit():  # a service replica: publish its port
+        inside = env.get("GPUFLEET_SERVICE_PORT", "8000")
+        ports[f"{inside}/tcp"] = int(host_port)
+        env["PORT"] = inside
     if len(spec.peers) > 1:
         if policy.network:
             network = policy.network

@@ -113,6 +113,10 @@ class LocalJob:
     killed: bool = False
     exit_code: int | None = None
     log_acked: int = 0
+    port: int | None = None
+    """A service replica: the node port it serves on (``$PORT``)."""
+    health_path: str | None = None
+    """A service replica: the path probed for readiness."""
 
     @property
     def key(self) -> tuple[int, int]:

@@ -52,6 +52,10 @@ class ObservedJob(Request):
         description="the DesiredJob.attempt this is about; required to change anything: an observation "
         "without one, or about an attempt the node does not hold, is dropped",
     )
+    endpoint: Annotated[str, StringConstraints(pattern=r"^https?://[!-~]{1,240}$")] | None = Field(
+        default=None, description="a service replica: where it serves (its node's address and $PORT)"
+    )
+    ready: bool | None = Field(default=None, description="a service replica: its health path answers 2xx")
 
 
 class GpuTelemetry(Request):
@@ -120,6 +124,14 @@ class PeerNode(Reply):
     gpus: list[int]
 
 
+class ServiceProbe(Reply):
+    """What an agent needs to run a service replica: where to probe its readiness, and
+    (in a container) the port inside to publish on the node's ``$PORT``."""
+
+    health_path: str
+    port: int
+
+
 class DesiredJob(Reply):
     job_id: int
     attempt: int = Field(description="identifies this placement of the job (a requeued job gets a new one)")
@@ -138,6 +150,9 @@ class DesiredJob(Reply):
     master_addr: str = ""
     master_port: int = 0
     world_size: int = 0
+    service: ServiceProbe | None = Field(
+        default=None, description="set for a replica of an inference service: it gets $PORT and is probed"
+    )
 
 
 class LogAck(Reply):

@@ -47,6 +47,7 @@ from gpufleet.scheduler.options import Options, gpu_type_matches, job_options, s
 from gpufleet.scheduler.placement import (
     NodeCounts,
     choose_nodes,
+    choose_spread,
     commit,
     describe_shape,
 )
@@ -301,13 +302,14 @@ class _Pass(Preempting):
         its general view: free GPUs less those reserved for others, and for EASY
         backfill's long jobs, less what the reserved head job needs."""
         own = self.book.owned_active(job) if self.book else None
+        spread = job.spread
         if own is not None:
-            placement = self._place_in(self.book.view(ViewSpec(own=own.id)), opts, own=own.id)
+            placement = self._place_in(self.book.view(ViewSpec(own=own.id)), opts, own=own.id, spread=spread)
             if placement is not None or job.reservation is not None:
                 return placement
         elif job.reservation is not None:
             return None
-        return self._place_in(self.general_view(job, limit), opts, long=self._is_long(limit))
+        return self._place_in(self.general_view(job, limit), opts, long=self._is_long(limit), spread=spread)
 
     def _is_long(self, limit: float) -> bool:
         return self.shadow is not None and self.now + limit > self.shadow.time
@@ -319,13 +321,36 @@ class _Pass(Preempting):
         return self.book.view(self.book.spec(job, limit, long_backfill=long))
 
     def _place_in(
-        self, view: Capacity, opts: Options, *, own: str | None = None, long: bool = False
+        self,
+        view: Capacity,
+        opts: Options,
+        *,
+        own: str | None = None,
+        long: bool = False,
+        spread: str | None = None,
     ) -> Placement | None:
         for gk, shape in opts:
-            counts = choose_nodes(view, gk, shape)
+            if spread is not None and len(shape) == 1:
+                nodes, leaves = self.spread_of(spread)
+                counts = choose_spread(view, gk, shape[0], nodes=nodes, leaves=leaves)
+            else:
+                counts = choose_nodes(view, gk, shape)
             if counts is not None:
                 return self._take(counts, own=own, long=long)
         return None
+
+    def spread_of(self, group: str) -> tuple[set[int], set[str]]:
+        """The nodes and leaves holding a job of spread group ``group``: running and not
+        preempted, or started earlier in this pass."""
+        ids = self.index.id_of
+        nodes: set[int] = set()
+        for rj in self.snap.running:
+            if rj.job.spread == group and rj.job.id not in self.preempted:
+                nodes.update(ids[p.node] for p in rj.placement if p.node in ids)
+        for st in self.starts:
+            if self.started[st.job_id].spread == group:
+                nodes.update(ids[p.node] for p in st.placement if p.node in ids)
+        return nodes, {self.index.nodes[n].leaf for n in nodes}
 
     def _take(self, counts: NodeCounts, *, own: str | None = None, long: bool = False) -> Placement:
         placement = commit(self.cap, counts)

@@ -81,6 +81,10 @@ class JobRequest:
     jobs of a reservation's users or team use it automatically while it is active.
     ``oracle_remaining_s`` is known only inside the simulator and only the
     ``srtf-oracle`` reference policy may read it.
+    ``spread`` groups jobs to keep apart (the replicas of one inference service): a
+    one-node job of a group goes to a node holding none of the group, under a leaf
+    switch holding none if there is one, and only when every fitting node holds one
+    does it share (Kubernetes' preferred pod anti-affinity, then topology spread).
     """
 
     id: str
@@ -100,6 +104,7 @@ class JobRequest:
     preemptible: bool = True
     reservation: str | None = None
     oracle_remaining_s: float | None = None
+    spread: str | None = None
 
     @property
     def queued_since(self) -> float:

@@ -7,7 +7,9 @@ Rules, in order of importance:
    nodes (``job_shape``), unless it pinned ``gpus_per_node`` or ``nodes``.
 3. Locality: a multi-node gang goes under one leaf switch if any leaf can hold it, else
    inside one rack, else over the fewest leaves. Inside a node, one NVLink domain.
-4. Best fit: among equally local choices, the nodes whose free GPUs the job fills most
+4. Spread: a one-node job of a spread group (``JobRequest.spread``) avoids nodes, then
+   leaves, that already hold a job of its group (``choose_spread``).
+5. Best fit: among equally local choices, the nodes whose free GPUs the job fills most
    completely, so that whole nodes stay whole for the next wide job.
 """
 
@@ -65,6 +67,28 @@ def choose_nodes(cap: Capacity, key: GroupKey, shape: Shape) -> NodeCounts | Non
         nid = group.best_fit_node(shape[0])
         return None if nid is None else [(nid, shape[0])]
     return _choose_multi(cap, group, shape)
+
+
+def choose_spread(
+    cap: Capacity, key: GroupKey, count: int, *, nodes: set[int], leaves: set[str]
+) -> NodeCounts | None:
+    """One node for ``count`` GPUs in group ``key``, apart from its spread group: the
+    tightest node under a leaf holding none of the group, else the tightest node holding
+    none, else (every fitting node holds one) the tightest node. None if none fits."""
+    group = cap.groups[key]
+    info = cap.index.nodes
+    apart: int | None = None
+    for _free, nid in group.candidates(count):
+        if nid in nodes:
+            continue
+        if info[nid].leaf not in leaves:
+            return [(nid, count)]
+        if apart is None:
+            apart = nid
+    if apart is not None:
+        return [(apart, count)]
+    best = group.best_fit_node(count)
+    return None if best is None else [(best, count)]
 
 
 def _choose_multi(cap: Capacity, group: GroupFree, shape: Shape) -> NodeCounts | None:

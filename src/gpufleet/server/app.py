@@ -30,7 +30,7 @@ from gpufleet.server.lanes import Admission
 from gpufleet.server.loops import build as loops
 from gpufleet.server.metrics import wiring as observability
 from gpufleet.server.problems import BodyLimitMiddleware, UrlGuardMiddleware, install_handlers
-from gpufleet.server.routers import agents, jobs, logs, maintenance, nodes, security, users
+from gpufleet.server.routers import agents, jobs, logs, maintenance, nodes, security, services, users
 from gpufleet.server.routers import chargeback as chargeback_router
 from gpufleet.server.routers import reservations as reservations_router
 from gpufleet.server.services import chargeback
@@ -113,6 +113,7 @@ def create_app(
     hasher = token_hasher(config)
     database = db if db is not None else prepare(config, clock=clock, hasher=hasher)
     sched = loops.scheduling(config, database, clock)
+    replica_runner = loops.replicas(config, database, clock, sched)
     writer = GroupCommitWriter(database)
     hot = AgentState(health=HealthMonitor(config.health))
     readings = ledger.telemetry_readings(
@@ -123,6 +124,7 @@ def create_app(
         db=database,
         clock=clock,
         scheduler=sched.runner,
+        replicas=replica_runner,
         fleets=FleetCache(),
         tokens=TokenCache(hasher=hasher, clock=clock.now),
         writer=writer,
@@ -185,6 +187,8 @@ def create_app(
     v1.include_router(reservations_router.router)
     v1.include_router(chargeback_router.router)
     v1.include_router(security.router)
+    v1.include_router(services.router)
+    v1.include_router(services.gateway_router)
     app.include_router(v1)
     view = observability.install(app, parts, sched.observer)  # /metrics, the fleet page
     everything = loops.build(
@@ -193,6 +197,7 @@ def create_app(
         clock=clock,
         hot=hot,
         sched=sched,
+        replica_runner=replica_runner,
         readings=readings,
         after_accrual=lambda now: parts.budget_warnings.refresh(database, now),
         fleets_invalidate=parts.fleets.invalidate,

@@ -70,6 +70,11 @@ class ServerConfig:
     """``--prices FILE``: put this schedule in force at start unless it already is."""
     accrual_interval_s: float = 15.0
     """Cost, energy and utilisation of running jobs are accrued this often."""
+    service_drain_s: float = 5.0
+    """A replica taken out of the gateways is stopped this long after (``--service-drain``):
+    gateways poll every second, and requests sent before then finish meanwhile."""
+    service_interval_s: float = 1.0
+    """The replica controller's period (it is also woken by every service change)."""
     """A started reservation no owner job used for this long is released (``--idle-release``)."""
 
     @property

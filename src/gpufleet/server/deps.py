@@ -39,6 +39,8 @@ class Parts:
     clock: Clock
     scheduler: Runner
     """The scheduling loop (a thread's or the child process's): routers wake it."""
+    replicas: Runner
+    """The replica controller of inference services: service changes wake it."""
     fleets: FleetCache
     tokens: TokenCache
     writer: Writer

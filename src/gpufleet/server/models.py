@@ -188,6 +188,66 @@ class Job(Base):
     """Cost is accrued up to here; None: the job holds no GPUs (nothing accrues)."""
     charge_model: Mapped[str | None] = mapped_column(String(64), nullable=True)
     """The GPU model of its current allocation (its price)."""
+    # Inference services (``server/services/servicectl.py``): a replica is a job of kind
+    # ``service``; the columns below are NULL/False for a batch job.
+    kind: Mapped[str] = mapped_column(String(16), default="batch", server_default="batch")
+    service_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    replica: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The replica's slot in its service (0..replicas-1; a surge replica takes the next)."""
+    generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The service spec generation this replica runs."""
+    endpoint: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    """Where the replica serves (``http://host:port``), as its agent reports it."""
+    ready: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    ready_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    draining_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Taken out of the gateway's endpoints at this time; stopped after the drain time."""
+
+
+class ServiceRow(Base):
+    """A long-running inference service: its spec (``api.services.ServiceSpec`` as JSON)
+    and the generation of that spec (each update makes a new one; replicas of an older
+    generation are replaced one by one). ``state``: ``active`` or ``deleting`` (its
+    replicas are being stopped; the row goes once none is left)."""
+
+    __tablename__ = "services"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id"))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    generation: Mapped[int] = mapped_column(Integer, default=1)
+    state: Mapped[str] = mapped_column(String(16), default="active")
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    version: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class ServiceToken(Base):
+    """A token callers present at the gateway (``gpufleet service token NAME``); only
+    its sha256 is kept (256 random bits: a plain hash is enough, and the gateway can
+    check it without the server's key)."""
+
+    __tablename__ = "service_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    service_id: Mapped[int] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    hint: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(64))
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ServiceEvent(Base):
+    """What happened to a service (deployed, updated, replica started/replaced, drained)."""
+
+    __tablename__ = "service_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    service_id: Mapped[int] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str] = mapped_column(String(140))
+    kind: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(String(512), default="")
 
 
 class Allocation(Base):

@@ -125,4 +125,6 @@ def release_attempt(
         "ended_at": now,
         "stopping_on": None if confirmed or not rest else ",".join(rest),
         "stopping_attempt": attempt_of(job.scheduled_at),
+        "ready": False,  # a service replica: out of the gateways with its attempt
+        "endpoint": None,
     }

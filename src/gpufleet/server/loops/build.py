@@ -17,6 +17,7 @@ from gpufleet.server.loops.alerts import alert_loop
 from gpufleet.server.loops.audit import retention_loop
 from gpufleet.server.loops.child import ChildLoop, LoopSpec
 from gpufleet.server.loops.lifecycle import LifecycleConfig, LifecyclePass, lifecycle_loop
+from gpufleet.server.loops.replicas import replica_loop
 from gpufleet.server.loops.runner import Loops, Runner
 from gpufleet.server.loops.scheduling import PassObserver
 from gpufleet.server.services.dashboard import FleetView
@@ -50,6 +51,17 @@ def scheduling(config: ServerConfig, db: Database, clock: Clock) -> Scheduling:
     return Scheduling(runner=runner, observer=observer)
 
 
+def replicas(config: ServerConfig, db: Database, clock: Clock, sched: Scheduling) -> Runner:
+    """The replica controller of inference services (routers and syncs wake it)."""
+    return replica_loop(
+        db=db,
+        clock=clock,
+        interval_s=config.service_interval_s,
+        drain_s=config.service_drain_s,
+        wake_scheduler=sched.runner.wake,
+    )
+
+
 def build(
     config: ServerConfig,
     *,
@@ -57,13 +69,14 @@ def build(
     clock: Clock,
     hot: AgentState,
     sched: Scheduling,
+    replica_runner: Runner,
     readings: ledger.Readings,
     after_accrual: Callable[[float], None],
     fleets_invalidate: Callable[[], None],
     view: Callable[[], FleetView],
 ) -> Loops:
     """Every loop of the server, not started."""
-    loops = Loops([sched.runner])
+    loops = Loops([sched.runner, replica_runner])
     lifecycle = LifecyclePass(
         db=db,
         hot=hot,

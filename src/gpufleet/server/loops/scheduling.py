@@ -102,6 +102,7 @@ class _JobRow(NamedTuple):
     reservation_id: int | None
     started_at: float | None
     scheduled_at: float | None
+    service_id: int | None
 
     def ref(self) -> JobRef:
         return JobRef(id=self.id, state=_STATES[self.state], version=self.version)
@@ -443,8 +444,10 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str]) -> JobR
         attained_service_s=job.attained_service_s,
         executed_s=job.executed_s,
         pending_since=job.pending_since,
-        preemptible=job.requeue,
+        # An inference replica is never a victim: a service's traffic would fail.
+        preemptible=job.requeue and job.service_id is None,
         reservation=None if job.reservation_id is None else str(job.reservation_id),
+        spread=None if job.service_id is None else f"service:{job.service_id}",
     )
 
 

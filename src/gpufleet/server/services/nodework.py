@@ -13,10 +13,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
-from gpufleet.api.nodes import DesiredJob, LogAck, LogChunkIn, NodeSync, ObservedJob, PeerNode
+from gpufleet.api.nodes import DesiredJob, LogAck, LogChunkIn, NodeSync, ObservedJob, PeerNode, ServiceProbe
 from gpufleet.server import ledger
 from gpufleet.server.jobstate.requeue import requeue
 from gpufleet.server.jobstate.states import ACTIVE, JobState
@@ -91,7 +91,20 @@ def _desired_job(
         master_addr=peers[0].address,
         master_port=master_port(job.id),
         world_size=max(1, sum(len(p.gpus) for p in peers)),
+        service=_probe(job),
     )
+
+
+def _probe(job: Job) -> ServiceProbe | None:
+    """A replica's probe, from what the replica controller put in its environment
+    (``replicaset.replica_env``: the spec of the replica's own generation)."""
+    if job.kind != "service":
+        return None
+    try:
+        port = int(job.env.get("GPUFLEET_SERVICE_PORT", 8000))
+    except (TypeError, ValueError):
+        port = 8000
+    return ServiceProbe(health_path=str(job.env.get("GPUFLEET_HEALTH_PATH", "/")), port=port)
 
 
 # -- what the node may speak for ------------------------------------------------------------
@@ -219,11 +232,33 @@ def observe(
         rest = [n for n in _nodes(job.stopping_on) if n != node]
         job.stopping_on = ",".join(rest) or None
         changed = True
+    for o in _latest(scope):
+        seen = _readiness(o, scope.jobs[o.job_id], now)
+        if seen:
+            s.execute(update(Job).where(Job.id == o.job_id).values(**seen))
+            changed = True
     return changed
+
+
+def _readiness(o: ObservedJob, job: Job, now: float) -> dict[str, object]:
+    """A running replica's readiness and endpoint as its agent reports them, when they
+    changed (plain columns: no version bump, the scheduling pass never reads them)."""
+    if job.kind != "service" or o.state != "running" or o.ready is None:
+        return {}
+    if JobState(job.state) not in ACTIVE:
+        return {}
+    if (job.ready, job.endpoint) == (o.ready, o.endpoint):
+        return {}
+    values: dict[str, object] = {"ready": o.ready, "endpoint": o.endpoint}
+    if o.ready and not job.ready:
+        values["ready_at"] = now
+    return values
 
 
 def would_change(s: Session, node: str, body: NodeSync, scope: _Scope) -> bool:
     if any(_transition(o, scope.jobs[o.job_id]) is not None for o in _latest(scope)):
+        return True
+    if any(_readiness(o, scope.jobs[o.job_id], 0.0) for o in _latest(scope)):
         return True
     return bool(_stops_confirmed(s, node, body))
 

@@ -1,0 +1,184 @@
+"""Inference services: the spec a user deploys, the service as shown, its tokens, and
+the endpoint feed the gateway polls.
+
+A service is a model server run as ``replicas`` copies (each a job of kind ``service``
+on ``gpus_per_replica`` GPUs). Its process gets ``$PORT`` (a free port on its node,
+chosen by the agent) and must answer ``health_path`` with 2xx once it can serve; only
+ready replicas receive traffic. ``image`` runs it in a container instead (``port`` is
+then the port inside the container, published on ``$PORT`` of the node).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints, model_validator
+
+from gpufleet.api.base import Name, Reply, Request
+
+SERVICE_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+"""A DNS label (Kubernetes' Service names): it is a path segment of the gateway's URLs."""
+ServiceName = Annotated[str, StringConstraints(pattern=SERVICE_NAME)]
+Protocol = Literal["http", "openai", "kserve-v2"]
+HEALTH_PATHS: dict[str, str] = {"http": "/", "openai": "/v1/models", "kserve-v2": "/v2/health/ready"}
+"""The readiness probe of each protocol when the spec names none."""
+MAX_REPLICAS = 64
+EnvValue = Annotated[str, StringConstraints(max_length=65_536)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class ServiceSpec(Request):
+    """What ``gpufleet service deploy`` sends (from a YAML/JSON file or flags)."""
+
+    name: ServiceName
+    team: Name | None = None
+    command: list[Annotated[str, StringConstraints(max_length=65_536)]] | None = Field(
+        default=None, max_length=4096, description="the model server; it listens on $PORT"
+    )
+    image: Text | None = None
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="with an image: the port inside the container (default 8000)",
+    )
+    replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
+    min_replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
+    max_replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+    gpus_per_replica: int = Field(default=1, ge=0, le=1024)
+    gpu_type: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    pool: Name = "default"
+    health_path: Annotated[str, StringConstraints(pattern=r"^/[!-~]{0,255}$")] | None = Field(
+        default=None, description="readiness probe path; default by protocol (kserve-v2: /v2/health/ready)"
+    )
+    readiness_timeout: float = Field(
+        default=300.0, gt=0, le=86_400, description="seconds a new replica has to become ready"
+    )
+    env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")], EnvValue] = Field(
+        default_factory=dict, max_length=256
+    )
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    protocol: Protocol = "http"
+    model_version: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
+        default=None, description="given to replicas as GPUFLEET_MODEL_VERSION; changing it rolls them"
+    )
+
+    @model_validator(mode="after")
+    def _shape(self) -> ServiceSpec:
+        if not self.command and self.image is None:
+            raise ValueError("a service needs a command (its model server) or an image")
+        lo = self.min_replicas if self.min_replicas is not None else self.replicas
+        hi = self.max_replicas if self.max_replicas is not None else self.replicas
+        if not lo <= self.replicas <= hi:
+            raise ValueError(
+                f"replicas ({self.replicas}) must lie within min_replicas..max_replicas ({lo}..{hi})"
+            )
+        return self
+
+    @property
+    def probe_path(self) -> str:
+        return self.health_path or HEALTH_PATHS[self.protocol]
+
+
+class ServicePatch(Request):
+    """``gpufleet service update``: the fields to change (the rest stays). A change of
+    what replicas run (command, image, env, model version, port, GPUs) rolls them one by
+    one; a change of ``replicas`` only adds or drains replicas."""
+
+    command: list[Annotated[str, StringConstraints(max_length=65_536)]] | None = Field(
+        default=None, max_length=4096
+    )
+    image: Text | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
+    min_replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
+    max_replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+    gpus_per_replica: int | None = Field(default=None, ge=0, le=1024)
+    gpu_type: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    health_path: Annotated[str, StringConstraints(pattern=r"^/[!-~]{0,255}$")] | None = None
+    readiness_timeout: float | None = Field(default=None, gt=0, le=86_400)
+    env: (
+        dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")], EnvValue] | None
+    ) = Field(default=None, max_length=256)
+    priority: int | None = Field(default=None, ge=-1000, le=1000)
+    protocol: Protocol | None = None
+    model_version: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+
+
+class ReplicaOut(Reply):
+    job_id: int
+    replica: int
+    generation: int
+    state: str
+    ready: bool
+    draining: bool
+    endpoint: str | None
+    nodes: list[str]
+    gpus: list[int]
+    started_at: float | None
+    ready_at: float | None
+    reason: str | None = Field(default=None, description="why it waits (a pending replica)")
+
+
+class ServiceEventOut(Reply):
+    at: float
+    actor: str
+    kind: str
+    reason: str
+
+
+class ServiceOut(Reply):
+    name: str
+    owner: str
+    team: str
+    state: Literal["active", "deleting"]
+    generation: int
+    spec: ServiceSpec
+    replicas_desired: int
+    replicas_ready: int
+    replicas: list[ReplicaOut] = Field(default_factory=list)
+    events: list[ServiceEventOut] = Field(default_factory=list)
+    created_at: float
+    updated_at: float
+    url_path: str = Field(description="the path under the gateway: /s/NAME/")
+
+
+class ServiceTokenIn(Request):
+    name: Annotated[str, StringConstraints(max_length=64)] = ""
+
+
+class ServiceTokenOut(Reply):
+    id: int
+    hint: str
+    created_at: float
+    created_by: str
+    revoked_at: float | None
+    token: str | None = Field(default=None, description="shown only once, when created")
+
+
+class GatewayRate(Reply):
+    burst: float
+    per_s: float
+
+
+class GatewayEndpoint(Reply):
+    id: str = Field(description="JOB.REPLICA")
+    job_id: int
+    replica: int
+    url: str
+    node: str
+    generation: int
+    gpu_util: float | None = Field(description="mean utilisation (0-100) of the replica's GPUs, if fresh")
+
+
+class GatewayService(Reply):
+    name: str
+    protocol: str
+    tokens: list[str] = Field(description="sha256 hex digests of the service's live tokens")
+    rate: GatewayRate | None
+    endpoints: list[GatewayEndpoint]
+
+
+class GatewayFeed(Reply):
+    at: float
+    services: list[GatewayService]

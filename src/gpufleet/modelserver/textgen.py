@@ -1,0 +1,217 @@
+"""The toy text generator behind the OpenAI-compatible endpoints, and their request
+schemas.
+
+Why deterministic: a caller can ask the same prompt twice (or once streaming, once not)
+and expect the same text, so tests compare replies instead of guessing. Token ``i`` of
+a choice is a word picked by a hash of (model, seed, prompt, choice, i): no state, so
+streaming emits exactly the tokens the non-streaming reply joins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+WORDS = (
+    "the",
+    "a",
+    "GPU",
+    "node",
+    "job",
+    "queue",
+    "fleet",
+    "cluster",
+    "tensor",
+    "kernel",
+    "batch",
+    "model",
+    "replica",
+    "token",
+    "stream",
+    "shard",
+    "memory",
+    "cache",
+    "scheduler",
+    "plan",
+    "lease",
+    "quota",
+    "team",
+    "rack",
+    "leaf",
+    "spine",
+    "link",
+    "warm",
+    "cold",
+    "fast",
+    "slow",
+    "ready",
+    "busy",
+    "idle",
+    "runs",
+    "waits",
+    "scales",
+    "drains",
+    "serves",
+    "learns",
+)
+DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS_LIMIT = 4096
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    """Fields OpenAI clients may send and the toy ignores (temperature, top_p, user...)
+    are accepted and dropped."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_LIMIT)
+    n: int = Field(default=1, ge=1, le=16)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+
+    @property
+    def limit(self) -> int:
+        return DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(s for s in stops if s)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_Request):
+    """``POST /v1/completions``: one prompt or a list (token-id prompts count as text)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+
+    @property
+    def prompts(self) -> tuple[str, ...]:
+        if isinstance(self.prompt, str):
+            return (self.prompt,)
+        texts: list[str] = []
+        for p in self.prompt:
+            if isinstance(p, int):  # one prompt of token ids
+                return (" ".join(map(str, self.prompt)),)
+            texts.append(p if isinstance(p, str) else " ".join(map(str, p)))
+        return tuple(texts)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: str
+    text: str = ""
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content if part.type == "text")
+        return self.content or ""
+
+
+class ChatRequest(_Request):
+    """``POST /v1/chat/completions``; ``max_completion_tokens`` is the newer name."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_LIMIT)
+
+    @property
+    def prompt(self) -> str:
+        return "".join(f"{m.role}: {m.text}\n" for m in self.messages) + "assistant:"
+
+    @property
+    def limit(self) -> int:
+        for value in (self.max_completion_tokens, self.max_tokens):
+            if value is not None:
+                return value
+        return DEFAULT_MAX_TOKENS
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generation:
+    """One choice's text: ``tokens`` as streamed, ``finish_reason`` "length" or "stop"."""
+
+    tokens: tuple[str, ...]
+    finish_reason: Literal["length", "stop"]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+
+def count_tokens(text: str) -> int:
+    """The toy tokenizer's count: whitespace-separated words."""
+    return len(text.split())
+
+
+def token_stream(*, model: str, seed: int, prompt: str, choice: int) -> Iterator[str]:
+    """The endless token sequence of one choice: " word", " word", ..."""
+    key = f"{model}\0{seed}\0{choice}\0{prompt}".encode()
+    i = 0
+    while True:
+        digest = hashlib.blake2b(key + i.to_bytes(8, "little"), digest_size=8).digest()
+        yield " " + WORDS[int.from_bytes(digest, "little") % len(WORDS)]
+        i += 1
+
+
+def generate(
+    *, model: str, seed: int, prompt: str, choice: int, max_tokens: int, stops: tuple[str, ...] = ()
+) -> Generation:
+    """At most ``max_tokens`` tokens; the text ends before the first stop string, as
+    OpenAI's does (the streamed tokens end with the one that completed it, cut)."""
+    tokens: list[str] = []
+    text = ""
+    stream = token_stream(model=model, seed=seed, prompt=prompt, choice=choice)
+    for token in stream:
+        if len(tokens) == max_tokens:
+            return Generation(tokens=tuple(tokens), finish_reason="length")
+        cut = _first_stop(text + token, stops)
+        if cut is not None:
+            if cut > len(text):
+                tokens.append(token[: cut - len(text)])
+            return Generation(tokens=tuple(tokens), finish_reason="stop")
+        tokens.append(token)
+        text += token
+    raise AssertionError("token_stream is endless")
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(found) if found else None
+
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "ChatMessage",
+    "ChatRequest",
+    "CompletionRequest",
+    "Generation",
+    "count_tokens",
+    "generate",
+    "token_stream",
+]

@@ -1,0 +1,25 @@
+"""The replica controller: every ``interval_s`` (and when woken by a service change or
+a replica becoming ready or not) it steps every service's replicas toward its spec
+(``services/replicaset.reconcile``), and wakes the scheduling loop when it created or
+stopped replicas, so new ones are placed at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpufleet.server.clock import Clock
+from gpufleet.server.db import Database
+from gpufleet.server.loops.runner import Loop
+from gpufleet.server.services.replicaset import reconcile
+
+
+def replica_loop(
+    *, db: Database, clock: Clock, interval_s: float, drain_s: float, wake_scheduler: Callable[[], None]
+) -> Loop:
+    def step() -> int:
+        changed = reconcile(db=db, now=clock.now(), drain_s=drain_s)
+        if changed:
+            wake_scheduler()
+        return changed
+
+    return Loop(name="replicas", step=step, interval_s=interval_s, first_after_s=0.0)

@@ -1,0 +1,99 @@
+"""Inference services (``services/inference.py``), and the endpoint feed of the gateways."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request, Response
+
+from gpufleet.api.services import (
+    SERVICE_NAME,
+    GatewayFeed,
+    ServiceOut,
+    ServicePatch,
+    ServiceSpec,
+    ServiceTokenIn,
+    ServiceTokenOut,
+)
+from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.problems import ObjectId, ProblemError, unwrap
+from gpufleet.server.services import inference
+
+router = APIRouter(prefix="/services", tags=["services"])
+gateway_router = APIRouter(prefix="/gateway", tags=["services"])
+ServiceNameIn = Annotated[
+    str, Path(pattern=SERVICE_NAME, description="a DNS label: lowercase letters, digits and '-'")
+]
+
+
+@router.get("", response_model=list[ServiceOut])
+def list_services(parts: PartsDep, me: Me) -> list[ServiceOut]:
+    """Yours (operators and admins: everyone's), with their replicas."""
+    return inference.list_services(db=parts.db, actor=me)
+
+
+@router.put("/{name}", response_model=ServiceOut)
+def deploy(name: ServiceNameIn, spec: ServiceSpec, parts: PartsDep, me: Me) -> ServiceOut:
+    """Create the service, or replace its spec (``kubectl apply``): a change of what the
+    replicas run rolls them one by one, with no failed request."""
+    if spec.name != name:
+        raise ProblemError(422, f"name: the spec names {spec.name!r}, the URL {name!r}")
+    out = unwrap(
+        inference.deploy(db=parts.db, actor=me, spec=spec, now=parts.now(), waker=parts.replicas.wake)
+    )
+    return out
+
+
+@router.get("/{name}", response_model=ServiceOut)
+def show(name: ServiceNameIn, parts: PartsDep, me: Me) -> ServiceOut:
+    return unwrap(inference.show(db=parts.db, actor=me, name=name))
+
+
+@router.patch("/{name}", response_model=ServiceOut)
+def update(name: ServiceNameIn, patch: ServicePatch, parts: PartsDep, me: Me) -> ServiceOut:
+    """Change some fields; the rest of the spec stays."""
+    return unwrap(
+        inference.update(
+            db=parts.db, actor=me, name=name, patch=patch, now=parts.now(), waker=parts.replicas.wake
+        )
+    )
+
+
+@router.delete("/{name}", response_model=ServiceOut, status_code=202)
+def delete(name: ServiceNameIn, parts: PartsDep, me: Me) -> ServiceOut:
+    """Drain and stop every replica and revoke its tokens; the service is gone once its
+    replicas are (202: under way)."""
+    return unwrap(
+        inference.delete(db=parts.db, actor=me, name=name, now=parts.now(), waker=parts.replicas.wake)
+    )
+
+
+@router.post("/{name}/tokens", response_model=ServiceTokenOut, status_code=201)
+def create_token(
+    name: ServiceNameIn, parts: PartsDep, me: Me, body: ServiceTokenIn | None = None
+) -> ServiceTokenOut:
+    """A token for callers of the service at the gateway (shown once)."""
+    return unwrap(inference.create_token(db=parts.db, actor=me, name=name, now=parts.now()))
+
+
+@router.get("/{name}/tokens", response_model=list[ServiceTokenOut])
+def list_tokens(name: ServiceNameIn, parts: PartsDep, me: Me) -> list[ServiceTokenOut]:
+    return unwrap(inference.list_tokens(db=parts.db, actor=me, name=name))
+
+
+@router.delete("/{name}/tokens/{token_id}", response_model=ServiceTokenOut)
+def revoke_token(name: ServiceNameIn, token_id: ObjectId, parts: PartsDep, me: Me) -> ServiceTokenOut:
+    return unwrap(
+        inference.revoke_token(db=parts.db, actor=me, name=name, token_id=token_id, now=parts.now())
+    )
+
+
+@gateway_router.get("/endpoints", response_model=GatewayFeed)
+def endpoints(request: Request, parts: PartsDep, me: Me) -> Response:
+    """What a gateway routes to: every active service's token digests and its ready,
+    not draining replicas with their GPUs' utilisation (operators and admins: a
+    gateway's credential)."""
+    if not me.is_operator:
+        raise ProblemError(403, "the endpoint feed is for gateways (an operator or admin token)")
+    out = inference.feed(db=parts.db, telemetry=request.app.state.hot.telemetry, now=parts.now())
+    return Response(out.model_dump_json(), media_type="application/json")

@@ -1,0 +1,193 @@
+"""The replica controller's writes: observe each service's replicas, let
+``replicas.decide`` choose, apply its actions (one transaction per service, so one bad
+service never stops the others), and delete a deleted service once no replica is left.
+
+A replica is a job (``kind='service'``): no time limit, requeued when its node is lost,
+never preempted (``loops/scheduling._request``), spread apart from its siblings by the
+core, charged and counted against the team's quota like any job. One that exits is
+replaced by a new job in the same slot; after exits in quick succession the new one
+waits (``not_before``: 5 s, doubling per recent exit, at most 5 min: Kubernetes'
+CrashLoopBackOff).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.orm import Session
+
+from gpufleet.api.services import ServiceSpec
+from gpufleet.server.db import Database
+from gpufleet.server.errors import Conflict
+from gpufleet.server.jobstate.states import JobState
+from gpufleet.server.jobstate.transitions import event_row, move, ref, release_attempt
+from gpufleet.server.models import Job, JobEvent, ServiceRow
+from gpufleet.server.replicas import Create, Drain, Replica, Stop, Wish, decide
+from gpufleet.server.services.inference import LIVE, add_event
+
+log = logging.getLogger("gpufleet.server")
+ACTOR = "replicaset"
+CRASH_WINDOW_S = 600.0
+SERVICE_ENV = ("GPUFLEET_SERVICE", "GPUFLEET_REPLICA", "GPUFLEET_HEALTH_PATH", "GPUFLEET_SERVICE_PORT")
+"""What the replica controller sets in a replica's environment (the agent reads the last
+two: where to probe, and the container's port)."""
+
+
+def replica_env(spec: ServiceSpec, slot: int) -> dict[str, str]:
+    env = dict(spec.env)
+    if spec.model_version is not None:
+        env["GPUFLEET_MODEL_VERSION"] = spec.model_version
+    env.update(
+        {
+            "GPUFLEET_SERVICE": spec.name,
+            "GPUFLEET_REPLICA": str(slot),
+            "GPUFLEET_HEALTH_PATH": spec.probe_path,
+            "GPUFLEET_SERVICE_PORT": str(spec.port or 8000),
+        }
+    )
+    return env
+
+
+def _backoff(s: Session, row: ServiceRow, now: float) -> float | None:
+    exits: int | None = s.scalar(
+        select(func.count())
+        .select_from(Job)
+        .where(
+            Job.service_id == row.id,
+            Job.state.in_([str(JobState.COMPLETED), str(JobState.FAILED)]),
+            Job.ended_at >= now - CRASH_WINDOW_S,
+        )
+    )
+    if not exits:
+        return None
+    return now + min(300.0, 5.0 * 2.0 ** min(exits - 1, 10))
+
+
+def _create(s: Session, row: ServiceRow, spec: ServiceSpec, slot: int, *, now: float, reason: str) -> int:
+    values: dict[str, Any] = {
+        "name": f"{spec.name}-{slot}",
+        "user_id": row.owner_id,
+        "team_id": row.team_id,
+        "pool": spec.pool,
+        "gpus": spec.gpus_per_replica,
+        "gpus_per_node": 0,
+        "nodes": 0,
+        "gpu_type": spec.gpu_type,
+        "priority": spec.priority,
+        "time_limit_s": None,
+        "command": list(spec.command or []),
+        "env": replica_env(spec, slot),
+        "image": spec.image,
+        "requeue": True,
+        "max_attempts": 1000,
+        "attempts": 0,
+        "requeue_backoff_s": 5.0,
+        "not_before": _backoff(s, row, now),
+        "state": str(JobState.PENDING),
+        "version": 0,
+        "submit_time": now,
+        "pending_since": now,
+        "attained_service_s": 0.0,
+        "executed_s": 0.0,
+        "kind": "service",
+        "service_id": row.id,
+        "replica": slot,
+        "generation": row.generation,
+    }
+    job_id = int(s.execute(insert(Job).values(**values).returning(Job.id)).scalar_one())
+    s.execute(
+        insert(JobEvent),
+        [
+            event_row(
+                job_id=job_id,
+                at=now,
+                actor=ACTOR,
+                src=None,
+                dst=JobState.PENDING,
+                reason=f"replica {slot} of service {spec.name} (generation {row.generation}): {reason}",
+            )
+        ],
+    )
+    add_event(
+        s,
+        row.id,
+        at=now,
+        actor=ACTOR,
+        kind="replica",
+        reason=f"job {job_id} created for slot {slot}: {reason}",
+    )
+    return job_id
+
+
+def _stop(s: Session, job: Job, *, now: float, reason: str, failed: bool) -> None:
+    to = JobState.FAILED if failed and job.state == JobState.RUNNING else JobState.CANCELLED
+    values = release_attempt(s, job, now=now, confirmed=False) | {"ended_at": now}
+    move(s, ref(job), to, actor=ACTOR, reason=reason, now=now, values=values)
+
+
+def step_service(s: Session, row: ServiceRow, *, now: float, drain_s: float) -> bool:
+    """One service, in the caller's transaction; True if it changed something."""
+    spec = ServiceSpec.model_validate(row.spec)
+    jobs = {
+        j.id: j
+        for j in s.scalars(
+            select(Job)
+            .where(Job.service_id == row.id, Job.state.in_([str(x) for x in LIVE]))
+            .order_by(Job.id)
+        )
+    }
+    deleting = row.state == "deleting"
+    if deleting and not jobs:
+        s.delete(row)
+        return True
+    wish = Wish(
+        replicas=spec.replicas,
+        generation=row.generation,
+        readiness_timeout_s=spec.readiness_timeout,
+        drain_s=drain_s,
+        deleting=deleting,
+    )
+    seen = [
+        Replica(
+            job_id=j.id,
+            slot=j.replica or 0,
+            generation=j.generation or 0,
+            running=j.state == JobState.RUNNING,
+            ready=j.ready,
+            started_at=j.started_at,
+            draining_at=j.draining_at,
+        )
+        for j in jobs.values()
+    ]
+    actions = decide(wish, seen, now)
+    for a in actions:
+        if isinstance(a, Create):
+            _create(s, row, spec, a.slot, now=now, reason=a.reason)
+        elif isinstance(a, Drain):
+            s.execute(update(Job).where(Job.id == a.job_id).values(draining_at=now))
+            add_event(s, row.id, at=now, actor=ACTOR, kind="drain", reason=f"job {a.job_id}: {a.reason}")
+        elif isinstance(a, Stop):
+            _stop(s, jobs[a.job_id], now=now, reason=a.reason, failed=a.failed)
+            add_event(s, row.id, at=now, actor=ACTOR, kind="stop", reason=f"job {a.job_id}: {a.reason}")
+    return bool(actions)
+
+
+def reconcile(*, db: Database, now: float, drain_s: float) -> int:
+    """Every service once; returns how many changed. A service whose step fails (a lost
+    CAS, a bad row) is logged and retried on the next step."""
+    with db.read() as s:
+        ids = list(s.scalars(select(ServiceRow.id).order_by(ServiceRow.id)))
+    changed = 0
+    for sid in ids:
+        try:
+            with db.write() as s:
+                row = s.get(ServiceRow, sid)
+                if row is not None and step_service(s, row, now=now, drain_s=drain_s):
+                    changed += 1
+        except Conflict:
+            continue  # a job moved meanwhile: next step sees it
+        except Exception:
+            log.exception("replica controller: service %s", sid)
+    return changed

@@ -1,0 +1,159 @@
+"""Inference services through the API (no agents: replicas stay PENDING in a pool with
+no nodes, or are placed on registered nodes): validation, who sees what, the replica
+controller's first moves, tokens, the gateway feed, delete."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from server.conftest import Server, make_node, make_pool, make_team, make_user, ok, unique
+
+
+def spec(name: str, pool: str, **kw: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "command": ["model-server"],
+        "pool": pool,
+        "replicas": 2,
+        "protocol": "kserve-v2",
+    } | kw
+
+
+def until(c: httpx.Client, name: str, check: Any, timeout: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        out = ok(c.get(f"/services/{name}"))
+        if check(out) or time.monotonic() > deadline:
+            assert check(out), out
+            return out  # type: ignore[no-any-return]
+        time.sleep(0.05)
+
+
+def sname() -> str:
+    return unique("svc").lower().replace("_", "-").replace(".", "-")
+
+
+BAD = [
+    pytest.param({"command": None, "image": None}, "command", id="no-command-no-image"),
+    pytest.param({"replicas": 65}, "replicas", id="too-many-replicas"),
+    pytest.param({"replicas": 3, "max_replicas": 2}, "replicas", id="replicas-above-max"),
+    pytest.param({"protocol": "grpc"}, "protocol", id="unknown-protocol"),
+    pytest.param({"health_path": "health"}, "health_path", id="relative-health-path"),
+    pytest.param({"readiness_timeout": -1}, "readiness_timeout", id="negative-timeout"),
+    pytest.param({"env": {"1BAD": "x"}}, "env", id="bad-env-name"),
+    pytest.param({"unknown": 1}, "unknown", id="unknown-field"),
+    pytest.param({"gpus_per_replica": 0}, "gpus_per_replica", id="zero-gpus-in-a-gpu-pool"),
+    pytest.param({"pool": "no-such-pool"}, "pool", id="no-such-pool"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), BAD)
+def test_bad_specs_are_problems_and_change_nothing(
+    server: Server, change: dict[str, Any], field: str
+) -> None:
+    pool = make_pool(server)
+    make_team(server)
+    name = sname()
+    with server.client() as c:
+        before = len(ok(c.get("/services")))
+        r = c.put(f"/services/{name}", json=spec(name, pool) | change)
+        assert r.status_code == 422, r.text
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert field in r.text
+        assert len(ok(c.get("/services"))) == before
+        assert c.get(f"/services/{name}").status_code == 404
+
+
+def test_name_in_url_and_body_must_match_and_be_a_dns_label(server: Server) -> None:
+    pool = make_pool(server)
+    with server.client() as c:
+        assert c.put("/services/abc", json=spec("xyz", pool)).status_code == 422
+        assert c.put("/services/Bad_Name", json=spec("Bad_Name", pool)).status_code == 422
+
+
+def test_deploy_creates_replicas_spread_over_nodes(server: Server) -> None:
+    pool = make_pool(server)
+    make_team(server)
+    nodes = {make_node(server, pool=pool, gpus=4) for _ in range(3)}
+    name = sname()
+    with server.client() as c:
+        out = ok(c.put(f"/services/{name}", json=spec(name, pool, replicas=3)))
+        assert out["generation"] == 1 and out["replicas_desired"] == 3
+        out = until(c, name, lambda o: len(o["replicas"]) == 3 and all(r["nodes"] for r in o["replicas"]))
+        placed = [r["nodes"][0] for r in out["replicas"]]
+        assert sorted(placed) == sorted(nodes)  # one replica per node: spread
+        assert sorted(r["replica"] for r in out["replicas"]) == [0, 1, 2]
+        job = ok(c.get(f"/jobs/{out['replicas'][0]['job_id']}"))
+        assert job["time_limit_s"] is None
+        # nothing is ready (no agent): the gateways get no endpoint
+        feed = ok(c.get("/gateway/endpoints"))
+        mine = [s for s in feed["services"] if s["name"] == name]
+        assert mine == [{"name": name, "protocol": "kserve-v2", "tokens": [], "rate": None, "endpoints": []}]
+        # a change of what replicas run is a new generation; a change of replicas is not
+        out = ok(c.patch(f"/services/{name}", json={"replicas": 2}))
+        assert out["generation"] == 1
+        out = ok(c.patch(f"/services/{name}", json={"model_version": "2"}))
+        assert out["generation"] == 2
+        assert any(e["kind"] == "updated" for e in out["events"])
+        assert c.patch(f"/services/{name}", json={"replicas": 99}).status_code == 422
+        # delete: replicas stop, then the service is gone
+        assert c.delete(f"/services/{name}").status_code == 202
+        deadline = time.monotonic() + 10
+        while c.get(f"/services/{name}").status_code != 404:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for r in out["replicas"]:
+            assert ok(c.get(f"/jobs/{r['job_id']}"))["state"] == "CANCELLED"
+
+
+def test_tokens_and_the_feed(server: Server) -> None:
+    pool = make_pool(server)
+    make_team(server)
+    name = sname()
+    with server.client() as c:
+        ok(c.put(f"/services/{name}", json=spec(name, pool, replicas=0)))
+        tok = ok(c.post(f"/services/{name}/tokens"), 201)
+        assert tok["token"].startswith("gfs_")
+        listed = ok(c.get(f"/services/{name}/tokens"))
+        assert [t["token"] for t in listed] == [None]  # shown once
+        import hashlib
+
+        digest = hashlib.sha256(tok["token"].encode()).hexdigest()
+        feed = ok(c.get("/gateway/endpoints"))
+        assert [s["tokens"] for s in feed["services"] if s["name"] == name] == [[digest]]
+        ok(c.delete(f"/services/{name}/tokens/{tok['id']}"))
+        feed = ok(c.get("/gateway/endpoints"))
+        assert [s["tokens"] for s in feed["services"] if s["name"] == name] == [[]]
+        assert c.delete(f"/services/{name}/tokens/999999").status_code == 404
+
+
+def test_another_users_service_is_invisible(server: Server) -> None:
+    pool = make_pool(server)
+    team = make_team(server)
+    alice, bob = make_user(server, team=team), make_user(server, team=team)
+    op = make_user(server, team=team, role="operator")
+    name = sname()
+    with server.client(alice) as a, server.client(bob) as b, server.client(op) as o:
+        ok(a.put(f"/services/{name}", json=spec(name, pool, replicas=0)))
+        assert [s["name"] for s in ok(a.get("/services"))] == [name]
+        assert ok(b.get("/services")) == []
+        for method, path, body in (
+            ("GET", f"/services/{name}", None),
+            ("PATCH", f"/services/{name}", {"replicas": 1}),
+            ("DELETE", f"/services/{name}", None),
+            ("POST", f"/services/{name}/tokens", None),
+            ("GET", f"/services/{name}/tokens", None),
+        ):
+            r = b.request(method, path, json=body)
+            assert r.status_code == 404, (method, path, r.text)
+        # bob cannot take the name over either
+        assert b.put(f"/services/{name}", json=spec(name, pool)).status_code == 409
+        assert ok(a.get(f"/services/{name}"))["spec"]["replicas"] == 0
+        # the feed is for gateways: operators and admins
+        assert a.get("/gateway/endpoints").status_code == 403
+        assert o.get(f"/services/{name}").status_code == 200
+        ok(o.get("/gateway/endpoints"))
