@@ -123,6 +123,32 @@ CASES = [
         id="update-stops-old-not-ready-at-once",
     ),
     pytest.param(
+        wish(2, gen=2),
+        [
+            rep(1, 0),
+            rep(2, 1),
+            rep(3, 2, gen=2, ready=False, running=False, started_at=None, pending_since=NOW - 11),
+        ],
+        [Drain(job_id=2, reason="replaced by generation 2")],
+        id="update-on-a-full-fleet-drains-one-old-after-the-surge-waited",
+    ),
+    pytest.param(
+        wish(2, gen=2),
+        [
+            rep(1, 0),
+            rep(2, 1),
+            rep(3, 2, gen=2, ready=False, running=False, started_at=None, pending_since=NOW - 3),
+        ],
+        [],
+        id="update-surge-pending-briefly-waits",
+    ),
+    pytest.param(
+        wish(1, gen=2),
+        [rep(1, 0), rep(3, 1, gen=2, ready=False, running=False, started_at=None, pending_since=NOW - 60)],
+        [],
+        id="update-of-a-single-replica-never-drops-it",
+    ),
+    pytest.param(
         wish(2, deleting=True),
         [rep(1, 0), rep(2, 1, ready=False)],
         [Drain(job_id=1, reason="service deleted"), Stop(job_id=2, reason="service deleted")],

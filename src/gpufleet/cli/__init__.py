@@ -23,7 +23,9 @@ from gpufleet.cli import (  # noqa: F401
     apps,
     chargeback_cmds,
     db_cmds,
+    gateway_cmds,
     job_cmds,
+    model_cmds,
     node_cmds,
     reservation_cmds,
     server_cmds,
@@ -67,6 +69,8 @@ app.command("release")(job_cmds.release)
 app.command("nodes")(node_cmds.nodes)
 app.command("default-team")(account_cmds.default_team)
 app.command("agent")(agent_cmds.agent)
+app.command("gateway")(gateway_cmds.gateway)
+app.command("model-server")(model_cmds.model_server)
 app.command("logs")(job_cmds.logs)
 app.command("demo")(server_cmds.demo)
 app.command("reserve")(reservation_cmds.reserve)

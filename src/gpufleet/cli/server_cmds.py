@@ -59,6 +59,11 @@ def server(
     prices: Path | None = typer.Option(
         None, "--prices", help="Price schedule (JSON or .toml) to put in force at start."
     ),
+    service_drain: str = typer.Option(
+        "5s",
+        "--service-drain",
+        help="Stop a service replica this long after the gateways stopped sending it requests.",
+    ),
     scheduler_thread: bool = flag(
         "--scheduler-thread",
         help="Run scheduling passes in a thread of the API process (default: a child process).",
@@ -162,6 +167,7 @@ def server(
         requeue_s = parse_duration(requeue_after)
         queue_wait_s = parse_duration(queue_wait_alert)
         idle_release_s = parse_duration(idle_release)
+        service_drain_s = parse_duration(service_drain)
         schedule = None if prices is None else load_prices(prices)
     except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         raise fail(f"--prices {prices}: {exc}" if isinstance(exc, OSError) else str(exc), BAD_INPUT) from None
@@ -192,6 +198,7 @@ def server(
         alert_webhook=alert_webhook or None,
         queue_wait_alert_s=queue_wait_s,
         reservation_idle_release_s=idle_release_s,
+        service_drain_s=service_drain_s,
         prices=schedule,
         scheduler_process=not scheduler_thread,
         tls_cert=tls_cert,

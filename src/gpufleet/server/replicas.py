@@ -19,7 +19,10 @@ Rules, applied in this order by ``decide``:
    serve (surge one); an old ready replica is drained only while more than
    ``replicas`` ready ones serve, so ready capacity never drops below the wish: zero
    failed requests as long as replicas are healthy. Rollback is the same path (the old
-   spec becomes a newer generation).
+   spec becomes a newer generation). On a full fleet the surge replica cannot start:
+   once a new replica has waited ``surge_wait_s`` without being placed, one old ready
+   replica is drained to make room (``maxUnavailable=1``; only with 2 or more replicas,
+   so the service keeps serving while it rolls; requests still do not fail).
 
 A replica "serves" when it is live (pending, scheduled or running) and not draining.
 """
@@ -37,6 +40,7 @@ class Wish:
     readiness_timeout_s: float
     drain_s: float
     deleting: bool = False
+    surge_wait_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +52,8 @@ class Replica:
     ready: bool
     started_at: float | None = None
     draining_at: float | None = None
+    pending_since: float | None = None
+    """When a replica that is not running yet was created (or requeued)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +128,12 @@ def decide(wish: Wish, replicas: Sequence[Replica], now: float) -> list[Action]:
         out.append(Create(slot=slot, reason=f"rolling update to generation {gen}"))
     ready = sum(1 for r in serving if r.ready)
     spare = ready - n
+    stuck = any(
+        not r.running and r.pending_since is not None and now - r.pending_since >= wish.surge_wait_s
+        for r in current
+    )
+    if stuck and n >= 2 and ready >= n:
+        spare = ready - (n - 1)  # no room for a surge: one replica down at a time
     for r in sorted(old, key=lambda r: (-r.slot, r.job_id)):
         if spare <= 0:
             break

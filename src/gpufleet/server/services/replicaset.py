@@ -158,6 +158,7 @@ def step_service(s: Session, row: ServiceRow, *, now: float, drain_s: float) -> 
             ready=j.ready,
             started_at=j.started_at,
             draining_at=j.draining_at,
+            pending_since=None if j.state == JobState.RUNNING else j.pending_since,
         )
         for j in jobs.values()
     ]

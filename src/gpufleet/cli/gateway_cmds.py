@@ -1,0 +1,102 @@
+"""``gpufleet gateway``: the inference gateway (``gpufleet.gateway``), one process.
+
+It imports uvicorn, aiohttp and the gateway when it runs, not when the CLI starts. Its
+own credential for the server's endpoint feed is ``--token`` (``GPUFLEET_TOKEN``);
+clients bring their service tokens with each request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from gpufleet.cli._common import BAD_INPUT, fail
+
+
+def gateway(
+    server: str | None = typer.Option(
+        None, "--server", envvar="GPUFLEET_SERVER", help="Server whose endpoint feed to follow."
+    ),
+    token: str | None = typer.Option(
+        None,
+        "--token",
+        envvar="GPUFLEET_TOKEN",
+        help="The gateway's credential for the feed (GPUFLEET_TOKEN).",
+        show_default=False,
+    ),
+    ca_file: Path | None = typer.Option(
+        None, "--ca-file", help="The cluster CA (ca.crt) the https:// server's certificate must chain to."
+    ),
+    endpoints_file: Path | None = typer.Option(
+        None,
+        "--endpoints-file",
+        help="Read the feed's JSON from this file (re-read when it changes), no server.",
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535),
+    refresh: float = typer.Option(1.0, "--refresh", min=0.05, help="Seconds between reads of the feed."),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve HTTPS with this certificate (PEM)."),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="Its private key (default: in --tls-cert)."),
+) -> None:
+    """Route /s/SERVICE/... to the service's ready replicas.
+
+    Clients send Authorization: Bearer SERVICE_TOKEN; the gateway checks it against the
+    feed, applies the service's rate limit, picks the replica with the fewest requests
+    in flight (then the least busy GPU) and streams its answer back. Replicas that fail
+    are ejected for a while; a request that never reached one is sent to another.
+    /healthz, /readyz and /metrics (Prometheus) are served too."""
+    if endpoints_file is None and server is None:
+        raise fail("give --server (GPUFLEET_SERVER) or --endpoints-file", BAD_INPUT)
+    if endpoints_file is None and not token:  # --endpoints-file wins over a GPUFLEET_SERVER in the env
+        raise fail("--server needs the gateway's --token (GPUFLEET_TOKEN)", BAD_INPUT)
+    if tls_key is not None and tls_cert is None:
+        raise fail("--tls-key goes with --tls-cert", BAD_INPUT)
+    for f in (ca_file, endpoints_file, tls_cert, tls_key):
+        if f is not None and not f.is_file():
+            raise fail(f"{f}: no such file", BAD_INPUT)
+
+    import logging
+
+    import uvicorn
+
+    from gpufleet.gateway import FileSource, GatewayConfig, ServerSource, create_app
+    from gpufleet.gateway.feed import EndpointSource
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    source: EndpointSource
+    if endpoints_file is not None:
+        source = FileSource(endpoints_file)
+    else:
+        assert server is not None and token is not None
+        source = ServerSource(server, token, ca_file=ca_file)
+    app = create_app(source, config=GatewayConfig(refresh_s=refresh))
+    options: dict[str, object] = {}
+    if tls_cert is not None:
+        from gpufleet.server.tlsproto import CoalescingHttpToolsProtocol
+
+        # one TLS record per response head+body (see tlsproto)
+        options = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key or tls_cert)}
+        options["http"] = CoalescingHttpToolsProtocol
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop" if _has("uvloop") else "asyncio",
+        http=options.pop("http", "httptools"),  # type: ignore[arg-type]
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        date_header=False,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+__all__ = ["gateway"]

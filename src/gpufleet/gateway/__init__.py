@@ -1,0 +1,59 @@
+"""``gpufleet gateway``: the inference gateway in front of gpufleet's services.
+
+A service's replicas are jobs on the fleet, each serving HTTP at its own URL. The
+gateway (a raw ASGI app under uvicorn, one or many processes behind any TCP balancer:
+they share nothing) answers ``/s/{service}/{rest}`` by sending ``{rest}`` (query
+string included) to one of the service's ready replicas:
+
+* **Endpoints** come from the server's feed (``GET /v1/gateway/endpoints``, polled every
+  ``--refresh`` seconds over one keep-alive connection) or from a JSON file; never per
+  request. A failed read keeps the last good list, so a server restart is invisible
+  here. A replica that leaves the feed gets no new requests; those in flight finish.
+* **Auth**: ``Authorization: Bearer <service token>``; the feed lists the sha256 of each
+  valid token, and the gateway looks the digest up in a set (a 256-bit random token has
+  nothing to gain from a constant-time compare: the set lookup leaks, at most, timing
+  about a hash the attacker chose). The token is not sent on to the replica.
+* **Rate limit** per service token (the service's ``rate``, the server's token bucket):
+  429 with ``Retry-After``.
+* **Choice**: fewest requests in flight, then lowest GPU utilisation, then round robin;
+  replicas that fail at the connection level or answer 5xx five times in a row are
+  ejected for a while (``balancer`` has the rules).
+* **Failures** are ``application/problem+json``: 401 bad or missing token, 404 unknown
+  service, 413 body over 64 MiB, 429 rate limited, 503 (``Retry-After: 1``) no ready
+  replica, 502 the replica failed, 504 it was silent for 300 s. A request that never
+  reached a replica (connection refused, connect timeout) is sent once more, to
+  another replica, whatever its method; one the replica may have seen is never resent
+  by the gateway (aiohttp itself resends an idempotent request once, on a fresh
+  connection to the same replica, when a reused keep-alive connection was found
+  closed: RFC 9112 9.3.1).
+* Request bodies are read whole (a retry must resend them); response bodies stream
+  through chunk by chunk (SSE). Every answer carries ``X-Request-Id`` (the client's
+  when sane, else a new one; also sent upstream) and, from a replica,
+  ``X-Gpufleet-Replica``.
+* ``/healthz`` (alive), ``/readyz`` (a feed has been loaded), ``/metrics`` (Prometheus;
+  unauthenticated, as the gateway's port is the cluster's inference front door, not
+  the internet's: put it behind the ingress that terminates public TLS).
+"""
+
+from __future__ import annotations
+
+from gpufleet.gateway.app import Gateway, GatewayConfig, create_app
+from gpufleet.gateway.balancer import Balancer, Endpoint, Feed, OutlierPolicy, Service, parse_feed
+from gpufleet.gateway.feed import EndpointSource, FeedError, FileSource, ServerSource, StaticSource
+
+__all__ = [
+    "Balancer",
+    "Endpoint",
+    "EndpointSource",
+    "Feed",
+    "FeedError",
+    "FileSource",
+    "Gateway",
+    "GatewayConfig",
+    "OutlierPolicy",
+    "ServerSource",
+    "Service",
+    "StaticSource",
+    "create_app",
+    "parse_feed",
+]

@@ -1,0 +1,468 @@
+"""The gateway as a raw ASGI app (no framework: every request goes through here, so
+routing is two byte-string checks and a dict lookup).
+
+``create_app(source)`` answers ``/s/{service}/{rest}`` by proxying to one of the
+service's replicas, plus ``/healthz``, ``/readyz`` and ``/metrics``. The upstream pool
+(an aiohttp ``ClientSession``) and the feed's poll loop start with the ASGI lifespan,
+or on the first request when the server runs without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from yarl import URL
+
+from gpufleet.gateway.balancer import Balancer, Feed, Outcome, OutlierPolicy, Pool, Slot
+from gpufleet.gateway.feed import EndpointSource, load_once, poll
+from gpufleet.server.ratelimit import Buckets, retry_after_header
+
+log = logging.getLogger("gpufleet.gateway")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
+)
+# Host and Content-Length are aiohttp's to write; Authorization is the service token,
+# which stays here; X-Request-Id is set once, by us; Expect was answered by uvicorn.
+DROP_REQUEST = HOP_BY_HOP | {b"host", b"content-length", b"authorization", b"x-request-id", b"expect"}
+DROP_RESPONSE = HOP_BY_HOP | {b"x-request-id", b"x-gpufleet-replica"}
+REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+SMALL_BODY = 64 * 1024
+"""Answers with a Content-Length up to this are read whole and sent in one message."""
+PROBLEM = b"application/problem+json"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayConfig:
+    refresh_s: float = 1.0
+    max_body_bytes: int = 64 * 1024 * 1024
+    connect_timeout_s: float = 2.0
+    read_timeout_s: float = 300.0
+    """The longest silence from a replica (before or between response chunks)."""
+    limit_per_host: int = 1024
+    outlier: OutlierPolicy = field(default_factory=OutlierPolicy)
+
+
+class _NeverReached(Exception):
+    """The replica could not be connected to: it never saw the request."""
+
+
+class _Metrics:
+    """prometheus_client series in a registry of this app's own; the per-label children
+    are kept, so a request costs no label lookup."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        svc = ["service"]
+        self.requests = Counter("gpufleet_gateway_requests", "Answers by status.", [*svc, "code"], registry=r)
+        self.latency = Histogram(
+            "gpufleet_gateway_upstream_seconds",
+            "Time from sending a request upstream to its response headers.",
+            svc,
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.in_flight = Gauge("gpufleet_gateway_in_flight", "Requests being proxied.", svc, registry=r)
+        self.ejections = Counter("gpufleet_gateway_ejections", "Outlier ejections.", svc, registry=r)
+        self.endpoints = Gauge("gpufleet_gateway_endpoints", "Endpoints in the feed.", svc, registry=r)
+        self.feed_failures = Counter("gpufleet_gateway_feed_failures", "Failed feed reads.", registry=r)
+        self.retries = Counter("gpufleet_gateway_retries", "Requests resent to another replica.", registry=r)
+        self._codes: dict[tuple[str, int], Any] = {}
+        self._per_service: dict[str, tuple[Any, Any]] = {}
+
+    def answered(self, service: str, code: int) -> None:
+        child = self._codes.get((service, code))
+        if child is None:
+            child = self._codes[(service, code)] = self.requests.labels(service, str(code))
+        child.inc()
+
+    def service(self, name: str) -> tuple[Any, Any]:
+        """(latency histogram, in-flight gauge) of ``name``."""
+        pair = self._per_service.get(name)
+        if pair is None:
+            pair = self._per_service[name] = (self.latency.labels(name), self.in_flight.labels(name))
+        return pair
+
+
+class Gateway:
+    """The ASGI app (see the package docstring for what it does and why)."""
+
+    def __init__(
+        self, source: EndpointSource, config: GatewayConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.source = source
+        self.config = config
+        self.clock = clock
+        self.balancer = Balancer(config.outlier)
+        self.metrics = _Metrics()
+        self.buckets = Buckets(now=clock)
+        self.feed_at: float | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._starting: asyncio.Lock | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=None,
+            sock_connect=self.config.connect_timeout_s,
+            sock_read=self.config.read_timeout_s,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=0, limit_per_host=self.config.limit_per_host, keepalive_timeout=30
+            ),
+            timeout=timeout,
+            cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another
+            auto_decompress=False,  # bodies pass through as the replica encoded them
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            trust_env=False,
+        )
+        await load_once(self.source, self._apply, self._feed_failed)
+        self._poller = asyncio.create_task(
+            poll(self.source, self._apply, self._feed_failed, refresh_s=self.config.refresh_s)
+        )
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+            self._poller = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        await self.source.aclose()
+
+    def _apply(self, feed: Feed) -> None:
+        self.balancer.update(feed)
+        self.feed_at = feed.at
+        self.metrics.endpoints.clear()
+        for name, svc in feed.services.items():
+            self.metrics.endpoints.labels(name).set(len(svc.endpoints))
+
+    def _feed_failed(self, reason: str) -> None:
+        self.metrics.feed_failures.inc()
+        log.warning("endpoint feed: %s (keeping the last good list)", reason)
+
+    # -- ASGI ----------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            if self._session is None:
+                await self._start_lazily()
+            path: bytes = scope.get("raw_path") or scope["path"].encode()
+            if path.startswith(b"/s/"):
+                await self._proxy(scope, path, receive, send)
+            else:
+                await self._local(path, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+        else:  # websocket: not proxied
+            await receive()
+            await send({"type": "websocket.close", "code": 1003})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _start_lazily(self) -> None:
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            await self.start()
+
+    async def _local(self, path: bytes, send: Send) -> None:
+        path = path.split(b"?", 1)[0]
+        if path == b"/healthz":
+            await _reply(send, 200, b"application/json", b'{"status":"ok"}')
+        elif path == b"/readyz":
+            ready = self.feed_at is not None
+            body = json.dumps({"ready": ready, "feed_at": self.feed_at, "services": len(self.balancer.pools)})
+            await _reply(send, 200 if ready else 503, b"application/json", body.encode())
+        elif path == b"/metrics":
+            await _reply(send, 200, CONTENT_TYPE_LATEST.encode(), generate_latest(self.metrics.registry))
+        else:
+            await _problem(
+                send, 404, "Not Found", "routes are /s/{service}/..., /healthz, /readyz, /metrics", b""
+            )
+
+    # -- the proxy ----------------------------------------------------------------------
+
+    async def _proxy(self, scope: Scope, path: bytes, receive: Receive, send: Send) -> None:
+        slash = path.find(b"/", 3)
+        name = (path[3:] if slash < 0 else path[3:slash]).decode("latin-1")
+        rest = b"/" if slash < 0 else path[slash:]
+        auth = rid = b""
+        length = -1
+        forward: list[tuple[str, str]] = []
+        for k, v in scope["headers"]:
+            if k in DROP_REQUEST:
+                if k == b"authorization":
+                    auth = v
+                elif k == b"x-request-id":
+                    rid = v
+                elif k == b"content-length":
+                    length = int(v) if v.isdigit() else -1
+                continue
+            forward.append((k.decode("latin-1"), v.decode("latin-1")))
+        if not rid or REQUEST_ID.fullmatch(rid) is None:
+            rid = os.urandom(12).hex().encode()
+        pool = self.balancer.pools.get(name)
+        if pool is None:
+            self.metrics.answered("", 404)
+            return await _problem(send, 404, "Not Found", f"no service {name!r} here", rid)
+        svc = pool.service
+        digest = hashlib.sha256(auth[7:]).hexdigest() if auth[:7].lower() == b"bearer " else ""
+        if digest not in svc.tokens:
+            self.metrics.answered(name, 401)
+            detail = "a service token is required: Authorization: Bearer <token>"
+            return await _problem(send, 401, "Unauthorized", detail, rid, [(b"www-authenticate", b"Bearer")])
+        if svc.rate is not None:
+            wait = self.buckets.take((name, digest), svc.rate)
+            if wait > 0:
+                self.metrics.answered(name, 429)
+                retry = [(b"retry-after", retry_after_header(wait).encode())]
+                return await _problem(send, 429, "Too Many Requests", f"rate limit of {svc.rate}", rid, retry)
+        limit = self.config.max_body_bytes
+        body = None if length > limit else await _read_body(receive, limit)
+        if body is None:
+            self.metrics.answered(name, 413)
+            return await _problem(
+                send, 413, "Content Too Large", f"request bodies are limited to {limit} bytes", rid
+            )
+        client = scope.get("client")
+        if client:
+            forward.append(("X-Forwarded-For", client[0]))
+        forward.append(("X-Request-Id", rid.decode()))
+        qs: bytes = scope.get("query_string", b"")
+        target = (rest + b"?" + qs if qs else rest).decode("latin-1")
+        latency, gauge = self.metrics.service(name)
+        gauge.inc()
+        try:
+            code = await self._forward(
+                pool, scope["method"], target, forward, body, rid, receive, send, latency
+            )
+        finally:
+            gauge.dec()
+        self.metrics.answered(name, code)
+
+    async def _forward(
+        self,
+        pool: Pool,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        rid: bytes,
+        receive: Receive,
+        send: Send,
+        latency: Any,
+    ) -> int:
+        """Send to a replica (once more to another if the first was never reached),
+        stream its answer back; answers the status the client got."""
+        now = self.clock()
+        slot = pool.choose(now)
+        if slot is None:
+            detail = f"service {pool.service.name!r} has no ready replica"
+            await _problem(send, 503, "Service Unavailable", detail, rid, [(b"retry-after", b"1")])
+            return 503
+        t0 = time.perf_counter()
+        for attempt in (1, 2):
+            try:
+                resp = await self._attempt(pool, slot, method, target, headers, body)
+                break
+            except _NeverReached as exc:
+                again = None if attempt == 2 else pool.choose(self.clock(), avoid=slot)
+                if again is None:
+                    await _problem(send, 502, "Bad Gateway", f"replica {slot.endpoint.id}: {exc}", rid)
+                    return 502
+                self.metrics.retries.inc()
+                slot = again
+            except aiohttp.ServerTimeoutError:
+                self._end(pool, slot, Outcome.HTTP_5XX)
+                await _problem(
+                    send, 504, "Gateway Timeout", f"replica {slot.endpoint.id} did not answer", rid
+                )
+                return 504
+            except aiohttp.ClientError as exc:
+                self._end(pool, slot, Outcome.CONNECTION_FAILED)
+                await _problem(send, 502, "Bad Gateway", f"replica {slot.endpoint.id}: {exc!r}", rid)
+                return 502
+            except BaseException:
+                self._end(pool, slot, Outcome.ABANDONED)
+                raise
+        latency.observe(time.perf_counter() - t0)
+        outcome = Outcome.HTTP_5XX if resp.status >= 500 else Outcome.OK
+        try:
+            outcome = await self._relay(resp, slot, method, rid, receive, send) or outcome
+        finally:
+            self._end(pool, slot, outcome)
+        return resp.status
+
+    async def _attempt(
+        self, pool: Pool, slot: Slot, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> aiohttp.ClientResponse:
+        """The replica's response (headers read); in flight on ``slot`` until ``_end``."""
+        assert self._session is not None
+        pool.begin(slot)
+        url = URL(slot.endpoint.url + target, encoded=True)
+        try:
+            return await self._session.request(
+                method, url, headers=headers, data=body or None, allow_redirects=False
+            )
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            self._end(pool, slot, Outcome.CONNECTION_FAILED)
+            raise _NeverReached(repr(exc)) from exc
+
+    def _end(self, pool: Pool, slot: Slot, outcome: Outcome) -> None:
+        if pool.end(slot, outcome, self.clock()):
+            self.metrics.ejections.labels(pool.service.name).inc()
+            log.warning(
+                "ejected replica %s of %s (%s) until +%.0fs",
+                slot.endpoint.id,
+                pool.service.name,
+                outcome.value,
+                slot.ejected_until - self.clock(),
+            )
+
+    async def _relay(
+        self, resp: aiohttp.ClientResponse, slot: Slot, method: str, rid: bytes, receive: Receive, send: Send
+    ) -> Outcome | None:
+        """Stream ``resp`` to the client. None: as the status says; else the outcome
+        that overrides it (the replica broke off, or the client left)."""
+        headers = [(k, v) for k, v in resp.raw_headers if k.lower() not in DROP_RESPONSE]
+        headers.append((b"x-gpufleet-replica", slot.endpoint.id.encode()))
+        headers.append((b"x-request-id", rid))
+        try:
+            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+            if method == "HEAD" or resp.status in (204, 304):
+                await send({"type": "http.response.body", "body": b""})
+                return None
+            length = resp.content_length
+            if length is not None and length <= SMALL_BODY:
+                await send({"type": "http.response.body", "body": await resp.read()})
+                return None
+            return await _stream(resp, receive, send)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.warning("replica %s broke off a response: %r", slot.endpoint.id, exc)
+            return Outcome.CONNECTION_FAILED  # the client's response is left unfinished
+        finally:
+            resp.release()
+
+
+async def _stream(resp: aiohttp.ClientResponse, receive: Receive, send: Send) -> Outcome | None:
+    """Chunks as they come (SSE, chunked, large bodies). uvicorn's ``send`` ignores a
+    client that left, so a watcher on ``receive`` notices it and the replica's
+    response is closed (it stops generating)."""
+    watcher = asyncio.ensure_future(receive())
+    try:
+        async for chunk in resp.content.iter_any():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if watcher.done():
+                resp.close()
+                return Outcome.ABANDONED
+        await send({"type": "http.response.body", "body": b""})
+        return None
+    finally:
+        watcher.cancel()
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body (a retry must be able to resend it); None past ``limit``."""
+    msg = await receive()
+    body: bytes = msg.get("body", b"")
+    if not msg.get("more_body"):
+        return body if len(body) <= limit else None
+    parts = [body]
+    size = len(body)
+    while msg.get("more_body"):
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return None
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _reply(
+    send: Send,
+    status: int,
+    ctype: bytes,
+    body: bytes,
+    extra: tuple[tuple[bytes, bytes], ...] | list[Any] = (),
+) -> None:
+    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _problem(
+    send: Send,
+    status: int,
+    title: str,
+    detail: str,
+    rid: bytes,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """RFC 9457 problem details, as the server answers its errors."""
+    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
+    headers = list(extra or ())
+    if rid:
+        headers.append((b"x-request-id", rid))
+    await _reply(send, status, PROBLEM, body, headers)
+
+
+def create_app(
+    source: EndpointSource,
+    *,
+    config: GatewayConfig | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Gateway:
+    """The gateway ASGI app over ``source``; run it with uvicorn (its lifespan starts
+    the upstream pool and the feed's loop), embedded or in its own process."""
+    return Gateway(source, config or GatewayConfig(), clock)
+
+
+__all__ = ["Gateway", "GatewayConfig", "create_app"]
