@@ -1,6 +1,7 @@
 """``gpufleet demo`` end to end: 50 agents (real HTTP clients) come up Ready with 400
 GPUs within 30 s, a job submitted with the CLI runs as a real process and its log is
-readable, and Ctrl-C (SIGINT) stops everything with exit 0 and no process left."""
+readable, the inference service answers through the embedded gateway, and Ctrl-C
+(SIGINT) stops everything with exit 0 and no process left."""
 
 from __future__ import annotations
 
@@ -20,12 +21,15 @@ TOKEN = "gf_demo_test_admin"
 
 
 def test_demo_fleet_runs_jobs_and_stops_cleanly(tmp_path: Path) -> None:
-    port = free_port()
+    port, gw_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "GPUFLEET_ADMIN_TOKEN": TOKEN}
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "demo", "--port", str(port), "--data-dir", str(tmp_path / "demo")],
+        [
+            *(sys.executable, "-m", "gpufleet", "demo", "--port", str(port), "--gateway-port", str(gw_port)),
+            *("--data-dir", str(tmp_path / "demo")),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -61,6 +65,23 @@ def test_demo_fleet_runs_jobs_and_stops_cleanly(tmp_path: Path) -> None:
             logs = gpufleet("logs", str(jid), env=cli)
             assert logs.returncode == 0 and logs.stdout == f"hi from {jid}\n", logs.stderr
             assert c.get("/fleet/summary").json()["jobs"].get("COMPLETED", 0) >= 1
+
+            # the inference service, through the demo's gateway, with a token of its own
+            svc_token = c.post("/services/mlp/tokens").json()["token"]
+            infer = f"http://127.0.0.1:{gw_port}/s/mlp/v2/models/mlp/infer"
+            body = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]}
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    r = httpx.post(infer, json=body, headers={"Authorization": f"Bearer {svc_token}"})
+                except httpx.HTTPError:
+                    r = None
+                if r is not None and r.status_code == 200:
+                    break
+                assert time.monotonic() < deadline, None if r is None else r.text
+                time.sleep(0.5)
+            assert r.json()["outputs"][0]["shape"] == [1, 4]
+            family = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}  # now with replicas
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -70,6 +91,7 @@ def test_demo_fleet_runs_jobs_and_stops_cleanly(tmp_path: Path) -> None:
             raise
     assert proc.returncode == 0, out.decode()
     assert b"admin    " + TOKEN.encode() in out and f"{url}/docs".encode() in out
+    assert f"http://127.0.0.1:{gw_port}/s/mlp/v2/models/mlp/infer".encode() in out
     assert family and not [
         p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
     ]

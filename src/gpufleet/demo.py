@@ -7,6 +7,9 @@
   over loopback with ``--gpus-per-node`` simulated H100s, ``--nodes-per-leaf`` per leaf switch, each
   with its own node credential; prices from the bundled ``data/prices-example.json``
   (off-peak 22:00-08:00 Europe/Berlin x0.5, weekends x0.6) and a budget for team speech;
+- an inference service (``demoservice.py``): ``gpufleet model-server`` as service ``mlp``
+  with 2 replicas on the fleet, a gateway on ``--gateway-port`` (default 8081) embedded
+  in this process, and a curl line that calls it through the gateway;
 - a background workload: the bundled Philly sample replayed ``--speed`` times faster
   (durations also divided by it, clamped to 2..120 s), submitted through the API by five
   demo users in three teams. Trace jobs are *simulated* (``GPUFLEET_SIMULATE_S``): they
@@ -55,6 +58,7 @@ from gpufleet.agent import (
 )
 from gpufleet.agent.jobs import SIMULATE_ENV, SIMULATE_UTIL_ENV
 from gpufleet.client import tls_verify
+from gpufleet.demoservice import DemoService
 from gpufleet.sim.config import NODES_PER_LEAF
 from gpufleet.sim.trace import TraceJob
 
@@ -84,6 +88,9 @@ class DemoOptions:
     sync_interval_s: float = 2.0
     agent_threads: int = 16
     max_job_s: float = 120.0
+    gateway_port: int = 8081
+    service: bool = True
+    """Deploy the inference service ``mlp`` and embed a gateway for it."""
 
 
 def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
@@ -121,6 +128,7 @@ class Demo:
         self.submitted = 0
         self.token = ""
         self.scratch: Path | None = None
+        self.service: DemoService | None = None
 
     # -- server -----------------------------------------------------------------------------
     def start_server(self) -> str | None:
@@ -411,7 +419,23 @@ class Demo:
                     r = c.get("/fleet/summary")
                     if r.status_code == 200:
                         self.summary = r.json()
+                if self.service is not None:
+                    self.service.poll(c)
                 self.stop.wait(1.0)
+
+    def start_service(self) -> None:
+        """The inference service and its embedded gateway (``demoservice.py``)."""
+        svc = DemoService(
+            server_url=self.url,
+            admin_token=self.token,
+            host=self.opts.host,
+            port=self.opts.gateway_port,
+            ca_file=self.ca_file,
+        )
+        self.service = svc
+        with self.api() as c:
+            if svc.deploy(c, team=ADMIN_TEAM):
+                svc.start_gateway()
 
     def render(self) -> Any:
         from rich.table import Table
@@ -431,6 +455,8 @@ class Demo:
         sync = s.get("sync", {})
         t.add_row("syncs", f"{sync.get('count', 0)}  p99 {sync.get('p99_ms')} ms")
         t.add_row("submitted", str(self.submitted))
+        if self.service is not None:
+            t.add_row("service mlp", self.service.status())
         return t
 
     def line(self) -> str:
@@ -446,6 +472,8 @@ class Demo:
         self.stop.set()
         for t in self.threads:
             t.join(timeout=10)
+        if self.service is not None:
+            self.service.stop()
         for bot in self.agents:
             if bot.running():
                 with contextlib.suppress(Exception):
@@ -494,6 +522,18 @@ def _cli_path() -> str:
     return str(beside) if beside.exists() else "gpufleet"
 
 
+def _service_lines(svc: DemoService | None, cli: str) -> str:
+    if svc is None:
+        return ""
+    if svc.problem:
+        return f"  service  {svc.problem}\n"
+    return (
+        f"  service  mlp: 2 replicas of gpufleet model-server behind the gateway {svc.url}/\n"
+        f"           ({cli} service show mlp; ready in a few seconds; KServe v2 and OpenAI /v1)\n"
+        f"  call     {svc.curl()}\n"
+    )
+
+
 def run_demo(opts: DemoOptions) -> int:
     from rich.console import Console
     from rich.live import Live
@@ -508,6 +548,8 @@ def run_demo(opts: DemoOptions) -> int:
                 return 1
             users = demo.setup_accounts()
             demo.start_agents()
+            if opts.service:
+                demo.start_service()
             demo.threads.append(_background(demo.poll_summary, name="summary"))
             demo.threads.append(_background(demo.book_reservations, name="bookings"))
             if opts.workload:
@@ -524,7 +566,8 @@ def run_demo(opts: DemoOptions) -> int:
                 f"  try      export GPUFLEET_URL={demo.url} GPUFLEET_TOKEN={demo.token}"
                 + (f" GPUFLEET_CA_FILE={demo.ca_file}" if demo.ca_file else "")
                 + f"\n           {cli} submit -- echo hi; {cli} logs <id>\n"
-                "  Ctrl-C stops everything.",
+                + _service_lines(demo.service, cli)
+                + "  Ctrl-C stops everything.",
                 highlight=False,
                 soft_wrap=True,
             )

@@ -274,11 +274,13 @@ def demo(
     tls: bool = flag(
         "--tls", help="HTTPS with the demo's own CA; agents enrol for node certificates (mTLS)."
     ),
+    gateway_port: int = typer.Option(8081, "--gateway-port", min=1, max=65535, help="The inference gateway."),
+    no_service: bool = flag("--no-service", help="No inference service (and no gateway)."),
 ) -> None:
     """A whole simulated fleet on this machine. Ctrl-C stops everything.
 
     The server on SQLite, agents with simulated H100s, a replay of the bundled Philly
-    sample, the fleet page and an admin token."""
+    sample, an inference service behind a gateway, the fleet page and an admin token."""
     from gpufleet.demo import DemoOptions, run_demo
 
     code = run_demo(
@@ -292,6 +294,8 @@ def demo(
             speed=speed,
             admin_token=os.environ.get("GPUFLEET_ADMIN_TOKEN") or None,
             tls=tls,
+            gateway_port=gateway_port,
+            service=not no_service,
         )
     )
     raise typer.Exit(code)
