@@ -157,3 +157,27 @@ def test_another_users_service_is_invisible(server: Server) -> None:
         assert a.get("/gateway/endpoints").status_code == 403
         assert o.get(f"/services/{name}").status_code == 200
         ok(o.get("/gateway/endpoints"))
+
+
+def test_a_service_at_higher_priority_preempts_training_and_the_plan_says_so(server: Server) -> None:
+    pool = make_pool(server)
+    team = make_team(server)
+    make_node(server, pool=pool, gpus=2)
+    name = sname()
+    with server.client() as c:
+        batch = [
+            ok(c.post("/jobs", json={"command": ["train"], "gpus": 1, "pool": pool, "team": team}), 201)["id"]
+            for _ in range(2)
+        ]
+        deadline = time.monotonic() + 10
+        while {ok(c.get(f"/jobs/{j}"))["state"] for j in batch} != {"SCHEDULED"}:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        ok(c.put(f"/services/{name}", json=spec(name, pool, replicas=1, priority=500, team=team)))
+        out = until(c, name, lambda o: o["replicas"] and o["replicas"][0]["nodes"])
+        replica = out["replicas"][0]["job_id"]
+        events = [e for j in batch for e in ok(c.get(f"/jobs/{j}"))["events"] if e["to_state"] == "PREEMPTED"]
+        assert len(events) == 1, events
+        assert f"preempted for job {replica}" in events[0]["reason"]
+        assert f"a replica of service {name}" in events[0]["reason"]
+        ok(c.delete(f"/services/{name}"), 202)

@@ -69,7 +69,7 @@ from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import JobRef, move, ref, release_attempt
 from gpufleet.server.loops.reservations import Booked, load_booked, step_reservations
 from gpufleet.server.loops.runner import Loop
-from gpufleet.server.models import Allocation, Job, Team, User
+from gpufleet.server.models import Allocation, Job, ServiceRow, Team, User
 from gpufleet.server.services.inventory import LiveFleet
 
 log = logging.getLogger("gpufleet.scheduling")
@@ -347,6 +347,7 @@ class SchedulingPass:
         return _Loaded(snapshot=snap, refs=refs, booked=booked)
 
     def _commit(self, s: Session, loaded: _Loaded, result: Plan, now: float) -> int:
+        services = _services_of(s, {int(p.by) for p in result.preemptions if p.by.isdigit()})
         for pre in result.preemptions:
             jref = loaded.refs[pre.job_id]
             job = s.get(Job, jref.id)
@@ -359,7 +360,7 @@ class SchedulingPass:
                 JobState.PENDING,
                 via=JobState.PREEMPTED,
                 actor=ACTOR,
-                reason=pre.reason,
+                reason=pre.reason + services.get(pre.by, ""),
                 now=now,
                 values=vals,
             )
@@ -426,6 +427,19 @@ class SchedulingPass:
         if rows:
             # Positions are advisory and not part of the CAS: they do not bump the version.
             s.execute(update(Job), rows)
+
+
+def _services_of(s: Session, job_ids: set[int]) -> dict[str, str]:
+    """For preemptions by replicas of inference services: job id -> what to add to the
+    victim's reason (``; a replica of service NAME``), so the plan says why."""
+    if not job_ids:
+        return {}
+    q = (
+        select(Job.id, ServiceRow.name)
+        .join(ServiceRow, ServiceRow.id == Job.service_id)
+        .where(Job.id.in_(job_ids))
+    )
+    return {str(jid): f"; a replica of service {name}" for jid, name in s.execute(q)}
 
 
 def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str]) -> JobRequest:
