@@ -143,10 +143,6 @@ class ServiceOut(Reply):
     url_path: str = Field(description="the path under the gateway: /s/NAME/")
 
 
-class ServiceTokenIn(Request):
-    name: Annotated[str, StringConstraints(max_length=64)] = ""
-
-
 class ServiceTokenOut(Reply):
     id: int
     hint: str

@@ -29,6 +29,7 @@ from gpufleet.cli import (  # noqa: F401
     node_cmds,
     reservation_cmds,
     server_cmds,
+    service_cmds,
     sim_cmds,
 )
 from gpufleet.cli.options import flag
@@ -85,6 +86,7 @@ app.add_typer(apps.tokens_app, name="tokens")
 app.add_typer(apps.node_app, name="node")
 app.add_typer(apps.ca_app, name="ca")
 app.add_typer(apps.reservation_app, name="reservation")
+app.add_typer(apps.service_app, name="service")
 
 
 def main() -> None:

@@ -10,13 +10,15 @@ function end there: ``raise fail("...", BAD_INPUT) from None``.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import typer
 
-from gpufleet.client import ClientError, GpufleetClient
+from gpufleet.client import ClientError, GpufleetClient, load_connection, tls_verify
 
 FAILED = 1
 """Exit code of a command that could not do its work."""
@@ -70,6 +72,35 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for r in cells:
         typer.echo("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+def stream_logs(job_id: int, *, follow: bool) -> None:
+    """Print a job's output as it arrives (``gpufleet logs``, ``gpufleet service logs``)."""
+    conn = load_connection()
+    headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else {}
+    url = f"{conn.url.rstrip('/')}/v1/jobs/{job_id}/logs"
+    try:
+        with (
+            httpx.Client(
+                headers=headers, timeout=httpx.Timeout(30.0, read=None), verify=tls_verify(conn.ca_file)
+            ) as http,
+            http.stream("GET", url, params={"follow": "true"} if follow else {}) as resp,
+        ):
+            if resp.status_code >= 400:
+                resp.read()
+                detail = ""
+                try:
+                    detail = str(resp.json().get("detail", ""))
+                except ValueError:
+                    detail = resp.text[:200]
+                raise fail(f"{resp.status_code}: {detail}")
+            for text in resp.iter_text():
+                sys.stdout.write(text)
+                sys.stdout.flush()
+    except httpx.HTTPError as exc:
+        raise fail(f"cannot reach server {conn.url} ({exc.__class__.__name__})") from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
 
 __all__ = ["BAD_INPUT", "FAILED", "client", "error", "exit_code", "fail", "print_json", "print_table", "warn"]

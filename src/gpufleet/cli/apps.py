@@ -16,5 +16,17 @@ node_app = typer.Typer(
 )
 ca_app = typer.Typer(help="The cluster's certificate authority (TLS for the server, mTLS for agents).")
 reservation_app = typer.Typer(help="One reservation: cancel.", no_args_is_help=True)
+service_app = typer.Typer(
+    help="Inference services: deploy, list, show, update, delete, tokens.", no_args_is_help=True
+)
 
-__all__ = ["admin_app", "ca_app", "db_app", "jobs_app", "node_app", "reservation_app", "tokens_app"]
+__all__ = [
+    "admin_app",
+    "ca_app",
+    "db_app",
+    "jobs_app",
+    "node_app",
+    "reservation_app",
+    "service_app",
+    "tokens_app",
+]

@@ -5,22 +5,30 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import typer
 
 from gpufleet.api.jobs import JobOut
 from gpufleet.cli import jobview, sbatch, words
-from gpufleet.cli._common import BAD_INPUT, FAILED, client, error, fail, print_json, print_table, warn
+from gpufleet.cli._common import (
+    BAD_INPUT,
+    FAILED,
+    client,
+    error,
+    fail,
+    print_json,
+    print_table,
+    stream_logs,
+    warn,
+)
 from gpufleet.cli.apps import jobs_app
 from gpufleet.cli.localtime import local_zone, show_time
 from gpufleet.cli.options import flag, json_flag
-from gpufleet.client import ClientError, GpufleetClient, load_connection, tls_verify
+from gpufleet.client import ClientError, GpufleetClient
 from gpufleet.scheduler import gpu_type_matches
 from gpufleet.timefmt import format_duration, parse_duration
 
@@ -260,31 +268,7 @@ def logs(
     follow: bool = flag("--follow", "-f", help="Stream until the job is over."),
 ) -> None:
     """A job's output (stdout and stderr, as its nodes shipped them)."""
-    conn = load_connection()
-    headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else {}
-    url = f"{conn.url.rstrip('/')}/v1/jobs/{job_id}/logs"
-    try:
-        with (
-            httpx.Client(
-                headers=headers, timeout=httpx.Timeout(30.0, read=None), verify=tls_verify(conn.ca_file)
-            ) as http,
-            http.stream("GET", url, params={"follow": "true"} if follow else {}) as resp,
-        ):
-            if resp.status_code >= 400:
-                resp.read()
-                detail = ""
-                try:
-                    detail = str(resp.json().get("detail", ""))
-                except ValueError:
-                    detail = resp.text[:200]
-                raise fail(f"{resp.status_code}: {detail}")
-            for text in resp.iter_text():
-                sys.stdout.write(text)
-                sys.stdout.flush()
-    except httpx.HTTPError as exc:
-        raise fail(f"cannot reach server {conn.url} ({exc.__class__.__name__})") from None
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+    stream_logs(job_id, follow=follow)
 
 
 __all__ = ["cancel", "hold", "jobs_list", "jobs_show", "logs", "price_hint", "queue", "release", "submit"]

@@ -12,7 +12,6 @@ from gpufleet.api.services import (
     ServiceOut,
     ServicePatch,
     ServiceSpec,
-    ServiceTokenIn,
     ServiceTokenOut,
 )
 from gpufleet.server.deps import Me, PartsDep
@@ -69,9 +68,7 @@ def delete(name: ServiceNameIn, parts: PartsDep, me: Me) -> ServiceOut:
 
 
 @router.post("/{name}/tokens", response_model=ServiceTokenOut, status_code=201)
-def create_token(
-    name: ServiceNameIn, parts: PartsDep, me: Me, body: ServiceTokenIn | None = None
-) -> ServiceTokenOut:
+def create_token(name: ServiceNameIn, parts: PartsDep, me: Me) -> ServiceTokenOut:
     """A token for callers of the service at the gateway (shown once)."""
     return unwrap(inference.create_token(db=parts.db, actor=me, name=name, now=parts.now()))
 

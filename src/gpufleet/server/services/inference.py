@@ -19,6 +19,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -247,7 +248,9 @@ def deploy(
             out = _out(s, row)
         else:
             if row.owner_id != actor.user_id and not actor.is_operator:
-                return conflict(f"service {spec.name} exists and belongs to someone else; pick another name")
+                # Names are one namespace (the gateways' paths, like DNS names): that it is
+                # taken is said, not by whom, and nothing of the service is shown.
+                return conflict(f"the name {spec.name} is taken; pick another")
             if row.state == "deleting":
                 return conflict(f"service {spec.name} is being deleted; deploy it again once it is gone")
             if spec.team is not None:
@@ -301,8 +304,12 @@ def update(
         merged = dict(row.spec) | patch.model_dump(mode="json", exclude_unset=True)
         try:
             spec = ServiceSpec.model_validate(merged)
-        except ValueError as exc:
-            return invalid(f"the updated spec is not valid: {exc}")
+        except ValidationError as exc:
+            why = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}"
+                for e in exc.errors(include_input=False)
+            )
+            return invalid(f"the updated spec is not valid: {why}")
         problem = _pool_problem(s, spec)
         if problem is not None:
             return problem

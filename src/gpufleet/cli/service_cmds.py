@@ -1,0 +1,505 @@
+"""``gpufleet service deploy|list|show|update|delete|token|logs``: inference services
+(``gpufleet.api.services``), the way ``kubectl apply`` and ``dstack apply`` are used::
+
+    gpufleet service deploy llm.yaml                 # create, or replace the spec
+    gpufleet service deploy --name llm --image vllm/vllm-openai --protocol openai --team ml
+    gpufleet service update llm --model-version v2   # rolls the replicas one by one
+    gpufleet service token llm                       # a caller's token, shown once
+    gpufleet service logs llm --replica 1 -f
+
+A spec file is YAML or JSON with the fields of ``ServiceSpec``; options override its
+fields. It is checked here before it is sent, so a typo is named at once and nothing is
+created. ``command`` may be one string in the file, split as a shell splits it (as
+``--command`` is). ``update`` sends only what its options name (``ServicePatch``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from gpufleet.api.services import ReplicaOut, ServiceOut, ServicePatch, ServiceSpec, ServiceTokenOut
+from gpufleet.cli import words
+from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table, stream_logs
+from gpufleet.cli.apps import service_app
+from gpufleet.cli.options import flag, json_flag
+from gpufleet.client import GpufleetClient
+from gpufleet.placefmt import gpu_ranges
+from gpufleet.timefmt import format_duration, parse_duration
+
+M = TypeVar("M", bound=BaseModel)
+_LABEL = 16
+_HELP = {
+    "image": "Run this container image (--port: the port inside it).",
+    "command": 'The model server, split as a shell splits it ("python serve.py --model m"); '
+    "it listens on the port its environment names in PORT.",
+    "replicas": "Copies to run (0 keeps the service with no replica).",
+    "gpus": "GPUs of each replica (0 only in a CPU-only pool).",
+    "port": "With --image: the port inside the container (default 8000).",
+    "health": "Readiness probe path (default by protocol: /, /v1/models or /v2/health/ready).",
+    "timeout": "How long a new replica has to become ready: 300, 5m, 1h.",
+    "priority": "Priority of the replica jobs, -1000..1000.",
+    "protocol": "http, openai or kserve-v2.",
+    "version": "Given to replicas as GPUFLEET_MODEL_VERSION; a change rolls them.",
+}
+
+
+# -- talking to the server ------------------------------------------------------------------
+
+
+def _reply(model: type[Any], answer: Any, path: str) -> Any:
+    """``answer`` as ``model`` (a reply type, or ``list[...]`` of one)."""
+    try:
+        return TypeAdapter(model).validate_python(answer)
+    except ValidationError as exc:
+        raise fail(f"unexpected answer from {path}: {exc.error_count()} schema errors") from None
+
+
+def _service(c: GpufleetClient, method: str, name: str, **kw: Any) -> ServiceOut:
+    path = f"/services/{name}"
+    out: ServiceOut = _reply(ServiceOut, c.request(method, path, **kw), path)
+    return out
+
+
+def _live_tokens(c: GpufleetClient, name: str) -> list[ServiceTokenOut]:
+    path = f"/services/{name}/tokens"
+    tokens: list[ServiceTokenOut] = _reply(list[ServiceTokenOut], c.request("GET", path), path)
+    return [t for t in tokens if t.revoked_at is None]
+
+
+# -- reading what the user gave -------------------------------------------------------------
+
+
+def problems(exc: ValidationError) -> str:
+    """Pydantic's errors as one line: ``field: message; ...`` (no input echoed: an env
+    value may be a secret)."""
+    said = []
+    for e in exc.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "no such field"
+        said.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(said)
+
+
+def _validated(model: type[M], body: dict[str, Any], what: str) -> M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise fail(f"{what}: {problems(exc)}", BAD_INPUT) from None
+
+
+def read_spec_file(source: str) -> dict[str, Any]:
+    """A spec file's fields: JSON by a ``.json`` name, YAML by ``.yaml``/``.yml``; else
+    (and ``-``, stdin) JSON, then YAML."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise fail(f"cannot read {source}: {getattr(exc, 'strerror', None) or exc}", BAD_INPUT) from None
+    label = "stdin" if source == "-" else source
+    suffix = Path(source).suffix.lower()
+    if suffix == ".json":
+        data = _json(text, label)
+    elif suffix in (".yaml", ".yml"):
+        data = _yaml(text, label)
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = _yaml(text, label)
+    if not isinstance(data, dict):
+        raise fail(f"{label}: a spec is a mapping of fields (name: ..., command: ...)", BAD_INPUT)
+    if isinstance(data.get("command"), str):
+        data["command"] = _split(data["command"], f"{label}: command")
+    return data
+
+
+def _json(text: str, label: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise fail(f"{label}: not valid JSON ({exc})", BAD_INPUT) from None
+
+
+def _yaml(text: str, label: str) -> Any:
+    import yaml  # only deploy reads YAML
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or exc
+        raise fail(f"{label}: not valid YAML{where}: {problem}", BAD_INPUT) from None
+
+
+def _split(command: str, what: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError as exc:
+        raise fail(f"{what}: {exc}", BAD_INPUT) from None
+
+
+def _env(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise fail(f"--env {pair!r}: write KEY=VALUE", BAD_INPUT)
+        out[key] = value
+    return out
+
+
+def _fields(given: dict[str, Any]) -> dict[str, Any]:
+    """The spec fields the options name: ``--command`` split, ``--readiness-timeout`` in
+    seconds, options not given left out."""
+    out = {k: v for k, v in given.items() if v is not None}
+    if "command" in out:
+        out["command"] = _split(out["command"], "--command")
+    if "readiness_timeout" in out:
+        try:
+            out["readiness_timeout"] = parse_duration(out["readiness_timeout"])
+        except ValueError as exc:
+            raise fail(f"--readiness-timeout: {exc}", BAD_INPUT) from None
+    return out
+
+
+# -- showing --------------------------------------------------------------------------------
+
+
+def _at(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _runs(spec: ServiceSpec) -> str:
+    if spec.image is not None:
+        inside = f"image {spec.image} (port {spec.port or 8000} inside)"
+        return f"{inside}: {shlex.join(spec.command)}" if spec.command else inside
+    return shlex.join(spec.command or [])
+
+
+def summary_lines(svc: ServiceOut, *, now: float) -> list[str]:
+    """``service show``'s head: what the service runs and how it stands."""
+    spec = svc.spec
+    gpus = words.count(spec.gpus_per_replica, "GPU") + " per replica"
+    fields: list[tuple[str, object]] = [
+        ("name", svc.name),
+        ("owner", svc.owner),
+        ("team", svc.team),
+        ("state", svc.state),
+        ("ready", f"{svc.replicas_ready}/{svc.replicas_desired} replicas"),
+        ("generation", svc.generation),
+        ("runs", _runs(spec)),
+        ("model version", spec.model_version),
+        ("protocol", f"{spec.protocol} (readiness probe {spec.probe_path})"),
+        ("gpus", gpus + (f" ({spec.gpu_type})" if spec.gpu_type else "")),
+        ("pool", spec.pool),
+        ("priority", spec.priority),
+        ("env", ", ".join(sorted(spec.env)) + " (values: --json)" if spec.env else None),
+        ("gateway path", svc.url_path),
+        ("age", format_duration(max(0.0, now - svc.created_at))),
+    ]
+    return [f"{k:>{_LABEL}}: {'-' if v is None else v}" for k, v in fields]
+
+
+def _print(svc: ServiceOut) -> None:
+    """The summary, the replicas (the jobs that serve it) and the recent events."""
+    for line in summary_lines(svc, now=time.time()):
+        typer.echo(line)
+    if svc.replicas:
+        typer.echo("")
+        print_table(
+            ("REPLICA", "JOB", "GEN", "STATE", "READY", "DRAINING", "NODE", "GPUS", "ENDPOINT", "REASON"),
+            [
+                (
+                    r.replica,
+                    r.job_id,
+                    r.generation,
+                    r.state,
+                    "yes" if r.ready else "no",
+                    "yes" if r.draining else "no",
+                    ",".join(r.nodes) or None,
+                    gpu_ranges(r.gpus) or None,
+                    r.endpoint,
+                    r.reason,
+                )
+                for r in sorted(svc.replicas, key=lambda r: (r.replica, r.generation, r.job_id))
+            ],
+        )
+    if svc.events:
+        typer.echo("\nevents:")
+        for e in svc.events:
+            typer.echo(f"  {_at(e.at)}  {e.kind:<9} {e.actor}: {e.reason}")
+
+
+# -- commands -------------------------------------------------------------------------------
+
+
+@service_app.command("deploy")
+def deploy(
+    file: str | None = typer.Argument(None, help="A YAML or JSON spec; - reads it from stdin."),
+    name: str | None = typer.Option(None, "--name", help="The service's name (a DNS label)."),
+    image: str | None = typer.Option(None, "--image", help=_HELP["image"]),
+    command: str | None = typer.Option(None, "--command", help=_HELP["command"]),
+    replicas: int | None = typer.Option(None, "--replicas", help=_HELP["replicas"] + " Default 1."),
+    gpus_per_replica: int | None = typer.Option(
+        None, "--gpus-per-replica", help=_HELP["gpus"] + " Default 1."
+    ),
+    gpu_type: str | None = typer.Option(None, "--gpu-type"),
+    pool: str | None = typer.Option(None, "--pool", "-p", help="The pool to run in (default: default)."),
+    team: str | None = typer.Option(
+        None, "--team", help="The team it counts against (default: your default team)."
+    ),
+    port: int | None = typer.Option(None, "--port", help=_HELP["port"]),
+    health_path: str | None = typer.Option(None, "--health-path", help=_HELP["health"]),
+    readiness_timeout: str | None = typer.Option(None, "--readiness-timeout", help=_HELP["timeout"]),
+    env: list[str] = typer.Option(
+        [], "--env", "-e", help="KEY=VALUE for the replicas; repeat; added to the file's env."
+    ),
+    priority: int | None = typer.Option(None, "--priority", help=_HELP["priority"]),
+    protocol: str | None = typer.Option(None, "--protocol", help=_HELP["protocol"] + " Default http."),
+    model_version: str | None = typer.Option(None, "--model-version", help=_HELP["version"]),
+    json_out: bool = json_flag("the summary"),
+) -> None:
+    """Create a service, or replace its spec (kubectl apply): from a file, options, or
+    both (options win). A change of what the replicas run rolls them one by one."""
+    body = read_spec_file(file) if file is not None else {}
+    body |= _fields(
+        {
+            "name": name,
+            "pool": pool,
+            "team": team,
+            "image": image,
+            "command": command,
+            "replicas": replicas,
+            "gpus_per_replica": gpus_per_replica,
+            "gpu_type": gpu_type,
+            "port": port,
+            "health_path": health_path,
+            "readiness_timeout": readiness_timeout,
+            "priority": priority,
+            "protocol": protocol,
+            "model_version": model_version,
+        }
+    )
+    if env:
+        file_env = body.get("env")
+        body["env"] = {**(file_env if isinstance(file_env, dict) else {}), **_env(env)}
+    if "name" not in body:
+        raise fail("a service needs a name: --name, or name: in the spec file", BAD_INPUT)
+    spec = _validated(ServiceSpec, body, "the spec")
+    with client() as c:
+        svc = _service(c, "PUT", spec.name, json=spec.model_dump(mode="json", exclude_unset=True))
+        tokens = _live_tokens(c, svc.name)
+    if json_out:
+        print_json(svc.model_dump())
+        return
+    _print(svc)
+    typer.echo("")
+    hint = f"callers reach it through a gateway at $GATEWAY{svc.url_path}"
+    if not tokens:
+        hint += f" with a token: gpufleet service token {svc.name}"
+    typer.echo(hint)
+
+
+@service_app.command("list")
+def list_(json_out: bool = json_flag()) -> None:
+    """Your services (operators: everyone's). READY: ready replicas / replicas asked."""
+    with client() as c:
+        items: list[ServiceOut] = _reply(list[ServiceOut], c.request("GET", "/services"), "/services")
+    if json_out:
+        print_json([s.model_dump() for s in items])
+        return
+    now = time.time()
+    print_table(
+        ("NAME", "OWNER", "TEAM", "READY", "GEN", "PROTOCOL", "STATE", "AGE"),
+        [
+            (
+                s.name,
+                s.owner,
+                s.team,
+                f"{s.replicas_ready}/{s.replicas_desired}",
+                s.generation,
+                s.spec.protocol,
+                s.state,
+                format_duration(max(0.0, now - s.created_at)),
+            )
+            for s in items
+        ],
+    )
+
+
+@service_app.command("show")
+def show(name: str = typer.Argument(...), json_out: bool = json_flag("the summary")) -> None:
+    """A service: its spec, its replicas (the jobs that serve it) and its recent events."""
+    with client() as c:
+        svc = _service(c, "GET", name)
+    if json_out:
+        print_json(svc.model_dump())
+    else:
+        _print(svc)
+
+
+@service_app.command("update")
+def update(
+    name: str = typer.Argument(...),
+    image: str | None = typer.Option(None, "--image", help=_HELP["image"]),
+    command: str | None = typer.Option(None, "--command", help=_HELP["command"]),
+    replicas: int | None = typer.Option(None, "--replicas", help=_HELP["replicas"]),
+    gpus_per_replica: int | None = typer.Option(None, "--gpus-per-replica", help=_HELP["gpus"]),
+    gpu_type: str | None = typer.Option(None, "--gpu-type"),
+    port: int | None = typer.Option(None, "--port", help=_HELP["port"]),
+    health_path: str | None = typer.Option(None, "--health-path", help=_HELP["health"]),
+    readiness_timeout: str | None = typer.Option(None, "--readiness-timeout", help=_HELP["timeout"]),
+    env: list[str] = typer.Option(
+        [], "--env", "-e", help="KEY=VALUE; repeat. Replaces the whole env map (give every variable)."
+    ),
+    priority: int | None = typer.Option(None, "--priority", help=_HELP["priority"]),
+    protocol: str | None = typer.Option(None, "--protocol", help=_HELP["protocol"]),
+    model_version: str | None = typer.Option(None, "--model-version", help=_HELP["version"]),
+    json_out: bool = json_flag("the summary"),
+) -> None:
+    """Change some fields of a service; the rest of its spec stays. A change of what the
+    replicas run rolls them one by one; --replicas only adds or drains replicas. (Pool
+    and team: deploy the whole spec again.)"""
+    patch = _fields(
+        {
+            "image": image,
+            "command": command,
+            "replicas": replicas,
+            "gpus_per_replica": gpus_per_replica,
+            "gpu_type": gpu_type,
+            "port": port,
+            "health_path": health_path,
+            "readiness_timeout": readiness_timeout,
+            "priority": priority,
+            "protocol": protocol,
+            "model_version": model_version,
+        }
+    )
+    if env:
+        patch["env"] = _env(env)
+    if not patch:
+        raise fail("nothing to change: give an option (gpufleet service update --help)", BAD_INPUT)
+    _validated(ServicePatch, patch, "the update")
+    with client() as c:
+        before = _service(c, "GET", name)
+        svc = _service(c, "PATCH", name, json=patch)
+    if json_out:
+        print_json(svc.model_dump())
+        return
+    _print(svc)
+    typer.echo("")
+    if svc.generation != before.generation:
+        typer.echo(f"generation {svc.generation}: replicas roll one by one")
+    else:
+        typer.echo(f"generation {svc.generation} still: no replica restarts")
+
+
+@service_app.command("delete")
+def delete(name: str = typer.Argument(...), json_out: bool = json_flag("a line")) -> None:
+    """Delete a service: its tokens stop working at once, its replicas drain and stop,
+    and then it is gone."""
+    with client() as c:
+        svc = _service(c, "DELETE", name)
+    if json_out:
+        print_json(svc.model_dump())
+        return
+    live = words.count(len(svc.replicas), "replica")
+    typer.echo(f"service {svc.name}: deleting ({live} draining; gone once they stop)")
+
+
+@service_app.command("token")
+def token(
+    name: str = typer.Argument(...),
+    revoke: int | None = typer.Option(None, "--revoke", help="Revoke the token with this ID."),
+    list_tokens: bool = flag("--list", help="List the service's tokens (never the secrets)."),
+    json_out: bool = json_flag("the token"),
+) -> None:
+    """Create a token for the service's callers at the gateway (shown once), list them or
+    revoke one. Rotate: create a new one, then revoke the old."""
+    if revoke is not None and list_tokens:
+        raise fail("give --list or --revoke, not both", BAD_INPUT)
+    path = f"/services/{name}/tokens"
+    with client() as c:
+        if list_tokens:
+            items: list[ServiceTokenOut] = _reply(list[ServiceTokenOut], c.request("GET", path), path)
+        elif revoke is not None:
+            items = [_reply(ServiceTokenOut, c.request("DELETE", f"{path}/{revoke}"), path)]
+        else:
+            items = [_reply(ServiceTokenOut, c.request("POST", path, json={}), path)]
+    if json_out:
+        print_json([t.model_dump() for t in items] if list_tokens else items[0].model_dump())
+    elif list_tokens:
+        print_table(
+            ("ID", "HINT", "CREATED", "BY", "STATE"),
+            [(t.id, t.hint + "...", _at(t.created_at), t.created_by, _token_state(t)) for t in items],
+        )
+    elif revoke is not None:
+        typer.echo(f"token {items[0].id} ({items[0].hint}...) of service {name} revoked")
+    else:
+        typer.echo(items[0].token)
+        typer.echo(
+            "gpufleet: the token is shown only this once. Callers send it to a gateway "
+            f'($GATEWAY: its URL):\n  curl -H "Authorization: Bearer {items[0].token}" $GATEWAY/s/{name}/...',
+            err=True,
+        )
+
+
+def _token_state(t: ServiceTokenOut) -> str:
+    return "live" if t.revoked_at is None else f"revoked {_at(t.revoked_at)}"
+
+
+def pick_replica(replicas: list[ReplicaOut], slot: int | None) -> ReplicaOut | None:
+    """The live replica job of ``slot`` (default: the lowest slot). During a roll a slot
+    has two: the one that stays (not draining, newest generation) is taken."""
+    if not replicas:
+        return None
+    want = min(r.replica for r in replicas) if slot is None else slot
+    mine = [r for r in replicas if r.replica == want]
+    return min(mine, key=lambda r: (r.draining, -r.generation, -r.job_id), default=None)
+
+
+@service_app.command("logs")
+def logs(
+    name: str = typer.Argument(...),
+    replica: int | None = typer.Option(None, "--replica", min=0, help="Its slot (default: the lowest)."),
+    follow: bool = flag("--follow", "-f", help="Stream until the replica's job is over."),
+) -> None:
+    """A replica's output: the logs of the job that serves it (gpufleet logs JOB)."""
+    with client() as c:
+        svc = _service(c, "GET", name)
+    got = pick_replica(svc.replicas, replica)
+    if got is None:
+        if replica is None or not svc.replicas:
+            raise fail(f"service {name} has no live replica")
+        slots = ", ".join(str(s) for s in sorted({r.replica for r in svc.replicas}))
+        raise fail(f"service {name} has no live replica {replica} (its replicas: {slots})")
+    typer.echo(
+        f"gpufleet: replica {got.replica} is job {got.job_id} (generation {got.generation}, {got.state})",
+        err=True,
+    )
+    stream_logs(got.job_id, follow=follow)  # a replica is a job: gpufleet logs JOB
+
+
+__all__ = [
+    "delete",
+    "deploy",
+    "list_",
+    "logs",
+    "pick_replica",
+    "problems",
+    "read_spec_file",
+    "show",
+    "summary_lines",
+    "token",
+    "update",
+]
