@@ -48,6 +48,7 @@ BAD = [
     pytest.param({"unknown": 1}, "unknown", id="unknown-field"),
     pytest.param({"gpus_per_replica": 0}, "gpus_per_replica", id="zero-gpus-in-a-gpu-pool"),
     pytest.param({"pool": "no-such-pool"}, "pool", id="no-such-pool"),
+    pytest.param({"rate_limit": "fast"}, "rate_limit", id="bad-rate-limit"),
 ]
 
 
@@ -115,7 +116,9 @@ def test_tokens_and_the_feed(server: Server) -> None:
     make_team(server)
     name = sname()
     with server.client() as c:
-        ok(c.put(f"/services/{name}", json=spec(name, pool, replicas=0)))
+        ok(c.put(f"/services/{name}", json=spec(name, pool, replicas=0, rate_limit="600/1m")))
+        feed = ok(c.get("/gateway/endpoints"))
+        assert [s["rate"] for s in feed["services"] if s["name"] == name] == [{"burst": 600.0, "per_s": 10.0}]
         tok = ok(c.post(f"/services/{name}/tokens"), 201)
         assert tok["token"].startswith("gfs_")
         listed = ok(c.get(f"/services/{name}/tokens"))

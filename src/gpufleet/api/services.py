@@ -25,6 +25,11 @@ HEALTH_PATHS: dict[str, str] = {"http": "/", "openai": "/v1/models", "kserve-v2"
 MAX_REPLICAS = 64
 EnvValue = Annotated[str, StringConstraints(max_length=65_536)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+RateText = Annotated[
+    str, StringConstraints(pattern=r"^(off|\d{1,9}(\.\d{1,6})?/\d{1,9}(\.\d{1,6})?(ms|s|m|h)?)$")
+]
+"""A gateway rate limit per caller token: ``BURST/PER_SECOND`` (``200/100``) or
+``N/WINDOW`` (``1000/1m``), as the server's ``--rate-user``; ``off``: none."""
 
 
 class ServiceSpec(Request):
@@ -61,6 +66,10 @@ class ServiceSpec(Request):
     protocol: Protocol = "http"
     model_version: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
         default=None, description="given to replicas as GPUFLEET_MODEL_VERSION; changing it rolls them"
+    )
+    rate_limit: RateText | None = Field(
+        default=None,
+        description="per caller token at the gateway: BURST/PER_SECOND or N/WINDOW; none: no limit",
     )
 
     @model_validator(mode="after")
@@ -103,6 +112,7 @@ class ServicePatch(Request):
     priority: int | None = Field(default=None, ge=-1000, le=1000)
     protocol: Protocol | None = None
     model_version: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    rate_limit: RateText | None = None
 
 
 class ReplicaOut(Reply):

@@ -48,6 +48,7 @@ _HELP = {
     "priority": "Priority of the replica jobs, -1000..1000.",
     "protocol": "http, openai or kserve-v2.",
     "version": "Given to replicas as GPUFLEET_MODEL_VERSION; a change rolls them.",
+    "rate": "Gateway limit per caller token: BURST/PER_SECOND (200/100), N/WINDOW (1000/1m) or off.",
 }
 
 
@@ -199,6 +200,7 @@ def summary_lines(svc: ServiceOut, *, now: float) -> list[str]:
         ("generation", svc.generation),
         ("runs", _runs(spec)),
         ("model version", spec.model_version),
+        ("rate limit", spec.rate_limit),
         ("protocol", f"{spec.protocol} (readiness probe {spec.probe_path})"),
         ("gpus", gpus + (f" ({spec.gpu_type})" if spec.gpu_type else "")),
         ("pool", spec.pool),
@@ -267,6 +269,7 @@ def deploy(
     priority: int | None = typer.Option(None, "--priority", help=_HELP["priority"]),
     protocol: str | None = typer.Option(None, "--protocol", help=_HELP["protocol"] + " Default http."),
     model_version: str | None = typer.Option(None, "--model-version", help=_HELP["version"]),
+    rate_limit: str | None = typer.Option(None, "--rate-limit", help=_HELP["rate"]),
     json_out: bool = json_flag("the summary"),
 ) -> None:
     """Create a service, or replace its spec (kubectl apply): from a file, options, or
@@ -288,6 +291,7 @@ def deploy(
             "priority": priority,
             "protocol": protocol,
             "model_version": model_version,
+            "rate_limit": rate_limit,
         }
     )
     if env:
@@ -365,6 +369,7 @@ def update(
     priority: int | None = typer.Option(None, "--priority", help=_HELP["priority"]),
     protocol: str | None = typer.Option(None, "--protocol", help=_HELP["protocol"]),
     model_version: str | None = typer.Option(None, "--model-version", help=_HELP["version"]),
+    rate_limit: str | None = typer.Option(None, "--rate-limit", help=_HELP["rate"]),
     json_out: bool = json_flag("the summary"),
 ) -> None:
     """Change some fields of a service; the rest of its spec stays. A change of what the
@@ -383,6 +388,7 @@ def update(
             "priority": priority,
             "protocol": protocol,
             "model_version": model_version,
+            "rate_limit": rate_limit,
         }
     )
     if env:

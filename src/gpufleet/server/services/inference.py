@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from gpufleet.api.services import (
     GatewayEndpoint,
     GatewayFeed,
+    GatewayRate,
     GatewayService,
     ReplicaOut,
     ServiceEventOut,
@@ -48,6 +49,7 @@ from gpufleet.server.models import (
     User,
 )
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
+from gpufleet.server.ratelimit import Rate
 from gpufleet.server.services.auth import Principal
 
 Waker = Callable[[], None]
@@ -423,6 +425,17 @@ def _util(
     return round(sum(vals) / len(vals), 1) if vals else None
 
 
+def _rate(text: object) -> GatewayRate | None:
+    """A spec's ``rate_limit`` as the gateways take it (the pattern was checked on the way in)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        rate = Rate.parse(text)
+    except ValueError:
+        return None
+    return None if rate is None else GatewayRate(burst=rate.burst, per_s=rate.per_s)
+
+
 def feed(*, db: Database, telemetry: TelemetryStore, now: float, max_age_s: float = 30.0) -> GatewayFeed:
     """Every active service with its live tokens and its ready, not draining replicas
     (a replica stops receiving traffic as soon as it is drained or not ready)."""
@@ -489,7 +502,7 @@ def feed(*, db: Database, telemetry: TelemetryStore, now: float, max_age_s: floa
                 name=row.name,
                 protocol=str(row.spec.get("protocol", "http")),
                 tokens=sorted(tokens.get(row.id, [])),
-                rate=None,
+                rate=_rate(row.spec.get("rate_limit")),
                 endpoints=eps,
             )
         )
