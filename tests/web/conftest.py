@@ -1,5 +1,7 @@
 """One ``gpufleet demo`` fleet (50 agents x 8 simulated H100s, trace workload) shared by
-the browser and Prometheus tests of this directory."""
+the browser and Prometheus tests of this directory, and the browser: a headless Chromium
+(Debian's /usr/bin/chromium, driven by Playwright; no browser is downloaded) per module,
+a page per test that fails the test on any script error."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +22,7 @@ from server.conftest import free_port
 
 TOKEN = "gf_web_test_admin"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
 
 
 @dataclass(frozen=True)
@@ -64,3 +68,40 @@ def demo_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoFleet]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (Python package) not installed")
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium not installed (Debian: apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.on(
+        "console",
+        lambda m: (
+            errors.append(m.text)
+            if m.type == "error" and not m.text.startswith("Failed to load resource")  # a refused token: 401
+            else None
+        ),
+    )
+    yield pg
+    ctx.close()
+    assert not errors, errors
+
+
+def sign_in(page: Any, url: str, token: str) -> None:
+    page.goto(url + "/")
+    page.get_by_label("API token").fill(token)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_selector("#heatmap .tile")

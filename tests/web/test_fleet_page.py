@@ -10,53 +10,16 @@ import json
 import random
 import re
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from web.conftest import ARTIFACTS, DemoFleet
+from web.conftest import ARTIFACTS, CHROMIUM, DemoFleet, sign_in
 
-CHROMIUM = Path("/usr/bin/chromium")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (Python package) not installed")
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(), reason="/usr/bin/chromium not installed (Debian: apt-get install chromium)"
 )
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
-    pg = ctx.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.on(
-        "console",
-        lambda m: (
-            errors.append(m.text)
-            if m.type == "error" and not m.text.startswith("Failed to load resource")  # a refused token: 401
-            else None
-        ),
-    )
-    yield pg
-    ctx.close()
-    assert not errors, errors
-
-
-def sign_in(page: Any, url: str, token: str) -> None:
-    page.goto(url + "/")
-    page.get_by_label("API token").fill(token)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_selector("#heatmap .tile")
 
 
 def test_sign_in_rejects_a_bad_token(page: Any, demo_fleet: DemoFleet) -> None:

@@ -1,7 +1,8 @@
 """The fleet page (``GET /``, static files under ``/static``) and the small read
-endpoints only it polls: ``/v1/fleet/snapshot`` and ``/v1/nodes/{name}/history``. For
-the rest (jobs, usage, teams, prices, reservations) it calls the same JSON API as any
-client, signed in with an API token; the page holds no data of its own."""
+endpoints only it polls: ``/v1/fleet/snapshot``, ``/v1/fleet/services`` and
+``/v1/nodes/{name}/history``. For the rest (jobs, usage, teams, prices, reservations)
+it calls the same JSON API as any client, signed in with an API token; the page holds
+no data of its own."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.agents import HotDep
 from gpufleet.server.services import dashboard
-from gpufleet.server.services.dashboard import FleetView, ViewCache
+from gpufleet.server.services.dashboard import FleetService, FleetView, ViewCache
 
 page = APIRouter(include_in_schema=False)
 api = APIRouter(tags=["fleet"])
@@ -50,6 +51,13 @@ def current_view(parts: PartsDep, views: Annotated[ViewCache, Depends(get_views)
 def fleet_snapshot(view: Annotated[FleetView, Depends(current_view)], hot: HotDep, me: Me) -> FleetSnapshot:
     """Every GPU in a few numbers (the page's heatmap)."""
     return dashboard.snapshot(view, hot)
+
+
+@api.get("/fleet/services", response_model=list[FleetService], tags=["services"])
+def fleet_services(view: Annotated[FleetView, Depends(current_view)], me: Me) -> list[FleetService]:
+    """The services you may see (``GET /v1/services``' rule) with their replicas and GPUs,
+    from the same cached read as the snapshot (the page's Services card and heatmap)."""
+    return dashboard.services_for(view, me)
 
 
 @api.get("/nodes/{name}/history", response_model=NodeHistory, tags=["nodes"])

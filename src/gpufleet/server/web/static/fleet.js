@@ -5,7 +5,7 @@
   var GF = window.GF;
   var POLL_MS = 3000, SLOW_MS = 15000, KEY = "gpufleet.token", KEY_ID = "gpufleet.session";
   var S = { token: null, me: null, snap: null, key: "", nodeEls: new Map(), selected: null,
-            timer: null, slowTimer: null, lastSlow: 0, busy: false };
+            svcJobs: new Map(), timer: null, slowTimer: null, lastSlow: 0, busy: false };
   var $ = function (id) { return document.getElementById(id); };
 
   function el(tag, attrs, kids) {
@@ -84,7 +84,8 @@
   function signOut(message) {
     clearInterval(S.timer); clearInterval(S.slowTimer);
     sessionStorage.removeItem(KEY); sessionStorage.removeItem(KEY_ID);
-    S.token = null; S.me = null; S.key = ""; S.selected = null; S.nodeEls.clear();
+    S.token = null; S.me = null; S.key = ""; S.selected = null; S.nodeEls.clear(); S.svcJobs = new Map();
+    $("services").replaceChildren();
     $("heatmap").replaceChildren();
     $("app").hidden = true; $("kpis").hidden = true; $("session").hidden = true; $("login").hidden = false;
     $("login-error").textContent = message || "";
@@ -104,8 +105,10 @@
       api("/v1/fleet/snapshot"),
       api("/v1/jobs?state=PENDING&limit=200"),
       api("/v1/jobs?state=RUNNING,SCHEDULED&limit=200"),
+      api("/v1/fleet/services"),
     ]).then(function (r) {
       S.snap = r[0];
+      renderServices(r[3]);  // first: the heatmap marks the GPUs of their replicas
       renderHeatmap(r[0]); renderKpis(r[0], r[1], r[2]); renderQueue(r[1]); renderRunning(r[2]);
       if (S.selected) loadNode(S.selected, false);
       live(true, "live · " + new Date().toLocaleTimeString());
@@ -229,6 +232,8 @@
     if (g[2] !== null) parts.push(Math.round(g[2]) + " °C");
     if (g[3] !== null) parts.push(Math.round(g[3] / 1024) + " / " + Math.round(g[4] / 1024) + " GiB");
     if (g[6] !== null) parts.push("job " + g[6]);
+    var svc = g[6] !== null ? S.svcJobs.get(g[6]) : undefined;
+    if (svc) parts.push(svcText(svc));
     if (g[5] & 1) parts.push("HOT");
     if (g[5] & 2) parts.push("ERROR");
     if (g[5] & 4) parts.push("cordoned");
@@ -236,7 +241,7 @@
   }
   function updateNode(n) {
     var ref = S.nodeEls.get(n.name); if (!ref) return;
-    var busy = 0, sum = 0, k = 0, att = GF.nodeAttention(n);
+    var busy = 0, sum = 0, k = 0, served = 0, att = GF.nodeAttention(n);
     n.gpus.forEach(function (g, i) {
       var t = ref.tiles[i]; if (!t) return;
       var c = GF.utilColor(g[1]);
@@ -246,6 +251,7 @@
       if (g[5] & 1) cls += " hot";
       if (g[5] & 2) cls += " err";
       if (g[5] & 4) cls += " cord";
+      if (g[6] !== null && S.svcJobs.has(g[6])) { cls += " svc"; served++; }
       if (t.className !== cls) t.className = cls;
       t.title = describeGpu(n, g);
       if (g[5] & 8) busy++;
@@ -254,7 +260,8 @@
     var state = n.ready ? "Ready" : "NotReady";
     ref.btn.classList.toggle("notready", !n.ready);
     var label = n.name + ", " + state + (n.cordoned ? ", cordoned" : "") + ": " + busy + " of " + n.gpus.length +
-      " GPUs allocated, mean utilisation " + (k ? Math.round(sum / k) : 0) + "%" +
+      " GPUs allocated" + (served ? " (" + served + " to service replicas)" : "") +
+      ", mean utilisation " + (k ? Math.round(sum / k) : 0) + "%" +
       (att.whole ? ", needs attention" : att.gpus.length ? ", " + GF.plural(att.gpus.length, "GPU") + (att.gpus.length === 1 ? " needs" : " need") + " attention" : "");
     ref.btn.setAttribute("aria-label", label);
     ref.btn.title = label;
@@ -333,7 +340,8 @@
       body.push(table(["GPU", "Util", "Temp", "Memory", "Job", "State"], node.gpus.map(function (g) {
         return [String(g[0]), g[1] === null ? "–" : Math.round(g[1]) + " %", g[2] === null ? "–" : Math.round(g[2]) + " °C",
                 g[3] === null ? "–" : (g[3] / 1024).toFixed(0) + " / " + (g[4] / 1024).toFixed(0) + " GiB",
-                g[6] === null ? "" : "#" + g[6], gpuState(node, g)];
+                g[6] === null ? "" : "#" + g[6] + (S.svcJobs.has(g[6]) ? " · " + S.svcJobs.get(g[6]).service + " replica " + S.svcJobs.get(g[6]).replica : ""),
+                gpuState(node, g)];
       }), [false, true, true, true, false, false], "GPUs of " + h.node));
     }
     body.push(el("h3", { class: "sub", text: "Jobs on this node" }));
@@ -459,6 +467,49 @@
       el("ul", { class: "where-list" }, w.detail.split("\n").map(function (line) { return el("li", { text: line }); })),
     ]);
   }
+  // -- inference services --------------------------------------------------------------
+  // GET /v1/fleet/services: the user's own services (an operator's: every one), each with
+  // its live replicas; S.svcJobs maps their job ids for the heatmap and the node panel.
+  var HEALTH = { ok: "every desired replica is ready", partial: "some replicas are not ready",
+                 down: "no replica is ready", idle: "scaled to 0 replicas", deleting: "being deleted: its replicas drain" };
+  function svcText(x) { return "service " + x.service + " replica " + x.replica + " (" + x.state + ")"; }
+  function renderServices(list) {
+    var jobs = new Map();
+    list.forEach(function (s) {
+      s.replicas.forEach(function (r) { jobs.set(r.job_id, { service: s.name, replica: r.replica, state: GF.replicaState(r) }); });
+    });
+    S.svcJobs = jobs;
+    var ready = 0, desired = 0;
+    list.forEach(function (s) { ready += s.replicas_ready; desired += s.replicas_desired; });
+    $("svc-count").textContent = list.length ? GF.plural(list.length, "service") + " · " + ready + " / " + desired + " replicas ready" : "";
+    if (!list.length) {
+      $("services").replaceChildren(el("p", { class: "empty", text: (operator() ? "No inference services." : "You have no inference services.") +
+        " Deploy one with gpufleet service deploy." }));
+      return;
+    }
+    $("services").replaceChildren(table(["Service", "Ready", "Generation", "Replicas"], list.map(function (s) {
+      var h = GF.serviceHealth(s);
+      return [el("span", { class: "svc-name" }, [el("strong", { text: s.name }),
+                el("span", { class: "muted small", text: s.owner + " · " + s.team + " · " + s.protocol })]),
+              el("span", { class: "states" }, [
+                el("span", { class: "pill svc-" + h, title: HEALTH[h], "aria-label": s.replicas_ready + " of " + s.replicas_desired + " replicas ready: " + HEALTH[h],
+                             text: s.replicas_ready + " / " + s.replicas_desired }),
+                s.state === "deleting" ? el("span", { class: "pill svc-deleting", text: "deleting" }) : null]),
+              String(s.generation), replicasCell(s)];
+    }), [false, false, true, false], "Inference services"));
+  }
+  function replicasCell(s) {
+    if (!s.replicas.length) return el("span", { class: "muted", text: "no replicas" });
+    return el("ul", { class: "replicas" }, s.replicas.map(function (r) {
+      var st = GF.replicaState(r), old = r.generation !== s.generation;
+      var tip = "replica " + r.replica + " · job #" + r.job_id + " · generation " + r.generation + " · " + r.state +
+        (r.endpoint ? " · " + r.endpoint : "");
+      return el("li", { title: tip, "data-job": String(r.job_id) }, [
+        el("code", { text: GF.replicaWhere(r) }), " ", el("span", { class: "pill rep-" + st, text: st }),
+        old ? el("span", { class: "muted small", text: " gen " + r.generation }) : null]);
+    }));
+  }
+
   // -- usage and cost -------------------------------------------------------------------
   var STATUS = { held: "held: new jobs wait", "over soft": "soft budget reached", "near limit": "near hard budget", ok: "within budget" };
   function renderUsage(u, teams, prices) {

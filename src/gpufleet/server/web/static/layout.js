@@ -1,5 +1,5 @@
 /* Pure helpers of the fleet page (no DOM): grouping, tile sizing, colours, formatting,
-   what needs attention, hostlists, job counts. The Playwright tests call them directly
+   what needs attention, hostlists, job counts, service replicas. The Playwright tests call them directly
    (window.GF), table-driven. */
 (function (root) {
   "use strict";
@@ -198,10 +198,35 @@
              text: String(total) + (more && total === items.length ? "+" : "") };
   }
 
+  /* -- inference services (GET /v1/fleet/services) --------------------------------------
+     A replica is draining (leaving the gateway), ready (taking traffic), pending (waiting
+     for GPUs: PENDING or HELD) or starting (placed, its health probe not yet answered). */
+  function replicaState(r) {
+    if (r.draining) return "draining";
+    if (r.ready) return "ready";
+    return r.state === "PENDING" || r.state === "HELD" ? "pending" : "starting";
+  }
+  /* where a replica runs: "node-003:0-1" (its GPUs on each node), "node-003" (CPU-only),
+     "–" while it waits */
+  function replicaWhere(r) {
+    var a = r.allocation || [];
+    if (!a.length) return "–";
+    return a.map(function (x) { return x.gpus && x.gpus.length ? x.node + ":" + ranges(x.gpus) : x.node; }).join(" ");
+  }
+  /* a service's ready/desired badge: ok (all ready), partial, down (none of those wanted
+     ready), idle (scaled to 0), deleting */
+  function serviceHealth(s) {
+    if (s.state === "deleting") return "deleting";
+    if (s.replicas_desired === 0) return "idle";
+    if (s.replicas_ready >= s.replicas_desired) return "ok";
+    return s.replicas_ready > 0 ? "partial" : "down";
+  }
+
   function money(x) { return x === null || x === undefined ? "–" : x.toLocaleString("en", { minimumFractionDigits: 2, maximumFractionDigits: 2 }); }
 
   root.GF = { group: group, layout: layout, tileStyle: tileStyle, utilColor: utilColor, ago: ago, waitCode: waitCode,
               teamUsage: teamUsage, money: money, nodeAttention: nodeAttention, attention: attention,
               attentionText: attentionText, ranges: ranges, hostlist: hostlist, where: where,
-              jobCounts: jobCounts, plural: plural };
+              jobCounts: jobCounts, plural: plural, replicaState: replicaState, replicaWhere: replicaWhere,
+              serviceHealth: serviceHealth };
 })(window);
