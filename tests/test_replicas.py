@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.server.replicas import Create, Drain, Replica, Stop, Wish, decide
+from gpufleet.server.replicas import Create, Demote, Drain, Promote, Replica, Stop, Wish, decide
 
 NOW = 1000.0
 
@@ -155,6 +155,69 @@ CASES = [
         id="delete-drains-ready-stops-the-rest",
     ),
     pytest.param(wish(0), [rep(1, 0)], [Drain(job_id=1, reason="scaled down to 0 replicas")], id="zero"),
+    # the warm pool
+    pytest.param(
+        wish(1, warm=1),
+        [],
+        [Create(slot=0, reason="0 of 1 replicas"), Create(slot=1, reason="warm pool 0 of 1", warm=True)],
+        id="warm-pool-created-behind-the-replicas",
+    ),
+    pytest.param(wish(1, warm=1), [rep(1, 0), rep(2, 1, warm=True)], [], id="warm-steady"),
+    pytest.param(
+        wish(2, warm=1),
+        [rep(1, 0), rep(2, 1, warm=True)],
+        [
+            Promote(job_id=2, reason="1 of 2 replicas: promoted from the warm pool"),
+            Create(slot=2, reason="warm pool 0 of 1", warm=True),
+        ],
+        id="scale-up-promotes-warm-then-refills",
+    ),
+    pytest.param(
+        wish(3, warm=1),
+        [rep(1, 0), rep(2, 1, warm=True, ready=False), rep(3, 2, warm=True)],
+        [
+            Promote(job_id=3, reason="1 of 3 replicas: promoted from the warm pool"),
+            Promote(job_id=2, reason="1 of 3 replicas: promoted from the warm pool"),
+            Create(slot=3, reason="warm pool 0 of 1", warm=True),
+        ],
+        id="ready-warm-promoted-first",
+    ),
+    pytest.param(
+        wish(1, warm=1),
+        [rep(1, 0), rep(2, 1)],
+        [Demote(job_id=2, reason="scaled down to 1 replicas: to the warm pool")],
+        id="scale-down-demotes-to-a-short-pool",
+    ),
+    pytest.param(
+        wish(1, warm=1),
+        [rep(1, 0), rep(2, 1), rep(3, 2, warm=True)],
+        [Drain(job_id=2, reason="scaled down to 1 replicas")],
+        id="scale-down-drains-when-the-pool-is-full",
+    ),
+    pytest.param(
+        wish(1, warm=0),
+        [rep(1, 0), rep(2, 1, warm=True)],
+        [Stop(job_id=2, reason="warm pool down to 0")],
+        id="pool-shrunk",
+    ),
+    pytest.param(
+        wish(1, gen=2, warm=1),
+        [rep(1, 0), rep(2, 1, warm=True)],
+        [
+            Stop(job_id=2, reason="warm replica replaced by generation 2"),
+            Create(slot=1, reason="rolling update to generation 2"),
+        ],
+        id="update-stops-old-warm-at-once",
+    ),
+    pytest.param(
+        wish(1, gen=2, warm=1),
+        [rep(1, 0), rep(2, 1, gen=2, warm=True)],
+        [
+            Promote(job_id=2, reason="rolling update to generation 2"),
+            Drain(job_id=1, reason="replaced by generation 2"),
+        ],
+        id="update-promotes-a-new-warm-as-the-surge",
+    ),
 ]
 
 

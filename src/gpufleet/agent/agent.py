@@ -167,6 +167,8 @@ class Agent:
         self._last_health = time.monotonic()
         self._ready: dict[Key, tuple[bool, float]] = {}
         """Service replicas: (ready, when last probed, monotonic)."""
+        self._busy: dict[Key, tuple[float, float, float]] = {}
+        """Replicas on simulated GPUs: (busy seconds, when read, utilisation 0..1 since)."""
         self._http: httpx.Client | None = None
 
     # -- local state ------------------------------------------------------------------------
@@ -223,6 +225,9 @@ class Agent:
         live = {j.key for j in jobs}
         for key in [k for k in self._ready if k not in live]:
             del self._ready[key]
+        for key in [k for k in self._busy if k not in live]:
+            del self._busy[key]
+        simulated = isinstance(self.probe, LoadSink)
         for job in jobs:
             was, at = self._ready.get(job.key, (False, -1e18))
             if now - at < self.config.probe_interval_s:
@@ -230,7 +235,27 @@ class Agent:
             ok = self._probe_one(job)
             self._ready[job.key] = (ok, now)
             changed |= ok != was
+            if ok and simulated:
+                self._read_busy(job, now)
         return changed
+
+    def _read_busy(self, job: LocalJob, now: float) -> None:
+        """On simulated GPUs, a replica's utilisation follows its model server's busy
+        time: ``gpufleet_model_busy_seconds_total`` on its ``/metrics`` (the built-in
+        model server's; a server without it keeps the default load)."""
+        assert self._http is not None
+        try:
+            r = self._http.get(f"http://127.0.0.1:{job.port}/metrics")
+            busy = busy_seconds(r.text) if r.status_code == 200 else None
+        except httpx.HTTPError:
+            busy = None
+        if busy is None:
+            return
+        prev = self._busy.get(job.key)
+        util = 0.0
+        if prev is not None and now > prev[1]:
+            util = min(1.0, max(0.0, (busy - prev[0]) / (now - prev[1])))
+        self._busy[job.key] = (busy, now, util)
 
     def _probe_one(self, job: LocalJob) -> bool:
         if self._http is None:
@@ -254,6 +279,9 @@ class Agent:
         for job in self.jobs.values():
             if job.exit_code is None:
                 util = job.util if job.kind == "simulated" else self.config.real_job_util
+                busy = self._busy.get(job.key)
+                if busy is not None:
+                    util = busy[2]  # a replica: as busy as its model server says it is
                 for g in job.gpus:
                     load[g] = util
         self.probe.set_load(load)
@@ -476,6 +504,22 @@ class Agent:
         self.transport.close()
         if self._http is not None:
             self._http.close()
+
+
+def busy_seconds(text: str) -> float | None:
+    """The sum of ``gpufleet_model_busy_seconds_total`` in a Prometheus text page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total, seen = 0.0, False
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "gpufleet_model_busy_seconds_total":
+                    total += sample.value
+                    seen = True
+    except ValueError:
+        return None
+    return total if seen else None
 
 
 def free_port() -> int:

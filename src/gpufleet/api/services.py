@@ -20,9 +20,11 @@ SERVICE_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 """A DNS label (Kubernetes' Service names): it is a path segment of the gateway's URLs."""
 ServiceName = Annotated[str, StringConstraints(pattern=SERVICE_NAME)]
 Protocol = Literal["http", "openai", "kserve-v2"]
+ScaleMetric = Literal["gpu_util", "inflight", "qps"]
 HEALTH_PATHS: dict[str, str] = {"http": "/", "openai": "/v1/models", "kserve-v2": "/v2/health/ready"}
 """The readiness probe of each protocol when the spec names none."""
 MAX_REPLICAS = 64
+DEFAULT_TARGETS: dict[str, float] = {"gpu_util": 70.0, "inflight": 4.0, "qps": 50.0}
 EnvValue = Annotated[str, StringConstraints(max_length=65_536)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 RateText = Annotated[
@@ -71,6 +73,29 @@ class ServiceSpec(Request):
         default=None,
         description="per caller token at the gateway: BURST/PER_SECOND or N/WINDOW; none: no limit",
     )
+    # Autoscaling (``server/autoscale.py``): on when min_replicas < max_replicas.
+    metric: ScaleMetric = Field(default="gpu_util", description="what the autoscaler holds at the target")
+    target: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e6,
+        description="per ready replica; default gpu_util 70 (%), inflight 4, qps 50",
+    )
+    scale_up_stabilization: float = Field(
+        default=30.0, ge=0, le=86_400, description="seconds after a scale-up before the next one"
+    )
+    scale_down_cooldown: float = Field(
+        default=300.0,
+        ge=0,
+        le=86_400,
+        description="seconds of lower load (and no scaling) before a scale-down",
+    )
+    warm: int = Field(
+        default=0, ge=0, le=MAX_REPLICAS, description="standby replicas: started and ready, not in rotation"
+    )
+    slo_p99_ms: float | None = Field(
+        default=None, gt=0, le=3_600_000, description="the p99 latency objective (the alert rule's threshold)"
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> ServiceSpec:
@@ -87,6 +112,18 @@ class ServiceSpec(Request):
     @property
     def probe_path(self) -> str:
         return self.health_path or HEALTH_PATHS[self.protocol]
+
+    @property
+    def autoscaled(self) -> bool:
+        return (
+            self.min_replicas is not None
+            and self.max_replicas is not None
+            and self.min_replicas < self.max_replicas
+        )
+
+    @property
+    def scale_target(self) -> float:
+        return self.target if self.target is not None else DEFAULT_TARGETS[self.metric]
 
 
 class ServicePatch(Request):
@@ -113,6 +150,12 @@ class ServicePatch(Request):
     protocol: Protocol | None = None
     model_version: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
     rate_limit: RateText | None = None
+    metric: ScaleMetric | None = None
+    target: float | None = Field(default=None, gt=0, le=1e6)
+    scale_up_stabilization: float | None = Field(default=None, ge=0, le=86_400)
+    scale_down_cooldown: float | None = Field(default=None, ge=0, le=86_400)
+    warm: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
+    slo_p99_ms: float | None = Field(default=None, gt=0, le=3_600_000)
 
 
 class ReplicaOut(Reply):
@@ -122,12 +165,25 @@ class ReplicaOut(Reply):
     state: str
     ready: bool
     draining: bool
+    warm: bool = Field(default=False, description="a standby replica: ready, not in rotation")
     endpoint: str | None
     nodes: list[str]
     gpus: list[int]
     started_at: float | None
     ready_at: float | None
     reason: str | None = Field(default=None, description="why it waits (a pending replica)")
+
+
+class ServiceTraffic(Reply):
+    """What the gateways saw of a service over the last ``window_s`` (their reports)."""
+
+    window_s: float
+    qps: float
+    error_rate: float = Field(description="5xx answers / all answers")
+    inflight: int
+    p50_ms: float | None
+    p99_ms: float | None
+    gateways: int
 
 
 class ServiceEventOut(Reply):
@@ -146,6 +202,8 @@ class ServiceOut(Reply):
     spec: ServiceSpec
     replicas_desired: int
     replicas_ready: int
+    replicas_warm: int = 0
+    traffic: ServiceTraffic | None = Field(default=None, description="from the gateways' reports, last 30 s")
     replicas: list[ReplicaOut] = Field(default_factory=list)
     events: list[ServiceEventOut] = Field(default_factory=list)
     created_at: float
@@ -188,3 +246,28 @@ class GatewayService(Reply):
 class GatewayFeed(Reply):
     at: float
     services: list[GatewayService]
+
+
+class LatencyIn(Request):
+    """A cumulative histogram: ``counts[i]`` answers took at most ``le[i]`` seconds."""
+
+    le: list[float] = Field(max_length=64)
+    counts: list[int] = Field(max_length=64)
+    sum: float = Field(ge=0)
+    count: int = Field(ge=0)
+
+
+class ServiceCounters(Request):
+    codes: dict[Annotated[str, StringConstraints(pattern=r"^[1-5][0-9][0-9]$")], int] = Field(
+        default_factory=dict, max_length=64
+    )
+    inflight: int = Field(default=0, ge=0)
+    latency: LatencyIn | None = None
+
+
+class GatewayReport(Request):
+    """What one gateway process counted per service since it started (cumulative, like
+    Prometheus counters); sent after every feed read."""
+
+    gateway: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    services: dict[ServiceName, ServiceCounters] = Field(default_factory=dict, max_length=10_000)

@@ -66,6 +66,10 @@ class GatewayConfig:
     outlier: OutlierPolicy = field(default_factory=OutlierPolicy)
 
 
+GATEWAY_ID = f"{os.uname().nodename}:{os.getpid()}:{int(time.time())}"
+"""This gateway process, as its reports name it."""
+
+
 class _NeverReached(Exception):
     """The replica could not be connected to: it never saw the request."""
 
@@ -146,9 +150,7 @@ class Gateway:
             trust_env=False,
         )
         await load_once(self.source, self._apply, self._feed_failed)
-        self._poller = asyncio.create_task(
-            poll(self.source, self._apply, self._feed_failed, refresh_s=self.config.refresh_s)
-        )
+        self._poller = asyncio.create_task(self._poll())
 
     async def stop(self) -> None:
         if self._poller is not None:
@@ -159,6 +161,56 @@ class Gateway:
             await self._session.close()
             self._session = None
         await self.source.aclose()
+
+    async def _poll(self) -> None:
+        """Read the feed every refresh, then report this gateway's counters to the
+        source (the server: its services' QPS, latency and in-flight requests)."""
+        report = getattr(self.source, "report", None)
+        if report is None:
+            await poll(self.source, self._apply, self._feed_failed, refresh_s=self.config.refresh_s)
+            return
+        while True:
+            await asyncio.sleep(self.config.refresh_s)
+            await load_once(self.source, self._apply, self._feed_failed)
+            try:
+                await report(self.traffic_report())
+            except Exception as exc:  # the server blinked: next time
+                log.debug("gateway report: %r", exc)
+
+    def traffic_report(self) -> dict[str, Any]:
+        """This process's counters per service, cumulative since it started (the shape
+        of ``api.services.GatewayReport``), read from its own Prometheus registry."""
+        services: dict[str, dict[str, Any]] = {}
+
+        def svc(name: str) -> dict[str, Any]:
+            return services.setdefault(name, {"codes": {}, "inflight": 0})
+
+        for family in self.metrics.registry.collect():
+            for sample in family.samples:
+                name = sample.labels.get("service")
+                if name is None:
+                    continue
+                if sample.name == "gpufleet_gateway_requests_total":
+                    svc(name)["codes"][sample.labels["code"]] = int(sample.value)
+                elif sample.name == "gpufleet_gateway_in_flight":
+                    svc(name)["inflight"] = max(0, int(sample.value))
+                elif sample.name == "gpufleet_gateway_upstream_seconds_bucket":
+                    lat = svc(name).setdefault("latency", {"le": [], "counts": [], "sum": 0.0, "count": 0})
+                    lat["le"].append(float(sample.labels["le"]))
+                    lat["counts"].append(int(sample.value))
+                elif sample.name == "gpufleet_gateway_upstream_seconds_sum":
+                    svc(name).setdefault("latency", {"le": [], "counts": [], "sum": 0.0, "count": 0})[
+                        "sum"
+                    ] = max(0.0, sample.value)
+                elif sample.name == "gpufleet_gateway_upstream_seconds_count":
+                    svc(name).setdefault("latency", {"le": [], "counts": [], "sum": 0.0, "count": 0})[
+                        "count"
+                    ] = int(sample.value)
+        for entry in services.values():
+            lat = entry.get("latency")
+            if lat is not None and lat["le"] and lat["le"][-1] == float("inf"):
+                lat["le"][-1] = 1e9  # JSON has no infinity: a bound past any answer
+        return {"gateway": GATEWAY_ID, "services": services}
 
     def _apply(self, feed: Feed) -> None:
         self.balancer.update(feed)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpufleet.gateway")
 
 FEED_PATH = "/v1/gateway/endpoints"
+REPORT_PATH = "/v1/gateway/report"
 
 
 class FeedError(Exception):
@@ -89,6 +90,14 @@ class ServerSource:
             return parse_feed(resp.json())
         except ValueError as exc:  # JSONDecodeError is one
             raise FeedError(f"{self._url}: {exc}") from exc
+
+    async def report(self, body: dict[str, object]) -> None:
+        """Send this gateway's counters (``POST /v1/gateway/report``); raises on failure."""
+        if self._client is None:
+            return
+        resp = await self._client.post(self._url.replace(FEED_PATH, REPORT_PATH), json=body)
+        if resp.status_code >= 400:
+            raise FeedError(f"report: HTTP {resp.status_code}: {resp.text[:200]}")
 
     async def aclose(self) -> None:
         if self._client is not None:

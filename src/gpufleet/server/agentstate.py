@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.api.nodes import GpuTelemetry, SyncStats
 from gpufleet.server.health import HealthMonitor
+from gpufleet.server.traffic import TrafficStore
 from gpufleet.server.writer import BulkOp, Writer
 
 log = logging.getLogger("gpufleet.server")
@@ -241,3 +242,5 @@ class AgentState:
     revocations: Revocations = field(default_factory=Revocations)
     health: HealthMonitor = field(default_factory=HealthMonitor)
     rejected: Rejections = field(default_factory=Rejections)
+    traffic: TrafficStore = field(default_factory=TrafficStore)
+    """What the inference gateways report per service (``traffic.py``)."""

@@ -113,9 +113,9 @@ def create_app(
     hasher = token_hasher(config)
     database = db if db is not None else prepare(config, clock=clock, hasher=hasher)
     sched = loops.scheduling(config, database, clock)
-    replica_runner = loops.replicas(config, database, clock, sched)
     writer = GroupCommitWriter(database)
     hot = AgentState(health=HealthMonitor(config.health))
+    replica_runner = loops.replicas(config, database, clock, sched, hot)
     readings = ledger.telemetry_readings(
         hot, clock, max_age_s=max(config.node_timeout_s, 2 * config.accrual_interval_s)
     )

@@ -115,6 +115,7 @@ class _Open:
     user_id: int
     team_id: int
     pool: str
+    warm: bool = False
 
 
 _OPEN_COLS = (
@@ -126,12 +127,13 @@ _OPEN_COLS = (
     Job.user_id,
     Job.team_id,
     Job.pool,
+    Job.warm,
 )
 
 
 def _open(row: Sequence[Any]) -> _Open:
-    jid, at, gpus, prio, model, uid, tid, pool = row
-    return _Open(jid, at, gpus, prio, model or "", uid, tid, pool)
+    jid, at, gpus, prio, model, uid, tid, pool, warm = row
+    return _Open(jid, at, gpus, prio, model or "", uid, tid, pool, bool(warm))
 
 
 def hours(start: float, end: float) -> Iterable[tuple[float, float, float]]:
@@ -182,9 +184,10 @@ def measure(
     idle = sum(1 for u in seen if u < IDLE_PCT)
     util = sum(min(100.0, max(0.0, u)) for u in seen) / 100.0
     out: list[dict[str, Any]] = []
+    factor = schedule.warm if job.warm and schedule is not None else 1.0
     for hour, a, b in hours(job.accrued_to, end):
         dt = b - a
-        cost = job.gpus * price(job.model, a, b, job.priority)
+        cost = job.gpus * price(job.model, a, b, job.priority) * factor
         out.append(
             {
                 "job_id": job.id,

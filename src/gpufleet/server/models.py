@@ -202,6 +202,9 @@ class Job(Base):
     ready_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     draining_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     """Taken out of the gateway's endpoints at this time; stopped after the drain time."""
+    warm: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """A standby replica of a service's warm pool: ready, not in rotation (priced at the
+    price schedule's ``warm`` factor)."""
 
 
 class ServiceRow(Base):
@@ -217,6 +220,8 @@ class ServiceRow(Base):
     team_id: Mapped[int] = mapped_column(ForeignKey("teams.id"))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     generation: Mapped[int] = mapped_column(Integer, default=1)
+    scaled_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The autoscaler's current count (None: not autoscaled, ``spec.replicas`` holds)."""
     state: Mapped[str] = mapped_column(String(16), default="active")
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)

@@ -59,6 +59,9 @@ class PriceSchedule(BaseModel):
     weekend: float = Field(default=1.0, ge=0)
     weekdays: dict[int, float] = Field(default_factory=dict, description="0=Monday .. 6=Sunday")
     priority_step: float = 0.0
+    warm: float = Field(default=0.5, ge=0, le=1)
+    """The price factor of a warm (standby) replica of an inference service: started and
+    ready but out of rotation, it holds its GPUs at this share of the price."""
 
     @field_validator("timezone")
     @classmethod

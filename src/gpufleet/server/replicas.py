@@ -24,7 +24,14 @@ Rules, applied in this order by ``decide``:
    replica is drained to make room (``maxUnavailable=1``; only with 2 or more replicas,
    so the service keeps serving while it rolls; requests still do not fail).
 
-A replica "serves" when it is live (pending, scheduled or running) and not draining.
+6. The warm pool (``warm``: standby replicas, started and ready, not in rotation): a
+   replica short of the wish is made by promoting a warm one first (ready ones first: it
+   takes traffic at once), and only then by creating one; the pool is then refilled
+   behind it. A replica no longer wished is demoted to the pool if the pool is short,
+   else drained. Warm replicas of an older generation are stopped at once.
+
+A replica "serves" when it is live (pending, scheduled or running) and not draining;
+warm replicas are live and not draining, but the gateways do not see them.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ class Wish:
     drain_s: float
     deleting: bool = False
     surge_wait_s: float = 10.0
+    warm: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,11 +62,29 @@ class Replica:
     draining_at: float | None = None
     pending_since: float | None = None
     """When a replica that is not running yet was created (or requeued)."""
+    warm: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Create:
     slot: int
+    reason: str
+    warm: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Promote:
+    """A warm replica joins the rotation."""
+
+    job_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Demote:
+    """A serving replica leaves the rotation for the warm pool (it keeps running)."""
+
+    job_id: int
     reason: str
 
 
@@ -75,7 +101,7 @@ class Stop:
     failed: bool = False
 
 
-Action = Create | Drain | Stop
+Action = Create | Drain | Stop | Promote | Demote
 
 
 def _free_slots(taken: set[int]) -> list[int]:
@@ -108,23 +134,34 @@ def decide(wish: Wish, replicas: Sequence[Replica], now: float) -> list[Action]:
         serving.append(r)
     if wish.deleting:
         for r in serving:
-            if r.ready:
+            if r.ready and not r.warm:
                 out.append(Drain(job_id=r.job_id, reason="service deleted"))
             else:
                 out.append(Stop(job_id=r.job_id, reason="service deleted"))
         return out
     n, gen = wish.replicas, wish.generation
+    for r in serving:
+        if r.warm and r.generation != gen:
+            out.append(Stop(job_id=r.job_id, reason=f"warm replica replaced by generation {gen}"))
+    serving = [r for r in serving if not (r.warm and r.generation != gen)]
     old = [r for r in serving if r.generation != gen]
-    current = [r for r in serving if r.generation == gen]
+    current = [r for r in serving if r.generation == gen and not r.warm]
+    warm = [r for r in serving if r.warm]
     if not old:
-        return out + _scale(n, current)
+        return out + _scale(n, wish.warm, current, warm)
+    if len(current) < n and warm:  # a warm replica of the new generation is the surge
+        best = min(warm, key=lambda r: (not r.ready, r.slot))
+        out.append(Promote(job_id=best.job_id, reason=f"rolling update to generation {gen}"))
+        current.append(best)
+        warm.remove(best)
     for r in old:
         if not r.ready:
             out.append(Stop(job_id=r.job_id, reason=f"replaced by generation {gen} (it was not ready)"))
     old = [r for r in old if r.ready]
+    taken = {r.slot for r in current + old + warm}
     serving = current + old
-    if len(current) < n and len(serving) < n + 1:
-        slot = _free_slots({r.slot for r in serving})[0]
+    if len(current) < n and len(serving) < n + 1 and not any(isinstance(a, Promote) for a in out):
+        slot = _free_slots(taken)[0]
         out.append(Create(slot=slot, reason=f"rolling update to generation {gen}"))
     ready = sum(1 for r in serving if r.ready)
     spare = ready - n
@@ -140,20 +177,43 @@ def decide(wish: Wish, replicas: Sequence[Replica], now: float) -> list[Action]:
         out.append(Drain(job_id=r.job_id, reason=f"replaced by generation {gen}"))
         spare -= 1
     if len(current) > n:  # scaled down during the update
-        out += _scale(n, current)
+        out += _scale(n, 0, current, [])
     return out
 
 
-def _scale(n: int, current: list[Replica]) -> list[Action]:
+def _scale(n: int, pool: int, current: list[Replica], warm: list[Replica]) -> list[Action]:
+    """Serving replicas to ``n`` (warm ones promoted first), then the warm pool to ``pool``."""
     out: list[Action] = []
+    taken = {r.slot for r in current + warm}
+    warm = sorted(warm, key=lambda r: (not r.ready, r.slot))
     if len(current) < n:
-        for slot in _free_slots({r.slot for r in current})[: n - len(current)]:
-            out.append(Create(slot=slot, reason=f"{len(current)} of {n} replicas"))
+        short = n - len(current)
+        for r in warm[:short]:
+            out.append(
+                Promote(
+                    job_id=r.job_id, reason=f"{len(current)} of {n} replicas: promoted from the warm pool"
+                )
+            )
+        made = len(current) + min(short, len(warm))
+        warm = warm[short:]
+        for slot in _free_slots(taken)[: n - made]:
+            out.append(Create(slot=slot, reason=f"{made} of {n} replicas"))
+            taken.add(slot)
     elif len(current) > n:
         extra = sorted(current, key=lambda r: (r.ready, -r.slot, -r.job_id))[: len(current) - n]
         for r in extra:
-            if r.ready:
-                out.append(Drain(job_id=r.job_id, reason=f"scaled down to {n} replicas"))
-            else:
+            if not r.ready:
                 out.append(Stop(job_id=r.job_id, reason=f"scaled down to {n} replicas"))
+            elif len(warm) < pool:
+                out.append(Demote(job_id=r.job_id, reason=f"scaled down to {n} replicas: to the warm pool"))
+                warm.append(r)
+            else:
+                out.append(Drain(job_id=r.job_id, reason=f"scaled down to {n} replicas"))
+    if len(warm) < pool:
+        for slot in _free_slots(taken)[: pool - len(warm)]:
+            out.append(Create(slot=slot, reason=f"warm pool {len(warm)} of {pool}", warm=True))
+            taken.add(slot)
+    elif len(warm) > pool:
+        for r in sorted(warm, key=lambda r: (r.ready, -r.slot))[: len(warm) - pool]:
+            out.append(Stop(job_id=r.job_id, reason=f"warm pool down to {pool}"))
     return out

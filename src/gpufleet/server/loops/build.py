@@ -20,6 +20,7 @@ from gpufleet.server.loops.lifecycle import LifecycleConfig, LifecyclePass, life
 from gpufleet.server.loops.replicas import replica_loop
 from gpufleet.server.loops.runner import Loops, Runner
 from gpufleet.server.loops.scheduling import PassObserver
+from gpufleet.server.services.autoscaling import Autoscaler
 from gpufleet.server.services.dashboard import FleetView
 
 
@@ -51,14 +52,15 @@ def scheduling(config: ServerConfig, db: Database, clock: Clock) -> Scheduling:
     return Scheduling(runner=runner, observer=observer)
 
 
-def replicas(config: ServerConfig, db: Database, clock: Clock, sched: Scheduling) -> Runner:
-    """The replica controller of inference services (routers and syncs wake it)."""
+def replicas(config: ServerConfig, db: Database, clock: Clock, sched: Scheduling, hot: AgentState) -> Runner:
+    """The replica controller and autoscaler of inference services (routers wake it)."""
     return replica_loop(
         db=db,
         clock=clock,
         interval_s=config.service_interval_s,
         drain_s=config.service_drain_s,
         wake_scheduler=sched.runner.wake,
+        autoscaler=Autoscaler(telemetry=hot.telemetry, traffic=hot.traffic),
     )
 
 

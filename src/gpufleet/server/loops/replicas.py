@@ -1,5 +1,6 @@
-"""The replica controller: every ``interval_s`` (and when woken by a service change or
-a replica becoming ready or not) it steps every service's replicas toward its spec
+"""The replica controller and the autoscaler: every ``interval_s`` (and when woken by a
+service change) it steps every autoscaled service's replica count
+(``services/autoscaling.py``) and every service's replicas toward its spec
 (``services/replicaset.reconcile``), and wakes the scheduling loop when it created or
 stopped replicas, so new ones are placed at once."""
 
@@ -10,14 +11,21 @@ from collections.abc import Callable
 from gpufleet.server.clock import Clock
 from gpufleet.server.db import Database
 from gpufleet.server.loops.runner import Loop
+from gpufleet.server.services.autoscaling import Autoscaler
 from gpufleet.server.services.replicaset import reconcile
 
 
 def replica_loop(
-    *, db: Database, clock: Clock, interval_s: float, drain_s: float, wake_scheduler: Callable[[], None]
+    *,
+    db: Database,
+    clock: Clock,
+    interval_s: float,
+    drain_s: float,
+    wake_scheduler: Callable[[], None],
+    autoscaler: Autoscaler | None = None,
 ) -> Loop:
     def step() -> int:
-        changed = reconcile(db=db, now=clock.now(), drain_s=drain_s)
+        changed = reconcile(db=db, now=clock.now(), drain_s=drain_s, autoscaler=autoscaler)
         if changed:
             wake_scheduler()
         return changed

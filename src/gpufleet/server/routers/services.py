@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Request, Response
 from gpufleet.api.services import (
     SERVICE_NAME,
     GatewayFeed,
+    GatewayReport,
     ServiceOut,
     ServicePatch,
     ServiceSpec,
@@ -25,10 +26,16 @@ ServiceNameIn = Annotated[
 ]
 
 
+def _traffic(request: Request, parts: PartsDep) -> inference.Traffic:
+    store = request.app.state.hot.traffic
+    now = parts.now()
+    return lambda name: store.stats(name, now)
+
+
 @router.get("", response_model=list[ServiceOut])
-def list_services(parts: PartsDep, me: Me) -> list[ServiceOut]:
-    """Yours (operators and admins: everyone's), with their replicas."""
-    return inference.list_services(db=parts.db, actor=me)
+def list_services(request: Request, parts: PartsDep, me: Me) -> list[ServiceOut]:
+    """Yours (operators and admins: everyone's), with their replicas and traffic."""
+    return inference.list_services(db=parts.db, actor=me, traffic=_traffic(request, parts))
 
 
 @router.put("/{name}", response_model=ServiceOut)
@@ -44,8 +51,8 @@ def deploy(name: ServiceNameIn, spec: ServiceSpec, parts: PartsDep, me: Me) -> S
 
 
 @router.get("/{name}", response_model=ServiceOut)
-def show(name: ServiceNameIn, parts: PartsDep, me: Me) -> ServiceOut:
-    return unwrap(inference.show(db=parts.db, actor=me, name=name))
+def show(name: ServiceNameIn, request: Request, parts: PartsDep, me: Me) -> ServiceOut:
+    return unwrap(inference.show(db=parts.db, actor=me, name=name, traffic=_traffic(request, parts)))
 
 
 @router.patch("/{name}", response_model=ServiceOut)
@@ -83,6 +90,16 @@ def revoke_token(name: ServiceNameIn, token_id: ObjectId, parts: PartsDep, me: M
     return unwrap(
         inference.revoke_token(db=parts.db, actor=me, name=name, token_id=token_id, now=parts.now())
     )
+
+
+@gateway_router.post("/report", status_code=204)
+def report(body: GatewayReport, request: Request, parts: PartsDep, me: Me) -> Response:
+    """A gateway's counters per service (cumulative since it started): the services'
+    QPS, latency, errors and in-flight requests come from these (``traffic.py``)."""
+    if not me.is_operator:
+        raise ProblemError(403, "gateway reports are for gateways (an operator or admin token)")
+    request.app.state.hot.traffic.put(body.gateway, parts.now(), body.services)
+    return Response(status_code=204)
 
 
 @gateway_router.get("/endpoints", response_model=GatewayFeed)

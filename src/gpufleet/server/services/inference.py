@@ -34,6 +34,7 @@ from gpufleet.api.services import (
     ServicePatch,
     ServiceSpec,
     ServiceTokenOut,
+    ServiceTraffic,
 )
 from gpufleet.server.agentstate import TelemetryStore
 from gpufleet.server.db import Database
@@ -116,6 +117,16 @@ def _team_for(s: Session, actor: Principal, team: str | None) -> int | Failure:
     return invalid(f"team: you belong to teams {', '.join(sorted(mine))}: name one (team: in the spec)")
 
 
+def desired_replicas(row: ServiceRow, spec: ServiceSpec) -> int:
+    """The serving count the controller works toward: the autoscaler's, within the
+    spec's bounds, when the service is autoscaled; else ``spec.replicas``."""
+    if not spec.autoscaled or row.scaled_replicas is None:
+        return spec.replicas
+    lo = spec.min_replicas if spec.min_replicas is not None else spec.replicas
+    hi = spec.max_replicas if spec.max_replicas is not None else spec.replicas
+    return max(lo, min(hi, row.scaled_replicas))
+
+
 # -- showing -------------------------------------------------------------------------------------
 
 
@@ -142,6 +153,7 @@ def _replicas(s: Session, service_id: int) -> list[ReplicaOut]:
             state=j.state,
             ready=j.ready,
             draining=j.draining_at is not None,
+            warm=j.warm,
             endpoint=j.endpoint,
             nodes=sorted(placed.get(j.id, {})),
             gpus=sorted(g for gs in placed.get(j.id, {}).values() for g in gs),
@@ -153,7 +165,9 @@ def _replicas(s: Session, service_id: int) -> list[ReplicaOut]:
     ]
 
 
-def _out(s: Session, row: ServiceRow, *, events: int = 20) -> ServiceOut:
+def _out(
+    s: Session, row: ServiceRow, *, events: int = 20, traffic: ServiceTraffic | None = None
+) -> ServiceOut:
     owner = s.scalar(select(User.name).where(User.id == row.owner_id)) or "?"
     team = s.scalar(select(Team.name).where(Team.id == row.team_id)) or "?"
     reps = _replicas(s, row.id)
@@ -171,8 +185,10 @@ def _out(s: Session, row: ServiceRow, *, events: int = 20) -> ServiceOut:
         state="deleting" if row.state == "deleting" else "active",
         generation=row.generation,
         spec=spec,
-        replicas_desired=0 if row.state == "deleting" else spec.replicas,
-        replicas_ready=sum(1 for r in reps if r.ready and not r.draining),
+        replicas_desired=0 if row.state == "deleting" else desired_replicas(row, spec),
+        replicas_ready=sum(1 for r in reps if r.ready and not r.draining and not r.warm),
+        replicas_warm=sum(1 for r in reps if r.warm and not r.draining),
+        traffic=traffic,
         replicas=reps,
         events=[ServiceEventOut(at=e.at, actor=e.actor, kind=e.kind, reason=e.reason) for e in reversed(evs)],
         created_at=row.created_at,
@@ -181,18 +197,26 @@ def _out(s: Session, row: ServiceRow, *, events: int = 20) -> ServiceOut:
     )
 
 
-def show(*, db: Database, actor: Principal, name: str) -> ServiceOut | Failure:
+Traffic = Callable[[str], ServiceTraffic | None]
+"""A service's traffic as the gateways report it (``TrafficStore.stats`` at now)."""
+
+
+def no_traffic(name: str) -> None:
+    return None
+
+
+def show(*, db: Database, actor: Principal, name: str, traffic: Traffic = no_traffic) -> ServiceOut | Failure:
     with db.read() as s:
         row = _load(s, actor, name)
-        return row if isinstance(row, Failure) else _out(s, row)
+        return row if isinstance(row, Failure) else _out(s, row, traffic=traffic(row.name))
 
 
-def list_services(*, db: Database, actor: Principal) -> list[ServiceOut]:
+def list_services(*, db: Database, actor: Principal, traffic: Traffic = no_traffic) -> list[ServiceOut]:
     with db.read() as s:
         q = select(ServiceRow).order_by(ServiceRow.name)
         if not actor.is_operator:
             q = q.where(ServiceRow.owner_id == actor.user_id)
-        return [_out(s, row, events=0) for row in s.scalars(q)]
+        return [_out(s, row, events=0, traffic=traffic(row.name)) for row in s.scalars(q)]
 
 
 # -- changing ------------------------------------------------------------------------------------
@@ -287,6 +311,11 @@ def _replace(s: Session, row: ServiceRow, new: dict[str, Any], *, actor: str, no
             kind="scaled",
             reason=f"{old.get('replicas')} -> {new['replicas']} replicas",
         )
+    if old.get("replicas") != new.get("replicas") or (old.get("min_replicas"), old.get("max_replicas")) != (
+        new.get("min_replicas"),
+        new.get("max_replicas"),
+    ):
+        row.scaled_replicas = None  # the autoscaler starts again from the new count
     row.spec = new
     row.updated_at = now
     row.version += 1
@@ -464,6 +493,7 @@ def feed(*, db: Database, telemetry: TelemetryStore, now: float, max_age_s: floa
                 Job.state == str(JobState.RUNNING),
                 Job.ready.is_(True),
                 Job.draining_at.is_(None),
+                Job.warm.is_(False),
                 Job.endpoint.is_not(None),
             )
             .order_by(Job.id)

@@ -24,8 +24,9 @@ from gpufleet.server.errors import Conflict
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import event_row, move, ref, release_attempt
 from gpufleet.server.models import Job, JobEvent, ServiceRow
-from gpufleet.server.replicas import Create, Drain, Replica, Stop, Wish, decide
-from gpufleet.server.services.inference import LIVE, add_event
+from gpufleet.server.replicas import Create, Demote, Drain, Promote, Replica, Stop, Wish, decide
+from gpufleet.server.services.autoscaling import Autoscaler
+from gpufleet.server.services.inference import LIVE, add_event, desired_replicas
 
 log = logging.getLogger("gpufleet.server")
 ACTOR = "replicaset"
@@ -65,7 +66,9 @@ def _backoff(s: Session, row: ServiceRow, now: float) -> float | None:
     return now + min(300.0, 5.0 * 2.0 ** min(exits - 1, 10))
 
 
-def _create(s: Session, row: ServiceRow, spec: ServiceSpec, slot: int, *, now: float, reason: str) -> int:
+def _create(
+    s: Session, row: ServiceRow, spec: ServiceSpec, slot: int, *, now: float, reason: str, warm: bool = False
+) -> int:
     values: dict[str, Any] = {
         "name": f"{spec.name}-{slot}",
         "user_id": row.owner_id,
@@ -95,6 +98,7 @@ def _create(s: Session, row: ServiceRow, spec: ServiceSpec, slot: int, *, now: f
         "service_id": row.id,
         "replica": slot,
         "generation": row.generation,
+        "warm": warm,
     }
     job_id = int(s.execute(insert(Job).values(**values).returning(Job.id)).scalar_one())
     s.execute(
@@ -143,7 +147,8 @@ def step_service(s: Session, row: ServiceRow, *, now: float, drain_s: float) -> 
         s.delete(row)
         return True
     wish = Wish(
-        replicas=spec.replicas,
+        replicas=desired_replicas(row, spec),
+        warm=spec.warm,
         generation=row.generation,
         readiness_timeout_s=spec.readiness_timeout,
         drain_s=drain_s,
@@ -159,13 +164,18 @@ def step_service(s: Session, row: ServiceRow, *, now: float, drain_s: float) -> 
             started_at=j.started_at,
             draining_at=j.draining_at,
             pending_since=None if j.state == JobState.RUNNING else j.pending_since,
+            warm=j.warm,
         )
         for j in jobs.values()
     ]
     actions = decide(wish, seen, now)
     for a in actions:
         if isinstance(a, Create):
-            _create(s, row, spec, a.slot, now=now, reason=a.reason)
+            _create(s, row, spec, a.slot, now=now, reason=a.reason, warm=a.warm)
+        elif isinstance(a, Promote | Demote):
+            s.execute(update(Job).where(Job.id == a.job_id).values(warm=isinstance(a, Demote)))
+            kind = "promote" if isinstance(a, Promote) else "demote"
+            add_event(s, row.id, at=now, actor=ACTOR, kind=kind, reason=f"job {a.job_id}: {a.reason}")
         elif isinstance(a, Drain):
             s.execute(update(Job).where(Job.id == a.job_id).values(draining_at=now))
             add_event(s, row.id, at=now, actor=ACTOR, kind="drain", reason=f"job {a.job_id}: {a.reason}")
@@ -175,17 +185,27 @@ def step_service(s: Session, row: ServiceRow, *, now: float, drain_s: float) -> 
     return bool(actions)
 
 
-def reconcile(*, db: Database, now: float, drain_s: float) -> int:
-    """Every service once; returns how many changed. A service whose step fails (a lost
-    CAS, a bad row) is logged and retried on the next step."""
+def reconcile(*, db: Database, now: float, drain_s: float, autoscaler: Autoscaler | None = None) -> int:
+    """Every service once (autoscaled ones first step their count); returns how many
+    changed. A service whose step fails (a lost CAS, a bad row) is logged and retried on
+    the next step."""
     with db.read() as s:
         ids = list(s.scalars(select(ServiceRow.id).order_by(ServiceRow.id)))
+    if autoscaler is not None:
+        autoscaler.forget(set(ids))
     changed = 0
     for sid in ids:
         try:
             with db.write() as s:
                 row = s.get(ServiceRow, sid)
-                if row is not None and step_service(s, row, now=now, drain_s=drain_s):
+                if row is None:
+                    continue
+                scaled = False
+                if autoscaler is not None and row.state == "active":
+                    spec = ServiceSpec.model_validate(row.spec)
+                    if spec.autoscaled:
+                        scaled = autoscaler.step(s, row, spec, now)
+                if step_service(s, row, now=now, drain_s=drain_s) or scaled:
                     changed += 1
         except Conflict:
             continue  # a job moved meanwhile: next step sees it

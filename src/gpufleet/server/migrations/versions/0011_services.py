@@ -30,6 +30,7 @@ def upgrade() -> None:
         sa.Column("team_id", sa.Integer(), sa.ForeignKey("teams.id"), nullable=False),
         sa.Column("spec", sa.JSON(), nullable=False),
         sa.Column("generation", sa.Integer(), nullable=False),
+        sa.Column("scaled_replicas", sa.Integer(), nullable=True),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.Column("updated_at", sa.Float(), nullable=False),
@@ -74,6 +75,7 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("ready", sa.Boolean(), nullable=False, server_default=sa.false()))
     op.add_column("jobs", sa.Column("ready_at", sa.Float(), nullable=True))
     op.add_column("jobs", sa.Column("draining_at", sa.Float(), nullable=True))
+    op.add_column("jobs", sa.Column("warm", sa.Boolean(), nullable=False, server_default=sa.false()))
     op.create_index("ix_jobs_service_id", "jobs", ["service_id"])
 
 

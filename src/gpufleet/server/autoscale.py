@@ -1,0 +1,128 @@
+"""How many replicas a service should serve with: a pure function of its policy, what
+was observed, and its own recent history (Kubernetes' HorizontalPodAutoscaler rule).
+
+- **Recommendation**: ``ceil(ready x observed / target)``, where ``observed`` is the
+  metric averaged over the ready replicas: ``gpu_util`` (% of their GPUs, default target
+  70), ``inflight`` (requests in flight per replica, from the gateways) or ``qps``
+  (requests per second per replica). Inside the tolerance (``|observed/target - 1| <=
+  0.1``) the recommendation is the current count. No data (no ready replica, no
+  reading): no change. Always clamped to ``min..max``.
+- **Scale up** at once to the recommendation, then not again for
+  ``scale_up_stabilization_s`` (30 s): the replicas just added must become ready and take
+  their share before the metric means anything again. (HPA's scale-up window would
+  instead delay the first step by the window: a 5x step in load must be served in
+  seconds, which a warm pool makes possible, so the window is after the step.)
+- **Scale down** only when every recommendation of the last ``scale_down_cooldown_s``
+  (5 min) was lower (the highest of them is taken: HPA's scale-down stabilisation
+  window) and no scale happened in that time: a noisy load never flaps.
+
+Every decision carries its inputs as a sentence, written as the service's event.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+Metric = Literal["gpu_util", "inflight", "qps"]
+DEFAULT_TARGETS: dict[str, float] = {"gpu_util": 70.0, "inflight": 4.0, "qps": 50.0}
+UNITS: dict[str, str] = {"gpu_util": "% GPU", "inflight": " in flight", "qps": " req/s"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScalePolicy:
+    min_replicas: int
+    max_replicas: int
+    metric: Metric = "gpu_util"
+    target: float = 70.0
+    tolerance: float = 0.1
+    scale_up_stabilization_s: float = 30.0
+    scale_down_cooldown_s: float = 300.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observation:
+    current: int
+    """The replica count the service is at now (its desired serving count)."""
+    ready: int
+    value: float | None
+    """The metric per ready replica (None: no reading)."""
+
+
+@dataclass(slots=True)
+class ScaleState:
+    """What the autoscaler remembers of one service between steps (in memory: after a
+    restart it starts over, which can only delay a scale-down)."""
+
+    recommendations: deque[tuple[float, int]] = field(default_factory=deque)
+    last_up_at: float | None = None
+    last_change_at: float | None = None
+    first_at: float | None = None
+    """The first step: a scale-down needs a whole cooldown of history."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    desired: int
+    reason: str
+
+    def changed(self, current: int) -> bool:
+        return self.desired != current
+
+
+def recommend(policy: ScalePolicy, obs: Observation) -> int:
+    current = obs.current
+    if obs.value is None or obs.ready == 0:
+        rec = current
+    else:
+        ratio = obs.value / policy.target if policy.target > 0 else 1.0
+        rec = current if abs(ratio - 1.0) <= policy.tolerance else math.ceil(obs.ready * ratio - 1e-9)
+    return max(policy.min_replicas, min(policy.max_replicas, rec))
+
+
+def step(policy: ScalePolicy, state: ScaleState, obs: Observation, now: float) -> Decision:
+    """One decision; updates ``state``."""
+    current = obs.current
+    rec = recommend(policy, obs)
+    recs = state.recommendations
+    recs.append((now, rec))
+    if state.first_at is None:
+        state.first_at = now
+    horizon = now - max(policy.scale_down_cooldown_s, policy.scale_up_stabilization_s)
+    while recs and recs[0][0] < horizon:
+        recs.popleft()
+    unit = UNITS[policy.metric]
+    seen = "no reading" if obs.value is None else f"{obs.value:.1f}{unit} per replica"
+    inputs = f"{seen} over {obs.ready} ready, target {policy.target:g}{unit}"
+    bounded = max(policy.min_replicas, min(policy.max_replicas, current))
+    if bounded != current:  # the bounds changed under it
+        span = f"{policy.min_replicas}..{policy.max_replicas}"
+        return _changed(state, now, bounded, current, f"{current} -> {bounded}: outside {span}")
+    if rec > current:
+        if state.last_up_at is not None and now - state.last_up_at < policy.scale_up_stabilization_s:
+            wait = policy.scale_up_stabilization_s - (now - state.last_up_at)
+            return Decision(
+                desired=current, reason=f"would scale up to {rec} ({inputs}); stabilising {wait:.0f}s"
+            )
+        state.last_up_at = now
+        return _changed(state, now, rec, current, f"scale up {current} -> {rec}: {inputs}")
+    if rec < current:
+        window = [r for t, r in recs if t >= now - policy.scale_down_cooldown_s]
+        since = now - (state.last_change_at if state.last_change_at is not None else state.first_at)
+        if since < policy.scale_down_cooldown_s:
+            return Decision(desired=current, reason=f"would scale down to {rec} ({inputs}); cooling down")
+        highest = max(window)
+        if highest < current:
+            why = f"scale down {current} -> {highest}: {inputs}, lower for {policy.scale_down_cooldown_s:g}s"
+            return _changed(state, now, highest, current, why)
+        return Decision(
+            desired=current, reason=f"would scale down to {rec} ({inputs}); load was higher lately"
+        )
+    return Decision(desired=current, reason=f"steady: {inputs}")
+
+
+def _changed(state: ScaleState, now: float, desired: int, current: int, reason: str) -> Decision:
+    state.last_change_at = now
+    return Decision(desired=desired, reason=reason)

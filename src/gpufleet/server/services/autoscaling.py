@@ -1,0 +1,101 @@
+"""The autoscaler's reads and writes (``autoscale.py`` decides): per autoscaled service,
+observe its ready serving replicas and the metric (their GPUs' utilisation from the
+agents' telemetry, or the gateways' in-flight requests or QPS), step the HPA rule, and
+write the new count (``ServiceRow.scaled_replicas``) with an event that carries the
+inputs. A decision that is held back (stabilising, cooling down) is written as an
+event once, when it first happens, not every second."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpufleet.api.services import ServiceSpec
+from gpufleet.server.agentstate import TelemetryStore
+from gpufleet.server.autoscale import Observation, ScalePolicy, ScaleState, step
+from gpufleet.server.jobstate.states import JobState
+from gpufleet.server.models import Allocation, Job, ServiceRow
+from gpufleet.server.services.inference import add_event, desired_replicas
+from gpufleet.server.traffic import TrafficStore
+
+ACTOR = "autoscaler"
+
+
+def policy_of(spec: ServiceSpec) -> ScalePolicy:
+    lo = spec.min_replicas if spec.min_replicas is not None else spec.replicas
+    hi = spec.max_replicas if spec.max_replicas is not None else spec.replicas
+    return ScalePolicy(
+        min_replicas=lo,
+        max_replicas=hi,
+        metric=spec.metric,
+        target=spec.scale_target,
+        scale_up_stabilization_s=spec.scale_up_stabilization,
+        scale_down_cooldown_s=spec.scale_down_cooldown,
+    )
+
+
+@dataclass(slots=True)
+class Autoscaler:
+    telemetry: TelemetryStore
+    traffic: TrafficStore
+    max_age_s: float = 30.0
+    window_s: float = 15.0
+    states: dict[int, ScaleState] = field(default_factory=dict)
+    _held: dict[int, str] = field(default_factory=dict)
+
+    def observe(self, s: Session, row: ServiceRow, spec: ServiceSpec, now: float) -> Observation:
+        current = desired_replicas(row, spec)
+        ready = list(
+            s.scalars(
+                select(Job.id).where(
+                    Job.service_id == row.id,
+                    Job.state == str(JobState.RUNNING),
+                    Job.ready.is_(True),
+                    Job.warm.is_(False),
+                    Job.draining_at.is_(None),
+                )
+            )
+        )
+        value: float | None = None
+        if ready and spec.metric == "gpu_util":
+            per_job: dict[int, list[float]] = {}
+            q = select(Allocation.job_id, Allocation.node, Allocation.gpu_index).where(
+                Allocation.job_id.in_(ready)
+            )
+            for jid, node, idx in s.execute(q):
+                t = self.telemetry.get(node)
+                if t is None or now - t.at > self.max_age_s or idx is None:
+                    continue
+                g = t.gpus.get(idx)
+                if g is not None and g.utilization_pct is not None:
+                    per_job.setdefault(jid, []).append(g.utilization_pct)
+            seen = [sum(v) / len(v) for v in per_job.values() if v]
+            value = sum(seen) / len(seen) if seen else None
+        elif ready:
+            traffic = self.traffic.stats(row.name, now, self.window_s)
+            if traffic is not None:
+                value = (traffic.inflight if spec.metric == "inflight" else traffic.qps) / len(ready)
+        return Observation(current=current, ready=len(ready), value=value)
+
+    def step(self, s: Session, row: ServiceRow, spec: ServiceSpec, now: float) -> bool:
+        """One decision for one service, in the caller's transaction; True if it scaled."""
+        obs = self.observe(s, row, spec, now)
+        state = self.states.setdefault(row.id, ScaleState())
+        decision = step(policy_of(spec), state, obs, now)
+        if decision.desired != obs.current:
+            row.scaled_replicas = decision.desired
+            add_event(s, row.id, at=now, actor=ACTOR, kind="scale", reason=decision.reason)
+            self._held.pop(row.id, None)
+            return True
+        kind = decision.reason.split(" (")[0]
+        if kind.startswith("would") and self._held.get(row.id) != kind:
+            add_event(s, row.id, at=now, actor=ACTOR, kind="scale-held", reason=decision.reason)
+        self._held[row.id] = kind
+        return False
+
+    def forget(self, service_ids: set[int]) -> None:
+        for sid in [k for k in self.states if k not in service_ids]:
+            del self.states[sid]
+            self._held.pop(sid, None)

@@ -1,0 +1,133 @@
+"""What the gateways saw, per service: their reports (``POST /v1/gateway/report``, after
+every feed read; cumulative counters per gateway process, like Prometheus counters) kept
+in memory for a few minutes, and rates over a window from them (the autoscaler's
+``qps`` and ``inflight`` metrics, the page, ``/metrics``).
+
+Rates are per gateway (newest report minus the oldest inside the window), then summed,
+so gateways that start, stop or restart (their counters reset: a report whose counters
+went down starts that gateway's history over) never make a rate negative. Quantiles
+come from the summed bucket increments, linearly inside a bucket (Prometheus'
+``histogram_quantile``). A gateway silent for ``forget_s`` is dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from gpufleet.api.services import ServiceCounters, ServiceTraffic
+
+KEEP_S = 360.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Report:
+    at: float
+    codes: dict[str, int]
+    inflight: int
+    le: tuple[float, ...]
+    buckets: tuple[int, ...]
+    total: int
+
+
+def _report(at: float, c: ServiceCounters) -> _Report:
+    lat = c.latency
+    if lat is None or len(lat.le) != len(lat.counts):
+        return _Report(at, dict(c.codes), c.inflight, (), (), 0)
+    return _Report(at, dict(c.codes), c.inflight, tuple(lat.le), tuple(lat.counts), lat.count)
+
+
+def quantile(q: float, le: tuple[float, ...], increments: list[int]) -> float | None:
+    """The ``q`` quantile (seconds) of cumulative bucket increments over bounds ``le``."""
+    if not increments or increments[-1] <= 0:
+        return None
+    rank = q * increments[-1]
+    prev_bound, prev_count = 0.0, 0
+    for bound, count in zip(le, increments, strict=True):
+        if count >= rank:
+            if bound >= 1e9:  # +Inf (a gateway sends 1e9: JSON has no infinity)
+                return prev_bound
+            span = count - prev_count
+            return prev_bound + (bound - prev_bound) * ((rank - prev_count) / span if span else 1.0)
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
+@dataclass(slots=True)
+class TrafficStore:
+    forget_s: float = 60.0
+    _series: dict[tuple[str, str], deque[_Report]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def put(self, gateway: str, at: float, services: dict[str, ServiceCounters]) -> None:
+        with self._lock:
+            for name, counters in services.items():
+                rep = _report(at, counters)
+                series = self._series.setdefault((gateway, name), deque())
+                if series and sum(series[-1].codes.values()) > sum(rep.codes.values()):
+                    series.clear()  # the gateway restarted: its counters began again
+                series.append(rep)
+                while series and series[0].at < at - KEEP_S:
+                    series.popleft()
+
+    def _live(self, now: float) -> dict[tuple[str, str], deque[_Report]]:
+        for key in [k for k, v in self._series.items() if not v or v[-1].at < now - self.forget_s]:
+            del self._series[key]
+        return self._series
+
+    def stats(self, service: str, now: float, window_s: float = 30.0) -> ServiceTraffic | None:
+        """Rates over the last ``window_s``; None when no gateway reported the service."""
+        with self._lock:
+            series = [v for (_, name), v in self._live(now).items() if name == service]
+            if not series:
+                return None
+            requests = errors = inflight = 0
+            span = 0.0
+            le: tuple[float, ...] = ()
+            merged: list[int] = []
+            for reps in series:
+                last = reps[-1]
+                inflight += last.inflight
+                first = next((r for r in reps if r.at >= now - window_s), last)
+                if first is last and len(reps) > 1:
+                    first = reps[-2]
+                if first is last:
+                    continue
+                span = max(span, last.at - first.at)
+                for code, n in last.codes.items():
+                    d = n - first.codes.get(code, 0)
+                    requests += d
+                    if code.startswith("5"):
+                        errors += d
+                if last.le and last.le == first.le:
+                    inc = [b - a for a, b in zip(first.buckets, last.buckets, strict=True)]
+                    if not le:
+                        le, merged = last.le, inc
+                    elif le == last.le:
+                        merged = [x + y for x, y in zip(merged, inc, strict=True)]
+        p50, p99 = quantile(0.5, le, merged), quantile(0.99, le, merged)
+        return ServiceTraffic(
+            window_s=round(span, 3),
+            qps=round(requests / span, 3) if span > 0 else 0.0,
+            error_rate=round(errors / requests, 5) if requests else 0.0,
+            inflight=inflight,
+            p50_ms=None if p50 is None else round(p50 * 1000, 3),
+            p99_ms=None if p99 is None else round(p99 * 1000, 3),
+            gateways=len(series),
+        )
+
+    def totals(self, now: float) -> dict[str, tuple[dict[str, int], tuple[float, ...], list[int], int]]:
+        """Per service, summed over live gateways: (requests by code, bucket bounds,
+        cumulative bucket counts, in flight), for ``/metrics``."""
+        out: dict[str, tuple[dict[str, int], tuple[float, ...], list[int], int]] = {}
+        with self._lock:
+            for (_, name), reps in self._live(now).items():
+                last = reps[-1]
+                codes, le, buckets, inflight = out.get(name, ({}, last.le, [0] * len(last.le), 0))
+                for code, n in last.codes.items():
+                    codes[code] = codes.get(code, 0) + n
+                if le == last.le:
+                    buckets = [a + b for a, b in zip(buckets, last.buckets, strict=True)]
+                out[name] = (codes, le, buckets, inflight + last.inflight)
+        return out

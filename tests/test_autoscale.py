@@ -1,0 +1,102 @@
+"""The autoscaler's decisions (``server/autoscale.py``) on a fake clock: metrics in,
+replica counts out."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gpufleet.server.autoscale import Observation, ScalePolicy, ScaleState, recommend, step
+
+POLICY = ScalePolicy(min_replicas=1, max_replicas=10, metric="gpu_util", target=70.0)
+
+
+def obs(current: int, value: float | None, ready: int | None = None) -> Observation:
+    return Observation(current=current, ready=current if ready is None else ready, value=value)
+
+
+@pytest.mark.parametrize(
+    ("o", "want"),
+    [
+        pytest.param(obs(2, 70.0), 2, id="at-target"),
+        pytest.param(obs(2, 76.0), 2, id="inside-tolerance-up"),
+        pytest.param(obs(2, 64.0), 2, id="inside-tolerance-down"),
+        pytest.param(obs(2, 100.0), 3, id="hpa-rule-ceil"),
+        pytest.param(obs(4, 35.0), 2, id="halves"),
+        pytest.param(obs(2, None), 2, id="no-reading-no-change"),
+        pytest.param(obs(2, 90.0, ready=0), 2, id="nothing-ready-no-change"),
+        pytest.param(obs(9, 100.0), 10, id="clamped-to-max"),
+        pytest.param(obs(1, 1.0), 1, id="clamped-to-min"),
+        pytest.param(obs(3, 100.0, ready=2), 3, id="uses-ready-replicas"),
+    ],
+)
+def test_recommend(o: Observation, want: int) -> None:
+    assert recommend(POLICY, o) == want
+
+
+def test_inflight_scales_in_one_step() -> None:
+    p = ScalePolicy(min_replicas=1, max_replicas=20, metric="inflight", target=4.0)
+    d = step(p, ScaleState(), obs(2, 20.0), now=0.0)
+    assert d.desired == 10 and "scale up 2 -> 10" in d.reason and "20.0 in flight per replica" in d.reason
+
+
+def test_scale_up_is_immediate_then_stabilises() -> None:
+    state = ScaleState()
+    assert step(POLICY, state, obs(2, 100.0), now=0.0).desired == 3
+    held = step(POLICY, state, obs(3, 100.0), now=10.0)
+    assert held.desired == 3 and "stabilising 20s" in held.reason
+    assert step(POLICY, state, obs(3, 100.0), now=30.0).desired == 5
+
+
+def test_scale_down_waits_out_the_cooldown() -> None:
+    state = ScaleState()
+    assert step(POLICY, state, obs(4, 35.0), now=0.0).desired == 4  # no history yet
+    for t in range(10, 300, 10):
+        d = step(POLICY, state, obs(4, 35.0), now=float(t))
+        assert d.desired == 4, (t, d.reason)
+    d = step(POLICY, state, obs(4, 35.0), now=300.0)
+    assert d.desired == 2 and "scale down 4 -> 2" in d.reason and "lower for 300s" in d.reason
+
+
+def test_scale_down_takes_the_highest_recent_recommendation() -> None:
+    state = ScaleState()
+    step(POLICY, state, obs(6, 70.0), now=0.0)
+    step(POLICY, state, obs(6, 50.0), now=100.0)  # would be 5
+    step(POLICY, state, obs(6, 20.0), now=200.0)  # would be 2
+    assert step(POLICY, state, obs(6, 20.0), now=300.0).desired == 6  # 6 at t=0 is in the window
+    assert step(POLICY, state, obs(6, 20.0), now=399.0).desired == 5  # t=100's 5 is the highest left
+    assert step(POLICY, state, obs(5, 20.0), now=450.0).desired == 5  # cooling down after that change
+
+
+def test_no_scale_down_within_the_cooldown_after_a_scale_up() -> None:
+    state = ScaleState()
+    for t in range(0, 400, 10):
+        step(POLICY, state, obs(3, 40.0), now=float(t))
+    assert step(POLICY, state, obs(3, 100.0), now=400.0).desired == 5
+    for t in range(410, 700, 10):
+        assert step(POLICY, state, obs(5, 10.0), now=float(t)).desired == 5
+
+
+def test_bounds_changed_under_it() -> None:
+    d = step(ScalePolicy(min_replicas=2, max_replicas=3), ScaleState(), obs(5, 70.0), now=0.0)
+    assert d.desired == 3 and "outside 2..3" in d.reason
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_twenty_minutes_of_noisy_steady_load_never_flaps(seed: int) -> None:
+    """A steady load worth 4 replicas at the target, +-25 % noise on every reading (every
+    15 s for 20 minutes; each replica's share shrinks as replicas are added): the count
+    may step up, and never reverses (no flap)."""
+    rng = random.Random(seed)
+    state, current, changes = ScaleState(), 4, []
+    for i in range(80):
+        value = 70.0 * 4 / current * (1 + rng.uniform(-0.25, 0.25))
+        d = step(POLICY, state, obs(current, value), now=i * 15.0)
+        if d.desired != current:
+            changes.append((i * 15.0, current, d.desired))
+            current = d.desired
+    downs = [c for c in changes if c[2] < c[1]]
+    ups = [c for c in changes if c[2] > c[1]]
+    assert not downs, changes
+    assert len(ups) <= 1, changes
