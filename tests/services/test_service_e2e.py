@@ -256,3 +256,102 @@ def test_service_through_the_gateway_survives_a_node_loss_and_a_rolling_update(
             gateway.wait(10)
         for n in nodes:
             n.close()
+
+
+def test_autoscaling_promotes_a_warm_replica_under_load_and_scales_back(srv: Server, tmp_path: Path) -> None:
+    """Slow requests (the toy completions endpoint, 40 ms per token) from 8 callers at
+    once: in-flight per replica far above the target of 2, so the autoscaler goes to its
+    maximum of 3; the first new replica is the warm one (promoted at once), and the pool
+    is refilled behind it. Without load, after the cooldown, back to 1."""
+    passable(tmp_path)
+    team = make_team(srv)
+    pool = unique("apool")
+    with srv.client() as c:
+        ok(c.post("/pools", json={"name": pool}), 201)
+    nodes = [_node(srv, tmp_path, pool=pool, leaf=f"leaf-{i % 2}") for i in range(5)]
+    name = "scaled-llm"
+    launch = model_server(as_other_account=ROOT, args=("--model", "mlp", "--token-delay-ms", "40"))
+    gw_port = free_port()
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "gateway", "--server", srv.url, "--port", str(gw_port),
+         "--refresh", "0.2"],
+        env={**os.environ, "GPUFLEET_TOKEN": ADMIN_TOKEN},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    stop = threading.Event()
+    try:
+        with srv.client() as c:
+            spec = {
+                "name": name, "team": team, "pool": pool, "command": launch.command, "env": launch.env,
+                "replicas": 1, "min_replicas": 1, "max_replicas": 3, "warm": 1, "metric": "inflight",
+                "target": 2, "scale_up_stabilization": 2, "scale_down_cooldown": 4, "protocol": "openai",
+            }  # fmt: skip
+            ok(c.put(f"/services/{name}", json=spec))
+
+            def state(o: dict[str, Any]) -> tuple[int, int, int]:
+                return (
+                    o.get("replicas_desired", -1),
+                    o.get("replicas_ready", -1),
+                    o.get("replicas_warm", -1),
+                )
+
+            def until(check: Any, timeout: float, what: str) -> dict[str, Any]:
+                deadline = time.monotonic() + timeout
+                while True:
+                    out = ok(c.get(f"/services/{name}"))
+                    if check(out):
+                        return out  # type: ignore[no-any-return]
+                    assert time.monotonic() < deadline, (
+                        f"timed out waiting for {what}: {state(out)} {out['events']}"
+                    )
+                    time.sleep(0.1)
+
+            until(lambda o: state(o) == (1, 1, 1) and _ready_warm(o), 60, "1 serving and 1 warm replica")
+            token = ok(c.post(f"/services/{name}/tokens"), 201)["token"]
+            url = f"http://127.0.0.1:{gw_port}/s/{name}/v1/completions"
+            body = {"model": "mlp", "prompt": "scale me", "max_tokens": 12}
+            failures: list[str] = []
+
+            def caller() -> None:
+                with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=30) as h:
+                    while not stop.is_set():
+                        try:
+                            r = h.post(url, json=body)
+                            if r.status_code != 200:
+                                failures.append(str(r.status_code))
+                        except httpx.HTTPError as exc:
+                            failures.append(type(exc).__name__)
+
+            callers = [threading.Thread(target=caller, daemon=True) for _ in range(8)]
+            for t in callers:
+                t.start()
+            started = time.monotonic()
+            out = until(lambda o: o["replicas_desired"] == 3, 20, "a scale-up to 3")
+            out = until(lambda o: o["replicas_ready"] >= 2, 20, "the warm replica promoted")
+            promoted_after = time.monotonic() - started
+            assert any(e["kind"] == "promote" for e in out["events"]), out["events"]
+            scale = next(e for e in out["events"] if e["kind"] == "scale")
+            assert "in flight per replica" in scale["reason"] and "target 2" in scale["reason"]
+            assert promoted_after < 10, promoted_after
+            out = until(lambda o: o["traffic"] is not None and o["traffic"]["qps"] > 0, 10, "traffic stats")
+            assert out["traffic"]["p99_ms"] is not None
+            until(lambda o: state(o) == (3, 3, 1), 60, "3 serving replicas and the pool refilled")
+            stop.set()
+            for t in callers:
+                t.join(35)
+            assert failures == [], failures
+            out = until(lambda o: o["replicas_desired"] == 1, 30, "the scale-down after the cooldown")
+            assert any(e["kind"] == "scale" and "scale down 3 -> 1" in e["reason"] for e in out["events"])
+            until(lambda o: state(o) == (1, 1, 1), 30, "1 serving, 1 warm again")
+            ok(c.delete(f"/services/{name}"), 202)
+    finally:
+        stop.set()
+        gateway.terminate()
+        gateway.wait(10)
+        for n in nodes:
+            n.close()
+
+
+def _ready_warm(out: dict[str, Any]) -> bool:
+    return any(r["warm"] and r["ready"] for r in out["replicas"])
