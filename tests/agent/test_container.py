@@ -181,6 +181,17 @@ def test_container_env_volumes_and_name() -> None:
     )
 
 
+def test_a_service_replica_publishes_its_port_on_the_nodes_port() -> None:
+    """The agent gave the replica node port 41234 ($PORT, GPUFLEET_HOST_PORT); the model
+    server inside listens on the spec's port (GPUFLEET_SERVICE_PORT): published there,
+    and $PORT inside is the container's own port."""
+    env = {"GPUFLEET_SERVICE_PORT": "8000", "GPUFLEET_HOST_PORT": "41234", "PORT": "41234"}
+    kw = built(job(env=env)).docker_kwargs()
+    assert kw["ports"] == {"8000/tcp": 41234}
+    assert kw["environment"]["PORT"] == "8000"
+    assert built(job()).docker_kwargs()["ports"] == {}  # a batch job publishes nothing
+
+
 # -- limits and root filesystem ----------------------------------------------------------------
 
 
