@@ -99,6 +99,19 @@ def test_deploy_from_yaml_list_show_update_delete(
     assert out["spec"]["model_version"] == "v2"
     nothing = gpufleet("service", "update", name, env=env)
     assert nothing.returncode == 2 and "nothing to change" in nothing.stderr
+    auto = gpufleet(
+        *("service", "update", name, "--min-replicas", "1", "--max-replicas", "4", "--metric", "inflight"),
+        *("--target", "3", "--warm", "1", "--scale-down-cooldown", "2m", "--slo-p99-ms", "250"),
+        env=env,
+    )
+    assert auto.returncode == 0, auto.stderr
+    assert (
+        "1..4 on inflight (target 3 in flight per replica; up every 30s at most, down after 120s)"
+        in auto.stdout
+    )
+    assert "warm" in auto.stdout
+    events = table(gpufleet("service", "events", name, "-n", "3", env=env).stdout)
+    assert len(events) == 3 and {"TIME", "KIND", "BY", "WHAT"} <= set(events[0])
 
     gone = gpufleet("service", "delete", name, env=env)
     assert gone.returncode == 0, gone.stderr

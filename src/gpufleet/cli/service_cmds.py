@@ -25,7 +25,14 @@ from typing import Any, TypeVar
 import typer
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from gpufleet.api.services import ReplicaOut, ServiceOut, ServicePatch, ServiceSpec, ServiceTokenOut
+from gpufleet.api.services import (
+    ReplicaOut,
+    ServiceEventOut,
+    ServiceOut,
+    ServicePatch,
+    ServiceSpec,
+    ServiceTokenOut,
+)
 from gpufleet.cli import words
 from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table, stream_logs
 from gpufleet.cli.apps import service_app
@@ -49,7 +56,16 @@ _HELP = {
     "protocol": "http, openai or kserve-v2.",
     "version": "Given to replicas as GPUFLEET_MODEL_VERSION; a change rolls them.",
     "rate": "Gateway limit per caller token: BURST/PER_SECOND (200/100), N/WINDOW (1000/1m) or off.",
+    "min": "Autoscaling: the fewest replicas (autoscaled when below --max-replicas).",
+    "max": "Autoscaling: the most replicas.",
+    "metric": "Autoscaling metric per ready replica: gpu_util (default), inflight or qps.",
+    "target": "Its target: default gpu_util 70 (%), inflight 4, qps 50.",
+    "warm": "Standby replicas kept started and ready, out of rotation (a scale-up takes them first).",
+    "slo": "The p99 latency objective in ms (the ServiceP99AboveSLO alert).",
+    "up": "After a scale-up, no other for this long (default 30s).",
+    "down": "Scale down only after this long of lower load and no scaling (default 5m).",
 }
+_DURATIONS = ("readiness_timeout", "scale_up_stabilization", "scale_down_cooldown")
 
 
 # -- talking to the server ------------------------------------------------------------------
@@ -165,11 +181,12 @@ def _fields(given: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in given.items() if v is not None}
     if "command" in out:
         out["command"] = _split(out["command"], "--command")
-    if "readiness_timeout" in out:
-        try:
-            out["readiness_timeout"] = parse_duration(out["readiness_timeout"])
-        except ValueError as exc:
-            raise fail(f"--readiness-timeout: {exc}", BAD_INPUT) from None
+    for key in _DURATIONS:
+        if key in out:
+            try:
+                out[key] = parse_duration(out[key])
+            except ValueError as exc:
+                raise fail(f"--{key.replace('_', '-')}: {exc}", BAD_INPUT) from None
     return out
 
 
@@ -196,7 +213,9 @@ def summary_lines(svc: ServiceOut, *, now: float) -> list[str]:
         ("owner", svc.owner),
         ("team", svc.team),
         ("state", svc.state),
-        ("ready", f"{svc.replicas_ready}/{svc.replicas_desired} replicas"),
+        ("ready", f"{svc.replicas_ready}/{svc.replicas_desired} replicas" + _warm(svc)),
+        ("autoscaling", _scaling(spec)),
+        ("traffic", _traffic(svc)),
         ("generation", svc.generation),
         ("runs", _runs(spec)),
         ("model version", spec.model_version),
@@ -210,6 +229,30 @@ def summary_lines(svc: ServiceOut, *, now: float) -> list[str]:
         ("age", format_duration(max(0.0, now - svc.created_at))),
     ]
     return [f"{k:>{_LABEL}}: {'-' if v is None else v}" for k, v in fields]
+
+
+def _warm(svc: ServiceOut) -> str:
+    return f", {svc.replicas_warm} warm" if svc.spec.warm or svc.replicas_warm else ""
+
+
+def _scaling(spec: ServiceSpec) -> str | None:
+    if not spec.autoscaled:
+        return None
+    unit = {"gpu_util": "% GPU", "inflight": " in flight", "qps": " req/s"}[spec.metric]
+    up, down = spec.scale_up_stabilization, spec.scale_down_cooldown
+    return (
+        f"{spec.min_replicas}..{spec.max_replicas} on {spec.metric} (target {spec.scale_target:g}{unit} "
+        f"per replica; up every {up:g}s at most, down after {down:g}s)"
+    )
+
+
+def _traffic(svc: ServiceOut) -> str | None:
+    t = svc.traffic
+    if t is None:
+        return None
+    p99 = "-" if t.p99_ms is None else f"{t.p99_ms:.1f} ms"
+    errors = f"{t.error_rate:.2%}"
+    return f"{t.qps:.1f} req/s, p99 {p99}, errors {errors}, {t.inflight} in flight (last {t.window_s:.0f}s)"
 
 
 def _print(svc: ServiceOut) -> None:
@@ -270,6 +313,14 @@ def deploy(
     protocol: str | None = typer.Option(None, "--protocol", help=_HELP["protocol"] + " Default http."),
     model_version: str | None = typer.Option(None, "--model-version", help=_HELP["version"]),
     rate_limit: str | None = typer.Option(None, "--rate-limit", help=_HELP["rate"]),
+    min_replicas: int | None = typer.Option(None, "--min-replicas", help=_HELP["min"]),
+    max_replicas: int | None = typer.Option(None, "--max-replicas", help=_HELP["max"]),
+    metric: str | None = typer.Option(None, "--metric", help=_HELP["metric"]),
+    target: float | None = typer.Option(None, "--target", help=_HELP["target"]),
+    warm: int | None = typer.Option(None, "--warm", help=_HELP["warm"]),
+    slo_p99_ms: float | None = typer.Option(None, "--slo-p99-ms", help=_HELP["slo"]),
+    scale_up_stabilization: str | None = typer.Option(None, "--scale-up-stabilization", help=_HELP["up"]),
+    scale_down_cooldown: str | None = typer.Option(None, "--scale-down-cooldown", help=_HELP["down"]),
     json_out: bool = json_flag("the summary"),
 ) -> None:
     """Create a service, or replace its spec (kubectl apply): from a file, options, or
@@ -292,6 +343,14 @@ def deploy(
             "protocol": protocol,
             "model_version": model_version,
             "rate_limit": rate_limit,
+            "min_replicas": min_replicas,
+            "max_replicas": max_replicas,
+            "metric": metric,
+            "target": target,
+            "warm": warm,
+            "slo_p99_ms": slo_p99_ms,
+            "scale_up_stabilization": scale_up_stabilization,
+            "scale_down_cooldown": scale_down_cooldown,
         }
     )
     if env:
@@ -352,6 +411,23 @@ def show(name: str = typer.Argument(...), json_out: bool = json_flag("the summar
         _print(svc)
 
 
+@service_app.command("events")
+def events(
+    name: str = typer.Argument(...),
+    limit: int = typer.Option(50, "--limit", "-n", min=1, max=1000, help="The newest N events."),
+    json_out: bool = json_flag(),
+) -> None:
+    """What happened to a service, oldest first: deploys, updates, replicas made and
+    stopped, and every scaling decision with its inputs."""
+    with client() as c:
+        path = f"/services/{name}/events"
+        got = _reply(list[ServiceEventOut], c.request("GET", path, params={"limit": limit}), path)
+    if json_out:
+        print_json([e.model_dump() for e in got])
+        return
+    print_table(["TIME", "KIND", "BY", "WHAT"], [(_at(e.at), e.kind, e.actor, e.reason) for e in got])
+
+
 @service_app.command("update")
 def update(
     name: str = typer.Argument(...),
@@ -370,6 +446,14 @@ def update(
     protocol: str | None = typer.Option(None, "--protocol", help=_HELP["protocol"]),
     model_version: str | None = typer.Option(None, "--model-version", help=_HELP["version"]),
     rate_limit: str | None = typer.Option(None, "--rate-limit", help=_HELP["rate"]),
+    min_replicas: int | None = typer.Option(None, "--min-replicas", help=_HELP["min"]),
+    max_replicas: int | None = typer.Option(None, "--max-replicas", help=_HELP["max"]),
+    metric: str | None = typer.Option(None, "--metric", help=_HELP["metric"]),
+    target: float | None = typer.Option(None, "--target", help=_HELP["target"]),
+    warm: int | None = typer.Option(None, "--warm", help=_HELP["warm"]),
+    slo_p99_ms: float | None = typer.Option(None, "--slo-p99-ms", help=_HELP["slo"]),
+    scale_up_stabilization: str | None = typer.Option(None, "--scale-up-stabilization", help=_HELP["up"]),
+    scale_down_cooldown: str | None = typer.Option(None, "--scale-down-cooldown", help=_HELP["down"]),
     json_out: bool = json_flag("the summary"),
 ) -> None:
     """Change some fields of a service; the rest of its spec stays. A change of what the
@@ -389,6 +473,14 @@ def update(
             "protocol": protocol,
             "model_version": model_version,
             "rate_limit": rate_limit,
+            "min_replicas": min_replicas,
+            "max_replicas": max_replicas,
+            "metric": metric,
+            "target": target,
+            "warm": warm,
+            "slo_p99_ms": slo_p99_ms,
+            "scale_up_stabilization": scale_up_stabilization,
+            "scale_down_cooldown": scale_down_cooldown,
         }
     )
     if env:

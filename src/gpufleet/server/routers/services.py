@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 
 from gpufleet.api.services import (
     SERVICE_NAME,
     GatewayFeed,
     GatewayReport,
+    ServiceEventOut,
     ServiceOut,
     ServicePatch,
     ServiceSpec,
@@ -53,6 +54,14 @@ def deploy(name: ServiceNameIn, spec: ServiceSpec, parts: PartsDep, me: Me) -> S
 @router.get("/{name}", response_model=ServiceOut)
 def show(name: ServiceNameIn, request: Request, parts: PartsDep, me: Me) -> ServiceOut:
     return unwrap(inference.show(db=parts.db, actor=me, name=name, traffic=_traffic(request, parts)))
+
+
+@router.get("/{name}/events", response_model=list[ServiceEventOut])
+def events(
+    name: ServiceNameIn, parts: PartsDep, me: Me, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> list[ServiceEventOut]:
+    """The newest events, oldest first: deploys, updates, replicas, scaling decisions."""
+    return unwrap(inference.events(db=parts.db, actor=me, name=name, limit=limit))
 
 
 @router.patch("/{name}", response_model=ServiceOut)

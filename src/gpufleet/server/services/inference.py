@@ -211,6 +211,23 @@ def show(*, db: Database, actor: Principal, name: str, traffic: Traffic = no_tra
         return row if isinstance(row, Failure) else _out(s, row, traffic=traffic(row.name))
 
 
+def events(*, db: Database, actor: Principal, name: str, limit: int) -> list[ServiceEventOut] | Failure:
+    """The newest ``limit`` events of a service, oldest first (deploys, updates,
+    replicas made and stopped, every scaling decision with its inputs)."""
+    with db.read() as s:
+        row = _load(s, actor, name)
+        if isinstance(row, Failure):
+            return row
+        q = (
+            select(ServiceEvent)
+            .where(ServiceEvent.service_id == row.id)
+            .order_by(ServiceEvent.id.desc())
+            .limit(limit)
+        )
+        rows = list(s.scalars(q))
+    return [ServiceEventOut(at=e.at, actor=e.actor, kind=e.kind, reason=e.reason) for e in reversed(rows)]
+
+
 def list_services(*, db: Database, actor: Principal, traffic: Traffic = no_traffic) -> list[ServiceOut]:
     with db.read() as s:
         q = select(ServiceRow).order_by(ServiceRow.name)
