@@ -1,6 +1,7 @@
 """The Grafana dashboard queries only series gpufleet exports: every panel's PromQL is
 parsed for metric names, each checked against what ``/metrics`` of a running server
-(in-process, with telemetry, a placed and a waiting job) actually exposes."""
+(in-process, with telemetry, a placed and a waiting job, and an inference service with
+gateway traffic) actually exposes."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def test_metric_names_parser(expr: str, want: set[str]) -> None:
 
 @pytest.fixture(scope="module")
 def exposed(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    with fleet(tmp_path_factory.mktemp("grafana")) as f:
+    with fleet(tmp_path_factory.mktemp("grafana"), service=True) as f:
         f.client.get("/v1/fleet/summary")
         return set(Fleet.scrape(f))
 
@@ -93,5 +94,25 @@ def test_every_panel_queries_exported_series(path: Path, exposed: set[str]) -> N
     missing = {(title, n) for title, e in found for n in metric_names(e) if n not in exposed}
     assert not missing, f"panels query series /metrics does not expose: {sorted(missing)}"
     titles = {p["title"] for p in dash["panels"] if p["type"] == "row"}
-    assert titles == {"Fleet overview", "Per-node GPUs", "Queue and scheduler", "Usage and cost"}
+    assert titles == {"Fleet overview", "Per-node GPUs", "Queue and scheduler", "Usage and cost", "Services"}
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+
+
+def test_the_services_row_has_its_panels() -> None:
+    dash = json.loads((ROOT / "grafana" / "gpufleet-fleet.json").read_text())
+    row = next(p for p in dash["panels"] if p["type"] == "row" and p["title"] == "Services")
+    below = [p for p in dash["panels"] if p["gridPos"]["y"] > row["gridPos"]["y"]]
+    names = {n for p in below for t in p["targets"] for n in metric_names(t["expr"])}
+    assert names == {
+        "gpufleet_service_requests_total",
+        "gpufleet_service_request_seconds_bucket",
+        "gpufleet_service_slo_p99_seconds",
+        "gpufleet_service_inflight",
+        "gpufleet_service_replicas",
+        "gpufleet_service_replicas_max",
+        "gpufleet_service_gpu_utilization",
+        "gpufleet_service_energy_wh_per_1k",
+        "gpufleet_service_cost_per_1k",
+    }
+    states = {s for p in below for t in p["targets"] for s in re.findall(r'state="(\w+)"', t["expr"])}
+    assert states == {"desired", "ready", "warm"}

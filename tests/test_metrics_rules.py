@@ -1,6 +1,6 @@
 """``prometheus/gpufleet-rules.yml`` is valid for ``promtool``, passes its unit tests
-(``gpufleet-rules.test.yml``: the budget rules on synthetic series) and only reads series
-gpufleet exports."""
+(``gpufleet-rules.test.yml``: the budget and service rules on synthetic series) and only
+reads series gpufleet exports."""
 
 from __future__ import annotations
 
@@ -43,18 +43,31 @@ def test_promtool_accepts(args: list[str], path: Path, tmp_path: Path) -> None:
 
 
 @needs_promtool
-def test_rule_unit_tests_cover_the_budget_rules() -> None:
+def test_rule_unit_tests_cover_the_budget_and_service_rules() -> None:
     text = RULE_TESTS.read_text()
-    assert {"BudgetNearLimit", "BudgetExhausted"} <= set(re.findall(r"alertname: (\w+)", text))
+    want = {
+        "BudgetNearLimit",
+        "BudgetExhausted",
+        "ServiceP99AboveSLO",
+        "ServiceErrorRateHigh",
+        "ServiceAtMaxReplicas",
+    }
+    assert want <= set(re.findall(r"alertname: (\w+)", text))
+    for name in want - {"BudgetExhausted"}:  # each both quiet and firing
+        cases = re.findall(rf"alertname: {name}\n\s+exp_alerts:( \[\])?", text)
+        assert "" in cases and " []" in cases, name
 
 
 def test_rules_read_exported_series(tmp_path: Path) -> None:
     text = RULES.read_text()
     alerts = re.findall(r"- alert: (\w+)", text)
-    want = {"GpuHot", "GpuFatalXid", "NodeNotReady", "QueueWaitHigh", "BudgetNearLimit", "BudgetExhausted"}
+    want = {
+        "GpuHot", "GpuFatalXid", "NodeNotReady", "QueueWaitHigh", "BudgetNearLimit", "BudgetExhausted",
+        "ServiceP99AboveSLO", "ServiceErrorRateHigh", "ServiceAtMaxReplicas",
+    }  # fmt: skip
     assert want <= set(alerts)
     exprs = re.findall(r"expr: >-\n((?:\s{10}.*\n)+)|expr: (.+)", text)
     names = {n for block, line in exprs for n in metric_names(block or line)}
-    with fleet(tmp_path) as f:
+    with fleet(tmp_path, service=True) as f:
         exposed = set(Fleet.scrape(f))
     assert names - exposed - PROMETHEUS_OWN == set()

@@ -1,6 +1,8 @@
 """A small in-process gpufleet server (FastAPI TestClient on a temp SQLite file) with
 nodes, telemetry, a placed and a waiting job, prices, a team budget and an open
-reservation: what the /metrics, alerts, rules and dashboard tests read."""
+reservation: what the /metrics, alerts, rules and dashboard tests read. With
+``service=True`` also an autoscaled inference service with one ready replica and two
+gateway reports of its traffic (every ``gpufleet_service_*`` series exists)."""
 
 from __future__ import annotations
 
@@ -66,8 +68,53 @@ TELEMETRY = {
 }
 
 
+SERVICE = {
+    "name": "chat",
+    "command": ["model-server"],
+    "team": "vision",
+    "replicas": 1,
+    "min_replicas": 1,
+    "max_replicas": 3,
+    "gpus_per_replica": 1,
+    "slo_p99_ms": 250.0,
+}
+
+
+def gateway_report(requests: int, *, errors: int = 0, gateway: str = "gw-1") -> dict[str, Any]:
+    """A gateway's cumulative counters for ``chat``: ``requests`` answers, ``errors`` of
+    them 503, answer times spread over the buckets (most under 100 ms)."""
+    ok = requests - errors
+    le = [0.05, 0.1, 0.25, 0.5, 1e9]
+    counts = [requests * 6 // 10, requests * 9 // 10, requests * 99 // 100, requests, requests]
+    latency = {"le": le, "counts": counts, "sum": requests * 0.07, "count": requests}
+    codes = {"200": ok} | ({"503": errors} if errors else {})
+    return {"gateway": gateway, "services": {"chat": {"codes": codes, "inflight": 3, "latency": latency}}}
+
+
+def _serve(c: TestClient) -> None:
+    """Deploy ``SERVICE``, wait for its replica's placement, report it running and ready
+    from its node (as its agent would), and post two gateway reports."""
+    r = c.put("/v1/services/chat", json=SERVICE, headers=AUTH)
+    assert r.status_code in (200, 201), r.text
+    deadline = time.monotonic() + 10
+    while not (reps := c.get("/v1/services/chat", headers=AUTH).json()["replicas"]) or not reps[0]["nodes"]:
+        assert time.monotonic() < deadline, "the service replica was not placed"
+        time.sleep(0.05)
+    node, jid = reps[0]["nodes"][0], reps[0]["job_id"]
+    r = c.post(f"/v1/nodes/{node}/sync", json={"telemetry": TELEMETRY[node]}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    attempt = next(j["attempt"] for j in r.json()["jobs"] if j["job_id"] == jid)
+    seen = {"job_id": jid, "state": "running", "attempt": attempt, "endpoint": "http://10.0.0.9:8000"}
+    r = c.post(f"/v1/nodes/{node}/sync", json={"jobs": [seen | {"ready": True}]}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    for n in (100, 400):
+        r = c.post("/v1/gateway/report", json=gateway_report(n, errors=n // 100), headers=AUTH)
+        assert r.status_code == 204, r.text
+        time.sleep(0.2)
+
+
 @contextmanager
-def fleet(tmp: Path, **config: Any) -> Iterator[Fleet]:
+def fleet(tmp: Path, *, service: bool = False, **config: Any) -> Iterator[Fleet]:
     url = f"sqlite:///{tmp / 'gpufleet.db'}"
     db.upgrade(url)
     app = create_app(ServerConfig(database_url=url, admin_token=TOKEN, schedule_interval_s=0.2, **config))
@@ -99,6 +146,8 @@ def fleet(tmp: Path, **config: Any) -> Iterator[Fleet]:
         while c.get(f"/v1/jobs/{jid}", headers=AUTH).json()["state"] != "SCHEDULED":
             assert time.monotonic() < deadline, "the job was not placed"
             time.sleep(0.05)
+        if service:
+            _serve(c)
         # and one that cannot be placed now (8 GPUs; 2 are held, 2 cordoned by health rules)
         wait = c.post("/v1/jobs", json={"command": ["true"], "gpus": 8, "team": "vision"}, headers=AUTH)
         assert wait.status_code == 201, wait.text

@@ -2,10 +2,13 @@
 against a server of its own (no agents: replicas are placed on the registered nodes and
 stay not ready). An admin sees every service, a plain user only their own, as
 ``GET /v1/services``: of another user's service neither the card nor the heatmap says
-anything. Saves test-artifacts/fleet-services.png."""
+anything. A gateway reports llama's traffic: the card shows its QPS, P99 and 5xx share,
+and a chart of the last hour's replicas and QPS. Saves test-artifacts/fleet-services.png
+and /tmp/services-traffic.png."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,9 +64,23 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         with srv.client(alice) as c:
             ok(c.put("/services/alice-svc", json=spec | {"name": "alice-svc", "replicas": 1}))
         placed = {"llama": _placed(srv, "llama", 2), "alice-svc": _placed(srv, "alice-svc", 1)}
+        with srv.client() as c:  # a gateway's cumulative counters, a second apart
+            for n in (0, 300):
+                r = c.post("/gateway/report", json=gateway_report(n))
+                assert r.status_code == 204, r.text
+                time.sleep(1.0)
         yield Fleet(server=srv, alice=alice, bob=bob, placed=placed)
     finally:
         stop_server(srv)
+
+
+def gateway_report(requests: int) -> dict[str, Any]:
+    """llama: ``requests`` answers, 1 % of them 502; 90 % within 50 ms, all within 250 ms."""
+    le = [0.025, 0.05, 0.1, 0.25, 1e9]
+    counts = [requests // 2, requests * 9 // 10, requests * 98 // 100, requests, requests]
+    codes = {"200": requests - requests // 100, "502": requests // 100}
+    latency = {"le": le, "counts": counts, "sum": requests * 0.04, "count": requests}
+    return {"gateway": "gw-test", "services": {"llama": {"codes": codes, "inflight": 2, "latency": latency}}}
 
 
 def marked(page: Any) -> list[tuple[str, int]]:
@@ -88,7 +105,11 @@ def test_the_json_keeps_to_the_rules_of_get_services(fleet: Fleet) -> None:
         "generation": 1,
         "state": "active",
     }
-    assert (llama["replicas_desired"], llama["replicas_ready"]) == (2, 0)
+    assert (llama["replicas_desired"], llama["replicas_ready"], llama["replicas_warm"]) == (2, 0, 0)
+    assert llama["traffic"] == full["llama"]["traffic"] and llama["traffic"]["qps"] > 0
+    assert admin[0]["traffic"] is None  # no gateway reported alice-svc
+    assert llama["history"]["series"] == ["desired", "ready", "warm", "qps"]
+    assert llama["history"]["samples"][-1][1:4] == [2, 0, 0]
     want = [
         {
             "job_id": r["job_id"],
@@ -97,6 +118,7 @@ def test_the_json_keeps_to_the_rules_of_get_services(fleet: Fleet) -> None:
             "state": r["state"],
             "ready": r["ready"],
             "draining": r["draining"],
+            "warm": r["warm"],
             "endpoint": r["endpoint"],
             "allocation": [{"node": r["nodes"][0], "gpus": r["gpus"]}],
         }
@@ -174,7 +196,7 @@ def test_a_plain_user_sees_only_their_own(
 
 
 NONE = "\u2013"  # the page's dash for "nowhere yet"
-REPLICA = {"draining": False, "ready": False, "state": "RUNNING", "allocation": []}
+REPLICA = {"draining": False, "ready": False, "warm": False, "state": "RUNNING", "allocation": []}
 
 
 @pytest.mark.parametrize(
@@ -189,6 +211,8 @@ REPLICA = {"draining": False, "ready": False, "state": "RUNNING", "allocation": 
         ),
         ({"ready": True, "allocation": [{"node": "n-1", "gpus": [3]}]}, "ready", "n-1:3"),
         ({"ready": True, "draining": True}, "draining", NONE),
+        ({"ready": True, "warm": True, "allocation": [{"node": "n-1", "gpus": [4]}]}, "warm", "n-1:4"),
+        ({"ready": True, "warm": True, "draining": True}, "draining", NONE),
         (
             {"allocation": [{"node": "a", "gpus": [0, 1]}, {"node": "b", "gpus": [0, 1]}]},
             "starting",
@@ -196,7 +220,17 @@ REPLICA = {"draining": False, "ready": False, "state": "RUNNING", "allocation": 
         ),
         ({"allocation": [{"node": "cpu-1", "gpus": []}]}, "starting", "cpu-1"),
     ],
-    ids=["pending", "held", "scheduled", "ready", "draining", "two-nodes", "cpu-only"],
+    ids=[
+        "pending",
+        "held",
+        "scheduled",
+        "ready",
+        "draining",
+        "warm",
+        "warm-draining",
+        "two-nodes",
+        "cpu-only",
+    ],
 )
 def test_replica_functions(page: Any, fleet: Fleet, replica: dict[str, Any], state: str, where: str) -> None:
     page.goto(fleet.server.url + "/")
@@ -219,3 +253,77 @@ def test_replica_functions(page: Any, fleet: Fleet, replica: dict[str, Any], sta
 def test_service_health_function(page: Any, fleet: Fleet, service: dict[str, Any], want: str) -> None:
     page.goto(fleet.server.url + "/")
     assert page.evaluate("s => GF.serviceHealth(s)", {"state": "active"} | service) == want
+
+
+TRAFFIC = {
+    "qps": 12.345,
+    "error_rate": 0.0,
+    "p99_ms": 84.0,
+    "p50_ms": 10.0,
+    "inflight": 0,
+    "window_s": 30,
+    "gateways": 1,
+}
+
+
+@pytest.mark.parametrize(
+    ("traffic", "slo", "want"),
+    [
+        (TRAFFIC, None,
+         {"qps": "12.3 qps", "p99": "p99 84.0 ms", "slow": False, "errors": "0.0 % 5xx", "failing": False}),
+        (TRAFFIC | {"qps": 1500.0, "p99_ms": 300.0, "error_rate": 0.25}, 250.0,
+         {"qps": "1,500 qps", "p99": "p99 300 ms", "slow": True, "errors": "25 % 5xx", "failing": True}),
+        (TRAFFIC | {"p99_ms": None, "error_rate": 0.01}, 250.0,
+         {"qps": "12.3 qps", "p99": "p99 " + NONE, "slow": False, "errors": "1.0 % 5xx", "failing": False}),
+        (None, 250.0, None),
+    ],
+    ids=["plain", "slow-and-failing", "no-latency-yet", "no-report"],
+)  # fmt: skip
+def test_traffic_text_function(
+    page: Any, fleet: Fleet, traffic: dict[str, Any] | None, slo: float | None, want: dict[str, Any] | None
+) -> None:
+    page.goto(fleet.server.url + "/")
+    assert page.evaluate("a => GF.trafficText(a[0], a[1])", [traffic, slo]) == want
+
+
+@pytest.mark.parametrize(
+    ("service", "want"),
+    [
+        ({"replicas_ready": 2, "replicas_desired": 3, "replicas_warm": 1}, "2 / 3 ready · 1 warm"),
+        ({"replicas_ready": 2, "replicas_desired": 2, "replicas_warm": 0}, "2 / 2 ready"),
+    ],
+    ids=["warm", "no-warm"],
+)
+def test_ready_text_function(page: Any, fleet: Fleet, service: dict[str, Any], want: str) -> None:
+    page.goto(fleet.server.url + "/")
+    assert page.evaluate("s => GF.readyText(s)", service) == want
+
+
+def test_the_card_shows_traffic_and_the_last_hour(page: Any, fleet: Fleet) -> None:
+    srv = fleet.server
+    deadline = time.monotonic() + 20
+    with srv.client() as c:  # a sample every 5 s: wait for two, so the chart draws lines
+        while len(ok(c.get("/fleet/services"))[1]["history"]["samples"]) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    sign_in(page, srv.url, "gf_test_admin_token")
+    llama = page.locator("#services tbody tr").filter(has_text="llama")
+    traffic = llama.locator(".svc-traffic")
+    sync_api.expect(traffic.locator(".qps")).to_have_text(re.compile(r"^\d+(\.\d+)? qps$"))
+    with srv.client() as c:
+        t = ok(c.get("/services/llama"))["traffic"]
+    assert t["qps"] > 0 and t["p99_ms"] is not None and t["error_rate"] == 0.01
+    want = page.evaluate("t => GF.trafficText(t, null)", t)
+    sync_api.expect(traffic.locator(".p99")).to_have_text(want["p99"])
+    sync_api.expect(traffic.locator(".err")).to_have_text("1.0 % 5xx")
+    alice = page.locator("#services tbody tr").filter(has_text="alice-svc")
+    sync_api.expect(alice).to_contain_text("no traffic reported")
+    chart = llama.locator("svg.svc-chart")
+    sync_api.expect(chart).to_have_attribute(
+        "aria-label", re.compile(r"now 2 desired, 0 ready, 0 warm, [\d.]+ qps")
+    )
+    lines = chart.locator("polyline")
+    sync_api.expect(lines).to_have_count(4)
+    page.locator("#services").scroll_into_view_if_needed()
+    page.wait_for_timeout(200)
+    page.locator(".svc-card").screenshot(path="/tmp/services-traffic.png")

@@ -262,7 +262,7 @@ def _print(svc: ServiceOut) -> None:
     if svc.replicas:
         typer.echo("")
         print_table(
-            ("REPLICA", "JOB", "GEN", "STATE", "READY", "DRAINING", "NODE", "GPUS", "ENDPOINT", "REASON"),
+            ("REPLICA", "JOB", "GEN", "STATE", "READY", "ROTATION", "NODE", "GPUS", "ENDPOINT", "REASON"),
             [
                 (
                     r.replica,
@@ -270,7 +270,7 @@ def _print(svc: ServiceOut) -> None:
                     r.generation,
                     r.state,
                     "yes" if r.ready else "no",
-                    "yes" if r.draining else "no",
+                    "draining" if r.draining else "warm" if r.warm else "in",
                     ",".join(r.nodes) or None,
                     gpu_ranges(r.gpus) or None,
                     r.endpoint,
@@ -282,7 +282,7 @@ def _print(svc: ServiceOut) -> None:
     if svc.events:
         typer.echo("\nevents:")
         for e in svc.events:
-            typer.echo(f"  {_at(e.at)}  {e.kind:<9} {e.actor}: {e.reason}")
+            typer.echo(f"  {_at(e.at)}  {e.kind:<10} {e.actor}: {e.reason}")
 
 
 # -- commands -------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def replicas(config: ServerConfig, db: Database, clock: Clock, sched: Scheduling
         interval_s=config.service_interval_s,
         drain_s=config.service_drain_s,
         wake_scheduler=sched.runner.wake,
-        autoscaler=Autoscaler(telemetry=hot.telemetry, traffic=hot.traffic),
+        autoscaler=Autoscaler(hot=hot),
     )
 
 

@@ -33,21 +33,52 @@ reservation whose window is open now (maintenance windows aside), labels
 ``reservation`` (id), ``name``, ``team`` ("" without one) and ``pool``:
 ``gpufleet_reservation_gpus`` (reserved) and ``gpufleet_reservation_used_gpus`` (of
 those, held by its owner jobs; ``ReservationUse``). Utilisation is their ratio.
+
+Inference services (``FleetView.services`` and the gateways' reports,
+``AgentState.traffic``), labels ``service`` and ``team``. The traffic series exist once
+a gateway reports the service; the request counters and buckets are the sums of the
+live gateways' cumulative counters (a gateway silent for ``TrafficStore.forget_s`` drops
+out of the sum: Prometheus sees a counter reset, which ``rate`` handles):
+
+==================================================  ===========================================
+``gpufleet_service_requests_total{code}``           answers by HTTP status code
+``gpufleet_service_request_seconds``                histogram of answer times (``_bucket{le}``,
+                                                    ``_count``; no ``_sum``: the reports carry
+                                                    none per bucket set)
+``gpufleet_service_inflight``                       requests in flight at the gateways
+``gpufleet_service_replicas{state}``                ``desired`` (the controller's target),
+                                                    ``ready`` (in rotation), ``warm`` (standby)
+``gpufleet_service_replicas_max``                   the autoscaler's ceiling (autoscaled only)
+``gpufleet_service_slo_p99_seconds``                the spec's p99 objective (when set)
+``gpufleet_service_gpu_utilization``                mean % over its serving replicas' GPUs
+                                                    (those with telemetry)
+``gpufleet_service_power_watts``                    power of all its replicas' GPUs, W
+``gpufleet_service_energy_wh_per_1k``               Wh per 1,000 answers: power / QPS
+                                                    (QPS over 30 s; only while QPS > 0)
+``gpufleet_service_cost_per_1k``                    cost per 1,000 answers: its GPUs' price
+                                                    per hour now (priority and warm factors
+                                                    as the ledger's) / (QPS x 3600) x 1000;
+                                                    only while QPS > 0 and prices are set;
+                                                    left out with ``team_costs`` False
+==================================================  ===========================================
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.loops.runner import Runner
 from gpufleet.server.loops.scheduling import PassObserver
 from gpufleet.server.metrics.history import RecordingTelemetryStore
 from gpufleet.server.metrics.state import ServerMetrics
+from gpufleet.server.pricing import PriceSchedule
 from gpufleet.server.services.dashboard import FleetView
+from gpufleet.server.services.fleetservices import ServiceInfo
 
 DCGM_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
 DCGM = (
@@ -89,6 +120,7 @@ class FleetCollector(Collector):
         if self.team_costs:
             yield from self._cost(view)
         yield from self._reservations(view)
+        yield from self._services(view)
         yield from self._scheduler()
 
     def _dcgm(self, view: FleetView) -> Iterator[Metric]:
@@ -223,6 +255,97 @@ class FleetCollector(Collector):
             used.add_metric(key, r.used)
         yield from (gpus, used)
 
+    def _services(self, view: FleetView) -> Iterator[Metric]:
+        labels = ["service", "team"]
+
+        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=[*labels, *extra])
+
+        requests = CounterMetricFamily(
+            "gpufleet_service_requests",
+            "Answers by HTTP status code, summed over the gateways.",
+            labels=[*labels, "code"],
+        )
+        latency = HistogramMetricFamily(
+            "gpufleet_service_request_seconds", "Answer times at the gateways.", labels=labels
+        )
+        inflight = gauge("gpufleet_service_inflight", "Requests in flight at the gateways.")
+        replicas = gauge(
+            "gpufleet_service_replicas",
+            "Replicas: desired (the controller's target), ready (in rotation), warm (standby).",
+            ("state",),
+        )
+        ceiling = gauge("gpufleet_service_replicas_max", "The autoscaler's most replicas.")
+        slo = gauge("gpufleet_service_slo_p99_seconds", "The service's p99 latency objective.")
+        util = gauge("gpufleet_service_gpu_utilization", "Mean utilisation of its serving replicas' GPUs, %.")
+        power = gauge("gpufleet_service_power_watts", "Power drawn by all its replicas' GPUs, W.")
+        energy = gauge(
+            "gpufleet_service_energy_wh_per_1k", "Energy per 1,000 answers at the current QPS, Wh."
+        )
+        cost = gauge(
+            "gpufleet_service_cost_per_1k",
+            "Cost of 1,000 answers at the current QPS and its GPUs' price now (price schedule's unit).",
+        )
+        traffic = self.hot.traffic
+        totals = traffic.totals(view.at)
+        models = {(g.node, g.index): g.model for g in view.gpus}
+        for x in view.services:
+            key = [x.name, x.team]
+            for state, n in (("desired", x.desired), ("ready", x.ready), ("warm", x.warm)):
+                replicas.add_metric([*key, state], n)
+            if x.max_replicas is not None:
+                ceiling.add_metric(key, x.max_replicas)
+            if x.slo_p99_ms is not None:
+                slo.add_metric(key, x.slo_p99_ms / 1000)
+            watts, busy = self._gpu_load(x)
+            if watts is not None:
+                power.add_metric(key, watts)
+            if busy:
+                util.add_metric(key, sum(busy) / len(busy))
+            total = totals.get(x.name)
+            if total is not None:
+                codes, le, buckets, n = total
+                for code, count in sorted(codes.items()):
+                    requests.add_metric([*key, code], count)
+                inflight.add_metric(key, n)
+                if le:
+                    cumulative = _buckets(le, buckets)
+                    latency.add_metric(key, buckets=cumulative, sum_value=None)
+                    # prometheus_client writes _count only beside a _sum; the +Inf bucket is it
+                    counted = Sample(
+                        f"{latency.name}_count", dict(zip(labels, key, strict=True)), cumulative[-1][1]
+                    )
+                    latency.samples.append(counted)
+            stats = traffic.stats(x.name, view.at)
+            qps = stats.qps if stats is not None else 0.0
+            if qps <= 0:
+                continue
+            if watts is not None:
+                energy.add_metric(key, watts / qps * 1000 / 3600)
+            if view.prices is not None and self.team_costs:
+                per_hour = _price_per_hour(x, view.prices, models, view.at)
+                cost.add_metric(key, per_hour / (qps * 3600) * 1000)
+        yield from (requests, latency, inflight, replicas, ceiling, slo, util, power, energy)
+        if self.team_costs:
+            yield cost
+
+    def _gpu_load(self, x: ServiceInfo) -> tuple[float | None, list[float]]:
+        """(power of all its replicas' GPUs, None without any reading; utilisation of
+        each of its serving replicas' GPUs with a reading)."""
+        watts: float | None = None
+        busy: list[float] = []
+        for r in x.replicas:
+            for node, index in r.gpus:
+                tel = self.hot.telemetry.get(node)
+                t = tel.gpus.get(index) if tel is not None else None
+                if t is None or t.lost:
+                    continue
+                if t.power_w is not None:
+                    watts = (watts or 0.0) + t.power_w
+                if r.serving and t.utilization_pct is not None:
+                    busy.append(t.utilization_pct)
+        return watts, busy
+
     def _scheduler(self) -> Iterator[Metric]:
         m = self.metrics
         if m.fragmentation is not None:
@@ -262,6 +385,30 @@ class FleetCollector(Collector):
         for (kind, reason), n in sorted(self.hot.rejected.counts().items()):
             rejected.add_metric([kind, reason], n)
         yield rejected
+
+
+def _buckets(le: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Cumulative buckets with a ``+Inf`` last (a gateway sends 1e9 for it: JSON has no
+    infinity; without one, the last bound's count stands for it)."""
+    out = [
+        ("+Inf" if bound >= 1e9 else str(float(bound)), float(n)) for bound, n in zip(le, counts, strict=True)
+    ]
+    if not out or out[-1][0] != "+Inf":
+        out.append(("+Inf", out[-1][1] if out else 0.0))
+    return out
+
+
+def _price_per_hour(
+    x: ServiceInfo, prices: PriceSchedule, models: dict[tuple[str, int], str], now: float
+) -> float:
+    """What its replicas' GPUs cost per hour now, as the ledger prices them (a warm
+    replica at the schedule's ``warm`` factor)."""
+    total = 0.0
+    for r in x.replicas:
+        factor = prices.warm if r.warm else 1.0
+        for gpu in r.gpus:
+            total += prices.price(models.get(gpu, ""), now, priority=r.priority) * factor
+    return total
 
 
 _GPU_DOCS = {

@@ -30,7 +30,7 @@ def install(app: FastAPI, parts: Parts, observer: PassObserver) -> Callable[[], 
     if not isinstance(hot.telemetry, RecordingTelemetryStore):
         hot.telemetry = RecordingTelemetryStore()
     metrics = ServerMetrics()
-    views = ViewCache()
+    views = ViewCache(traffic=hot.traffic)
     app.state.metrics = metrics
     app.state.views = views
     observer.on_pass = metrics.observe_pass

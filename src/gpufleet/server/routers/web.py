@@ -19,8 +19,9 @@ from gpufleet.api.fleet import FleetSnapshot, NodeHistory
 from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.agents import HotDep
-from gpufleet.server.services import dashboard
-from gpufleet.server.services.dashboard import FleetService, FleetView, ViewCache
+from gpufleet.server.services import dashboard, fleetservices
+from gpufleet.server.services.dashboard import FleetView, ViewCache
+from gpufleet.server.services.fleetservices import FleetService
 
 page = APIRouter(include_in_schema=False)
 api = APIRouter(tags=["fleet"])
@@ -54,10 +55,20 @@ def fleet_snapshot(view: Annotated[FleetView, Depends(current_view)], hot: HotDe
 
 
 @api.get("/fleet/services", response_model=list[FleetService], tags=["services"])
-def fleet_services(view: Annotated[FleetView, Depends(current_view)], me: Me) -> list[FleetService]:
+def fleet_services(
+    view: Annotated[FleetView, Depends(current_view)],
+    views: Annotated[ViewCache, Depends(get_views)],
+    parts: PartsDep,
+    hot: HotDep,
+    me: Me,
+) -> list[FleetService]:
     """The services you may see (``GET /v1/services``' rule) with their replicas and GPUs,
-    from the same cached read as the snapshot (the page's Services card and heatmap)."""
-    return dashboard.services_for(view, me)
+    from the same cached read as the snapshot (the page's Services card and heatmap),
+    with their traffic (the gateways' reports) and the last hour of replica counts."""
+    now = parts.now()
+    return fleetservices.services_for(
+        view.services, me, traffic=lambda name: hot.traffic.stats(name, now), history=views.history
+    )
 
 
 @api.get("/nodes/{name}/history", response_model=NodeHistory, tags=["nodes"])

@@ -3,7 +3,7 @@ observe its ready serving replicas and the metric (their GPUs' utilisation from 
 agents' telemetry, or the gateways' in-flight requests or QPS), step the HPA rule, and
 write the new count (``ServiceRow.scaled_replicas``) with an event that carries the
 inputs. A decision that is held back (stabilising, cooling down) is written as an
-event once, when it first happens, not every second."""
+event when it first happens and then at most once a minute, not every second."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.api.services import ServiceSpec
-from gpufleet.server.agentstate import TelemetryStore
+from gpufleet.server.agentstate import AgentState
 from gpufleet.server.autoscale import Observation, ScalePolicy, ScaleState, step
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.models import Allocation, Job, ServiceRow
 from gpufleet.server.services.inference import add_event, desired_replicas
-from gpufleet.server.traffic import TrafficStore
 
 ACTOR = "autoscaler"
 
@@ -38,12 +37,15 @@ def policy_of(spec: ServiceSpec) -> ScalePolicy:
 
 @dataclass(slots=True)
 class Autoscaler:
-    telemetry: TelemetryStore
-    traffic: TrafficStore
+    hot: AgentState
+    """The agents' telemetry and the gateways' traffic, read at each step (the metrics
+    wiring replaces the telemetry store after start-up: hold the owner, not the store)."""
     max_age_s: float = 30.0
     window_s: float = 15.0
     states: dict[int, ScaleState] = field(default_factory=dict)
-    _held: dict[int, str] = field(default_factory=dict)
+    held_every_s: float = 60.0
+    _held: dict[int, tuple[str, float]] = field(default_factory=dict)
+    """Per service: the last held decision written (up or down) and when."""
 
     def observe(self, s: Session, row: ServiceRow, spec: ServiceSpec, now: float) -> Observation:
         current = desired_replicas(row, spec)
@@ -65,7 +67,7 @@ class Autoscaler:
                 Allocation.job_id.in_(ready)
             )
             for jid, node, idx in s.execute(q):
-                t = self.telemetry.get(node)
+                t = self.hot.telemetry.get(node)
                 if t is None or now - t.at > self.max_age_s or idx is None:
                     continue
                 g = t.gpus.get(idx)
@@ -74,7 +76,7 @@ class Autoscaler:
             seen = [sum(v) / len(v) for v in per_job.values() if v]
             value = sum(seen) / len(seen) if seen else None
         elif ready:
-            traffic = self.traffic.stats(row.name, now, self.window_s)
+            traffic = self.hot.traffic.stats(row.name, now, self.window_s)
             if traffic is not None:
                 value = (traffic.inflight if spec.metric == "inflight" else traffic.qps) / len(ready)
         return Observation(current=current, ready=len(ready), value=value)
@@ -89,10 +91,12 @@ class Autoscaler:
             add_event(s, row.id, at=now, actor=ACTOR, kind="scale", reason=decision.reason)
             self._held.pop(row.id, None)
             return True
-        kind = decision.reason.split(" (")[0]
-        if kind.startswith("would") and self._held.get(row.id) != kind:
-            add_event(s, row.id, at=now, actor=ACTOR, kind="scale-held", reason=decision.reason)
-        self._held[row.id] = kind
+        if decision.reason.startswith("would scale"):
+            kind = decision.reason.split()[2]  # up | down
+            last = self._held.get(row.id)
+            if last is None or last[0] != kind or now - last[1] >= self.held_every_s:
+                add_event(s, row.id, at=now, actor=ACTOR, kind="scale-held", reason=decision.reason)
+                self._held[row.id] = (kind, now)
         return False
 
     def forget(self, service_ids: set[int]) -> None:

@@ -5,9 +5,9 @@ second share it. Each team's month so far (``TeamSpend``: a sum over the ledger)
 along, cached for ``ViewCache.spend_ttl_s``: the ledger only moves at accrual ticks.
 
 Also the page's small read endpoints: the compact fleet snapshot (a few numbers per GPU,
-~40 bytes each, so 4,000 GPUs stay ~200 kB), the inference services with their replicas
-(two queries in the view, whatever the number of services), one node's telemetry
-history and jobs, and GPU-hours per team.
+~40 bytes each, so 4,000 GPUs stay ~200 kB), one node's telemetry history and jobs, and
+GPU-hours per team. The inference services (two queries in the view, whatever their
+number; their page JSON and history) are ``fleetservices.py``'s.
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ import math
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from pydantic import Field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpufleet.api.base import Reply
 from gpufleet.api.fleet import FleetSnapshot, NodeHistory, NodeJob, SnapshotNode
-from gpufleet.api.jobs import AllocationOut
 from gpufleet.api.nodes import GpuTelemetry
 from gpufleet.scheduler import JobRequest
 from gpufleet.server import ledger
@@ -38,15 +35,16 @@ from gpufleet.server.models import (
     Job,
     NodeRow,
     ReservationRow,
-    ServiceRow,
     Team,
     UsageRow,
     User,
 )
+from gpufleet.server.pricing import PriceSchedule
 from gpufleet.server.problems import Failure, not_found
 from gpufleet.server.services.auth import Principal
-from gpufleet.server.services.inference import LIVE
+from gpufleet.server.services.fleetservices import ServiceHistory, ServiceInfo, load_services
 from gpufleet.server.services.reservations import BOOKED, to_core
+from gpufleet.server.traffic import TrafficStore
 
 HOT_C = 85.0
 """A GPU at or above this temperature is *hot* (page marker and the GpuHot alert)."""
@@ -119,40 +117,6 @@ class ReservationUse:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ReplicaInfo:
-    """A live replica (a job of kind ``service``: PENDING, HELD, SCHEDULED or RUNNING, as
-    ``inference.LIVE``) and where it runs: (node, its GPU indexes there), by node."""
-
-    job_id: int
-    replica: int
-    generation: int
-    state: str
-    ready: bool
-    draining: bool
-    endpoint: str | None
-    placement: tuple[tuple[str, tuple[int, ...]], ...] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ServiceInfo:
-    name: str
-    owner_id: int
-    """whose it is: who may see it on the page (as ``GET /v1/services``)"""
-    owner: str
-    team: str
-    protocol: str
-    generation: int
-    state: str
-    desired: int
-    replicas: tuple[ReplicaInfo, ...] = ()
-
-    @property
-    def ready(self) -> int:
-        """Replicas that take traffic (``ServiceOut.replicas_ready``): ready, not draining."""
-        return sum(1 for r in self.replicas if r.ready and not r.draining)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class FleetView:
     at: float
     nodes: tuple[NodeInfo, ...]
@@ -168,11 +132,20 @@ class FleetView:
     spend: tuple[TeamSpend, ...] = ()
     """every team, by name"""
     services: tuple[ServiceInfo, ...] = ()
-    """every service, by name (``services_for`` keeps a user to their own)"""
+    """every service, by name (``fleetservices.services_for`` keeps a user to their own)"""
+    prices: PriceSchedule | None = None
+    """the price schedule in force (None: no prices), refreshed with ``spend``"""
 
 
-def load_view(db: Database, *, now: float, live_since: float, spend: tuple[TeamSpend, ...] = ()) -> FleetView:
-    """``spend`` comes from ``load_spend`` (on its own, slower, cache)."""
+def load_view(
+    db: Database,
+    *,
+    now: float,
+    live_since: float,
+    spend: tuple[TeamSpend, ...] = (),
+    prices: PriceSchedule | None = None,
+) -> FleetView:
+    """``spend`` and ``prices`` come from ``load_spend`` (on its own, slower, cache)."""
     with db.read() as s:
         nodes = tuple(
             NodeInfo(
@@ -257,6 +230,7 @@ def load_view(db: Database, *, now: float, live_since: float, spend: tuple[TeamS
         reservations=reservations,
         spend=spend,
         services=services,
+        prices=prices,
     )
 
 
@@ -308,87 +282,6 @@ def load_reservations(
     return tuple(out)
 
 
-def load_services(s: Session) -> tuple[ServiceInfo, ...]:
-    """Every service with its live replicas and their GPUs: one query for the services
-    (two fields of the spec read in SQL, not the whole JSON: its env may be large), one
-    for all their replicas with their allocations."""
-    q = (
-        select(
-            ServiceRow.id,
-            ServiceRow.name,
-            ServiceRow.owner_id,
-            User.name,
-            Team.name,
-            ServiceRow.spec["protocol"].as_string(),
-            ServiceRow.spec["replicas"].as_integer(),
-            ServiceRow.generation,
-            ServiceRow.state,
-        )
-        .join(User, User.id == ServiceRow.owner_id)
-        .join(Team, Team.id == ServiceRow.team_id)
-        .order_by(ServiceRow.name)
-    )
-    rows = s.execute(q).all()
-    if not rows:
-        return ()
-    reps: dict[int | None, dict[int, tuple[ReplicaInfo, dict[str, list[int]]]]] = {}
-    rq = (
-        select(
-            Job.id,
-            Job.service_id,
-            Job.replica,
-            Job.generation,
-            Job.state,
-            Job.ready,
-            Job.draining_at,
-            Job.endpoint,
-            Allocation.node,
-            Allocation.gpu_index,
-        )
-        .outerjoin(Allocation, Allocation.job_id == Job.id)
-        .where(Job.service_id.is_not(None), Job.state.in_([str(x) for x in LIVE]))
-        .order_by(Job.id)
-    )
-    for jid, sid, slot, gen, state, ready, draining_at, endpoint, node, idx in s.execute(rq):
-        per = reps.setdefault(sid, {})
-        if jid not in per:
-            info = ReplicaInfo(
-                job_id=jid,
-                replica=slot or 0,
-                generation=gen or 0,
-                state=state,
-                ready=bool(ready),
-                draining=draining_at is not None,
-                endpoint=endpoint,
-            )
-            per[jid] = (info, {})
-        if node is not None:
-            gpus = per[jid][1].setdefault(node, [])
-            if idx is not None:
-                gpus.append(int(idx))
-    out = []
-    for sid, name, owner_id, owner, team, protocol, replicas, generation, state in rows:
-        placed = [
-            replace(info, placement=tuple((n, tuple(sorted(on[n]))) for n in sorted(on)))
-            for info, on in reps.get(sid, {}).values()
-        ]
-        live = tuple(sorted(placed, key=lambda r: (r.replica, r.job_id)))
-        out.append(
-            ServiceInfo(
-                name=name,
-                owner_id=owner_id,
-                owner=owner,
-                team=team,
-                protocol=protocol or "http",
-                generation=generation,
-                state="deleting" if state == "deleting" else "active",
-                desired=0 if state == "deleting" else int(replicas or 0),
-                replicas=live,
-            )
-        )
-    return tuple(out)
-
-
 def load_spend(db: Database, *, now: float) -> tuple[TeamSpend, ...]:
     """Every team's ``TeamSpend``: one grouped sum over this month's ledger rows."""
     with db.read() as s:
@@ -422,12 +315,23 @@ def load_spend(db: Database, *, now: float) -> tuple[TeamSpend, ...]:
     return tuple(out)
 
 
+def load_prices(db: Database) -> PriceSchedule | None:
+    with db.read() as s:
+        found = ledger.schedule_in_force(s)
+    return None if found is None else found[0]
+
+
 @dataclass(slots=True)
 class ViewCache:
+    """``traffic``: the gateways' reports; with it, each rebuilt view also samples the
+    services' history (``history``, at most every ``history.step_s``)."""
+
     ttl_s: float = 1.0
     spend_ttl_s: float = 10.0
+    traffic: TrafficStore | None = None
+    history: ServiceHistory = field(default_factory=ServiceHistory)
     _hit: tuple[float, FleetView] | None = None
-    _spend: tuple[float, tuple[TeamSpend, ...]] | None = None
+    _spend: tuple[float, tuple[TeamSpend, ...], PriceSchedule | None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def get(self, db: Database, *, now: float, live_since: float) -> FleetView:
@@ -436,9 +340,13 @@ class ViewCache:
             if hit is not None and hit[0] > time.monotonic():
                 return hit[1]
             if self._spend is None or self._spend[0] <= time.monotonic():
-                self._spend = (time.monotonic() + self.spend_ttl_s, load_spend(db, now=now))
-            view = load_view(db, now=now, live_since=live_since, spend=self._spend[1])
+                self._spend = (time.monotonic() + self.spend_ttl_s, load_spend(db, now=now), load_prices(db))
+            _, spend, prices = self._spend
+            view = load_view(db, now=now, live_since=live_since, spend=spend, prices=prices)
             self._hit = (time.monotonic() + self.ttl_s, view)
+            store = self.traffic
+            if store is not None:
+                self.history.sample(view.services, lambda name: store.stats(name, now), now)
             return view
 
 
@@ -506,65 +414,6 @@ def snapshot(view: FleetView, hot: AgentState) -> FleetSnapshot:
             )
         )
     return FleetSnapshot(at=view.at, hot_c=HOT_C, jobs=view.jobs, nodes=out)
-
-
-class FleetReplica(Reply):
-    job_id: int
-    replica: int = Field(description="its slot in the service")
-    generation: int
-    state: str = Field(description="the job's state")
-    ready: bool
-    draining: bool
-    endpoint: str | None
-    allocation: list[AllocationOut] = Field(description="its GPUs by node (none while it waits)")
-
-
-class FleetService(Reply):
-    """A service as the fleet page lists it: ``ServiceOut`` without the spec, events and
-    tokens (the page polls it every few seconds)."""
-
-    name: str
-    owner: str
-    team: str
-    protocol: str
-    generation: int
-    state: str
-    replicas_desired: int
-    replicas_ready: int
-    replicas: list[FleetReplica]
-
-
-def services_for(view: FleetView, actor: Principal) -> list[FleetService]:
-    """The services ``actor`` may see, as ``GET /v1/services``: their own; operators and
-    admins every one. Of anyone else's nothing is shown, not even the name (the heatmap
-    marks no GPU of theirs as a service's: the snapshot gives every job only its id)."""
-    return [
-        FleetService(
-            name=x.name,
-            owner=x.owner,
-            team=x.team,
-            protocol=x.protocol,
-            generation=x.generation,
-            state=x.state,
-            replicas_desired=x.desired,
-            replicas_ready=x.ready,
-            replicas=[
-                FleetReplica(
-                    job_id=r.job_id,
-                    replica=r.replica,
-                    generation=r.generation,
-                    state=r.state,
-                    ready=r.ready,
-                    draining=r.draining,
-                    endpoint=r.endpoint,
-                    allocation=[AllocationOut(node=n, gpus=list(g)) for n, g in r.placement],
-                )
-                for r in x.replicas
-            ],
-        )
-        for x in view.services
-        if actor.is_operator or x.owner_id == actor.user_id
-    ]
 
 
 def node_history(

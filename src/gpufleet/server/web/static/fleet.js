@@ -487,16 +487,72 @@
         " Deploy one with gpufleet service deploy." }));
       return;
     }
-    $("services").replaceChildren(table(["Service", "Ready", "Generation", "Replicas"], list.map(function (s) {
+    $("services").replaceChildren(table(["Service", "Ready", "Traffic", "Last hour", "Generation", "Replicas"], list.map(function (s) {
       var h = GF.serviceHealth(s);
       return [el("span", { class: "svc-name" }, [el("strong", { text: s.name }),
                 el("span", { class: "muted small", text: s.owner + " · " + s.team + " · " + s.protocol })]),
-              el("span", { class: "states" }, [
+              el("span", { class: "states", title: GF.readyText(s) }, [
                 el("span", { class: "pill svc-" + h, title: HEALTH[h], "aria-label": s.replicas_ready + " of " + s.replicas_desired + " replicas ready: " + HEALTH[h],
                              text: s.replicas_ready + " / " + s.replicas_desired }),
+                s.replicas_warm ? el("span", { class: "pill rep-warm", title: "standby replicas: started and ready, not in rotation",
+                                               text: s.replicas_warm + " warm" }) : null,
                 s.state === "deleting" ? el("span", { class: "pill svc-deleting", text: "deleting" }) : null]),
-              String(s.generation), replicasCell(s)];
-    }), [false, false, true, false], "Inference services"));
+              trafficCell(s), svcChart(s), String(s.generation), replicasCell(s)];
+    }), [false, false, false, false, true, false], "Inference services"));
+  }
+  function trafficCell(s) {
+    var t = GF.trafficText(s.traffic, s.slo_p99_ms);
+    if (!t) return el("span", { class: "muted", text: "no traffic reported" });
+    return el("span", { class: "svc-traffic" }, [
+      el("strong", { class: "qps", text: t.qps }),
+      el("span", { class: "p99" + (t.slow ? " bad" : ""), text: t.p99,
+                   title: s.slo_p99_ms ? "SLO p99 " + s.slo_p99_ms + " ms" : "no p99 objective set" }),
+      el("span", { class: "err" + (t.failing ? " bad" : ""), text: t.errors })]);
+  }
+  // desired / ready / warm replicas (steps, left scale) and QPS (right scale) over the
+  // samples the server keeps (one per 5 s, an hour), drawn like the node panel's charts
+  var SVC_LINES = [["desired", 1, "#94a3b8"], ["ready", 2, "#0d9488"], ["warm", 3, "#d97706"], ["qps", 4, "#7c3aed"]];
+  function svcChart(s) {
+    var W = 240, H = 64, L = 18, R = 30, T = 5, B = 13, smp = s.history.samples;
+    var c = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", preserveAspectRatio: "none", class: "svc-chart" });
+    if (!smp.length) {
+      var nt = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }); nt.textContent = "no history yet"; c.append(nt);
+      c.setAttribute("aria-label", "no history yet");
+      return el("figure", { class: "chart svc-fig" }, [c]);
+    }
+    var t1 = smp[smp.length - 1][0], t0 = Math.min(smp[0][0], t1 - 60);
+    var top = 1, qtop = 0;
+    smp.forEach(function (x) { top = Math.max(top, x[1], x[2], x[3]); qtop = Math.max(qtop, x[4] || 0); });
+    qtop = qtop > 0 ? qtop * 1.1 : 1;
+    var px = function (t) { return L + (W - L - R) * (t - t0) / (t1 - t0); };
+    var py = function (v, hi) { return T + (H - T - B) * (1 - v / hi); };
+    [0, top].forEach(function (v) {
+      c.append(svg("line", { class: "axis", x1: L, x2: W - R, y1: py(v, top), y2: py(v, top) }));
+      var tx = svg("text", { x: L - 3, y: py(v, top) + 3, "text-anchor": "end" }); tx.textContent = String(v); c.append(tx);
+    });
+    if (smp.some(function (x) { return x[4] !== null; })) {  // the QPS scale, once a gateway reported
+      var qx = svg("text", { x: W - R + 3, y: T + 6 }); qx.textContent = qtop >= 10 ? String(Math.round(qtop)) : qtop.toFixed(1); c.append(qx);
+      var q0 = svg("text", { x: W - R + 3, y: H - B }); q0.textContent = "qps"; c.append(q0);
+    }
+    var ago = svg("text", { x: L, y: H - 2 }); ago.textContent = "−" + GF.ago(t1 - t0); c.append(ago);
+    var nowt = svg("text", { x: W - R, y: H - 2, "text-anchor": "end" }); nowt.textContent = "now"; c.append(nowt);
+    SVC_LINES.forEach(function (line) {
+      var k = line[1], pts = [], prev = null;
+      smp.forEach(function (x) {
+        var v = x[k];
+        if (v === null || v === undefined) { prev = null; return; }
+        var y = k === 4 ? py(v, qtop) : py(v, top) - (k === 1 ? 0 : k === 2 ? 1 : 2);  // apart where equal
+        if (prev !== null && k !== 4) pts.push(px(x[0]).toFixed(1) + "," + prev);  // steps: counts change at a sample
+        prev = y.toFixed(1);
+        pts.push(px(x[0]).toFixed(1) + "," + prev);
+      });
+      if (pts.length === 1) pts.push((W - R) + "," + pts[0].split(",")[1]);
+      if (pts.length) c.append(svg("polyline", { class: "line svc-" + line[0], points: pts.join(" "), stroke: line[2] }));
+    });
+    var last = smp[smp.length - 1];
+    c.setAttribute("aria-label", "Replicas and QPS over the last " + GF.ago(t1 - t0) + "; now " + last[1] + " desired, " +
+      last[2] + " ready, " + last[3] + " warm, " + (last[4] === null ? "no" : last[4]) + " qps");
+    return el("figure", { class: "chart svc-fig" }, [c]);
   }
   function replicasCell(s) {
     if (!s.replicas.length) return el("span", { class: "muted", text: "no replicas" });

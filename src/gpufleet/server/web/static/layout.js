@@ -199,10 +199,12 @@
   }
 
   /* -- inference services (GET /v1/fleet/services) --------------------------------------
-     A replica is draining (leaving the gateway), ready (taking traffic), pending (waiting
-     for GPUs: PENDING or HELD) or starting (placed, its health probe not yet answered). */
+     A replica is draining (leaving the gateway), warm (a standby: started, out of
+     rotation), ready (taking traffic), pending (waiting for GPUs: PENDING or HELD) or
+     starting (placed, its health probe not yet answered). */
   function replicaState(r) {
     if (r.draining) return "draining";
+    if (r.warm) return "warm";
     if (r.ready) return "ready";
     return r.state === "PENDING" || r.state === "HELD" ? "pending" : "starting";
   }
@@ -222,11 +224,27 @@
     return s.replicas_ready > 0 ? "partial" : "down";
   }
 
+  /* a service's traffic (ServiceTraffic, or null before any gateway report) as short
+     texts: QPS, P99 (ms; slow: above the service's SLO) and the 5xx share */
+  function trafficText(t, sloMs) {
+    if (!t) return null;
+    var num = function (x) { return x >= 100 ? Math.round(x).toLocaleString("en") : x.toFixed(x >= 10 ? 1 : 2); };
+    return { qps: num(t.qps) + " qps",
+             p99: t.p99_ms === null ? "p99 –" : "p99 " + num(t.p99_ms) + " ms",
+             slow: t.p99_ms !== null && sloMs !== null && sloMs !== undefined && t.p99_ms > sloMs,
+             errors: (t.error_rate * 100).toFixed(t.error_rate >= 0.1 ? 0 : 1) + " % 5xx",
+             failing: t.error_rate > 0.01 };
+  }
+  /* "2 / 3 ready · 1 warm": ready of desired, and the standbys when there are any */
+  function readyText(s) {
+    return s.replicas_ready + " / " + s.replicas_desired + " ready" + (s.replicas_warm ? " · " + s.replicas_warm + " warm" : "");
+  }
+
   function money(x) { return x === null || x === undefined ? "–" : x.toLocaleString("en", { minimumFractionDigits: 2, maximumFractionDigits: 2 }); }
 
   root.GF = { group: group, layout: layout, tileStyle: tileStyle, utilColor: utilColor, ago: ago, waitCode: waitCode,
               teamUsage: teamUsage, money: money, nodeAttention: nodeAttention, attention: attention,
               attentionText: attentionText, ranges: ranges, hostlist: hostlist, where: where,
               jobCounts: jobCounts, plural: plural, replicaState: replicaState, replicaWhere: replicaWhere,
-              serviceHealth: serviceHealth };
+              serviceHealth: serviceHealth, trafficText: trafficText, readyText: readyText };
 })(window);
