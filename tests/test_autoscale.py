@@ -100,3 +100,36 @@ def test_twenty_minutes_of_noisy_steady_load_never_flaps(seed: int) -> None:
     ups = [c for c in changes if c[2] > c[1]]
     assert not downs, changes
     assert len(ups) <= 1, changes
+
+
+def test_traffic_rates_and_quantiles_from_gateway_reports() -> None:
+    """Two gateways, cumulative counters; the first report of one has no histogram yet
+    (no answer then); a restarted gateway (counters went down) starts over."""
+    from gpufleet.api.services import LatencyIn, ServiceCounters
+    from gpufleet.server.traffic import TrafficStore
+
+    le = [0.01, 0.1, 1.0, 1e9]
+
+    def counters(ok: int, errors: int, fast: int, slow: int) -> ServiceCounters:
+        cum = [fast, fast + slow, fast + slow, fast + slow]
+        return ServiceCounters(
+            codes={"200": ok, "503": errors},
+            inflight=3,
+            latency=LatencyIn(le=le, counts=cum, sum=0.0, count=fast + slow),
+        )
+
+    t = TrafficStore()
+    t.put("g1", 100.0, {"svc": ServiceCounters(codes={}, inflight=0)})
+    t.put("g2", 100.0, {"svc": counters(50, 0, 50, 0)})
+    t.put("g1", 110.0, {"svc": counters(99, 1, 90, 10)})
+    t.put("g2", 110.0, {"svc": counters(150, 0, 150, 0)})
+    got = t.stats("svc", now=110.0, window_s=30.0)
+    assert got is not None
+    assert (got.qps, got.error_rate, got.inflight, got.gateways) == (20.0, 0.005, 6, 2)
+    assert got.p50_ms is not None and got.p50_ms <= 10.0
+    assert got.p99_ms is not None and 10.0 < got.p99_ms <= 100.0
+    t.put("g2", 120.0, {"svc": counters(5, 0, 5, 0)})  # g2 restarted
+    after = t.stats("svc", now=120.0, window_s=30.0)
+    assert after is not None and after.qps >= 0
+    assert t.stats("other", now=120.0) is None
+    assert t.stats("svc", now=500.0) is None  # every gateway went quiet: forgotten

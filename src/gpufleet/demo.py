@@ -8,8 +8,9 @@
   with its own node credential; prices from the bundled ``data/prices-example.json``
   (off-peak 22:00-08:00 Europe/Berlin x0.5, weekends x0.6) and a budget for team speech;
 - an inference service (``demoservice.py``): ``gpufleet model-server`` as service ``mlp``
-  with 2 replicas on the fleet, a gateway on ``--gateway-port`` (default 8081) embedded
-  in this process, and a curl line that calls it through the gateway;
+  on the fleet (autoscaled 1..4 replicas on GPU utilisation, 1 warm), a gateway on
+  ``--gateway-port`` (default 8081) embedded in this process, a daily load curve on it
+  (with the workload), and a curl line that calls it through the gateway;
 - a background workload: the bundled Philly sample replayed ``--speed`` times faster
   (durations also divided by it, clamped to 2..120 s), submitted through the API by five
   demo users in three teams. Trace jobs are *simulated* (``GPUFLEET_SIMULATE_S``): they
@@ -436,6 +437,8 @@ class Demo:
         with self.api() as c:
             if svc.deploy(c, team=ADMIN_TEAM):
                 svc.start_gateway()
+                if self.opts.workload:
+                    svc.start_load()
 
     def render(self) -> Any:
         from rich.table import Table
@@ -528,7 +531,8 @@ def _service_lines(svc: DemoService | None, cli: str) -> str:
     if svc.problem:
         return f"  service  {svc.problem}\n"
     return (
-        f"  service  mlp: 2 replicas of gpufleet model-server behind the gateway {svc.url}/\n"
+        f"  service  mlp: gpufleet model-server behind the gateway {svc.url}/, autoscaled 1..4\n"
+        f"           replicas with 1 warm, under a daily load curve compressed into 10 minutes\n"
         f"           ({cli} service show mlp; ready in a few seconds; KServe v2 and OpenAI /v1)\n"
         f"  call     {svc.curl()}\n"
     )

@@ -1,7 +1,12 @@
 """The demo's inference service: ``gpufleet model-server`` deployed as service ``mlp``
-(2 replicas, 1 GPU each, spread over nodes, as the demo's admin in team ``demo``), a
-gateway token for it, and a gateway embedded in the demo process (uvicorn in a thread)
-following the server's endpoint feed. The banner prints a curl line that calls it.
+(autoscaled 1..4 replicas on GPU utilisation, one warm replica, 1 GPU each, spread over
+nodes, as the demo's admin in team ``demo``), a gateway token for it, a gateway embedded
+in the demo process (uvicorn in a thread) following the server's endpoint feed, and a
+load on it: a "daily" curve compressed into ``LOAD_PERIOD_S`` (``gpufleet.loadgen``'s
+sine, ``LOAD_LOW``..``LOAD_HIGH`` requests/s), so the page shows it scale out and back.
+Each request costs its replica ``COMPUTE_US`` of simulated GPU time (the model server's
+``--launch-overhead-us``): on the simulated GPUs a replica's utilisation follows that
+busy time. The banner prints a curl line that calls it.
 
 Replicas are real processes, run as ``nobody`` when the demo runs as root; when that
 account cannot run this installation's Python (``modelserver.launch``), the service is
@@ -19,9 +24,13 @@ from typing import Any
 import httpx
 
 SERVICE = "mlp"
-REPLICAS = 2
+REPLICAS = 1
+MAX_REPLICAS = 4
+WARM = 1
 PRIORITY = 100
 """Above the trace workload's jobs: the service's replicas are placed first."""
+COMPUTE_US = 4000
+LOAD_LOW, LOAD_HIGH, LOAD_PERIOD_S = 10.0, 260.0, 600.0
 
 
 @dataclass(slots=True)
@@ -35,6 +44,11 @@ class DemoService:
     problem: str = ""
     _server: Any = None
     _thread: threading.Thread | None = None
+    _load: threading.Thread | None = None
+    _stop_load: Any = None
+    warm: int = 0
+    desired: int = 0
+    qps: float | None = None
     ready: int = 0
     replicas: list[dict[str, Any]] = field(default_factory=list)
 
@@ -46,7 +60,10 @@ class DemoService:
         """Deploy (or keep, on a reused data dir) the service and make a token."""
         from gpufleet.modelserver.launch import model_server
 
-        launch = model_server(as_other_account=os.geteuid() == 0, args=("--model", "mlp"))
+        launch = model_server(
+            as_other_account=os.geteuid() == 0,
+            args=("--model", "mlp", "--launch-overhead-us", str(COMPUTE_US)),
+        )
         if not launch.runnable:
             self.problem = f"service {SERVICE} not deployed: {launch.why}"
             return False
@@ -56,6 +73,11 @@ class DemoService:
             "command": launch.command,
             "env": launch.env,
             "replicas": REPLICAS,
+            "min_replicas": REPLICAS,
+            "max_replicas": MAX_REPLICAS,
+            "warm": WARM,
+            "metric": "gpu_util",
+            "slo_p99_ms": 100,
             "gpus_per_replica": 1,
             "protocol": "kserve-v2",
             "priority": PRIORITY,
@@ -93,7 +115,11 @@ class DemoService:
             if r.status_code == 200:
                 out = r.json()
                 self.ready = int(out["replicas_ready"])
+                self.desired = int(out["replicas_desired"])
+                self.warm = int(out["replicas_warm"])
                 self.replicas = list(out["replicas"])
+                traffic = out.get("traffic")
+                self.qps = None if traffic is None else float(traffic["qps"])
 
     def curl(self) -> str:
         body = (
@@ -109,13 +135,57 @@ class DemoService:
     def status(self) -> str:
         if self.problem:
             return self.problem
-        where = ", ".join(
-            f"{(r['nodes'] or ['-'])[0]}:{'ready' if r['ready'] else r['state'].lower()}"
-            for r in self.replicas
+        qps = "" if self.qps is None else f", {self.qps:.0f} req/s"
+        scaled = f"autoscaled {REPLICAS}..{MAX_REPLICAS}"
+        return f"{self.ready}/{self.desired} ready, {self.warm} warm ({scaled}){qps}"
+
+    def start_load(self) -> None:
+        """The daily curve on the service through the gateway, until ``stop``."""
+        import asyncio
+
+        from gpufleet.loadgen import LoadShape, Target, kserve_body, run_load
+
+        target = Target(
+            url=f"{self.url}/v2/models/mlp/infer",
+            method="POST",
+            body=kserve_body(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            timeout_s=30,
         )
-        return f"{self.ready}/{REPLICAS} ready  {where}"
+        shape = LoadShape(
+            kind="sine", qps=LOAD_LOW, peak_qps=LOAD_HIGH, period_s=LOAD_PERIOD_S, duration_s=LOAD_PERIOD_S
+        )
+        loop = asyncio.new_event_loop()
+        stopping = threading.Event()
+
+        async def forever() -> None:
+            lap = 0
+            while not stopping.is_set():
+                with contextlib.suppress(Exception):  # the gateway not up yet, a replica gone: go on
+                    await run_load(target, shape, seed=lap, report_every_s=30.0)
+                lap += 1
+                await asyncio.sleep(1.0)
+
+        task = loop.create_task(forever())
+
+        def cancel() -> None:
+            stopping.set()
+            loop.call_soon_threadsafe(task.cancel)
+
+        def run() -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                loop.run_until_complete(task)
+            loop.close()
+
+        self._stop_load = cancel
+        self._load = threading.Thread(target=run, name="service-load", daemon=True)
+        self._load.start()
 
     def stop(self) -> None:
+        if self._stop_load is not None:
+            self._stop_load()
+            if self._load is not None:
+                self._load.join(timeout=10)
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:

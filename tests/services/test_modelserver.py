@@ -1,16 +1,20 @@
 """``gpufleet model-server`` against real third-party clients (tritonclient.http and
 openai), started as a subprocess on loopback, plus table tests of the binary tensor
-codec held against tritonclient's own encoder and decoder."""
+codec held against tritonclient's own encoder and decoder, and of the dynamic batcher
+in-process (its answers held against the unbatched model's)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +25,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from gpufleet.modelserver.batcher import Batcher, BatchPolicy, Execution, Result
 from gpufleet.modelserver.kserve import (
     HEADER_LENGTH,
     ProtocolError,
@@ -32,7 +37,7 @@ from gpufleet.modelserver.kserve import (
     tensor_bytes,
     tensor_json,
 )
-from gpufleet.modelserver.model import MLP
+from gpufleet.modelserver.model import MLP, SimulatedDevice
 
 SEED = 7
 VERSION = "3"
@@ -362,3 +367,161 @@ def test_binary_outputs_by_default_when_none_are_named() -> None:
     req = parse_infer_request(head + FP32_1x2, header_length=len(head))
     assert req.outputs is None and req.binary_output is True and req.id is None
     np.testing.assert_array_equal(req.inputs[0].array, [[1.0, 2.0]])
+
+
+# --- the model's rows are independent ------------------------------------------------------
+
+
+@pytest.mark.parametrize("hidden", [32, 100, 1024], ids=["h32", "h100", "h1024"])
+@pytest.mark.parametrize("cuts", [[1], [3, 4, 20], list(range(1, 40))], ids=["1+39", "uneven", "rows"])
+def test_a_row_gives_the_same_bits_in_any_batch(hidden: int, cuts: list[int]) -> None:
+    mlp = MLP.from_seed(SEED, hidden=hidden)
+    x = batch(40)
+    parts = np.split(x, cuts)
+    np.testing.assert_array_equal(np.concatenate([mlp.forward(p) for p in parts]), mlp.forward(x))
+
+
+# --- the dynamic batcher in-process ---------------------------------------------------------
+
+
+def _run_batcher(policy: BatchPolicy, rows: list[int]) -> tuple[list[Result], list[Execution], float]:
+    """Submit requests of ``rows`` rows, each its own numbers, at once; check each answer
+    against the model run on its rows alone; (results in order, executions, seconds)."""
+    mlp = MLP.from_seed(SEED)
+    inputs = [batch(n) + i for i, n in enumerate(rows)]
+    runs: list[Execution] = []
+
+    async def go() -> tuple[list[Result], float]:
+        device = SimulatedDevice(mlp=mlp, launch_overhead_s=0.001)
+        batcher = Batcher(forward=device, policy=policy, on_execution=runs.append)
+        t0 = time.perf_counter()
+        try:
+            results = await asyncio.gather(*(batcher.infer(x) for x in inputs))
+        finally:
+            await batcher.close()
+        return list(results), time.perf_counter() - t0
+
+    results, seconds = asyncio.run(go())
+    for x, result in zip(inputs, results, strict=True):
+        np.testing.assert_array_equal(result.output, mlp.forward(x))
+    return results, runs, seconds
+
+
+@pytest.mark.parametrize(
+    ("policy", "rows", "want_batches"),
+    [
+        (BatchPolicy(), [1, 1, 1, 1], [1, 1, 1, 1]),
+        (BatchPolicy(max_queue_delay_us=10_000_000, preferred_batch_sizes=(4,)), [1] * 8, [4, 4]),
+        (BatchPolicy(max_queue_delay_us=50_000), [1, 2, 3, 4, 5], [15]),
+        (BatchPolicy(max_queue_delay_us=10_000_000, max_batch_size=4), [3, 2, 2], [3, 4]),
+        (
+            BatchPolicy(max_queue_delay_us=10_000_000, preferred_batch_sizes=(2, 4)),
+            [1, 1, 1, 1, 1, 1],
+            [4, 2],
+        ),
+    ],
+    ids=["off-one-by-one", "preferred-before-delay", "delay-then-all", "never-over-max", "largest-preferred"],
+)
+def test_batcher_forms_triton_batches(policy: BatchPolicy, rows: list[int], want_batches: list[int]) -> None:
+    _, runs, seconds = _run_batcher(policy, rows)
+    assert [r.rows for r in runs] == want_batches
+    assert seconds < 5  # none of them waited out a 10 s delay
+
+
+def test_batcher_waits_no_longer_than_the_delay() -> None:
+    results, runs, _ = _run_batcher(BatchPolicy(max_queue_delay_us=100_000), [2])
+    assert [r.rows for r in runs] == [2]
+    assert 0.1 <= results[0].queue_ns / 1e9 < 0.2
+
+
+# --- dynamic batching in the server ---------------------------------------------------------
+
+DELAY_S = 0.2
+
+
+@pytest.fixture(scope="module")
+def batching() -> Iterator[Server]:
+    us = str(int(DELAY_S * 1e6))
+    proc, srv = start("--seed", str(SEED), "--max-queue-delay-us", us, "--preferred-batch-size", "16,32")
+    yield srv
+    stop(proc)
+
+
+def _stats(server: Server) -> dict[str, Any]:
+    with triton.InferenceServerClient(server.url) as c:
+        got: dict[str, Any] = c.get_inference_statistics("mlp")
+    assert [m["name"] for m in got["model_stats"]] == ["mlp"]
+    return dict(got["model_stats"][0])
+
+
+def test_concurrent_requests_run_batched_with_their_own_numbers(batching: Server) -> None:
+    before = _stats(batching)
+    rows = [1 + i % 3 for i in range(16)]
+    ready = threading.Barrier(len(rows))
+
+    def one(n: int) -> np.ndarray[Any, Any]:
+        with triton.InferenceServerClient(batching.url) as c:
+            inp = triton.InferInput("INPUT0", [n, 16], "FP32").set_data_from_numpy(batch(n) + n)
+            ready.wait()
+            return np.asarray(c.infer("mlp", [inp]).as_numpy("OUTPUT0"))
+
+    with ThreadPoolExecutor(len(rows)) as pool:
+        answers = list(pool.map(one, rows))
+    mlp = MLP.from_seed(SEED)
+    for n, got in zip(rows, answers, strict=True):
+        np.testing.assert_array_equal(got, mlp.forward(batch(n) + n))
+    after = _stats(batching)
+    executions = after["execution_count"] - before["execution_count"]
+    assert 1 <= executions < len(rows)
+    assert after["inference_count"] - before["inference_count"] == sum(rows)
+    success = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
+    assert success == len(rows)
+    assert max(b["batch_size"] for b in after["batch_stats"]) > 3
+
+
+def test_a_lone_request_waits_out_the_delay_and_no_more(batching: Server) -> None:
+    before = _stats(batching)["inference_stats"]["queue"]
+    with triton.InferenceServerClient(batching.url) as c:
+        inp = triton.InferInput("INPUT0", [1, 16], "FP32").set_data_from_numpy(batch(1))
+        t0 = time.perf_counter()
+        c.infer("mlp", [inp])
+        seconds = time.perf_counter() - t0
+    after = _stats(batching)["inference_stats"]["queue"]
+    assert after["count"] - before["count"] == 1
+    queued_s = (after["ns"] - before["ns"]) / 1e9
+    assert DELAY_S <= queued_s < DELAY_S + 0.1 and seconds >= DELAY_S
+
+
+def test_config_shows_the_batcher(batching: Server) -> None:
+    with triton.InferenceServerClient(batching.url) as c:
+        config = c.get_model_config("mlp")
+    assert config["max_batch_size"] == 64
+    assert config["dynamic_batching"] == {
+        "preferred_batch_size": [16, 32],
+        "max_queue_delay_microseconds": int(DELAY_S * 1e6),
+    }
+
+
+def test_metrics_count_requests_batches_and_busy_time(
+    server: Server, client: triton.InferenceServerClient
+) -> None:
+    inp = triton.InferInput("INPUT0", [2, 16], "FP32").set_data_from_numpy(batch(2))
+    client.infer("mlp", [inp])
+    bad = triton.InferInput("INPUT0", [2, 15], "FP32").set_data_from_numpy(np.zeros((2, 15), np.float32))
+    with pytest.raises(InferenceServerException):
+        client.infer("mlp", [bad])
+    text = httpx.get(f"http://{server.url}/metrics").text
+    series = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if not line.startswith("#")
+    }
+    assert series['gpufleet_model_requests_total{code="200",model="mlp"}'] >= 1
+    assert series['gpufleet_model_requests_total{code="400",model="mlp"}'] >= 1
+    assert series['gpufleet_model_batch_size_bucket{le="2.0",model="mlp"}'] >= 1
+    assert series['gpufleet_model_busy_seconds_total{model="mlp"}'] > 0
+    assert series['gpufleet_model_inflight{model="mlp"}'] == 0
+    for name in ("request_seconds", "queue_seconds"):
+        assert series[f'gpufleet_model_{name}_count{{model="mlp"}}'] >= 1
+    stats = client.get_inference_statistics("mlp", VERSION)["model_stats"][0]
+    assert stats["inference_stats"]["fail"]["count"] >= 1 and stats["version"] == VERSION

@@ -25,6 +25,7 @@ from gpufleet.cli import (  # noqa: F401
     db_cmds,
     gateway_cmds,
     job_cmds,
+    loadgen_cmds,
     model_cmds,
     node_cmds,
     reservation_cmds,
@@ -72,6 +73,7 @@ app.command("default-team")(account_cmds.default_team)
 app.command("agent")(agent_cmds.agent)
 app.command("gateway")(gateway_cmds.gateway)
 app.command("model-server")(model_cmds.model_server)
+app.command("loadgen")(loadgen_cmds.loadgen)
 app.command("logs")(job_cmds.logs)
 app.command("demo")(server_cmds.demo)
 app.command("reserve")(reservation_cmds.reserve)

@@ -31,6 +31,32 @@ def model_server(
     token_delay_ms: float = typer.Option(
         0.0, "--token-delay-ms", min=0.0, help="Time per generated token, so streaming is visible."
     ),
+    hidden: int = typer.Option(
+        32, "--hidden", min=1, help="Width of the MLP's hidden layer (wider: more compute per row)."
+    ),
+    launch_overhead_us: float = typer.Option(
+        2000.0,
+        "--launch-overhead-us",
+        min=0.0,
+        help="Simulated fixed cost of each forward call, as a GPU's kernel launch and sync;"
+        " batching spreads it over the batch. 0: the bare CPU computation.",
+    ),
+    max_batch_size: int = typer.Option(
+        64, "--max-batch-size", min=1, help="Most rows in one request, and in one batched execution."
+    ),
+    max_queue_delay_us: int = typer.Option(
+        0,
+        "--max-queue-delay-us",
+        min=0,
+        help="Dynamic batching: how long a request may wait for others to join its batch"
+        " (Triton's max_queue_delay_microseconds). 0: batching off.",
+    ),
+    preferred_batch_size: list[str] = typer.Option(
+        [],
+        "--preferred-batch-size",
+        help="Batch sizes that run without waiting out the delay (repeat, or 16,32)."
+        " Default: --max-batch-size.",
+    ),
 ) -> None:
     """Serve a small real model: KServe v2 (Triton's HTTP protocol, binary tensors
     included) for a seeded MLP, and OpenAI-compatible toy /v1/completions,
@@ -39,15 +65,33 @@ def model_server(
     Ready (GET /v2/health/ready is 200) once --load-delay has passed; every reply has
     X-Gpufleet-Replica: $GPUFLEET_JOB_ID (else local). No authentication: put it behind
     the gateway.
+
+    With --max-queue-delay-us, concurrent infer requests run as one forward call (Triton's
+    dynamic batcher). Statistics: GET /v2/models/{model}/stats (Triton's) and /metrics
+    (Prometheus).
     """
     try:
         load_delay_s = parse_duration(load_delay)
     except ValueError as exc:
         raise fail(f"--load-delay: {exc}", BAD_INPUT) from None
+    try:
+        preferred = tuple(int(p) for item in preferred_batch_size for p in item.split(",") if p.strip())
+    except ValueError:
+        raise fail(f"--preferred-batch-size: not integers: {preferred_batch_size}", BAD_INPUT) from None
 
     import uvicorn
 
     from gpufleet.modelserver.app import create_app
+    from gpufleet.modelserver.batcher import BatchPolicy
+
+    try:
+        batching = BatchPolicy(
+            max_batch_size=max_batch_size,
+            max_queue_delay_us=max_queue_delay_us,
+            preferred_batch_sizes=preferred,
+        )
+    except ValueError as exc:
+        raise fail(str(exc), BAD_INPUT) from None
 
     app = create_app(
         model_name=model,
@@ -55,6 +99,9 @@ def model_server(
         seed=seed,
         load_delay_s=load_delay_s,
         token_delay_ms=token_delay_ms,
+        hidden=hidden,
+        launch_overhead_us=launch_overhead_us,
+        batching=batching,
     )
     uvicorn.run(
         app,

@@ -7,13 +7,18 @@ third-party clients speak unmodified:
 - KServe v2 / Open Inference Protocol as Triton speaks it (``tritonclient.http``),
   with Triton's binary tensor data extension (``kserve``): ``GET /v2``,
   ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{m}[/versions/{v}]``,
-  ``.../ready``, ``.../config``, ``POST .../infer`` and ``/v2/repository/index``;
+  ``.../ready``, ``.../config``, ``POST .../infer``, ``/v2/repository/index`` and
+  Triton's statistics ``.../stats`` (``stats``);
 - OpenAI-compatible toy text generation (``openai_api``, ``textgen``):
   ``GET /v1/models``, ``POST /v1/completions`` and ``/v1/chat/completions``, plain or
   streamed as Server-Sent Events.
 
-Every reply carries ``X-Gpufleet-Replica`` (``$GPUFLEET_JOB_ID`` or ``local``); the model
-version shows in ``model_version`` (KServe) and ``model``/``system_fingerprint``
+Infer requests run through Triton's dynamic batcher (``batcher``: off unless a queue
+delay is set) on a simulated GPU (``model.SimulatedDevice``: the real MLP plus a fixed
+cost per forward call); ``GET /metrics`` is Prometheus.
+
+Every reply carries ``X-Gpufleet-Replica`` (``$GPUFLEET_JOB_ID`` or ``local``); the
+model version shows in ``model_version`` (KServe) and ``model``/``system_fingerprint``
 (OpenAI, ``NAME:VERSION``). The app is ``app.create_app``; this package imports nothing
 so that the CLI stays fast.
 """

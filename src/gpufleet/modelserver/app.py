@@ -6,24 +6,33 @@ Readiness is a clock: the model counts as loaded ``load_delay_s`` after ``create
 be tested without a real model load. Until then ``/v2/health/ready``, the model's
 ``ready`` and ``infer`` (and the OpenAI generation endpoints) answer 503; liveness is
 200 from the start.
+
+Infer requests go through the model's :class:`~gpufleet.modelserver.batcher.Batcher`
+(one execution at a time, batched when ``batching`` says so) and are counted in
+:class:`~gpufleet.modelserver.stats.ModelStats`: Triton's ``/v2/models/{m}/stats`` and
+Prometheus ``/metrics``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import os
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpufleet import __version__
+from gpufleet.modelserver.batcher import Batcher, BatchPolicy
 from gpufleet.modelserver.kserve import (
     HEADER_LENGTH,
     InferRequest,
@@ -33,11 +42,32 @@ from gpufleet.modelserver.kserve import (
     parse_header_length,
     parse_infer_request,
 )
-from gpufleet.modelserver.model import INPUTS, MLP, OUTPUTS, ModelInputError, model_config
+from gpufleet.modelserver.model import (
+    HIDDEN,
+    INPUT_NAME,
+    INPUTS,
+    MLP,
+    OUTPUT_NAME,
+    OUTPUTS,
+    ModelInputError,
+    SimulatedDevice,
+    check_inputs,
+    model_config,
+)
 from gpufleet.modelserver.openai_api import OpenAIError, TextModel, openai_router
+from gpufleet.modelserver.stats import ModelStats
 
 REPLICA_HEADER = "X-Gpufleet-Replica"
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "openai_compatible"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+    "openai_compatible",
+]
+LAUNCH_OVERHEAD_US = 2000.0
+"""The default simulated fixed cost of a forward call (``--launch-overhead-us``): about
+what a GPU kernel launch, copies and sync cost a small model."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -47,6 +77,8 @@ class ServedModel:
     name: str
     version: str
     mlp: MLP
+    batcher: Batcher
+    stats: ModelStats
     ready_at: float
     clock: Callable[[], float] = time.monotonic
 
@@ -82,13 +114,25 @@ def create_app(
     load_delay_s: float = 0.0,
     token_delay_ms: float = 0.0,
     replica: str | None = None,
+    hidden: int = HIDDEN,
+    launch_overhead_us: float = LAUNCH_OVERHEAD_US,
+    batching: BatchPolicy | None = None,
 ) -> FastAPI:
     """The server's app. ``replica`` (default: ``$GPUFLEET_JOB_ID``, else ``local``) is
-    the ``X-Gpufleet-Replica`` header value."""
+    the ``X-Gpufleet-Replica`` header value; ``batching`` defaults to off."""
+    mlp = MLP.from_seed(seed, hidden=hidden)
+    stats = ModelStats(name=model_name, version=version)
     served = ServedModel(
         name=model_name,
         version=version,
-        mlp=MLP.from_seed(seed),
+        mlp=mlp,
+        batcher=Batcher(
+            forward=SimulatedDevice(mlp=mlp, launch_overhead_s=max(0.0, launch_overhead_us) / 1e6),
+            policy=batching or BatchPolicy(),
+            on_execution=stats.executed,
+            name=model_name,
+        ),
+        stats=stats,
         ready_at=time.monotonic() + max(0.0, load_delay_s),
     )
     text = TextModel(
@@ -99,9 +143,21 @@ def create_app(
         ready=served.ready,
         created=int(time.time()),
     )
-    app = FastAPI(title="gpufleet model-server", version=__version__, docs_url=None, redoc_url=None)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await served.batcher.close()
+
+    app = FastAPI(
+        title="gpufleet model-server", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan
+    )
     app.include_router(kserve_router(served))
     app.include_router(openai_router(text))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(stats.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(ProtocolError)
     async def protocol_error(request: Request, exc: ProtocolError) -> Response:
@@ -128,6 +184,35 @@ def kserve_router(served: ServedModel) -> APIRouter:
     def not_ready() -> Response:
         return JSONResponse({"error": f"model '{served.name}' is loading"}, status_code=503)
 
+    # infer first: Starlette tries the routes in order, and infer is the hot one; its
+    # path parameters are read from the request (FastAPI's parameter solving took about
+    # a tenth of a request's CPU in a profile)
+    @router.post("/models/{name}/infer")
+    @router.post("/models/{name}/versions/{version}/infer")
+    async def infer(request: Request) -> Response:
+        params = request.path_params
+        served.lookup(params["name"], params.get("version"))
+        arrived_ns = time.perf_counter_ns()
+        gauge = served.stats.metrics.inflight
+        gauge.inc()
+        code = 500
+        try:
+            if not served.ready():
+                response = not_ready()
+            else:
+                response = await _infer_response(served, request, arrived_ns)
+            code = response.status_code
+            return response
+        except ProtocolError as exc:
+            code = exc.status
+            raise
+        except asyncio.CancelledError:
+            code = 499  # the client went away (nginx's code for it)
+            raise
+        finally:
+            gauge.dec()
+            served.stats.answered(code=code, total_ns=time.perf_counter_ns() - arrived_ns)
+
     @router.get("/health/live")
     async def live() -> Response:
         return Response(status_code=200)
@@ -145,6 +230,16 @@ def kserve_router(served: ServedModel) -> APIRouter:
         state = "READY" if served.ready() else "LOADING"
         return [{"name": served.name, "version": served.version, "state": state}]
 
+    @router.get("/models/stats")  # before /models/{name}, which would take "stats" as a name
+    async def all_stats() -> dict[str, Any]:
+        return {"model_stats": [served.stats.as_triton()]}
+
+    @router.get("/models/{name}/stats")
+    @router.get("/models/{name}/versions/{version}/stats")
+    async def model_stats(name: str, version: str | None = None) -> dict[str, Any]:
+        served.lookup(name, version)
+        return {"model_stats": [served.stats.as_triton()]}
+
     @router.get("/models/{name}")
     @router.get("/models/{name}/versions/{version}")
     async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
@@ -155,7 +250,10 @@ def kserve_router(served: ServedModel) -> APIRouter:
     @router.get("/models/{name}/versions/{version}/config")
     async def config(name: str, version: str | None = None) -> dict[str, Any]:
         served.lookup(name, version)
-        return model_config(served.name)
+        policy = served.batcher.policy
+        return model_config(
+            served.name, max_batch=policy.max_batch_size, dynamic_batching=policy.as_triton_config()
+        )
 
     @router.get("/models/{name}/ready")
     @router.get("/models/{name}/versions/{version}/ready")
@@ -163,36 +261,48 @@ def kserve_router(served: ServedModel) -> APIRouter:
         served.lookup(name, version)
         return Response(status_code=200) if served.ready() else not_ready()
 
-    @router.post("/models/{name}/infer")
-    @router.post("/models/{name}/versions/{version}/infer")
-    async def infer(request: Request, name: str, version: str | None = None) -> Response:
-        served.lookup(name, version)
-        if not served.ready():
-            return not_ready()
-        body = _decompress(await request.body(), request.headers.get("content-encoding"))
-        req = parse_infer_request(body, header_length=parse_header_length(request.headers.get(HEADER_LENGTH)))
-        return _infer_response(served, req)
-
     return router
 
 
-def _infer_response(served: ServedModel, req: InferRequest) -> Response:
+async def _infer_response(served: ServedModel, request: Request, arrived_ns: int) -> Response:
+    """Parse, check, run in the model's batcher, encode; errors in the request are
+    ProtocolError, a failed execution a 500."""
+    body = _decompress(await request.body(), request.headers.get("content-encoding"))
+    req = parse_infer_request(body, header_length=parse_header_length(request.headers.get(HEADER_LENGTH)))
     inputs = {t.name: t for t in req.inputs}
     if len(inputs) != len(req.inputs):
         raise ProtocolError("an input name appears twice in the request")
+    known = sorted(spec.name for spec in OUTPUTS)
+    for out in req.outputs or ():
+        if out.name not in known:
+            raise ProtocolError(
+                f"unexpected inference output {out.name!r} for model '{served.name}'"
+                f" (its outputs are {known})"
+            )
     try:
-        results = served.mlp.infer(inputs)
+        check_inputs(inputs, max_batch=served.batcher.policy.max_batch_size)
     except ModelInputError as exc:
+        served.stats.failed(total_ns=time.perf_counter_ns() - arrived_ns)
         raise ProtocolError(f"model '{served.name}': {exc}") from None
+    x = inputs[INPUT_NAME].array
+    try:
+        done = await served.batcher.infer(x)
+    except Exception as exc:  # the model failed (or the server is stopping): not the caller's fault
+        served.stats.failed(total_ns=time.perf_counter_ns() - arrived_ns)
+        return JSONResponse({"error": f"model '{served.name}' failed: {exc}"}, status_code=500)
+    results = {OUTPUT_NAME: Tensor(name=OUTPUT_NAME, datatype="FP32", array=done.output)}
+    response = _encode(served, req, results)
+    served.stats.succeeded(
+        rows=len(x), total_ns=time.perf_counter_ns() - arrived_ns, queue_ns=done.queue_ns, run=done.execution
+    )
+    return response
+
+
+def _encode(served: ServedModel, req: InferRequest, results: dict[str, Tensor]) -> Response:
     chosen: list[tuple[Tensor, bool]] = []
     if req.outputs is None:
         chosen = [(t, req.binary_output) for t in results.values()]
     for out in req.outputs or ():
-        if out.name not in results:
-            raise ProtocolError(
-                f"unexpected inference output {out.name!r} for model '{served.name}'"
-                f" (its outputs are {sorted(results)})"
-            )
         chosen.append((results[out.name], req.binary_output if out.binary is None else out.binary))
     body, json_size = encode_infer_response(
         model_name=served.name, model_version=served.version, request_id=req.id, outputs=chosen

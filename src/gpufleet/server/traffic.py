@@ -100,8 +100,9 @@ class TrafficStore:
                     requests += d
                     if code.startswith("5"):
                         errors += d
-                if last.le and last.le == first.le:
-                    inc = [b - a for a, b in zip(first.buckets, last.buckets, strict=True)]
+                if last.le and (last.le == first.le or not first.le):
+                    before = first.buckets if first.le else (0,) * len(last.buckets)  # no answer yet then
+                    inc = [b - a for a, b in zip(before, last.buckets, strict=True)]
                     if not le:
                         le, merged = last.le, inc
                     elif le == last.le:
