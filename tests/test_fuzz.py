@@ -5,7 +5,10 @@ is repeatable and bounded; ``GPUFLEET_FUZZ_SECONDS`` lengthens it for a deeper r
 
 Left out of the pass: revoking credentials (``DELETE /v1/tokens/{id}``, node revoke),
 since a fuzzer that revokes its own token spends the rest of its budget on 401s; they
-have their own tests (``tests/server/test_tokens*.py``, ``test_tls.py``). The server is
+have their own tests (``tests/server/test_tokens*.py``, ``test_tls.py``); and a job's
+logs, whose ``?follow=true`` stays open while the job lives, as ``tail -f`` does (the
+fuzzer's jobs, service replicas among them, never end: its read timed out), tested in
+``tests/agent/test_sync.py`` and ``tests/server/test_sync_scope.py``. The server is
 started with rate limits high enough that the fuzzer is never throttled."""
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ pytest.importorskip("schemathesis", reason="schemathesis not installed (pip inst
 
 FUZZ_SECONDS = int(os.environ.get("GPUFLEET_FUZZ_SECONDS", "25"))
 ST = Path(sys.executable).parent / "st"
-EXCLUDED = r"^/v1/(tokens/\{[a-z_]+\}|nodes/\{name\}/revoke)$"
+EXCLUDED = r"^/v1/(tokens/\{[a-z_]+\}|nodes/\{name\}/revoke|jobs/\{job_id\}/logs)$"
 
 
 SERVER_OPTIONS = ("--rate-admin", "off", "--auth-failures", "off")

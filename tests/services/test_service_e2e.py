@@ -311,6 +311,15 @@ def test_autoscaling_promotes_a_warm_replica_under_load_and_scales_back(srv: Ser
             token = ok(c.post(f"/services/{name}/tokens"), 201)["token"]
             url = f"http://127.0.0.1:{gw_port}/s/{name}/v1/completions"
             body = {"model": "mlp", "prompt": "scale me", "max_tokens": 12}
+            deadline = time.monotonic() + 10  # the token reaches the gateway with its next feed read
+            while (
+                httpx.get(
+                    url.replace("/completions", "/models"), headers={"Authorization": f"Bearer {token}"}
+                ).status_code
+                != 200
+            ):
+                assert time.monotonic() < deadline, "the gateway never learnt the token"
+                time.sleep(0.1)
             failures: list[str] = []
 
             def caller() -> None:

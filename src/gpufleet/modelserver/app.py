@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import os
+import re
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -173,6 +174,7 @@ def create_app(
             return OpenAIError(str(exc.detail), status=exc.status_code).response()
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
+    app.add_middleware(InferShortcut, served=served)
     app.add_middleware(ReplicaHeader, replica=replica or os.environ.get("GPUFLEET_JOB_ID") or "local")
     return app
 
@@ -184,34 +186,13 @@ def kserve_router(served: ServedModel) -> APIRouter:
     def not_ready() -> Response:
         return JSONResponse({"error": f"model '{served.name}' is loading"}, status_code=503)
 
-    # infer first: Starlette tries the routes in order, and infer is the hot one; its
-    # path parameters are read from the request (FastAPI's parameter solving took about
-    # a tenth of a request's CPU in a profile)
+    # infer first: Starlette tries the routes in order, and infer is the hot one (though
+    # ``InferShortcut`` serves it before FastAPI's routing; this route is the same code)
     @router.post("/models/{name}/infer")
     @router.post("/models/{name}/versions/{version}/infer")
     async def infer(request: Request) -> Response:
         params = request.path_params
-        served.lookup(params["name"], params.get("version"))
-        arrived_ns = time.perf_counter_ns()
-        gauge = served.stats.metrics.inflight
-        gauge.inc()
-        code = 500
-        try:
-            if not served.ready():
-                response = not_ready()
-            else:
-                response = await _infer_response(served, request, arrived_ns)
-            code = response.status_code
-            return response
-        except ProtocolError as exc:
-            code = exc.status
-            raise
-        except asyncio.CancelledError:
-            code = 499  # the client went away (nginx's code for it)
-            raise
-        finally:
-            gauge.dec()
-            served.stats.answered(code=code, total_ns=time.perf_counter_ns() - arrived_ns)
+        return await handle_infer(served, request, params["name"], params.get("version"))
 
     @router.get("/health/live")
     async def live() -> Response:
@@ -262,6 +243,58 @@ def kserve_router(served: ServedModel) -> APIRouter:
         return Response(status_code=200) if served.ready() else not_ready()
 
     return router
+
+
+async def handle_infer(served: ServedModel, request: Request, name: str, version: str | None) -> Response:
+    """One ``POST /v2/models/{name}[/versions/{version}]/infer``: counted, timed, and
+    answered 503 while the model loads. Raises ProtocolError for a bad request."""
+    served.lookup(name, version)
+    arrived_ns = time.perf_counter_ns()
+    gauge = served.stats.metrics.inflight
+    gauge.inc()
+    code = 500
+    try:
+        if not served.ready():
+            response: Response = JSONResponse({"error": f"model '{served.name}' is loading"}, status_code=503)
+        else:
+            response = await _infer_response(served, request, arrived_ns)
+        code = response.status_code
+        return response
+    except ProtocolError as exc:
+        code = exc.status
+        raise
+    except asyncio.CancelledError:
+        code = 499  # the client went away (nginx's code for it)
+        raise
+    finally:
+        gauge.dec()
+        served.stats.answered(code=code, total_ns=time.perf_counter_ns() - arrived_ns)
+
+
+_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+
+
+class InferShortcut:
+    """Serves ``POST .../infer`` (every inference: the hot path) without FastAPI's routing
+    and request handling, which cost about as much CPU as the rest of an inference
+    (``bench/bench_batching.py``); everything else goes on to the app. Same code, same
+    answers, same errors as the route."""
+
+    def __init__(self, app: ASGIApp, *, served: ServedModel) -> None:
+        self.app = app
+        self.served = served
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            m = _INFER_PATH.match(scope["path"])
+            if m is not None:
+                try:
+                    response = await handle_infer(self.served, Request(scope, receive), m[1], m[2])
+                except ProtocolError as exc:
+                    response = JSONResponse({"error": exc.message}, status_code=exc.status)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _infer_response(served: ServedModel, request: Request, arrived_ns: int) -> Response:
@@ -347,4 +380,4 @@ class ReplicaHeader:
         await self.app(scope, receive, send_tagged)
 
 
-__all__ = ["REPLICA_HEADER", "ReplicaHeader", "ServedModel", "create_app", "kserve_router"]
+__all__ = ["REPLICA_HEADER", "InferShortcut", "ReplicaHeader", "ServedModel", "create_app", "kserve_router"]
