@@ -165,6 +165,13 @@ def one_step(args: argparse.Namespace, *, warm: int) -> tuple[float | None, dict
                     raise RuntimeError(f"the service did not come up: {out}")
                 time.sleep(0.2)
             token = fleet.api.post("/services/bench/tokens").json()["token"]
+            probe = f"http://127.0.0.1:{fleet.gw_port}/s/bench/v2/health/ready"
+            deadline = time.monotonic() + 10
+            while httpx.get(probe, headers={"Authorization": f"Bearer {token}"}).status_code != 200:
+                if time.monotonic() > deadline:  # the token reaches the gateway with its next feed read
+                    raise RuntimeError("the gateway never learnt the service token")
+                time.sleep(0.1)
+            step_wall = time.time() + args.before
             target = Target(
                 url=f"http://127.0.0.1:{fleet.gw_port}/s/bench/v2/models/mlp/infer",
                 method="POST",
@@ -200,7 +207,12 @@ def one_step(args: argparse.Namespace, *, warm: int) -> tuple[float | None, dict
         "worst_p99_ms": worst,
         "errors": report.summary.errors,
         "replicas": final["replicas_desired"],
-        "scales": [e["reason"] for e in events if e["kind"] == "scale"],
+        "scales": [
+            f"t={e['at'] - step_wall:+.1f}s {e['reason']}"
+            for e in events
+            if e["kind"] in ("scale", "promote")
+        ],
+        "p99s": [(round(i.start_s - args.before), i.p99_ms) for i in after],
     }
 
 
@@ -231,6 +243,8 @@ def main() -> None:
     ap.add_argument("--max-replicas", type=int, default=6)
     ap.add_argument("--noise", type=float, default=0.25)
     ap.add_argument("--quick", action="store_true", help="one run, shorter load")
+    ap.add_argument("--pools", default="warm,cold", help="which runs: warm, cold or both")
+    ap.add_argument("--verbose", action="store_true", help="print the scaling events and p99 per second")
     args = ap.parse_args()
     if args.quick:
         args.runs, args.before, args.after = 1, 8.0, 30.0
@@ -256,7 +270,7 @@ def main() -> None:
     results: dict[str, list[float | None]] = {"warm (2)": [], "cold": []}
     details: dict[str, list[dict[str, Any]]] = {"warm (2)": [], "cold": []}
     for r in range(args.runs):
-        order = [("warm (2)", 2), ("cold", 0)]
+        order = [(n, w) for n, w in (("warm (2)", 2), ("cold", 0)) if n.split()[0] in args.pools]
         if r % 2:
             order.reverse()
         for name, warm in order:
@@ -269,10 +283,14 @@ def main() -> None:
                 f"errors {info['errors'] or 0}, replicas {info['replicas']}",
                 flush=True,
             )
+            if args.verbose:
+                for line in info["scales"]:
+                    print(f"      {line}")
+                print(f"      p99 per second after the step: {info['p99s']}")
 
     def med(xs: list[float | None]) -> float | None:
         done = [x for x in xs if x is not None]
-        return statistics.median(done) if len(done) == len(xs) else None
+        return statistics.median(done) if xs and len(done) == len(xs) else None
 
     warm_s, cold_s = med(results["warm (2)"]), med(results["cold"])
     print(f"\n  {'pool':<10}{'recovery (median)':>20}{'vs cold':>10}")

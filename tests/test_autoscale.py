@@ -41,12 +41,24 @@ def test_inflight_scales_in_one_step() -> None:
     assert d.desired == 10 and "scale up 2 -> 10" in d.reason and "20.0 in flight per replica" in d.reason
 
 
-def test_scale_up_is_immediate_then_stabilises() -> None:
+def test_scale_up_is_immediate_then_waits_for_its_replicas() -> None:
+    p = ScalePolicy(min_replicas=1, max_replicas=20, metric="inflight", target=2.0)
     state = ScaleState()
-    assert step(POLICY, state, obs(2, 100.0), now=0.0).desired == 3
-    held = step(POLICY, state, obs(3, 100.0), now=10.0)
-    assert held.desired == 3 and "stabilising 20s" in held.reason
-    assert step(POLICY, state, obs(3, 100.0), now=30.0).desired == 5
+    assert step(p, state, obs(2, 4.0), now=0.0).desired == 4
+    held = step(p, state, obs(4, 8.0, ready=2), now=10.0)  # two of the new ones are not ready yet
+    assert held.desired == 4 and "stabilising 20s" in held.reason
+    assert step(p, state, obs(4, 8.0, ready=2), now=30.0).desired == 8  # the window is over
+    state = ScaleState()
+    assert step(p, state, obs(2, 4.0), now=0.0).desired == 4
+    assert step(p, state, obs(4, 8.0, ready=4), now=1.0).desired == 16  # all ready: the load still asks
+
+
+def test_a_ready_scale_up_may_scale_again_at_once() -> None:
+    """A warm replica is ready the moment it is promoted: the next reading counts."""
+    p = ScalePolicy(min_replicas=1, max_replicas=8, metric="inflight", target=2.0)
+    state = ScaleState()
+    assert step(p, state, obs(1, 3.0), now=0.0).desired == 2
+    assert step(p, state, obs(2, 40.0), now=1.0).desired == 8
 
 
 def test_scale_down_waits_out_the_cooldown() -> None:

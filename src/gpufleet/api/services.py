@@ -181,6 +181,7 @@ class ServiceTraffic(Reply):
     qps: float
     error_rate: float = Field(description="5xx answers / all answers")
     inflight: int
+    inflight_avg: float = Field(default=0.0, description="in flight, averaged over the window's reports")
     p50_ms: float | None
     p99_ms: float | None
     gateways: int

@@ -7,11 +7,12 @@ was observed, and its own recent history (Kubernetes' HorizontalPodAutoscaler ru
   (requests per second per replica). Inside the tolerance (``|observed/target - 1| <=
   0.1``) the recommendation is the current count. No data (no ready replica, no
   reading): no change. Always clamped to ``min..max``.
-- **Scale up** at once to the recommendation, then not again for
-  ``scale_up_stabilization_s`` (30 s): the replicas just added must become ready and take
-  their share before the metric means anything again. (HPA's scale-up window would
-  instead delay the first step by the window: a 5x step in load must be served in
-  seconds, which a warm pool makes possible, so the window is after the step.)
+- **Scale up** at once to the recommendation; then, for ``scale_up_stabilization_s``
+  (30 s), not again while replicas of that scale-up are not ready yet: they must take
+  their share before the metric means anything again. Once every wished replica is
+  ready (a warm one is at once), a reading that still asks for more scales again. (HPA's
+  scale-up window would instead delay the first step by the window: a 5x step in load
+  must be served in seconds, which a warm pool makes possible.)
 - **Scale down** only when every recommendation of the last ``scale_down_cooldown_s``
   (5 min) was lower (the highest of them is taken: HPA's scale-down stabilisation
   window) and no scale happened in that time: a noisy load never flaps.
@@ -101,7 +102,12 @@ def step(policy: ScalePolicy, state: ScaleState, obs: Observation, now: float) -
         span = f"{policy.min_replicas}..{policy.max_replicas}"
         return _changed(state, now, bounded, current, f"{current} -> {bounded}: outside {span}")
     if rec > current:
-        if state.last_up_at is not None and now - state.last_up_at < policy.scale_up_stabilization_s:
+        settling = obs.ready < current
+        if (
+            settling
+            and state.last_up_at is not None
+            and now - state.last_up_at < policy.scale_up_stabilization_s
+        ):
             wait = policy.scale_up_stabilization_s - (now - state.last_up_at)
             return Decision(
                 desired=current, reason=f"would scale up to {rec} ({inputs}); stabilising {wait:.0f}s"

@@ -83,12 +83,15 @@ class TrafficStore:
             if not series:
                 return None
             requests = errors = inflight = 0
+            inflight_avg = 0.0
             span = 0.0
             le: tuple[float, ...] = ()
             merged: list[int] = []
             for reps in series:
                 last = reps[-1]
                 inflight += last.inflight
+                recent = [r.inflight for r in reps if r.at >= now - window_s] or [last.inflight]
+                inflight_avg += sum(recent) / len(recent)
                 first = next((r for r in reps if r.at >= now - window_s), last)
                 if first is last and len(reps) > 1:
                     first = reps[-2]
@@ -113,6 +116,7 @@ class TrafficStore:
             qps=round(requests / span, 3) if span > 0 else 0.0,
             error_rate=round(errors / requests, 5) if requests else 0.0,
             inflight=inflight,
+            inflight_avg=round(inflight_avg, 3),
             p50_ms=None if p50 is None else round(p50 * 1000, 3),
             p99_ms=None if p99 is None else round(p99 * 1000, 3),
             gateways=len(series),

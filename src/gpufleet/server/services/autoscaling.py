@@ -42,6 +42,10 @@ class Autoscaler:
     wiring replaces the telemetry store after start-up: hold the owner, not the store)."""
     max_age_s: float = 30.0
     window_s: float = 15.0
+    """QPS is averaged over this window."""
+    inflight_window_s: float = 5.0
+    """In-flight requests are averaged over this shorter one: smooth enough that one
+    burst does not scale, short enough that a step in load does at once."""
     states: dict[int, ScaleState] = field(default_factory=dict)
     held_every_s: float = 60.0
     _held: dict[int, tuple[str, float]] = field(default_factory=dict)
@@ -76,9 +80,12 @@ class Autoscaler:
             seen = [sum(v) / len(v) for v in per_job.values() if v]
             value = sum(seen) / len(seen) if seen else None
         elif ready:
-            traffic = self.hot.traffic.stats(row.name, now, self.window_s)
+            inflight = spec.metric == "inflight"
+            traffic = self.hot.traffic.stats(
+                row.name, now, self.inflight_window_s if inflight else self.window_s
+            )
             if traffic is not None:
-                value = (traffic.inflight if spec.metric == "inflight" else traffic.qps) / len(ready)
+                value = (traffic.inflight_avg if inflight else traffic.qps) / len(ready)
         return Observation(current=current, ready=len(ready), value=value)
 
     def step(self, s: Session, row: ServiceRow, spec: ServiceSpec, now: float) -> bool:
