@@ -12,9 +12,10 @@ a GPU-like fixed cost, a sleep, so replicas add capacity as GPUs would on this 2
 machine) and needs ``--load-delay`` seconds to load its model before it is ready (the
 cold start a warm pool saves). ``--max-replicas`` (3) is what the load needs: every
 further replica is a process start on the same two cores as the serving path, during the
-recovery, which a GPU fleet would not have (with 6: warm 10.5 s, cold 34.5 s). Reported: *recovery*, the time from the step until the
-p99 of every 1-second interval stays under ``--slo-ms`` for 3 seconds, with ``warm: 2``
-and with ``warm: 0`` (cold), the median over ``--runs`` (the order alternates).
+recovery, which a GPU fleet would not have (with 6: warm 10.5 s, cold 34.5 s). Reported:
+*recovery*, the time from the step until the p99 of every 1-second interval stays under
+``--slo-ms`` for 3 seconds, with ``warm: 2`` and with ``warm: 0`` (cold), the median over
+``--runs`` (the order alternates).
 
 **Flaps** (the autoscaler's own code on a fake clock, 20 minutes in 15-second steps):
 a steady load worth 4 replicas at the target with +-``--noise`` on every reading, each
