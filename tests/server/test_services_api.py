@@ -184,3 +184,32 @@ def test_a_service_at_higher_priority_preempts_training_and_the_plan_says_so(ser
         assert f"preempted for job {replica}" in events[0]["reason"]
         assert f"a replica of service {name}" in events[0]["reason"]
         ok(c.delete(f"/services/{name}"), 202)
+
+
+def test_gateway_reports_feed_the_services_traffic(server: Server) -> None:
+    pool = make_pool(server)
+    team = make_team(server)
+    user = make_user(server, team=team)
+    name = sname()
+    report = {
+        "gateway": "gw-test",
+        "services": {
+            name: {
+                "codes": {"200": 90, "503": 10},
+                "inflight": 2,
+                "latency": {"le": [0.01, 0.1, 1e9], "counts": [50, 100, 100], "sum": 2.5, "count": 100},
+            }
+        },
+    }
+    with server.client() as c, server.client(user) as u:
+        ok(c.put(f"/services/{name}", json=spec(name, pool, replicas=0)))
+        assert u.post("/gateway/report", json=report).status_code == 403  # gateways only
+        bad = c.post("/gateway/report", json={"gateway": "gw", "services": {name: {"codes": {"999": 1}}}})
+        assert bad.status_code == 422 and bad.headers["content-type"].startswith("application/problem+json")
+        first = {**report, "services": {name: {"codes": {}, "inflight": 0}}}
+        assert c.post("/gateway/report", json=first).status_code == 204
+        time.sleep(0.05)
+        assert c.post("/gateway/report", json=report).status_code == 204
+        traffic = ok(c.get(f"/services/{name}"))["traffic"]
+        assert traffic["gateways"] == 1 and traffic["error_rate"] == 0.1 and traffic["inflight"] == 2
+        assert traffic["qps"] > 0 and 10.0 <= traffic["p99_ms"] <= 100.0
