@@ -73,6 +73,16 @@ def _bodies(victim: int, others: list[int]) -> list[Callable[[random.Random], An
     ]
 
 
+def _state(c: httpx.Client, job_id: int) -> str:
+    """A job's state; a 429 (200 jobs polled in a row drain even an admin's bucket) is
+    waited out as it says."""
+    while True:
+        resp = c.get(f"/jobs/{job_id}")
+        if resp.status_code != 429:
+            return str(ok(resp)["state"])
+        time.sleep(float(resp.headers.get("Retry-After", "1")))
+
+
 def _send(http: httpx.Client, url: str, body: Any) -> int:
     if isinstance(body, bytes):
         return http.post(url, content=body, headers={"Content-Type": "application/json"}).status_code

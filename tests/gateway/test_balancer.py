@@ -206,3 +206,25 @@ def test_parse_feed(doc: object, services: set[str], skipped: int) -> None:
 def test_parse_feed_rejects_non_feeds(doc: object) -> None:
     with pytest.raises(ValueError):
         parse_feed(doc)
+
+
+def test_traffic_report_reads_the_gateways_own_counters() -> None:
+    """What a gateway reports to the server: codes, in flight and the latency histogram
+    per service, cumulative; +Inf sent as a finite bound (JSON has no infinity)."""
+    from gpufleet.api.services import GatewayReport
+    from gpufleet.gateway.app import _Metrics
+    from gpufleet.gateway.report import INF, traffic_report
+
+    m = _Metrics()
+    for code in (200, 200, 503):
+        m.answered("svc", code)
+    latency, inflight = m.service("svc")
+    latency.observe(0.004)
+    latency.observe(0.2)
+    inflight.inc()
+    body = traffic_report(m.registry, "gw-1")
+    got = body["services"]["svc"]
+    assert got["codes"] == {"200": 2, "503": 1} and got["inflight"] == 1
+    assert got["latency"]["count"] == 2 and got["latency"]["le"][-1] == INF
+    assert got["latency"]["counts"][-1] == 2
+    GatewayReport.model_validate(body)  # what the server accepts

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -35,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from pydantic import ValidationError
 
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
+from gpufleet.agent.replicas import ReplicaProbes, free_port
 from gpufleet.agent.runners import VANISHED, JobRunner
 from gpufleet.agent.transport import AgentTransportError, SyncTransport
 from gpufleet.api.nodes import SyncReply
@@ -165,11 +164,7 @@ class Agent:
         self._xids: dict[int, list[int]] = {}
         self._faults: dict[int, frozenset[str]] = {}
         self._last_health = time.monotonic()
-        self._ready: dict[Key, tuple[bool, float]] = {}
-        """Service replicas: (ready, when last probed, monotonic)."""
-        self._busy: dict[Key, tuple[float, float, float]] = {}
-        """Replicas on simulated GPUs: (busy seconds, when read, utilisation 0..1 since)."""
-        self._http: httpx.Client | None = None
+        self.replicas = ReplicaProbes(interval_s=config.probe_interval_s, timeout_s=config.probe_timeout_s)
 
     # -- local state ------------------------------------------------------------------------
     def restore(self) -> int:
@@ -212,59 +207,11 @@ class Agent:
                 self._save(cur)
             self._feed_probe()
             probing = [j for j in self.jobs.values() if j.port is not None and j.exit_code is None]
-        if self._probe_replicas(probing):
+        if self.replicas.probe(probing, simulated=isinstance(self.probe, LoadSink)):
             self._news = True
         if ended:
             self._news = True
         return ended
-
-    def _probe_replicas(self, jobs: list[LocalJob]) -> bool:
-        """Probe the replicas that are due; True if one's readiness changed."""
-        changed = False
-        now = time.monotonic()
-        live = {j.key for j in jobs}
-        for key in [k for k in self._ready if k not in live]:
-            del self._ready[key]
-        for key in [k for k in self._busy if k not in live]:
-            del self._busy[key]
-        simulated = isinstance(self.probe, LoadSink)
-        for job in jobs:
-            was, at = self._ready.get(job.key, (False, -1e18))
-            if now - at < self.config.probe_interval_s:
-                continue
-            ok = self._probe_one(job)
-            self._ready[job.key] = (ok, now)
-            changed |= ok != was
-            if ok and simulated:
-                self._read_busy(job, now)
-        return changed
-
-    def _read_busy(self, job: LocalJob, now: float) -> None:
-        """On simulated GPUs, a replica's utilisation follows its model server's busy
-        time: ``gpufleet_model_busy_seconds_total`` on its ``/metrics`` (the built-in
-        model server's; a server without it keeps the default load)."""
-        assert self._http is not None
-        try:
-            r = self._http.get(f"http://127.0.0.1:{job.port}/metrics")
-            busy = busy_seconds(r.text) if r.status_code == 200 else None
-        except httpx.HTTPError:
-            busy = None
-        if busy is None:
-            return
-        prev = self._busy.get(job.key)
-        util = 0.0
-        if prev is not None and now > prev[1]:
-            util = min(1.0, max(0.0, (busy - prev[0]) / (now - prev[1])))
-        self._busy[job.key] = (busy, now, util)
-
-    def _probe_one(self, job: LocalJob) -> bool:
-        if self._http is None:
-            self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
-        try:
-            r = self._http.get(f"http://127.0.0.1:{job.port}{job.health_path or '/'}")
-        except httpx.HTTPError:
-            return False
-        return 200 <= r.status_code < 400
 
     def endpoint(self, job: LocalJob) -> str:
         host = self.config.address or "127.0.0.1"
@@ -279,9 +226,9 @@ class Agent:
         for job in self.jobs.values():
             if job.exit_code is None:
                 util = job.util if job.kind == "simulated" else self.config.real_job_util
-                busy = self._busy.get(job.key)
+                busy = self.replicas.util(job.key)
                 if busy is not None:
-                    util = busy[2]  # a replica: as busy as its model server says it is
+                    util = busy  # a replica: as busy as its model server says it is
                 for g in job.gpus:
                     load[g] = util
         self.probe.set_load(load)
@@ -327,7 +274,7 @@ class Agent:
                 }
                 if job.port is not None and not done:
                     seen["endpoint"] = self.endpoint(job)
-                    seen["ready"] = job.exit_code is None and self._ready.get(job.key, (False, 0.0))[0]
+                    seen["ready"] = job.exit_code is None and self.replicas.ready(job.key)
                 jobs.append(seen)
                 if size > job.log_acked and budget > 0:
                     chunk = read_chunk(job.log_path, job.log_acked, min(self.config.log_chunk_bytes, budget))
@@ -502,32 +449,7 @@ class Agent:
     def close(self) -> None:
         self.probe.close()
         self.transport.close()
-        if self._http is not None:
-            self._http.close()
-
-
-def busy_seconds(text: str) -> float | None:
-    """The sum of ``gpufleet_model_busy_seconds_total`` in a Prometheus text page."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total, seen = 0.0, False
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "gpufleet_model_busy_seconds_total":
-                    total += sample.value
-                    seen = True
-    except ValueError:
-        return None
-    return total if seen else None
-
-
-def free_port() -> int:
-    """A TCP port of this node nobody listens on now (the kernel's pick); the replica
-    binds it a moment later."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+        self.replicas.close()
 
 
 def _brief(exc: ValueError) -> str:

@@ -3,7 +3,7 @@
 
 Layout: ``_common`` (the client, output and errors every client command shares),
 ``apps`` (the command groups), one ``*_cmds`` module per subject, and helpers that hold
-no command (``jobview``, ``sbatch``, ``localtime``, ``words``, ``options``). No command
+no command (``jobview``, ``sbatch``, ``localtime``, ``words``, ``options``, ``servicespec``). No command
 module imports another.
 """
 

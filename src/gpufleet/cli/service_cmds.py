@@ -15,11 +15,8 @@ created. ``command`` may be one string in the file, split as a shell splits it (
 
 from __future__ import annotations
 
-import json
 import shlex
-import sys
 import time
-from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -37,9 +34,10 @@ from gpufleet.cli import words
 from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table, stream_logs
 from gpufleet.cli.apps import service_app
 from gpufleet.cli.options import flag, json_flag
+from gpufleet.cli.servicespec import env_pairs, read_spec_file, spec_fields, validated
 from gpufleet.client import GpufleetClient
 from gpufleet.placefmt import gpu_ranges
-from gpufleet.timefmt import format_duration, parse_duration
+from gpufleet.timefmt import format_duration
 
 M = TypeVar("M", bound=BaseModel)
 _LABEL = 16
@@ -65,7 +63,6 @@ _HELP = {
     "up": "After a scale-up, no other for this long (default 30s).",
     "down": "Scale down only after this long of lower load and no scaling (default 5m).",
 }
-_DURATIONS = ("readiness_timeout", "scale_up_stabilization", "scale_down_cooldown")
 
 
 # -- talking to the server ------------------------------------------------------------------
@@ -92,102 +89,6 @@ def _live_tokens(c: GpufleetClient, name: str) -> list[ServiceTokenOut]:
 
 
 # -- reading what the user gave -------------------------------------------------------------
-
-
-def problems(exc: ValidationError) -> str:
-    """Pydantic's errors as one line: ``field: message; ...`` (no input echoed: an env
-    value may be a secret)."""
-    said = []
-    for e in exc.errors():
-        where = ".".join(str(p) for p in e["loc"])
-        msg = str(e["msg"]).removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "no such field"
-        said.append(f"{where}: {msg}" if where else msg)
-    return "; ".join(said)
-
-
-def _validated(model: type[M], body: dict[str, Any], what: str) -> M:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise fail(f"{what}: {problems(exc)}", BAD_INPUT) from None
-
-
-def read_spec_file(source: str) -> dict[str, Any]:
-    """A spec file's fields: JSON by a ``.json`` name, YAML by ``.yaml``/``.yml``; else
-    (and ``-``, stdin) JSON, then YAML."""
-    try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise fail(f"cannot read {source}: {getattr(exc, 'strerror', None) or exc}", BAD_INPUT) from None
-    label = "stdin" if source == "-" else source
-    suffix = Path(source).suffix.lower()
-    if suffix == ".json":
-        data = _json(text, label)
-    elif suffix in (".yaml", ".yml"):
-        data = _yaml(text, label)
-    else:
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = _yaml(text, label)
-    if not isinstance(data, dict):
-        raise fail(f"{label}: a spec is a mapping of fields (name: ..., command: ...)", BAD_INPUT)
-    if isinstance(data.get("command"), str):
-        data["command"] = _split(data["command"], f"{label}: command")
-    return data
-
-
-def _json(text: str, label: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise fail(f"{label}: not valid JSON ({exc})", BAD_INPUT) from None
-
-
-def _yaml(text: str, label: str) -> Any:
-    import yaml  # only deploy reads YAML
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or exc
-        raise fail(f"{label}: not valid YAML{where}: {problem}", BAD_INPUT) from None
-
-
-def _split(command: str, what: str) -> list[str]:
-    try:
-        return shlex.split(command)
-    except ValueError as exc:
-        raise fail(f"{what}: {exc}", BAD_INPUT) from None
-
-
-def _env(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or not key:
-            raise fail(f"--env {pair!r}: write KEY=VALUE", BAD_INPUT)
-        out[key] = value
-    return out
-
-
-def _fields(given: dict[str, Any]) -> dict[str, Any]:
-    """The spec fields the options name: ``--command`` split, ``--readiness-timeout`` in
-    seconds, options not given left out."""
-    out = {k: v for k, v in given.items() if v is not None}
-    if "command" in out:
-        out["command"] = _split(out["command"], "--command")
-    for key in _DURATIONS:
-        if key in out:
-            try:
-                out[key] = parse_duration(out[key])
-            except ValueError as exc:
-                raise fail(f"--{key.replace('_', '-')}: {exc}", BAD_INPUT) from None
-    return out
 
 
 # -- showing --------------------------------------------------------------------------------
@@ -326,7 +227,7 @@ def deploy(
     """Create a service, or replace its spec (kubectl apply): from a file, options, or
     both (options win). A change of what the replicas run rolls them one by one."""
     body = read_spec_file(file) if file is not None else {}
-    body |= _fields(
+    body |= spec_fields(
         {
             "name": name,
             "pool": pool,
@@ -355,10 +256,10 @@ def deploy(
     )
     if env:
         file_env = body.get("env")
-        body["env"] = {**(file_env if isinstance(file_env, dict) else {}), **_env(env)}
+        body["env"] = {**(file_env if isinstance(file_env, dict) else {}), **env_pairs(env)}
     if "name" not in body:
         raise fail("a service needs a name: --name, or name: in the spec file", BAD_INPUT)
-    spec = _validated(ServiceSpec, body, "the spec")
+    spec = validated(ServiceSpec, body, "the spec")
     with client() as c:
         svc = _service(c, "PUT", spec.name, json=spec.model_dump(mode="json", exclude_unset=True))
         tokens = _live_tokens(c, svc.name)
@@ -459,7 +360,7 @@ def update(
     """Change some fields of a service; the rest of its spec stays. A change of what the
     replicas run rolls them one by one; --replicas only adds or drains replicas. (Pool
     and team: deploy the whole spec again.)"""
-    patch = _fields(
+    patch = spec_fields(
         {
             "image": image,
             "command": command,
@@ -484,10 +385,10 @@ def update(
         }
     )
     if env:
-        patch["env"] = _env(env)
+        patch["env"] = env_pairs(env)
     if not patch:
         raise fail("nothing to change: give an option (gpufleet service update --help)", BAD_INPUT)
-    _validated(ServicePatch, patch, "the update")
+    validated(ServicePatch, patch, "the update")
     with client() as c:
         before = _service(c, "GET", name)
         svc = _service(c, "PATCH", name, json=patch)
@@ -594,8 +495,6 @@ __all__ = [
     "list_",
     "logs",
     "pick_replica",
-    "problems",
-    "read_spec_file",
     "show",
     "summary_lines",
     "token",

@@ -33,6 +33,7 @@ from yarl import URL
 
 from gpufleet.gateway.balancer import Balancer, Feed, Outcome, OutlierPolicy, Pool, Slot
 from gpufleet.gateway.feed import EndpointSource, load_once, poll
+from gpufleet.gateway.report import traffic_report
 from gpufleet.server.ratelimit import Buckets, retry_after_header
 
 log = logging.getLogger("gpufleet.gateway")
@@ -178,39 +179,8 @@ class Gateway:
                 log.debug("gateway report: %r", exc)
 
     def traffic_report(self) -> dict[str, Any]:
-        """This process's counters per service, cumulative since it started (the shape
-        of ``api.services.GatewayReport``), read from its own Prometheus registry."""
-        services: dict[str, dict[str, Any]] = {}
-
-        def svc(name: str) -> dict[str, Any]:
-            return services.setdefault(name, {"codes": {}, "inflight": 0})
-
-        for family in self.metrics.registry.collect():
-            for sample in family.samples:
-                name = sample.labels.get("service")
-                if name is None:
-                    continue
-                if sample.name == "gpufleet_gateway_requests_total":
-                    svc(name)["codes"][sample.labels["code"]] = int(sample.value)
-                elif sample.name == "gpufleet_gateway_in_flight":
-                    svc(name)["inflight"] = max(0, int(sample.value))
-                elif sample.name == "gpufleet_gateway_upstream_seconds_bucket":
-                    lat = svc(name).setdefault("latency", {"le": [], "counts": [], "sum": 0.0, "count": 0})
-                    lat["le"].append(float(sample.labels["le"]))
-                    lat["counts"].append(int(sample.value))
-                elif sample.name == "gpufleet_gateway_upstream_seconds_sum":
-                    svc(name).setdefault("latency", {"le": [], "counts": [], "sum": 0.0, "count": 0})[
-                        "sum"
-                    ] = max(0.0, sample.value)
-                elif sample.name == "gpufleet_gateway_upstream_seconds_count":
-                    svc(name).setdefault("latency", {"le": [], "counts": [], "sum": 0.0, "count": 0})[
-                        "count"
-                    ] = int(sample.value)
-        for entry in services.values():
-            lat = entry.get("latency")
-            if lat is not None and lat["le"] and lat["le"][-1] == float("inf"):
-                lat["le"][-1] = 1e9  # JSON has no infinity: a bound past any answer
-        return {"gateway": GATEWAY_ID, "services": services}
+        """This process's counters per service (``report.traffic_report``)."""
+        return traffic_report(self.metrics.registry, GATEWAY_ID)
 
     def _apply(self, feed: Feed) -> None:
         self.balancer.update(feed)

@@ -18,7 +18,7 @@ from gpufleet.api.services import (
 )
 from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.problems import ObjectId, ProblemError, unwrap
-from gpufleet.server.services import inference
+from gpufleet.server.services import gatewayfeed, inference, servicetokens
 
 router = APIRouter(prefix="/services", tags=["services"])
 gateway_router = APIRouter(prefix="/gateway", tags=["services"])
@@ -86,18 +86,18 @@ def delete(name: ServiceNameIn, parts: PartsDep, me: Me) -> ServiceOut:
 @router.post("/{name}/tokens", response_model=ServiceTokenOut, status_code=201)
 def create_token(name: ServiceNameIn, parts: PartsDep, me: Me) -> ServiceTokenOut:
     """A token for callers of the service at the gateway (shown once)."""
-    return unwrap(inference.create_token(db=parts.db, actor=me, name=name, now=parts.now()))
+    return unwrap(servicetokens.create_token(db=parts.db, actor=me, name=name, now=parts.now()))
 
 
 @router.get("/{name}/tokens", response_model=list[ServiceTokenOut])
 def list_tokens(name: ServiceNameIn, parts: PartsDep, me: Me) -> list[ServiceTokenOut]:
-    return unwrap(inference.list_tokens(db=parts.db, actor=me, name=name))
+    return unwrap(servicetokens.list_tokens(db=parts.db, actor=me, name=name))
 
 
 @router.delete("/{name}/tokens/{token_id}", response_model=ServiceTokenOut)
 def revoke_token(name: ServiceNameIn, token_id: ObjectId, parts: PartsDep, me: Me) -> ServiceTokenOut:
     return unwrap(
-        inference.revoke_token(db=parts.db, actor=me, name=name, token_id=token_id, now=parts.now())
+        servicetokens.revoke_token(db=parts.db, actor=me, name=name, token_id=token_id, now=parts.now())
     )
 
 
@@ -118,5 +118,5 @@ def endpoints(request: Request, parts: PartsDep, me: Me) -> Response:
     gateway's credential)."""
     if not me.is_operator:
         raise ProblemError(403, "the endpoint feed is for gateways (an operator or admin token)")
-    out = inference.feed(db=parts.db, telemetry=request.app.state.hot.telemetry, now=parts.now())
+    out = gatewayfeed.feed(db=parts.db, telemetry=request.app.state.hot.telemetry, now=parts.now())
     return Response(out.model_dump_json(), media_type="application/json")

@@ -1,6 +1,8 @@
 """Inference services: deploy (create or replace, like ``kubectl apply``), update,
 delete, list, show, gateway tokens, and the endpoint feed the gateways poll.
 
+Gateway tokens are in ``servicetokens.py``, the gateways' feed in ``gatewayfeed.py``.
+
 Visibility: a service is its owner's; operators and admins see and act on every one.
 Anyone else gets 404 (it is not revealed that the name exists). The replicas are jobs
 (``Job.kind == 'service'``); the replica controller (``replicaset.py``, run by
@@ -14,8 +16,6 @@ readiness timeout apply to replicas created from then on.
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -24,25 +24,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.api.services import (
-    GatewayEndpoint,
-    GatewayFeed,
-    GatewayRate,
-    GatewayService,
     ReplicaOut,
     ServiceEventOut,
     ServiceOut,
     ServicePatch,
     ServiceSpec,
-    ServiceTokenOut,
     ServiceTraffic,
 )
-from gpufleet.server.agentstate import TelemetryStore
 from gpufleet.server.db import Database
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.models import (
     Allocation,
     Job,
     Membership,
+    Pool,
     ServiceEvent,
     ServiceRow,
     ServiceToken,
@@ -50,7 +45,6 @@ from gpufleet.server.models import (
     User,
 )
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
-from gpufleet.server.ratelimit import Rate
 from gpufleet.server.services.auth import Principal
 
 Waker = Callable[[], None]
@@ -67,12 +61,6 @@ ROLLING = (
     "gpu_type",
     "pool",
 )
-MAX_TOKENS = 16
-"""Live gateway tokens per service (rotate by creating one, then revoking the old)."""
-
-
-def hash_service_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def add_event(s: Session, service_id: int, *, at: float, actor: str, kind: str, reason: str) -> None:
@@ -82,7 +70,8 @@ def add_event(s: Session, service_id: int, *, at: float, actor: str, kind: str, 
 # -- who may do what ------------------------------------------------------------------------------
 
 
-def _load(s: Session, actor: Principal, name: str) -> ServiceRow | Failure:
+def load_service(s: Session, actor: Principal, name: str) -> ServiceRow | Failure:
+    """The service ``name`` if ``actor`` may see it (its owner, an operator), else 404."""
     row = s.scalar(select(ServiceRow).where(ServiceRow.name == name))
     if row is None or (row.owner_id != actor.user_id and not actor.is_operator):
         return not_found(f"no service {name}")
@@ -207,7 +196,7 @@ def no_traffic(name: str) -> None:
 
 def show(*, db: Database, actor: Principal, name: str, traffic: Traffic = no_traffic) -> ServiceOut | Failure:
     with db.read() as s:
-        row = _load(s, actor, name)
+        row = load_service(s, actor, name)
         return row if isinstance(row, Failure) else _out(s, row, traffic=traffic(row.name))
 
 
@@ -215,7 +204,7 @@ def events(*, db: Database, actor: Principal, name: str, limit: int) -> list[Ser
     """The newest ``limit`` events of a service, oldest first (deploys, updates,
     replicas made and stopped, every scaling decision with its inputs)."""
     with db.read() as s:
-        row = _load(s, actor, name)
+        row = load_service(s, actor, name)
         if isinstance(row, Failure):
             return row
         q = (
@@ -240,7 +229,6 @@ def list_services(*, db: Database, actor: Principal, traffic: Traffic = no_traff
 
 
 def _pool_problem(s: Session, spec: ServiceSpec) -> Failure | None:
-    from gpufleet.server.models import Pool
 
     gpu = s.scalar(select(Pool.gpu).where(Pool.name == spec.pool))
     if gpu is None:
@@ -344,7 +332,7 @@ def update(
     *, db: Database, actor: Principal, name: str, patch: ServicePatch, now: float, waker: Waker
 ) -> ServiceOut | Failure:
     with db.write() as s:
-        row = _load(s, actor, name)
+        row = load_service(s, actor, name)
         if isinstance(row, Failure):
             return row
         if row.state == "deleting":
@@ -367,9 +355,10 @@ def update(
 
 
 def delete(*, db: Database, actor: Principal, name: str, now: float, waker: Waker) -> ServiceOut | Failure:
-    """Drain and stop every replica; the service is gone once none is left."""
+    """Drain and stop every replica and revoke its tokens; the service is gone once no
+    replica is left."""
     with db.write() as s:
-        row = _load(s, actor, name)
+        row = load_service(s, actor, name)
         if isinstance(row, Failure):
             return row
         if row.state != "deleting":
@@ -385,187 +374,11 @@ def delete(*, db: Database, actor: Principal, name: str, now: float, waker: Wake
     return out
 
 
-# -- gateway tokens ------------------------------------------------------------------------------
-
-
-def _token_out(t: ServiceToken, token: str | None = None) -> ServiceTokenOut:
-    return ServiceTokenOut(
-        id=t.id,
-        hint=t.hint,
-        created_at=t.created_at,
-        created_by=t.created_by,
-        revoked_at=t.revoked_at,
-        token=token,
-    )
-
-
-def create_token(*, db: Database, actor: Principal, name: str, now: float) -> ServiceTokenOut | Failure:
-    with db.write() as s:
-        row = _load(s, actor, name)
-        if isinstance(row, Failure):
-            return row
-        if row.state == "deleting":
-            return conflict(f"service {name} is being deleted")
-        live = s.scalars(
-            select(ServiceToken.id).where(
-                ServiceToken.service_id == row.id, ServiceToken.revoked_at.is_(None)
-            )
-        ).all()
-        if len(live) >= MAX_TOKENS:
-            return conflict(
-                f"service {name} has {len(live)} live tokens (at most {MAX_TOKENS}): revoke one first"
-            )
-        token = "gfs_" + secrets.token_urlsafe(32)
-        t = ServiceToken(
-            service_id=row.id,
-            token_hash=hash_service_token(token),
-            hint=token[:8],
-            created_at=now,
-            created_by=actor.name[:64],
-        )
-        s.add(t)
-        s.flush()
-        add_event(
-            s, row.id, at=now, actor=actor.name, kind="token", reason=f"token {t.id} ({t.hint}...) created"
-        )
-        return _token_out(t, token)
-
-
-def list_tokens(*, db: Database, actor: Principal, name: str) -> list[ServiceTokenOut] | Failure:
-    with db.read() as s:
-        row = _load(s, actor, name)
-        if isinstance(row, Failure):
-            return row
-        q = select(ServiceToken).where(ServiceToken.service_id == row.id).order_by(ServiceToken.id)
-        return [_token_out(t) for t in s.scalars(q)]
-
-
-def revoke_token(
-    *, db: Database, actor: Principal, name: str, token_id: int, now: float
-) -> ServiceTokenOut | Failure:
-    with db.write() as s:
-        row = _load(s, actor, name)
-        if isinstance(row, Failure):
-            return row
-        t = s.get(ServiceToken, token_id)
-        if t is None or t.service_id != row.id:
-            return not_found(f"service {name} has no token {token_id}")
-        if t.revoked_at is None:
-            t.revoked_at = now
-            add_event(s, row.id, at=now, actor=actor.name, kind="token", reason=f"token {t.id} revoked")
-        return _token_out(t)
-
-
-# -- the gateways' feed --------------------------------------------------------------------------
-
-
-def _util(
-    telemetry: TelemetryStore, node: str, gpus: list[int], now: float, max_age_s: float
-) -> float | None:
-    t = telemetry.get(node)
-    if t is None or now - t.at > max_age_s or not gpus:
-        return None
-    vals = [
-        g.utilization_pct for i in gpus if (g := t.gpus.get(i)) is not None and g.utilization_pct is not None
-    ]
-    return round(sum(vals) / len(vals), 1) if vals else None
-
-
-def _rate(text: object) -> GatewayRate | None:
-    """A spec's ``rate_limit`` as the gateways take it (the pattern was checked on the way in)."""
-    if not isinstance(text, str):
-        return None
-    try:
-        rate = Rate.parse(text)
-    except ValueError:
-        return None
-    return None if rate is None else GatewayRate(burst=rate.burst, per_s=rate.per_s)
-
-
-def feed(*, db: Database, telemetry: TelemetryStore, now: float, max_age_s: float = 30.0) -> GatewayFeed:
-    """Every active service with its live tokens and its ready, not draining replicas
-    (a replica stops receiving traffic as soon as it is drained or not ready)."""
-    with db.read() as s:
-        rows = s.scalars(
-            select(ServiceRow).where(ServiceRow.state == "active").order_by(ServiceRow.name)
-        ).all()
-        tokens: dict[int, list[str]] = {}
-        for sid, digest in s.execute(
-            select(ServiceToken.service_id, ServiceToken.token_hash).where(ServiceToken.revoked_at.is_(None))
-        ):
-            tokens.setdefault(sid, []).append(digest)
-        ready = s.execute(
-            select(
-                Job.id,
-                Job.service_id,
-                Job.replica,
-                Job.generation,
-                Job.endpoint,
-                Allocation.node,
-                Allocation.gpu_index,
-            )
-            .join(Allocation, Allocation.job_id == Job.id)
-            .where(
-                Job.kind == "service",
-                Job.state == str(JobState.RUNNING),
-                Job.ready.is_(True),
-                Job.draining_at.is_(None),
-                Job.warm.is_(False),
-                Job.endpoint.is_not(None),
-            )
-            .order_by(Job.id)
-        ).all()
-    per: dict[int | None, dict[int, dict[str, Any]]] = {}
-    for jid, service_id, replica, gen, url, node, idx in ready:
-        ep = per.setdefault(service_id, {}).setdefault(
-            jid,
-            {
-                "job_id": jid,
-                "replica": replica or 0,
-                "generation": gen or 0,
-                "url": url,
-                "node": node,
-                "gpus": [],
-            },
-        )
-        if idx is not None:
-            ep["gpus"].append(idx)
-    services = []
-    for row in rows:
-        eps = [
-            GatewayEndpoint(
-                id=f"{e['job_id']}.{e['replica']}",
-                job_id=e["job_id"],
-                replica=e["replica"],
-                url=e["url"],
-                node=e["node"],
-                generation=e["generation"],
-                gpu_util=_util(telemetry, e["node"], e["gpus"], now, max_age_s),
-            )
-            for e in per.get(row.id, {}).values()
-        ]
-        services.append(
-            GatewayService(
-                name=row.name,
-                protocol=str(row.spec.get("protocol", "http")),
-                tokens=sorted(tokens.get(row.id, [])),
-                rate=_rate(row.spec.get("rate_limit")),
-                endpoints=eps,
-            )
-        )
-    return GatewayFeed(at=now, services=services)
-
-
 __all__ = [
     "ACTIVE",
-    "create_token",
     "delete",
     "deploy",
-    "feed",
-    "hash_service_token",
     "list_services",
-    "list_tokens",
-    "revoke_token",
     "show",
     "update",
 ]

@@ -1,0 +1,46 @@
+"""What a gateway tells the server after every feed read (``POST /v1/gateway/report``,
+the shape of ``api.services.GatewayReport``): its counters per service, cumulative since
+the process started, read off its own Prometheus registry. The server turns the reports
+of all gateways into each service's QPS, errors, latency and in-flight requests
+(``server/traffic.py``), which the autoscaler, the page and ``/metrics`` use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+INF = 1e9
+"""JSON has no infinity: the +Inf bucket's bound is sent as a second past any answer."""
+
+
+def traffic_report(registry: CollectorRegistry, gateway: str) -> dict[str, Any]:
+    services: dict[str, dict[str, Any]] = {}
+
+    def svc(name: str) -> dict[str, Any]:
+        return services.setdefault(name, {"codes": {}, "inflight": 0})
+
+    def latency(name: str) -> dict[str, Any]:
+        lat: dict[str, Any] = svc(name).setdefault(
+            "latency", {"le": [], "counts": [], "sum": 0.0, "count": 0}
+        )
+        return lat
+
+    for family in registry.collect():
+        for sample in family.samples:
+            name = sample.labels.get("service")
+            if name is None:
+                continue
+            if sample.name == "gpufleet_gateway_requests_total":
+                svc(name)["codes"][sample.labels["code"]] = int(sample.value)
+            elif sample.name == "gpufleet_gateway_in_flight":
+                svc(name)["inflight"] = max(0, int(sample.value))
+            elif sample.name == "gpufleet_gateway_upstream_seconds_bucket":
+                lat = latency(name)
+                lat["le"].append(min(INF, float(sample.labels["le"])))
+                lat["counts"].append(int(sample.value))
+            elif sample.name == "gpufleet_gateway_upstream_seconds_sum":
+                latency(name)["sum"] = max(0.0, sample.value)
+            elif sample.name == "gpufleet_gateway_upstream_seconds_count":
+                latency(name)["count"] = int(sample.value)
+    return {"gateway": gateway, "services": services}

@@ -1,0 +1,113 @@
+"""What the gateways route to (``GET /v1/gateway/endpoints``): every active service with
+its live token digests, its rate limit, and its ready replicas in rotation (not
+draining, not warm) with their GPUs' utilisation from the agents' telemetry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from gpufleet.api.services import GatewayEndpoint, GatewayFeed, GatewayRate, GatewayService
+from gpufleet.server.agentstate import TelemetryStore
+from gpufleet.server.db import Database
+from gpufleet.server.jobstate.states import JobState
+from gpufleet.server.models import Allocation, Job, ServiceRow, ServiceToken
+from gpufleet.server.ratelimit import Rate
+
+
+def _util(
+    telemetry: TelemetryStore, node: str, gpus: list[int], now: float, max_age_s: float
+) -> float | None:
+    t = telemetry.get(node)
+    if t is None or now - t.at > max_age_s or not gpus:
+        return None
+    vals = [
+        g.utilization_pct for i in gpus if (g := t.gpus.get(i)) is not None and g.utilization_pct is not None
+    ]
+    return round(sum(vals) / len(vals), 1) if vals else None
+
+
+def _rate(text: object) -> GatewayRate | None:
+    """A spec's ``rate_limit`` as the gateways take it (the pattern was checked on the way in)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        rate = Rate.parse(text)
+    except ValueError:
+        return None
+    return None if rate is None else GatewayRate(burst=rate.burst, per_s=rate.per_s)
+
+
+def feed(*, db: Database, telemetry: TelemetryStore, now: float, max_age_s: float = 30.0) -> GatewayFeed:
+    """Every active service with its live tokens and its ready, not draining replicas
+    (a replica stops receiving traffic as soon as it is drained or not ready)."""
+    with db.read() as s:
+        rows = s.scalars(
+            select(ServiceRow).where(ServiceRow.state == "active").order_by(ServiceRow.name)
+        ).all()
+        tokens: dict[int, list[str]] = {}
+        for sid, digest in s.execute(
+            select(ServiceToken.service_id, ServiceToken.token_hash).where(ServiceToken.revoked_at.is_(None))
+        ):
+            tokens.setdefault(sid, []).append(digest)
+        ready = s.execute(
+            select(
+                Job.id,
+                Job.service_id,
+                Job.replica,
+                Job.generation,
+                Job.endpoint,
+                Allocation.node,
+                Allocation.gpu_index,
+            )
+            .join(Allocation, Allocation.job_id == Job.id)
+            .where(
+                Job.kind == "service",
+                Job.state == str(JobState.RUNNING),
+                Job.ready.is_(True),
+                Job.draining_at.is_(None),
+                Job.warm.is_(False),
+                Job.endpoint.is_not(None),
+            )
+            .order_by(Job.id)
+        ).all()
+    per: dict[int | None, dict[int, dict[str, Any]]] = {}
+    for jid, service_id, replica, gen, url, node, idx in ready:
+        ep = per.setdefault(service_id, {}).setdefault(
+            jid,
+            {
+                "job_id": jid,
+                "replica": replica or 0,
+                "generation": gen or 0,
+                "url": url,
+                "node": node,
+                "gpus": [],
+            },
+        )
+        if idx is not None:
+            ep["gpus"].append(idx)
+    services = []
+    for row in rows:
+        eps = [
+            GatewayEndpoint(
+                id=f"{e['job_id']}.{e['replica']}",
+                job_id=e["job_id"],
+                replica=e["replica"],
+                url=e["url"],
+                node=e["node"],
+                generation=e["generation"],
+                gpu_util=_util(telemetry, e["node"], e["gpus"], now, max_age_s),
+            )
+            for e in per.get(row.id, {}).values()
+        ]
+        services.append(
+            GatewayService(
+                name=row.name,
+                protocol=str(row.spec.get("protocol", "http")),
+                tokens=sorted(tokens.get(row.id, [])),
+                rate=_rate(row.spec.get("rate_limit")),
+                endpoints=eps,
+            )
+        )
+    return GatewayFeed(at=now, services=services)
