@@ -148,7 +148,7 @@ def test_a_node_sending_garbage_stops_nothing(
         sender.join(10)
         deadline = time.monotonic() + 60
         while True:
-            states = [ok(c.get(f"/jobs/{j}"))["state"] for j in ids]
+            states = [_state(c, j) for j in ids]
             if all(s == "COMPLETED" for s in states) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
