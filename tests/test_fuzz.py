@@ -25,7 +25,7 @@ from server.conftest import ADMIN_TOKEN, Server, start_server, stop_server
 
 pytest.importorskip("schemathesis", reason="schemathesis not installed (pip install -e '.[dev,fuzz]')")
 
-FUZZ_SECONDS = int(os.environ.get("GPUFLEET_FUZZ_SECONDS", "25"))
+FUZZ_SECONDS = int(os.environ.get("GPUFLEET_FUZZ_SECONDS", "18"))
 ST = Path(sys.executable).parent / "st"
 EXCLUDED = r"^/v1/(tokens/\{[a-z_]+\}|nodes/\{name\}/revoke|jobs/\{job_id\}/logs)$"
 

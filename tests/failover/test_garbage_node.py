@@ -28,14 +28,14 @@ JOBS = 200
 
 
 def garbage_seconds(server: Server) -> float:
-    """A third of the issue's minute on PostgreSQL, the production database (where a NUL in a
-    text column was fatal); SQLite, the same code over another dialect, gets less
+    """A quarter of the issue's minute on PostgreSQL, the production database (where a NUL
+    in a text column was fatal); SQLite, the same code over another dialect, gets less
     (CI has 15 minutes for everything). ``GPUFLEET_GARBAGE_SECONDS=60`` runs the
     issue's minute on both."""
     raw = os.environ.get("GPUFLEET_GARBAGE_SECONDS")
     if raw:
         return float(raw)
-    return 20.0 if server.db_url.startswith("postgresql") else 8.0
+    return 15.0 if server.db_url.startswith("postgresql") else 6.0
 
 
 def _gpus(model: str = "H100", n: int = 2) -> list[dict[str, Any]]:
