@@ -145,3 +145,31 @@ def test_traffic_rates_and_quantiles_from_gateway_reports() -> None:
     assert after is not None and after.qps >= 0
     assert t.stats("other", now=120.0) is None
     assert t.stats("svc", now=500.0) is None  # every gateway went quiet: forgotten
+
+
+def test_mean_util_of_a_replicas_gpus() -> None:
+    """Across nodes; stale readings, unknown GPUs and GPUs without a reading left out."""
+    from gpufleet.api.nodes import GpuTelemetry
+    from gpufleet.server.agentstate import TelemetryStore
+
+    t = TelemetryStore()
+    t.put("a", at=100.0, gpus=[GpuTelemetry(index=0, utilization_pct=40.0), GpuTelemetry(index=1)],
+          driver_version=None, cuda_version=None)  # fmt: skip
+    t.put(
+        "b",
+        at=100.0,
+        gpus=[GpuTelemetry(index=0, utilization_pct=80.0)],
+        driver_version=None,
+        cuda_version=None,
+    )
+    t.put(
+        "old",
+        at=10.0,
+        gpus=[GpuTelemetry(index=0, utilization_pct=0.0)],
+        driver_version=None,
+        cuda_version=None,
+    )
+    gpus = [("a", 0), ("a", 1), ("a", 7), ("b", 0), ("old", 0), ("nowhere", 0)]
+    assert t.mean_util(gpus, now=105.0, max_age_s=30.0) == 60.0
+    assert t.mean_util([("old", 0)], now=105.0, max_age_s=30.0) is None
+    assert t.mean_util([], now=105.0, max_age_s=30.0) is None

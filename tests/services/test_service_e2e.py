@@ -49,6 +49,27 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     stop_server(s)
 
 
+def start_gateway(srv: Server, port: int) -> subprocess.Popen[bytes]:
+    """A ``gpufleet gateway`` process following ``srv``'s feed every 0.2 s."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet",
+            "gateway",
+            "--server",
+            srv.url,
+            "--port",
+            str(port),
+            "--refresh",
+            "0.2",
+        ],
+        env={**os.environ, "GPUFLEET_TOKEN": ADMIN_TOKEN},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
 def _node(srv: Server, work: Path, *, pool: str, leaf: str) -> Node:
     name = unique("snode")
     with srv.client() as c:
@@ -163,13 +184,7 @@ def test_service_through_the_gateway_survives_a_node_loss_and_a_rolling_update(
             placed = [r["nodes"][0] for r in out["replicas"]]
             assert len(set(placed)) == 3, placed  # spread: one replica per node
             token = ok(c.post(f"/services/{NAME}/tokens"), 201)["token"]
-        gateway = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet", "gateway", "--server", srv.url, "--port", str(gw_port),
-             "--refresh", "0.2"],
-            env={**os.environ, "GPUFLEET_TOKEN": ADMIN_TOKEN},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
+        gateway = start_gateway(srv, gw_port)
         base = f"http://127.0.0.1:{gw_port}/s/{NAME}"
         deadline = time.monotonic() + 20
         while True:
@@ -272,13 +287,7 @@ def test_autoscaling_promotes_a_warm_replica_under_load_and_scales_back(srv: Ser
     name = "scaled-llm"
     launch = model_server(as_other_account=ROOT, args=("--model", "mlp", "--token-delay-ms", "40"))
     gw_port = free_port()
-    gateway = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "gateway", "--server", srv.url, "--port", str(gw_port),
-         "--refresh", "0.2"],
-        env={**os.environ, "GPUFLEET_TOKEN": ADMIN_TOKEN},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
+    gateway = start_gateway(srv, gw_port)
     stop = threading.Event()
     try:
         with srv.client() as c:

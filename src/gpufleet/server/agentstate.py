@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -64,6 +64,20 @@ class TelemetryStore:
 
     def get(self, node: str) -> NodeTelemetry | None:
         return self._nodes.get(node)
+
+    def mean_util(self, gpus: Iterable[tuple[str, int]], *, now: float, max_age_s: float) -> float | None:
+        """The mean utilisation (%) of these (node, GPU index) over readings no older than
+        ``max_age_s``; None without one (a service replica's load: the gateways' choice,
+        the autoscaler's ``gpu_util``)."""
+        vals = []
+        for node, index in gpus:
+            t = self._nodes.get(node)
+            if t is None or now - t.at > max_age_s:
+                continue
+            g = t.gpus.get(index)
+            if g is not None and g.utilization_pct is not None:
+                vals.append(g.utilization_pct)
+        return sum(vals) / len(vals) if vals else None
 
     def forget(self, node: str) -> None:
         self._nodes.pop(node, None)

@@ -15,9 +15,8 @@ from sqlalchemy.orm import Session
 from gpufleet.api.services import ServiceSpec
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.autoscale import Observation, ScalePolicy, ScaleState, step
-from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.models import Allocation, Job, ServiceRow
-from gpufleet.server.services.inference import add_event, desired_replicas
+from gpufleet.server.services.inference import IN_ROTATION, add_event, desired_replicas
 
 ACTOR = "autoscaler"
 
@@ -57,27 +56,22 @@ class Autoscaler:
             s.scalars(
                 select(Job.id).where(
                     Job.service_id == row.id,
-                    Job.state == str(JobState.RUNNING),
-                    Job.ready.is_(True),
-                    Job.warm.is_(False),
-                    Job.draining_at.is_(None),
+                    *IN_ROTATION,
                 )
             )
         )
         value: float | None = None
         if ready and spec.metric == "gpu_util":
-            per_job: dict[int, list[float]] = {}
+            per_job: dict[int, list[tuple[str, int]]] = {}
             q = select(Allocation.job_id, Allocation.node, Allocation.gpu_index).where(
                 Allocation.job_id.in_(ready)
             )
             for jid, node, idx in s.execute(q):
-                t = self.hot.telemetry.get(node)
-                if t is None or now - t.at > self.max_age_s or idx is None:
-                    continue
-                g = t.gpus.get(idx)
-                if g is not None and g.utilization_pct is not None:
-                    per_job.setdefault(jid, []).append(g.utilization_pct)
-            seen = [sum(v) / len(v) for v in per_job.values() if v]
+                if idx is not None:  # a 0-GPU replica has no utilisation
+                    per_job.setdefault(jid, []).append((node, idx))
+            telemetry = self.hot.telemetry
+            utils = [telemetry.mean_util(g, now=now, max_age_s=self.max_age_s) for g in per_job.values()]
+            seen = [u for u in utils if u is not None]
             value = sum(seen) / len(seen) if seen else None
         elif ready:
             inflight = spec.metric == "inflight"

@@ -11,21 +11,13 @@ from sqlalchemy import select
 from gpufleet.api.services import GatewayEndpoint, GatewayFeed, GatewayRate, GatewayService
 from gpufleet.server.agentstate import TelemetryStore
 from gpufleet.server.db import Database
-from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.models import Allocation, Job, ServiceRow, ServiceToken
 from gpufleet.server.ratelimit import Rate
+from gpufleet.server.services.inference import IN_ROTATION
 
 
-def _util(
-    telemetry: TelemetryStore, node: str, gpus: list[int], now: float, max_age_s: float
-) -> float | None:
-    t = telemetry.get(node)
-    if t is None or now - t.at > max_age_s or not gpus:
-        return None
-    vals = [
-        g.utilization_pct for i in gpus if (g := t.gpus.get(i)) is not None and g.utilization_pct is not None
-    ]
-    return round(sum(vals) / len(vals), 1) if vals else None
+def _rounded(util: float | None) -> float | None:
+    return None if util is None else round(util, 1)
 
 
 def _rate(text: object) -> GatewayRate | None:
@@ -62,14 +54,7 @@ def feed(*, db: Database, telemetry: TelemetryStore, now: float, max_age_s: floa
                 Allocation.gpu_index,
             )
             .join(Allocation, Allocation.job_id == Job.id)
-            .where(
-                Job.kind == "service",
-                Job.state == str(JobState.RUNNING),
-                Job.ready.is_(True),
-                Job.draining_at.is_(None),
-                Job.warm.is_(False),
-                Job.endpoint.is_not(None),
-            )
+            .where(*IN_ROTATION, Job.endpoint.is_not(None))
             .order_by(Job.id)
         ).all()
     per: dict[int | None, dict[int, dict[str, Any]]] = {}
@@ -86,7 +71,7 @@ def feed(*, db: Database, telemetry: TelemetryStore, now: float, max_age_s: floa
             },
         )
         if idx is not None:
-            ep["gpus"].append(idx)
+            ep["gpus"].append((node, idx))  # a replica may span nodes
     services = []
     for row in rows:
         eps = [
@@ -97,7 +82,7 @@ def feed(*, db: Database, telemetry: TelemetryStore, now: float, max_age_s: floa
                 url=e["url"],
                 node=e["node"],
                 generation=e["generation"],
-                gpu_util=_util(telemetry, e["node"], e["gpus"], now, max_age_s),
+                gpu_util=_rounded(telemetry.mean_util(e["gpus"], now=now, max_age_s=max_age_s)),
             )
             for e in per.get(row.id, {}).values()
         ]

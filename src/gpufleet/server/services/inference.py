@@ -49,6 +49,14 @@ from gpufleet.server.services.auth import Principal
 
 Waker = Callable[[], None]
 LIVE = (JobState.PENDING, JobState.HELD, JobState.SCHEDULED, JobState.RUNNING)
+IN_ROTATION = (
+    Job.kind == "service",
+    Job.state == str(JobState.RUNNING),
+    Job.ready.is_(True),
+    Job.draining_at.is_(None),
+    Job.warm.is_(False),
+)
+"""Replicas the gateways send requests to: running, ready, not draining, not warm."""
 ROLLING = (
     "command",
     "image",
