@@ -351,13 +351,18 @@ class Demo:
 
     def _run_agents(self, agents: list[Agent]) -> None:
         random.Random(len(agents)).shuffle(agents)
+        kick = threading.Event()  # any of them pushed by the server, or a job of theirs ended
+        for bot in agents:
+            bot.kick = kick
+            bot.start_watch(self.stop)
         while not self.stop.is_set():
             for bot in agents:
                 if self.stop.is_set():
                     return
                 with contextlib.suppress(Exception):  # one agent's bad turn must not stop the rest
                     bot.step()
-            self.stop.wait(0.25)
+            kick.wait(0.25)
+            kick.clear()
 
     # -- workload ---------------------------------------------------------------------------
     def _trace(self) -> list[TraceJob]:

@@ -13,8 +13,17 @@ then ``exited`` with the code) and new log bytes. The reply is the desired set o
 Restart safety: every attempt is a record in the work dir (``JobStore``) written before
 the agent reports it, so a restarted agent re-adopts running processes instead of
 starting them twice; a lost reply just means the same message is sent again.
-Between syncs, ``tick`` polls the jobs every ``tick_s``; news (a job ended, one was
-started or stopped) triggers the next sync at once instead of after ``sync_interval_s``.
+Between syncs, ``tick`` polls the jobs every ``tick_s``; news (a job was started or
+stopped) triggers the next sync ``news_gap_s`` later instead of after
+``sync_interval_s``; urgent news (a job ended, a new GPU fault) ``urgent_gap_s`` later.
+
+Push (``server/dispatch.py``): where the transport can long-poll (``WaitTransport``),
+a watcher thread keeps one ``GET /v1/nodes/{name}/wait`` open; an answer with a new
+version means the node's desired set may have changed, and the agent syncs at once
+(no gap). The periodic sync stays the safety net (a lost long-poll, a server without
+the endpoint) and the liveness signal. A process the agent started kicks the loop the
+moment it exits (``exits.py``), so an exit is reported within milliseconds, not at the
+next tick.
 
 Service replicas (a ``DesiredJob.service``): the agent picks a free port of the node and
 gives it as ``$PORT`` (a container's port is published on it), probes the health path
@@ -36,11 +45,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpufleet.agent.exits import ExitWatch
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
 from gpufleet.agent.replicas import ReplicaProbes, free_port
 from gpufleet.agent.runners import VANISHED, JobRunner
-from gpufleet.agent.transport import AgentTransportError, SyncTransport
+from gpufleet.agent.transport import AgentTransportError, SyncTransport, WaitTransport
 from gpufleet.api.nodes import SyncReply
 from gpufleet.server.clock import Clock, SystemClock
 
@@ -57,7 +67,12 @@ class AgentConfig:
     address: str | None = None
     sync_interval_s: float = 10.0
     news_gap_s: float = 0.3
-    """At most this often when there is news (a job started, stopped or ended)."""
+    """At most this often when there is news (a job started or stopped)."""
+    urgent_gap_s: float = 0.02
+    """At most this often when a job ended or a GPU shows a new fault (a batch of exits
+    that close together shares one sync)."""
+    wait_s: float = 20.0
+    """How long one long-poll waits on the server before it is sent again."""
     log_gap_s: float = 2.0
     """At most this often when only new log output is waiting."""
     tick_s: float = 0.5
@@ -158,6 +173,13 @@ class Agent:
         self.jobs: dict[Key, LocalJob] = {}
         self.stats = AgentStats()
         self._news = True
+        self._urgent = False
+        self._pushed = False
+        self.kick = threading.Event()
+        """Set to run the loop's next turn now (a push, an exit); the demo shares one
+        Event between the agents one of its threads runs."""
+        self._exits = ExitWatch(self._kick)
+        self._watcher: threading.Thread | None = None
         self._last_sync = float("-inf")
         self._next_sync = 0.0
         self._lock = threading.Lock()
@@ -172,7 +194,10 @@ class Agent:
         for job in self.store.load_all():
             runner = self.runners.get(job.kind)
             if runner is not None:
-                self._save(runner.recover(job))
+                job = runner.recover(job)
+                self._save(job)
+                if job.pid is not None and job.kind == "process" and job.exit_code is None:
+                    self._exits.watch(job.pid)
         self.tick()
         return len(self.jobs)
 
@@ -210,8 +235,11 @@ class Agent:
         if self.replicas.probe(probing, simulated=isinstance(self.probe, LoadSink)):
             self._news = True
         if ended:
-            self._news = True
+            self._news = self._urgent = True
         return ended
+
+    def _kick(self) -> None:
+        self.kick.set()
 
     def endpoint(self, job: LocalJob) -> str:
         host = self.config.address or "127.0.0.1"
@@ -343,6 +371,8 @@ class Agent:
                     extra = {"PORT": str(port), "GPUFLEET_HOST_PORT": str(port)}
                     spec = dataclasses.replace(spec, env={**spec.env, **extra})
                 job = runner.start(spec, now=now)
+                if job.pid is not None and job.kind == "process":
+                    self._exits.watch(job.pid)
                 if d.service is not None:
                     job = dataclasses.replace(job, port=port, health_path=d.service.health_path)
                 self._save(job)
@@ -353,7 +383,7 @@ class Agent:
 
     def sync_once(self) -> bool:
         body = self.build_sync()
-        self._news = False
+        self._news = self._urgent = self._pushed = False
         self._last_sync = time.monotonic()
         try:
             reply = self.transport.sync(self.config.node, body)
@@ -378,8 +408,10 @@ class Agent:
 
     def due(self, now_mono: float) -> bool:
         since = now_mono - self._last_sync
-        if now_mono >= self._next_sync:
+        if now_mono >= self._next_sync or self._pushed:
             return True
+        if self._urgent:
+            return since >= self.config.urgent_gap_s
         if self._news:
             return since >= self.config.news_gap_s
         return since >= self.config.log_gap_s and self._pending_logs()
@@ -409,7 +441,7 @@ class Agent:
         new = any(not f <= self._faults.get(i, frozenset()) for i, f in faults.items())
         self._faults = faults
         if new:
-            self._news = True
+            self._news = self._urgent = True
         return new
 
     def step(self) -> None:
@@ -426,12 +458,53 @@ class Agent:
             self._next_sync = now + (self.config.sync_interval_s if ok else back_off)
 
     def run(self, stop: threading.Event) -> None:
+        self.start_watch(stop)
+        threading.Thread(target=self._kick_on, args=(stop,), daemon=True).start()
         while not stop.is_set():
             try:
                 self.step()
             except Exception:  # never die on one bad turn: log it and go on
                 log.exception("node %s: agent step failed", self.config.node)
-            stop.wait(self.config.tick_s)
+            self.kick.wait(self.config.tick_s)
+            self.kick.clear()
+
+    def _kick_on(self, stop: threading.Event) -> None:
+        stop.wait()
+        self._kick()
+
+    def start_watch(self, stop: threading.Event) -> None:
+        """Keep a long-poll open until ``stop`` (where the transport can)."""
+        waiter = self.transport
+        if self._watcher is not None or not isinstance(waiter, WaitTransport):
+            return
+        self._watcher = threading.Thread(
+            target=self._watch, args=(waiter, stop), name=f"gpufleet-wait-{self.config.node}", daemon=True
+        )
+        self._watcher.start()
+
+    def _watch(self, waiter: WaitTransport, stop: threading.Event) -> None:
+        seen: str | None = None
+        failures = 0
+        while not stop.is_set():
+            try:
+                version = waiter.wait(self.config.node, seen, self.config.wait_s)
+            except AgentTransportError as exc:
+                if exc.status in (404, 405):
+                    log.info("node %s: the server has no long-poll: periodic syncs only", self.config.node)
+                    return
+                failures += 1  # down, restarting, or refusing us: the periodic sync says which
+                stop.wait(min(self.config.sync_interval_s, 0.5 * 2 ** min(failures, 6)))
+                continue
+            except Exception:  # never die: the periodic sync carries on regardless
+                log.exception("node %s: long-poll failed", self.config.node)
+                failures += 1
+                stop.wait(min(self.config.sync_interval_s, 0.5 * 2 ** min(failures, 6)))
+                continue
+            failures = 0
+            if version != seen:  # the first answer too: something may have changed since our last sync
+                seen = version
+                self._pushed = True
+                self._kick()
 
     def stop_all(self, *, timeout_s: float | None = None) -> None:
         """Stop every job this agent runs (the demo's shutdown; a real agent leaves its
@@ -447,6 +520,7 @@ class Agent:
             time.sleep(0.05)
 
     def close(self) -> None:
+        self._exits.close()
         self.probe.close()
         self.transport.close()
         self.replicas.close()

@@ -167,6 +167,14 @@ class SyncReply(Reply):
     log_acks: list[LogAck] = Field(default_factory=list)
 
 
+class WaitReply(Reply):
+    """``GET /v1/nodes/{name}/wait``: the node's dispatch version (``BOOT.N``). A version
+    other than the one the agent sent means its desired set may have changed: sync now."""
+
+    node: str
+    version: str
+
+
 class JoinTokenIn(Request):
     node: NodeName | None = Field(
         default=None, description="bind to this node; default: the first node that uses it"

@@ -43,7 +43,14 @@ def run(config: ServerConfig, *, host: str, port: int) -> None:
                 "ssl_cert_reqs": ssl.CERT_OPTIONAL,
                 "http": TlsHttpToolsProtocol,
             }
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, **tls)
+    bell = app.state.bell
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            bell.close()  # agents' long-polls end now: uvicorn waits for open requests
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, **tls)).run()
 
 
 def __getattr__(name: str) -> Any:

@@ -24,6 +24,7 @@ from gpufleet.server.agentstate import AgentState
 from gpufleet.server.clock import Clock, SystemClock
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.deps import Parts, PartsDep
+from gpufleet.server.dispatch import NodeBell
 from gpufleet.server.errors import ProblemError, StartupError, TokenKeyError
 from gpufleet.server.health import HealthMonitor
 from gpufleet.server.lanes import Admission
@@ -114,6 +115,8 @@ def create_app(
     database = db if db is not None else prepare(config, clock=clock, hasher=hasher)
     sched = loops.scheduling(config, database, clock)
     writer = GroupCommitWriter(database)
+    bell = NodeBell()  # agents' long-polls (``dispatch.py``): rung after commits that touch nodes
+    database.on_ring(bell.ring)
     hot = AgentState(health=HealthMonitor(config.health))
     replica_runner = loops.replicas(config, database, clock, sched, hot)
     readings = ledger.telemetry_readings(
@@ -147,6 +150,7 @@ def create_app(
         try:
             yield
         finally:
+            bell.close()  # answer every long-poll: the agents re-sync elsewhere or later
             everything.stop()
             audit_log.flush()  # the gathered rows, before the writer's last batch
             writer.close()
@@ -164,6 +168,7 @@ def create_app(
     )
     app.state.parts = parts
     app.state.hot = hot
+    app.state.bell = bell
     try:
         app.state.ca = None if config.ca_dir is None else CertificateAuthority.load_or_create(config.ca_dir)
     except (PkiError, OSError) as exc:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+from gpufleet.server.dispatch import TOUCHED
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -115,6 +117,7 @@ class Database:
     _write_engine: Engine
     _read: sessionmaker[Session]
     _write: sessionmaker[Session]
+    _bells: list[Callable[[set[str]], None]] = field(default_factory=list)
 
     @classmethod
     def connect(cls, url: str) -> Database:
@@ -140,9 +143,27 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        """One transaction: committed on normal exit, rolled back on any exception."""
-        with self._write() as s, s.begin():
-            yield s
+        """One transaction: committed on normal exit, rolled back on any exception.
+        The nodes it touched (``dispatch.touch``) are rung after the commit."""
+        with self._write() as s:
+            try:
+                with s.begin():
+                    yield s
+            except BaseException:
+                s.info.pop(TOUCHED, None)
+                raise
+            nodes = s.info.pop(TOUCHED, None)
+        if nodes:
+            self.ring(nodes)
+
+    def on_ring(self, bell: Callable[[set[str]], None]) -> None:
+        """Call ``bell`` with the nodes of every committed write that touched some
+        (``dispatch.py``)."""
+        self._bells.append(bell)
+
+    def ring(self, nodes: set[str]) -> None:
+        for bell in self._bells:
+            bell(nodes)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -9,8 +9,10 @@ highest first:
 
 ======  ==========================================================================
 node    agents: ``POST /v1/nodes/{name}/sync`` (and anything else) with a node
-        credential (``gfn_``) or a node certificate, and a sync made with an
-        operator's or admin's token (an agent run with one)
+        credential (``gfn_``) or a node certificate, and a sync (or a long-poll)
+        made with an operator's or admin's token (an agent run with one). An
+        agent's long-poll (``GET /v1/nodes/{name}/wait``, ``dispatch.py``) takes no
+        seat: it waits for seconds on a future, holding nothing a sync needs
 admin   operators and admins
 user    everyone else, and requests whose credential is missing or unknown (the app
         answers them 401)
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
 
 NODE_TOKEN_PREFIX = "gfn_"
 SYNC_PATH = re.compile(r"/v1/nodes/[^/]+/sync")
+WAIT_PATH = re.compile(r"/v1/nodes/[^/]+/wait")
 UNLIMITED = ("/v1/healthz", "/v1/readyz")
 """Probes: answered without a token or a database look-up, outside any lane."""
 LIST_PATHS = frozenset(
@@ -256,6 +259,9 @@ class Admission:
         if isinstance(ticket, Refusal):
             await ticket.send(scope, receive, send)
             return
+        if ticket.lane is LaneName.NODE and WAIT_PATH.fullmatch(path):
+            await self.app(scope, receive, send)  # an agent's long-poll: no seat (``dispatch.py``)
+            return
         lane = self.lanes[ticket.lane]
         width = lane.width(ticket.width)
         if not await lane.enter(width, ticket.flow):
@@ -303,7 +309,7 @@ class Admission:
                 )
         if who is None:
             return Ticket(lane=LaneName.USER)  # the app answers 401 (and it is counted)
-        if who.is_operator and scope["method"] == "POST" and SYNC_PATH.fullmatch(scope["path"]):
+        if who.is_operator and _agent_call(scope):
             return Ticket(lane=LaneName.NODE)
         width = _width(scope)
         refused = self._charge(scope, who, width)
@@ -347,6 +353,13 @@ class Refusal:
         title = "Too Many Requests"
         answer = problem_response(Request(scope), 429, self.detail, title=title, headers=headers)
         await answer(scope, receive, send)
+
+
+def _agent_call(scope: Scope) -> bool:
+    """A sync or a long-poll (what an agent run with an operator's token sends)."""
+    if scope["method"] == "POST":
+        return SYNC_PATH.fullmatch(scope["path"]) is not None
+    return scope["method"] == "GET" and WAIT_PATH.fullmatch(scope["path"]) is not None
 
 
 def _bearer(scope: Scope) -> str | None:

@@ -36,6 +36,7 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from gpufleet.server.db import Database
+from gpufleet.server.dispatch import touched
 from gpufleet.server.problems import Failure
 
 T = TypeVar("T")
@@ -213,6 +214,9 @@ class GroupCommitWriter:
                     raise _Redo from exc
                 done += [(it.fut, r, None) for it, r in zip(items, results, strict=True)]
             s.flush()
+            nodes = touched(s)
+        if nodes:  # committed: wake the agents of the nodes it touched (``dispatch.py``)
+            self.db.ring(nodes)
         return done
 
 

@@ -20,6 +20,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.server import ledger
+from gpufleet.server.dispatch import touch
 from gpufleet.server.errors import Conflict, IllegalTransition
 from gpufleet.server.jobstate.states import ACTIVE, JobState, allowed
 from gpufleet.server.models import Allocation, Job, JobEvent
@@ -119,6 +120,8 @@ def release_attempt(
         else 0.0
     )
     rest = [n for n in nodes if n != confirmed_on]
+    if not confirmed:
+        touch(s, rest)  # they must stop it: wake their agents after the commit
     return {
         "attained_service_s": job.attained_service_s + job.gpus * ran,
         "executed_s": job.executed_s + ran,

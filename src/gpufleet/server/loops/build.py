@@ -46,7 +46,7 @@ def scheduling(config: ServerConfig, db: Database, clock: Clock) -> Scheduling:
     observer = PassObserver()
     runner: Runner
     if config.scheduler_process:
-        runner = ChildLoop(spec=spec, observer=observer)
+        runner = ChildLoop(spec=spec, observer=observer, on_ring=db.ring)
     else:
         runner = spec.loop(db, clock, observer)
     return Scheduling(runner=runner, observer=observer)

@@ -17,6 +17,8 @@ database and a wake-up. In the API process a ``ChildLoop`` stands for it (the sa
   snapshot and plan: the pass's time, the jobs it started
   (with their pool and queue time) and its fragmentation, which is what the metrics
   read. Counters also travel when only a failure changed them.
+- *rings*: the nodes a committed pass touched (``dispatch.py``), as a ``{"ring": [...]}``
+  line on the same pipe, sent at its commit: the parent rings them on its ``NodeBell``.
 - *lifetime*: stdin's EOF ends the child, so it never outlives the API process, even
   one killed by SIGKILL. A stopping parent also sends SIGTERM, which the child takes
   like EOF (the pass in flight finishes) and which ends a child still importing at
@@ -39,6 +41,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
@@ -144,10 +147,19 @@ def summary(report: dict[str, Any]) -> tuple[Snapshot, Plan, float] | None:
 class ChildLoop:
     """The scheduling loop run and supervised in a child process (a ``runner.Runner``)."""
 
-    def __init__(self, *, spec: LoopSpec, observer: PassObserver, restart_after_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        spec: LoopSpec,
+        observer: PassObserver,
+        restart_after_s: float = 1.0,
+        on_ring: Callable[[set[str]], None] | None = None,
+    ) -> None:
+        """``on_ring``: called with the nodes a committed pass touched (``dispatch.py``)."""
         self.name = "scheduling"
         self.spec = spec
         self.observer = observer
+        self.on_ring = on_ring
         self.restart_after_s = restart_after_s
         self.passes = 0
         self.failures = 0
@@ -200,7 +212,12 @@ class ChildLoop:
             else:
                 with reports:
                     for line in reports:
-                        self._observe(json.loads(line), base)
+                        report = json.loads(line)
+                        if "ring" in report:
+                            if self.on_ring is not None:
+                                self.on_ring(set(report["ring"]))
+                            continue
+                        self._observe(report, base)
                 rc = proc.wait()
                 if self._stopping.is_set():
                     return
@@ -266,6 +283,10 @@ class _Reporter:
             )
         )
 
+    def ring(self, nodes: set[str]) -> None:
+        """The nodes a committed pass touched, for the parent's agents (``dispatch.py``)."""
+        self._send({"ring": sorted(nodes)})
+
     def counters(self) -> None:
         loop, skipped = self.loop, self.observer.skipped_nodes
         if (loop.passes, loop.failures, skipped) != self._sent:
@@ -273,7 +294,8 @@ class _Reporter:
 
     def _send(self, report: dict[str, Any]) -> None:
         with self._lock:
-            self._sent = (report["passes"], report["failures"], report.get("skipped_nodes", 0))
+            if "passes" in report:
+                self._sent = (report["passes"], report["failures"], report.get("skipped_nodes", 0))
             try:
                 self.out.write(json.dumps(report, separators=(",", ":")).encode() + b"\n")
                 self.out.flush()
@@ -301,6 +323,7 @@ def main(argv: list[str]) -> None:
     loop = spec.loop(db, SystemClock(), observer)
     reporter = _Reporter(os.fdopen(int(argv[0]), "wb"), loop, observer)
     observer.on_pass = reporter.on_pass
+    db.on_ring(reporter.ring)
     loop.start()
     loop.wake()  # a first pass at once
     try:

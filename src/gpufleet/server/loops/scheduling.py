@@ -64,6 +64,7 @@ from gpufleet.scheduler import (
 from gpufleet.server import ledger
 from gpufleet.server.clock import Clock
 from gpufleet.server.db import Database
+from gpufleet.server.dispatch import touch
 from gpufleet.server.errors import Conflict
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import JobRef, move, ref, release_attempt
@@ -394,6 +395,7 @@ class SchedulingPass:
             self._statuses.rows.pop(jref.id, None)
         if allocs:
             s.execute(insert(Allocation), allocs)
+            touch(s, {a["node"] for a in allocs})  # their agents learn at the commit (``dispatch.py``)
         self._write_statuses(s, result)
         step_reservations(
             s,

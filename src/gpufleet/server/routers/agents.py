@@ -18,15 +18,16 @@ import ssl
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.api.credentials import CertificateIn, CertificateOut, NodeCredentialList, RevokedOut
-from gpufleet.api.nodes import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply
+from gpufleet.api.nodes import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply, WaitReply
 from gpufleet.pki import PeerIdentity, node_identity
 from gpufleet.server.agentstate import AgentState, NodeCred
 from gpufleet.server.audit import Actor, note_actor
 from gpufleet.server.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
+from gpufleet.server.dispatch import NodeBell
 from gpufleet.server.errors import ProblemError
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
@@ -197,6 +198,27 @@ def sync_node(
     )
     hot.latencies.add(time.perf_counter() - t0)
     return unwrap(out)
+
+
+WAIT_MAX_S = 60.0
+
+
+@router.get("/nodes/{name}/wait", response_model=WaitReply)
+async def wait_node(
+    name: NodeNameIn,
+    request: Request,
+    actor: Annotated[sync.AgentActor, Depends(sync_actor)],
+    seen: Annotated[str | None, Query(max_length=64, description="the version the agent last saw")] = None,
+    timeout: Annotated[float, Query(ge=0, le=WAIT_MAX_S, allow_inf_nan=False)] = 20.0,
+) -> WaitReply:
+    """The agent's long-poll (``dispatch.py``): answered as soon as the node's version
+    differs from ``seen`` (at once if it already does), else after ``timeout`` seconds
+    with the same version. It holds no lane seat and no thread while it waits. Who may
+    wait: whoever may sync this node."""
+    if actor.node is not None and actor.node != name:
+        raise ProblemError(403, f"this node credential belongs to node {actor.node}, not {name}")
+    bell: NodeBell = request.app.state.bell
+    return WaitReply(node=name, version=await bell.wait(name, seen, timeout))
 
 
 @router.get("/fleet/summary", response_model=FleetSummary, tags=["fleet"])
