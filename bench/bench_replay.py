@@ -41,7 +41,9 @@ def main() -> None:
         walls = []
         result = None
         for _ in range(args.runs):
-            sim = Simulator(jobs, spec.build(), make_policy(name), SimConfig())
+            sim = Simulator(
+                jobs, spec.build(), make_policy(name), SimConfig(sched_interval_s=10.0)
+            )  # the README's figures: the 10 s model
             result = sim.run()
             walls.append(result.wall_s)
         assert result is not None

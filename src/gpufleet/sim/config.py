@@ -55,7 +55,12 @@ class FleetSpec:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     restart_overhead_s: float = 60.0
-    sched_interval_s: float = 10.0
+    sched_interval_s: float = 0.1
+    """A change is acted on (a pass, and its starts on the nodes) at the next multiple
+    of this. The server wakes its pass on every submit and exit (passes at least 50 ms
+    apart in a storm) and pushes the starts to the agents (``server/dispatch.py``):
+    submit to running is ~0.1 s (``bench/bench_dispatch.py``). 10 s models a cluster
+    whose nodes poll."""
     preempt_interval_s: float = 300.0
     checkpoint_interval_s: float = 3600.0
     gpu_failures_per_gpu_day: float = 0.0

@@ -2,7 +2,8 @@
 
 Events: arrivals (from the trace), completions, GPU and node failures and repairs
 (seeded Poisson injection), and scheduling passes. Passes run the way the server's loop
-does: after something changed, at the next multiple of ``sched_interval_s``; preemptive
+does: after something changed, at the next multiple of ``sched_interval_s`` (default
+0.1 s: the server's pass is woken at once and its starts reach the nodes by push); preemptive
 policies also get a pass every ``preempt_interval_s`` while jobs wait, because their
 priorities change as service accrues.
 
