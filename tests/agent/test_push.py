@@ -110,6 +110,11 @@ def test_a_waiting_agent_starts_its_new_job_at_once(server: Server, team: str, t
         took = until_state(server.url, jid, "COMPLETED", timeout=10)
         assert took < 5.0
         assert agent.stats.syncs - syncs <= 6  # woken, started (+ running), exited: not a poll loop
+    with server.client() as c:
+        text = c.get(server.url + "/metrics").text
+    rings = [line for line in text.splitlines() if line.startswith("gpufleet_dispatch_rings_total ")]
+    assert rings and float(rings[0].split()[1]) >= 1
+    assert "gpufleet_agents_waiting " in text
 
 
 def test_a_cancel_reaches_the_running_job_at_once(server: Server, team: str, tmp_path: Path) -> None:

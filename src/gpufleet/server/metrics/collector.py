@@ -72,6 +72,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from gpufleet.server.agentstate import AgentState
+from gpufleet.server.dispatch import NodeBell
 from gpufleet.server.loops.runner import Runner
 from gpufleet.server.loops.scheduling import PassObserver
 from gpufleet.server.metrics.history import RecordingTelemetryStore
@@ -102,6 +103,7 @@ class FleetCollector(Collector):
         scheduler: Runner,
         observer: PassObserver | None = None,
         team_costs: bool = True,
+        bell: NodeBell | None = None,
     ) -> None:
         """``team_costs``: False leaves out the ``gpufleet_team_cost_accrued``,
         ``_gpu_hours``, ``_energy_kwh`` and ``_budget`` series (``--no-team-cost-metrics``)."""
@@ -111,6 +113,7 @@ class FleetCollector(Collector):
         self.scheduler = scheduler
         self.observer = observer or PassObserver()
         self.team_costs = team_costs
+        self.bell = bell
 
     def collect(self) -> Iterator[Metric]:
         view = self.view()
@@ -385,6 +388,17 @@ class FleetCollector(Collector):
         for (kind, reason), n in sorted(self.hot.rejected.counts().items()):
             rejected.add_metric([kind, reason], n)
         yield rejected
+        if self.bell is not None:
+            yield GaugeMetricFamily(
+                "gpufleet_agents_waiting",
+                "Agents' long-polls open now (push dispatch: each is told the moment its node has work).",
+                value=self.bell.waiting,
+            )
+            yield CounterMetricFamily(
+                "gpufleet_dispatch_rings",
+                "Node wake-ups sent after commits that placed or stopped work on a node.",
+                value=self.bell.rings,
+            )
 
 
 def _buckets(le: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:

@@ -46,6 +46,7 @@ def install(app: FastAPI, parts: Parts, observer: PassObserver) -> Callable[[], 
             scheduler=parts.scheduler,
             observer=observer,
             team_costs=parts.config.team_cost_metrics,
+            bell=app.state.bell,
         )
     )
     app.add_middleware(LatencyMiddleware, histogram=metrics.requests)
