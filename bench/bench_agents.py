@@ -10,9 +10,13 @@ busy: jobs are placed, started, reported running and exited.
 After ``--warmup`` seconds (registration) it measures for ``--seconds``:
 server p50/p99 sync handling time (from ``GET /v1/fleet/summary``, last minute),
 client-side p99 (includes the workers' own scheduling on this machine), and the
-server process's CPU time / wall time. Target: p99 <= 100 ms, CPU <= 1 core.
+server process's CPU time / wall time. Target: p99 <= 100 ms, CPU <= 1 core. With
+``--wait on`` (``both``: a row each way) every agent also holds its long-poll open, as the
+real agent does (push dispatch); ``waiting`` is ``gpufleet_agents_waiting`` at the end:
+1,000 open long-polls should cost the server next to nothing.
 
-    .venv/bin/python bench/bench_agents.py [--agents 250,500,1000] [--procs 4] [--profile DIR]
+    .venv/bin/python bench/bench_agents.py [--agents 250,500,1000] [--procs 4] [--wait both|on|off]
+        [--profile DIR]
 """
 
 from __future__ import annotations
@@ -77,10 +81,12 @@ def start_server(tmp: Path) -> Server:
 
 
 def worker(
-    url: str, names: list[str], interval: float, until: float, measure_from: float, work: str
+    url: str, names: list[str], interval: float, until: float, measure_from: float, work: str, wait: bool
 ) -> list[float]:
     """One worker process: its agents as asyncio tasks. Returns client latencies (s) of
-    the syncs that started inside the measured window."""
+    the syncs that started inside the measured window. ``wait``: each agent also keeps
+    its long-poll open (``GET /v1/nodes/{name}/wait``) and syncs at once when it is
+    answered with a new version, as the real agent does."""
     from gpufleet.agent import AgentConfig, SimSpec, SimulatedProbe, make_agent
 
     class _Unused:
@@ -100,11 +106,33 @@ def worker(
     ]
     lat: list[float] = []
 
+    async def waiter(client: httpx.AsyncClient, node: str, kick: asyncio.Event) -> None:
+        seen: str | None = None
+        while (left := until - time.time()) > 0:
+            params: dict[str, str | float] = {"timeout": min(20.0, left)}
+            if seen is not None:
+                params["seen"] = seen
+            try:
+                resp = await client.get(f"/nodes/{node}/wait", params=params, timeout=left + 10)
+            except httpx.HTTPError:
+                await asyncio.sleep(1.0)
+                continue
+            if resp.status_code != 200:
+                await asyncio.sleep(1.0)
+                continue
+            version = resp.json()["version"]
+            if version != seen:
+                seen = version
+                kick.set()
+
     async def run_one(client: httpx.AsyncClient, agent: object) -> None:
         from gpufleet.agent import Agent
 
         assert isinstance(agent, Agent)
+        kick = asyncio.Event()
         await asyncio.sleep(random.uniform(0, interval))
+        if wait:
+            asyncio.get_running_loop().create_task(waiter(client, agent.config.node, kick))
         while time.time() < until:
             t_start = time.time()
             agent.tick()
@@ -120,10 +148,13 @@ def worker(
             except httpx.HTTPError:
                 if t_start >= measure_from:
                     lat.append(float("inf"))
-            await asyncio.sleep(max(0.0, interval - (time.time() - t_start)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(kick.wait(), max(0.0, min(until, t_start + interval) - time.time()))
+            kick.clear()
 
     async def main() -> None:
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+        conns = 2 * len(agents) + 10  # a sync's and a long-poll's connection each
+        limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with httpx.AsyncClient(base_url=url + "/v1", headers=headers, timeout=60, limits=limits) as c:
             await asyncio.gather(*(run_one(c, a) for a in agents))
@@ -152,6 +183,7 @@ def submitter(url: str, rate: float, stop: threading.Event) -> None:
 @dataclass
 class Result:
     agents: int
+    waiting: int
     syncs_per_s: float
     server_p50_ms: float | None
     server_p99_ms: float | None
@@ -178,7 +210,14 @@ def profile(srv: Server, args: argparse.Namespace, n: int) -> subprocess.Popen[b
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def run(n: int, args: argparse.Namespace) -> Result:
+def waiting_now(c: httpx.Client) -> int:
+    for line in c.get("/metrics").text.splitlines():
+        if line.startswith("gpufleet_agents_waiting "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+def run(n: int, args: argparse.Namespace, wait: bool) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         srv = start_server(Path(tmp))
         try:
@@ -197,7 +236,14 @@ def run(n: int, args: argparse.Namespace) -> Result:
             with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
                 futs = [
                     pool.submit(
-                        worker, srv.url, names[i::procs], args.interval, until, measure_from, f"{tmp}/w{i}"
+                        worker,
+                        srv.url,
+                        names[i::procs],
+                        args.interval,
+                        until,
+                        measure_from,
+                        f"{tmp}/w{i}",
+                        wait,
                     )
                     for i in range(procs)
                 ]
@@ -205,6 +251,9 @@ def run(n: int, args: argparse.Namespace) -> Result:
                 ct = ps.cpu_times()
                 cpu0, wall0 = ct.user + ct.system, time.time()
                 spy = profile(srv, args, n)
+                time.sleep(max(0.0, measure_from + args.seconds / 2 - time.time()))
+                with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+                    waiting = waiting_now(c) if wait else 0  # mid-window: every long-poll open
                 time.sleep(max(0.0, until - time.time()))
                 ct = ps.cpu_times()
                 cpu1, wall1 = ct.user + ct.system, time.time()
@@ -222,6 +271,7 @@ def run(n: int, args: argparse.Namespace) -> Result:
     good = sorted(x for x in lat if x != float("inf"))
     return Result(
         agents=n,
+        waiting=waiting,
         syncs_per_s=len(lat) / args.seconds,
         server_p50_ms=summary["sync"]["p50_ms"],
         server_p99_ms=summary["sync"]["p99_ms"],
@@ -241,16 +291,35 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--jobs-per-s", type=float, default=2.0)
     ap.add_argument("--profile", metavar="DIR", help="record the server with py-spy into DIR")
+    ap.add_argument(
+        "--wait",
+        choices=("both", "on", "off"),
+        default="both",
+        help="agents also hold their long-poll open (push dispatch): on, off, or both (a row each)",
+    )
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs; sync every {args.interval:g}s, 8 GPUs each, {args.procs} procs")
-    cols = ("agents", "syncs/s", "srv p50", "srv p99", "cli p99", "failed", "cpu", "jobs done", "ok")
+    cols = (
+        "agents",
+        "waiting",
+        "syncs/s",
+        "srv p50",
+        "srv p99",
+        "cli p99",
+        "failed",
+        "cpu",
+        "jobs done",
+        "ok",
+    )
     print("  ".join(f"{c:>9}" for c in cols))
     results = []
-    for n in [int(x) for x in args.agents.split(",")]:
-        r = run(n, args)
+    modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.wait]
+    for n, wait in [(int(x), w) for x in args.agents.split(",") for w in modes]:
+        r = run(n, args, wait)
         results.append(r)
         row = (
             r.agents,
+            r.waiting if wait else "-",
             f"{r.syncs_per_s:.1f}",
             f"{r.server_p50_ms or 0:.1f}ms",
             f"{r.server_p99_ms or 0:.1f}ms",
