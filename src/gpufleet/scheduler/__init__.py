@@ -7,6 +7,7 @@ each keeps its own ``PlanCache`` (one per loop) for what may be reused between p
 from gpufleet.scheduler.cache import PlanCache
 from gpufleet.scheduler.core import gpu_type_matches, plan
 from gpufleet.scheduler.model import (
+    Blocked,
     Fleet,
     Gpu,
     Hold,
@@ -30,6 +31,7 @@ from gpufleet.scheduler.reservations import admit_reservation
 
 __all__ = [
     "POLICIES",
+    "Blocked",
     "Fleet",
     "Gpu",
     "Hold",

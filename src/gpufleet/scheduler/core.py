@@ -3,18 +3,20 @@ simulator both call.
 
 Pipeline (each step a small method of ``_Pass``)::
 
-    snapshot --split: held teams' jobs, 0-GPU jobs, GPU jobs-->
+    snapshot --split: held teams' jobs, blocked jobs (deps.py), 0-GPU jobs, GPU jobs-->
     --index--> capacity --reservations starting: preempt/move--> --order-->
     for each waiting GPU job:
         options (group, shape)   Unschedulable reasons are data, not exceptions
         quota filter             team hard limits
+        array limit              at most array_limit tasks of one array at once
         place                    own reservation first, then the job's view of free GPUs
                                  (reservations.py), topology-aware best fit (placement.py)
         | backfill guard         EASY: do not delay the reserved head job
         | preempt                lower-key victims, fewest needed (preempt.py, release.py)
     --> 0-GPU jobs in queue order: the least-loaded node of their pool (cpu.py)
     --> explain: queue positions, estimated starts (estimate.py), reasons, fragmentation;
-        then 0-GPU jobs that found no node, then held jobs (no position, no estimate)
+        then 0-GPU jobs that found no node, then held jobs (no position, no estimate),
+        then blocked jobs (no position; estimated start: their predecessors' latest end)
 
 Pure: no clock, no I/O, no randomness, no state kept between calls (what a caller
 wants reused lives in its ``PlanCache``); ties are broken by the snapshot's own order,
@@ -154,14 +156,19 @@ class _Pass(Preempting):
         self.init_preemption()
         self.nofit: dict[tuple[int, bool], _Wait] = {}
         self.reasons: dict[int, str] = {}  # id(options) -> "Resources: ..." (explain only)
+        self.array_counts: dict[str, int] | None = None  # tasks running per array (built on use)
 
     def split_pending(self) -> None:
         """Held teams' jobs, 0-GPU jobs and GPU jobs (most passes have only the last:
         the checks run at C speed and copy nothing then)."""
         pending: Sequence[JobRequest] = self.snap.pending
         self.held: list[tuple[JobRequest, str]] = []
+        self.blocked: list[JobRequest] = []
         self.cpu_pending: list[JobRequest] = []
         self.gpu_pending: Sequence[JobRequest] = pending
+        if any(j.blocked is not None for j in pending):
+            self.blocked = [j for j in pending if j.blocked is not None]
+            pending = [j for j in pending if j.blocked is None]
         holds = {h.team: h.reason for h in self.snap.holds}
         if holds:
             self.held = [(j, holds[j.team]) for j in pending if j.team in holds]
@@ -189,7 +196,11 @@ class _Pass(Preempting):
                 break
             self.consider(key, job)
         cpu_starts, unplaced = self.start_cpu_jobs() if self.cpu_pending else ([], [])
-        pending = self.explain_waits(ordered) + self.outside_queue(unplaced) if self.explain else ()
+        if self.explain:
+            queued = self.explain_waits(ordered)
+            pending = queued + self.outside_queue(unplaced, queued)
+        else:
+            pending = ()
         return Plan(
             policy=self.policy.name,
             starts=(*self.starts, *cpu_starts),
@@ -216,6 +227,9 @@ class _Pass(Preempting):
                     opts,
                 )
                 return
+        if job.array_limit > 0 and (full := self.array_full(job)) is not None:
+            self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, "JobArrayTaskLimit", full, opts)
+            return
         if self.strict_blocker is not None:
             self.waits[job.id] = _Wait(
                 Status.UNSCHEDULABLE, "Priority", f"strict order: behind job {self.strict_blocker}", opts
@@ -267,26 +281,113 @@ class _Pass(Preempting):
         starts: list[Start] = []
         unplaced: list[tuple[JobRequest, str]] = []
         for _, job in self.policy.order(self.cpu_pending, self.ctx):
+            if job.array_limit > 0 and (full := self.array_full(job)) is not None:
+                unplaced.append((job, f"JobArrayTaskLimit: {full}"))
+                continue
             got = placer.place(job)
             if isinstance(got, str):
                 unplaced.append((job, got))
             else:
                 starts.append(got)
+                if job.array is not None:
+                    self._count_array(job.array)
         return starts, unplaced
 
-    def outside_queue(self, unplaced: list[tuple[JobRequest, str]]) -> tuple[PendingStatus, ...]:
-        """0-GPU jobs that found no node, then held jobs: no position, no estimate."""
-        return tuple(
+    def array_full(self, job: JobRequest) -> str | None:
+        """Why another task of ``job``'s array may not start now (None: it may)."""
+        if self.array_counts is None:
+            self.array_counts = {}
+            for rj in self.snap.running:
+                if rj.job.array is not None and rj.job.id not in self.preempted:
+                    self._count_array(rj.job.array)
+        n = self.array_counts.get(job.array or "", 0)
+        if n < job.array_limit:
+            return None
+        return f"array {job.array} runs {n} tasks, its limit is {job.array_limit}"
+
+    def _count_array(self, array: str) -> None:
+        if self.array_counts is not None:
+            self.array_counts[array] = self.array_counts.get(array, 0) + 1
+
+    def outside_queue(
+        self, unplaced: list[tuple[JobRequest, str]], queued: tuple[PendingStatus, ...] = ()
+    ) -> tuple[PendingStatus, ...]:
+        """0-GPU jobs that found no node, then held jobs: no position, no estimate; then
+        blocked jobs: no position, an estimate from their predecessors' (``queued``: the
+        queue's statuses, for the estimated starts of waiting predecessors)."""
+        out = [
             PendingStatus(
                 job_id=job.id, position=None, estimated_start=None, status=Status.UNSCHEDULABLE, reason=why
             )
             for job, why in (*unplaced, *self.held)
-        )
+        ]
+        if self.blocked:
+            etas = self.blocked_etas(queued)
+            for job in self.blocked:
+                b = job.blocked
+                assert b is not None
+                out.append(
+                    PendingStatus(
+                        job_id=job.id,
+                        position=None,
+                        estimated_start=etas.get(job.id),
+                        status=Status.UNRESOLVABLE if b.never else Status.UNSCHEDULABLE,
+                        reason=f"{b.code}: {b.detail}" if b.detail else b.code,
+                    )
+                )
+        return tuple(out)
+
+    def blocked_etas(self, queued: tuple[PendingStatus, ...]) -> dict[str, float]:
+        """A blocked job's estimated start: the latest estimated end of the jobs it waits
+        for (running: started + limit; started this pass: now + limit; waiting: its
+        estimated start + limit; blocked: its own estimate + limit), never before now.
+        Unknown for any of them: no estimate."""
+        limit = self.policy.limit
+        ends: dict[str, float] = {}
+        for rj in self.snap.running:
+            if rj.job.id not in self.preempted:
+                ends[rj.job.id] = max(self.now, rj.started_at + limit(rj.job))
+        for job in self.started.values():
+            ends[job.id] = self.now + limit(job)
+        jobs = {j.id: j for j in self.snap.pending}
+        for st in queued:
+            if st.estimated_start is not None and st.job_id in jobs:
+                ends[st.job_id] = st.estimated_start + limit(jobs[st.job_id])
+        etas: dict[str, float] = {}
+        blocked = {j.id: j for j in self.blocked}
+        visiting: set[str] = set()
+
+        def eta(job: JobRequest) -> float | None:
+            if job.id in etas:
+                return etas[job.id]
+            b = job.blocked
+            if b is None or b.never or not b.after or job.id in visiting:
+                return None
+            visiting.add(job.id)
+            latest = self.now
+            for pid in b.after:
+                end = ends.get(pid)
+                if end is None and pid in blocked:
+                    start = eta(blocked[pid])
+                    end = None if start is None else start + limit(blocked[pid])
+                if end is None:
+                    visiting.discard(job.id)
+                    return None
+                latest = max(latest, end)
+            visiting.discard(job.id)
+            etas[job.id] = latest
+            return latest
+
+        for job in self.blocked:
+            eta(job)
+        return etas
 
     def record_start(self, job: JobRequest, placement: Placement) -> None:
         self.starts.append(Start(job_id=job.id, placement=placement))
         self.started[job.id] = job
         self.ctx.add_team_gpus(job.team, job.gpus)
+        if job.array is not None:
+            self._count_array(job.array)
 
     # -- options: where a job could ever run ------------------------------------------
     def options(self, job: JobRequest) -> Options | str:

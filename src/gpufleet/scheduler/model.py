@@ -68,6 +68,19 @@ class Fleet:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Blocked:
+    """Why a job may not start yet, whatever the fleet holds: ``code`` is Slurm's reason
+    (``Dependency``, ``DependencyNeverSatisfied``), ``detail`` the words after it.
+    ``after``: the jobs it waits for; its estimated start is the latest of their
+    estimated ends (none known: no estimate). ``never``: it can never start."""
+
+    code: str
+    detail: str
+    after: tuple[str, ...] = ()
+    never: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobRequest:
     """A job as the scheduler sees it.
 
@@ -85,6 +98,10 @@ class JobRequest:
     one-node job of a group goes to a node holding none of the group, under a leaf
     switch holding none if there is one, and only when every fitting node holds one
     does it share (Kubernetes' preferred pod anti-affinity, then topology spread).
+    ``array`` names the job array a task belongs to; ``array_limit`` (Slurm's ``%N``)
+    is how many of its tasks may run at once (0: no limit): the core starts no more.
+    ``blocked``: the job may not start yet whatever the fleet holds (an unmet
+    dependency, ``deps.py``); it waits outside the queue.
     """
 
     id: str
@@ -105,6 +122,9 @@ class JobRequest:
     reservation: str | None = None
     oracle_remaining_s: float | None = None
     spread: str | None = None
+    array: str | None = None
+    array_limit: int = 0
+    blocked: Blocked | None = None
 
     @property
     def queued_since(self) -> float:
