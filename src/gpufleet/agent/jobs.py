@@ -58,6 +58,9 @@ class JobSpec:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     world_size: int = 1
+    pool: str = ""
+    array: tuple[int, int, int, int, int] | None = None
+    """A job array's task: (array job id, task id, task count, min, max)."""
 
     @classmethod
     def from_desired(cls, d: DesiredJob) -> JobSpec:
@@ -75,6 +78,10 @@ class JobSpec:
             master_addr=d.master_addr or "127.0.0.1",
             master_port=d.master_port or 29500,
             world_size=d.world_size or max(1, len(d.gpus)),
+            pool=d.pool,
+            array=None
+            if d.array is None
+            else (d.array.array_job_id, d.array.task_id, d.array.count, d.array.min, d.array.max),
         )
 
     @property
@@ -168,7 +175,41 @@ def launch_env(
             "LOCAL_WORLD_SIZE": str(max(1, len(spec.gpus))),
         }
     )
+    env.update(slurm_env(spec, node=node, peers=peers))
     return env
+
+
+def slurm_env(spec: JobSpec, *, node: str, peers: tuple[Peer, ...]) -> dict[str, str]:
+    """The Slurm variables a batch script reads (``sbatch(1)``, OUTPUT ENVIRONMENT
+    VARIABLES), so scripts written for Slurm run unchanged. One task per node unless
+    the job says otherwise; ``SLURM_JOB_NODELIST`` is a comma-separated list of node
+    names (Slurm compresses it to ``node[1-3]``; both forms are valid hostlists)."""
+    out = {
+        "SLURM_JOB_ID": str(spec.job_id),
+        "SLURM_JOBID": str(spec.job_id),
+        "SLURM_JOB_NAME": spec.name,
+        "SLURM_JOB_USER": spec.user,
+        "SLURM_JOB_PARTITION": spec.pool,
+        "SLURM_JOB_NODELIST": ",".join(p.node for p in peers),
+        "SLURM_NODELIST": ",".join(p.node for p in peers),
+        "SLURM_NNODES": str(len(peers)),
+        "SLURM_JOB_NUM_NODES": str(len(peers)),
+        "SLURM_NODEID": str(spec.node_rank),
+        "SLURMD_NODENAME": node,
+        "SLURM_NTASKS": str(len(peers)),
+        "SLURM_GPUS_ON_NODE": str(len(spec.gpus)),
+        "SLURM_JOB_GPUS": ",".join(map(str, spec.gpus)),
+    }
+    if spec.array is not None:
+        array_id, task, count, lo, hi = spec.array
+        out |= {
+            "SLURM_ARRAY_JOB_ID": str(array_id),
+            "SLURM_ARRAY_TASK_ID": str(task),
+            "SLURM_ARRAY_TASK_COUNT": str(count),
+            "SLURM_ARRAY_TASK_MIN": str(lo),
+            "SLURM_ARRAY_TASK_MAX": str(hi),
+        }
+    return out
 
 
 def hostfile_text(spec: JobSpec) -> str:

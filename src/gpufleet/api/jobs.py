@@ -42,6 +42,18 @@ class JobSubmit(Request):
     reservation: int | None = Field(
         default=None, ge=1, description="run only inside this reservation (its owners only)"
     )
+    array: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
+        default=None,
+        description="a job array, as sbatch --array: 0-15, 0,6,16-32, 0-15:4, 0-99%10 (one job per task)",
+    )
+    dependency: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = Field(
+        default=None,
+        description="as sbatch --dependency: afterok:12:13, afterany:12?afternotok:14, singleton "
+        "(your own jobs only)",
+    )
+    kill_on_invalid_dep: bool = Field(
+        default=False, description="cancel the job once its dependency can never be satisfied"
+    )
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -53,6 +65,22 @@ class JobSubmit(Request):
                 "gpus_negative", "a job needs at least 1 GPU (0 only in a CPU-only pool)"
             )
         return value
+
+
+class CancelMany(Request):
+    """Jobs to cancel (Slurm's ``scancel`` filters): all that match every field given,
+    among the caller's own jobs (an operator's: anyone's). At least one field."""
+
+    ids: list[int] | None = Field(default=None, max_length=10_000, description="these jobs")
+    array: int | None = Field(default=None, ge=1, description="every task of this array")
+    user: Name | None = Field(default=None, description="operators: this user's jobs")
+    states: list[str] | None = Field(default=None, max_length=16, description="only in these states")
+    name: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
+
+
+class Cancelled(Reply):
+    cancelled: list[int]
+    skipped: list[int] = Field(description="matched but already finished, or changing too fast")
 
 
 class PriorityChange(Request):
@@ -106,6 +134,9 @@ class JobOut(Reply):
     cost: float = Field(default=0.0, description="accrued while it held GPUs, at the prices in force")
     energy_kwh: float = Field(default=0.0, description="from its GPUs' power telemetry")
     warnings: list[str] = Field(default_factory=list, description="e.g. its team is over its soft budget")
+    array_job_id: int | None = Field(default=None, description="its array (the first task's id)")
+    array_task_id: int | None = None
+    dependency: str | None = None
 
 
 class JobDetail(JobOut):

@@ -132,6 +132,16 @@ class ServiceProbe(Reply):
     port: int
 
 
+class ArrayTask(Reply):
+    """A job array's task, for ``SLURM_ARRAY_*``."""
+
+    array_job_id: int
+    task_id: int
+    count: int
+    min: int
+    max: int
+
+
 class DesiredJob(Reply):
     job_id: int
     attempt: int = Field(description="identifies this placement of the job (a requeued job gets a new one)")
@@ -153,6 +163,8 @@ class DesiredJob(Reply):
     service: ServiceProbe | None = Field(
         default=None, description="set for a replica of an inference service: it gets $PORT and is probed"
     )
+    pool: str = ""
+    array: ArrayTask | None = None
 
 
 class LogAck(Reply):

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 KINDS = ("after", "afterany", "afterok", "afternotok")
+MAX_ID = 2**31 - 1
 _ID = re.compile(r"^(\d+)(?:_(\d+))?$")
 
 
@@ -123,7 +124,7 @@ def parse(text: str) -> Dependency:
                     f"--dependency={text}: a delay (+minutes) is not supported; use --begin for a start time"
                 )
             m = _ID.match(part)
-            if m is None:
+            if m is None or any((g is not None and len(g) > 10) or int(g or 0) > MAX_ID for g in m.groups()):
                 raise DependencyError(
                     f"--dependency={text}: {part!r} is not a job id (123, or 123_4 for a task)"
                 )

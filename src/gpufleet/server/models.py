@@ -205,6 +205,17 @@ class Job(Base):
     warm: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """A standby replica of a service's warm pool: ready, not in rotation (priced at the
     price schedule's ``warm`` factor)."""
+    # Job arrays and dependencies (Slurm's ``--array``, ``--dependency``).
+    array_job_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    """The array this job is a task of: the id of its first task (Slurm's ArrayJobId)."""
+    array_task_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_limit: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """``%N``: at most this many tasks of the array run at once (0: no limit)."""
+    array_info: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
+    """The array's task count, min and max (``SLURM_ARRAY_TASK_COUNT/MIN/MAX``)."""
+    dependency: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    """The dependency as given, in canonical form (``scheduler/deps.py``)."""
+    kill_on_invalid_dep: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class ServiceRow(Base):

@@ -41,7 +41,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from sqlalchemy import insert, select, update
@@ -68,6 +68,7 @@ from gpufleet.server.dispatch import touch
 from gpufleet.server.errors import Conflict
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import JobRef, move, ref, release_attempt
+from gpufleet.server.loops import dependencies
 from gpufleet.server.loops.reservations import Booked, load_booked, step_reservations
 from gpufleet.server.loops.runner import Loop
 from gpufleet.server.models import Allocation, Job, ServiceRow, Team, User
@@ -104,6 +105,11 @@ class _JobRow(NamedTuple):
     started_at: float | None
     scheduled_at: float | None
     service_id: int | None
+    name: str
+    array_job_id: int | None
+    array_limit: int
+    dependency: str | None
+    kill_on_invalid_dep: bool
 
     def ref(self) -> JobRef:
         return JobRef(id=self.id, state=_STATES[self.state], version=self.version)
@@ -191,6 +197,9 @@ class _Loaded:
     snapshot: Snapshot
     refs: dict[str, JobRef]
     booked: list[Booked] = field(default_factory=list)
+    kill: set[int] = field(default_factory=set)
+    """Waiting jobs whose dependency can never be satisfied, submitted with
+    ``kill_on_invalid_dep``: cancelled by this pass."""
 
 
 @dataclass(slots=True)
@@ -332,9 +341,27 @@ class SchedulingPass:
             if b.over_hard and tid in teams
         )
         self._pending.check_names(teams, users)
+        waiting: list[dependencies.Waiting] = []
         for job, jref, req in self._pending.load(s, now):
             refs[str(job.id)] = jref
             pending.append(req if req is not None else self._pending.request(job.id, teams, users))
+            if job.dependency is not None:
+                waiting.append(
+                    dependencies.Waiting(
+                        id=job.id, user_id=job.user_id, name=job.name, dependency=job.dependency
+                    )
+                )
+        kill: set[int] = set()
+        if waiting:  # judged every pass: a verdict changes when another job ends
+            held_back = dependencies.blocked(s, waiting)
+            pending = [
+                p if (b := held_back.get(int(p.id))) is None else replace(p, blocked=b) for p in pending
+            ]
+            kill = {
+                jid
+                for jid, b in held_back.items()
+                if b.never and self._pending.rows[jid][0].kill_on_invalid_dep
+            }
         booked = load_booked(s, now)
         snap = Snapshot(
             now=now,
@@ -345,7 +372,7 @@ class SchedulingPass:
             reservations=tuple(b.core for b in booked),
             holds=holds,
         )
-        return _Loaded(snapshot=snap, refs=refs, booked=booked)
+        return _Loaded(snapshot=snap, refs=refs, booked=booked, kill=kill)
 
     def _commit(self, s: Session, loaded: _Loaded, result: Plan, now: float) -> int:
         services = _services_of(s, {int(p.by) for p in result.preemptions if p.by.isdigit()})
@@ -393,6 +420,12 @@ class SchedulingPass:
                 for g in (p.gpus or (None,))  # a 0-GPU job: one row for its node
             ]
             self._statuses.rows.pop(jref.id, None)
+        reasons = {st.job_id: st.reason for st in result.pending}
+        for jid in loaded.kill:
+            jref = loaded.refs[str(jid)]
+            why = reasons.get(str(jid), "DependencyNeverSatisfied")
+            move(s, jref, JobState.CANCELLED, actor=ACTOR, reason=f"{why} (kill_on_invalid_dep)", now=now)
+            self._statuses.rows.pop(jid, None)
         if allocs:
             s.execute(insert(Allocation), allocs)
             touch(s, {a["node"] for a in allocs})  # their agents learn at the commit (``dispatch.py``)
@@ -464,6 +497,8 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str]) -> JobR
         preemptible=job.requeue and job.service_id is None,
         reservation=None if job.reservation_id is None else str(job.reservation_id),
         spread=None if job.service_id is None else f"service:{job.service_id}",
+        array=None if job.array_job_id is None else str(job.array_job_id),
+        array_limit=job.array_limit or 0,
     )
 
 

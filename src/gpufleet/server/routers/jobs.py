@@ -18,7 +18,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpufleet.api.jobs import JobDetail, JobPage, JobSubmit, PriorityChange
+from gpufleet.api.jobs import Cancelled, CancelMany, JobDetail, JobPage, JobSubmit, PriorityChange
 from gpufleet.server.audit import note_object
 from gpufleet.server.deps import Me, Parts, PartsDep, current_principal, get_parts
 from gpufleet.server.jobstate.states import JobState
@@ -214,6 +214,18 @@ def list_jobs(
         offset=offset,
     )
     return Response(page.model_dump_json(), media_type="application/json")
+
+
+@router.post("/cancel", response_model=Cancelled)
+def cancel_many(spec: CancelMany, parts: PartsDep, me: Me) -> Cancelled:
+    """``scancel`` with filters: every job matching all the fields given (a whole array,
+    a user's, a name, states), among your own (an operator: anyone's)."""
+    states = _states(spec.states or [])
+    return unwrap(
+        jobs.cancel_many(
+            db=parts.db, actor=me, spec=spec, states=states, now=parts.now(), waker=parts.scheduler.wake
+        )
+    )
 
 
 @router.get("/{job_id}", response_model=JobDetail)

@@ -67,24 +67,25 @@ class PendingCounts:
     _seen: dict[int, tuple[int, float]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def admit(self, s: Session, *, user_id: int, name: str, role: str) -> Failure | None:
-        """None: one more job of this user's is accepted (and counted); else the
-        problem. Call it last, for a job nothing else refuses."""
+    def admit(self, s: Session, *, user_id: int, name: str, role: str, jobs: int = 1) -> Failure | None:
+        """None: ``jobs`` more jobs of this user's (an array's tasks) are accepted (and
+        counted); else the problem. Call it last, for a job nothing else refuses."""
         if self.cap <= 0 or not Caps.applies(role):
             return None
         t = self.now()
         with self._lock:
             count, at = self._seen.get(user_id, (0, float("-inf")))
             fresh = t - at <= self.refresh_s
-            if not fresh or count >= self.cap:
+            if not fresh or count + jobs > self.cap:
                 count, at = _count_queued(s, user_id), t
-            if count >= self.cap:
+            if count + jobs > self.cap:
                 self._seen[user_id] = (count, at)
+                what = "" if jobs == 1 else f" (this array adds {jobs})"
                 return forbidden(
-                    f"pending-jobs cap: {name} has {count} pending or held jobs and the cap is "
+                    f"pending-jobs cap: {name} has {count} pending or held jobs{what} and the cap is "
                     f"{self.cap} a user; cancel some or wait for them to start"
                 )
-            self._seen[user_id] = (count + 1, at)
+            self._seen[user_id] = (count + jobs, at)
             return None
 
 

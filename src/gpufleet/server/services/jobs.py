@@ -14,13 +14,13 @@ from pydantic import TypeAdapter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpufleet.api.jobs import AllocationOut, JobDetail, JobEventOut, JobOut, JobPage
+from gpufleet.api.jobs import AllocationOut, Cancelled, CancelMany, JobDetail, JobEventOut, JobOut, JobPage
 from gpufleet.server.db import Database
 from gpufleet.server.errors import Conflict
 from gpufleet.server.jobstate.states import TERMINAL, JobState
 from gpufleet.server.jobstate.transitions import move, ref, release_attempt
 from gpufleet.server.models import Allocation, Job, JobEvent, Team, User
-from gpufleet.server.problems import Failure, conflict, forbidden, not_found
+from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
 
 Waker = Callable[[], None]
@@ -77,6 +77,9 @@ def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[
         "reservation": job.reservation_id,
         "cost": round(job.cost, 6),
         "energy_kwh": round(job.energy_wh / 1000.0, 6),
+        "array_job_id": job.array_job_id,
+        "array_task_id": job.array_task_id,
+        "dependency": job.dependency,
     }
 
 
@@ -153,6 +156,9 @@ _LISTED = (
     Job.reservation_id.label("reservation"),
     Job.cost,
     Job.energy_wh,
+    Job.array_job_id,
+    Job.array_task_id,
+    Job.dependency,
 )
 """What a list shows, named as ``JobOut``'s fields, read as plain rows: a page of 1,000
 jobs is the API's heaviest read, and ORM objects (with ``env`` and the bookkeeping
@@ -262,6 +268,52 @@ def cancel(*, db: Database, actor: Principal, job_id: int, now: float, waker: Wa
     out = _change(db, actor, job_id, now, decide)
     waker()
     return out
+
+
+def cancel_many(
+    *, db: Database, actor: Principal, spec: CancelMany, states: Sequence[JobState], now: float, waker: Waker
+) -> Cancelled | Failure:
+    """Cancel every job the filters match, each in its own small transaction (a job the
+    scheduler changes meanwhile is retried, then skipped): ``scancel`` with filters, a
+    whole array, or a list of ids."""
+    if spec.ids is None and spec.array is None and spec.user is None and not states and spec.name is None:
+        return invalid("say which jobs: ids, array, user, states or name")
+    live = [str(st) for st in JobState if st not in TERMINAL]
+    q = select(Job.id).join(User, User.id == Job.user_id).where(Job.state.in_(live))
+    if not actor.is_operator:
+        if spec.user is not None and spec.user != actor.name:
+            return forbidden("only operators cancel other users' jobs")
+        q = q.where(Job.user_id == actor.user_id)
+    if spec.ids is not None:
+        q = q.where(Job.id.in_(spec.ids))
+    if spec.array is not None:
+        q = q.where(Job.array_job_id == spec.array)
+    if spec.user is not None:
+        q = q.where(User.name == spec.user)
+    if states:
+        q = q.where(Job.state.in_([str(st) for st in states]))
+    if spec.name is not None:
+        q = q.where(Job.name == spec.name)
+    with db.read() as s:
+        ids = list(s.scalars(q.order_by(Job.id)))
+    done: list[int] = []
+    skipped: list[int] = []
+
+    def decide(s: Session, job: Job) -> tuple[JobState, str, dict[str, Any]] | Failure:
+        if JobState(job.state) in TERMINAL:
+            return conflict(f"job {job.id} already finished ({job.state})")
+        return (
+            JobState.CANCELLED,
+            f"cancelled by {actor.name}",
+            release_attempt(s, job, now=now, confirmed=False) | {"ended_at": now},
+        )
+
+    for jid in ids:
+        out = _change(db, actor, jid, now, decide)
+        (skipped if isinstance(out, Failure) else done).append(jid)
+    if done:
+        waker()
+    return Cancelled(cancelled=done, skipped=skipped)
 
 
 def hold(*, db: Database, actor: Principal, job_id: int, now: float) -> JobDetail | Failure:

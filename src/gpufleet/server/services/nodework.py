@@ -16,7 +16,16 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
-from gpufleet.api.nodes import DesiredJob, LogAck, LogChunkIn, NodeSync, ObservedJob, PeerNode, ServiceProbe
+from gpufleet.api.nodes import (
+    ArrayTask,
+    DesiredJob,
+    LogAck,
+    LogChunkIn,
+    NodeSync,
+    ObservedJob,
+    PeerNode,
+    ServiceProbe,
+)
 from gpufleet.server import ledger
 from gpufleet.server.jobstate.requeue import requeue
 from gpufleet.server.jobstate.states import ACTIVE, JobState
@@ -92,6 +101,21 @@ def _desired_job(
         master_port=master_port(job.id),
         world_size=max(1, sum(len(p.gpus) for p in peers)),
         service=_probe(job),
+        pool=job.pool,
+        array=_array(job),
+    )
+
+
+def _array(job: Job) -> ArrayTask | None:
+    info = job.array_info
+    if job.array_job_id is None or job.array_task_id is None or not info:
+        return None
+    return ArrayTask(
+        array_job_id=job.array_job_id,
+        task_id=job.array_task_id,
+        count=int(info.get("count", 1)),
+        min=int(info.get("min", job.array_task_id)),
+        max=int(info.get("max", job.array_task_id)),
     )
 
 

@@ -19,13 +19,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.jobs import JobDetail, JobEventOut, JobSubmit
-from gpufleet.scheduler import Fleet, JobRequest
+from gpufleet.arrayspec import ArraySpec, parse_array
+from gpufleet.scheduler import Fleet, JobRequest, deps
 from gpufleet.scheduler.capacity import FleetIndex
 from gpufleet.scheduler.core import gpu_type_matches, job_options
+from gpufleet.scheduler.deps import Dependency
 from gpufleet.scheduler.options import no_such_model
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import event_row
@@ -52,6 +54,9 @@ _TEAMS_Q = (
 )
 _INSERT_JOBS = insert(_T["jobs"]).returning(_T["jobs"].c.id, sort_by_parameter_order=True)
 _INSERT_EVENTS = insert(_T["job_events"])
+_SET_ARRAY = (
+    update(_T["jobs"]).where(_T["jobs"].c.id == bindparam("jid")).values(array_job_id=bindparam("array"))
+)
 
 
 def _time_limit(value: str | float | None) -> float | Failure | None:
@@ -88,6 +93,8 @@ class NewJob:
     backoff_s: float = 10.0
     pending: PendingCounts | None = None
     """The per-user cap on queued jobs (``services/caps.py``); None: no cap."""
+    array: ArraySpec | None = None
+    dependency: Dependency | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -204,6 +211,46 @@ def _reservation_problem(ctx: _Ctx, new: NewJob) -> Failure | None:
     return forbidden(f"reservation {rid}: only {people} (or an operator) may run jobs in it")
 
 
+def _dependency_problem(ctx: _Ctx, new: NewJob) -> Failure | None:
+    """Every job a dependency names must exist and be the submitter's own (an operator
+    may name anyone's): depending on another user's job would tell its state."""
+    dep = new.dependency
+    if dep is None:
+        return None
+    refs = dep.refs
+    ids = sorted({r.job for r in refs})
+    if not ids:
+        return None
+    jobs = _T["jobs"]
+    found: dict[int, int] = {}  # job id -> owner
+    arrays: dict[tuple[int, int], int] = {}  # (array id, task) -> owner
+    rows = ctx.s.connection().execute(
+        select(jobs.c.id, jobs.c.user_id, jobs.c.array_job_id, jobs.c.array_task_id).where(
+            jobs.c.id.in_(ids) | jobs.c.array_job_id.in_(ids)
+        )
+    )
+    for jid, uid, array, task in rows:
+        found[jid] = uid
+        if array is not None and task is not None:
+            arrays[(array, task)] = uid
+    mine = new.actor.user_id
+    for r in refs:
+        owner = found.get(r.job) if r.task is None else arrays.get((r.job, r.task))
+        if owner is None or (owner != mine and not new.actor.is_operator):
+            return invalid(f"dependency: no job {r} of yours")
+    return None
+
+
+def _rows(new: NewJob, team_id: int) -> list[dict[str, Any]]:
+    """One row, or one per task of an array (``array_job_id`` is set after the insert)."""
+    row = _row(new, team_id)
+    if new.array is None:
+        return [row]
+    ix = new.array.indices
+    info = {"count": len(ix), "min": ix[0], "max": ix[-1]}
+    return [row | {"array_task_id": i, "array_limit": new.array.limit, "array_info": info} for i in ix]
+
+
 def _row(new: NewJob, team_id: int) -> dict[str, Any]:
     spec = new.spec
     return {
@@ -233,6 +280,12 @@ def _row(new: NewJob, team_id: int) -> dict[str, Any]:
         "pending_since": new.now,
         "attained_service_s": 0.0,
         "executed_s": 0.0,
+        "array_job_id": None,
+        "array_task_id": None,
+        "array_limit": 0,
+        "array_info": None,
+        "dependency": None if new.dependency is None else str(new.dependency),
+        "kill_on_invalid_dep": spec.kill_on_invalid_dep,
     }
 
 
@@ -254,7 +307,7 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
     ctx = _Ctx(s=s, pools=pools, teams=teams, defaults=defaults)
     out: list[Failure | None] = []  # None: accepted
     rows: list[dict[str, Any]] = []
-    accepted: list[tuple[int, NewJob, str, dict[str, Any]]] = []
+    accepted: list[tuple[int, NewJob, str, list[dict[str, Any]]]] = []
     for new in batch:
         if new.spec.pool not in pools:
             out.append(invalid(f"pool: no pool {new.spec.pool}"))
@@ -263,29 +316,43 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
         if isinstance(team, Failure):
             out.append(team)
             continue
-        problem = _shape_problem(ctx, new.spec, new.fleets) or _reservation_problem(ctx, new)
-        if problem is None and new.pending is not None:  # last: it counts the job as accepted
+        problem = (
+            _shape_problem(ctx, new.spec, new.fleets)
+            or _reservation_problem(ctx, new)
+            or _dependency_problem(ctx, new)
+        )
+        mine = _rows(new, team[0]) if problem is None else []
+        if problem is None and new.pending is not None:  # last: it counts the jobs as accepted
             who = new.actor
-            problem = new.pending.admit(s, user_id=who.user_id, name=who.name, role=who.role)
+            problem = new.pending.admit(s, user_id=who.user_id, name=who.name, role=who.role, jobs=len(mine))
         if problem is not None:
             out.append(problem)
             continue
-        row = _row(new, team[0])
-        accepted.append((len(out), new, team[1], row))
+        accepted.append((len(out), new, team[1], mine))
         out.append(None)
-        rows.append(row)
+        rows += mine
     if not rows:
         return [f for f in out if f is not None]
-    ids = conn.execute(_INSERT_JOBS, rows).scalars().all()
+    ids = iter(conn.execute(_INSERT_JOBS, rows).scalars().all())
     events: list[dict[str, Any]] = []
     details: dict[int, JobDetail] = {}
-    for (at, new, team_name, row), job_id in zip(accepted, ids, strict=True):
+    for at, new, team_name, mine in accepted:
         actor = new.actor.name
-        ev = event_row(
-            job_id=job_id, at=new.now, actor=actor, src=None, dst=JobState.PENDING, reason="submitted"
-        )
-        events.append(ev)
-        details[at] = _submitted(job_id, row, user=actor, team=team_name, event=ev)
+        first: tuple[int, dict[str, Any], dict[str, Any]] | None = None
+        tasks: list[int] = []
+        for row in mine:
+            job_id = next(ids)
+            why = "submitted" if new.array is None else f"submitted (task {row['array_task_id']} of an array)"
+            ev = event_row(job_id=job_id, at=new.now, actor=actor, src=None, dst=JobState.PENDING, reason=why)
+            events.append(ev)
+            tasks.append(job_id)
+            if first is None:
+                first = (job_id, row, ev)
+        assert first is not None
+        if new.array is not None:  # the array's id is its first task's (Slurm's ArrayJobId)
+            conn.execute(_SET_ARRAY, [{"jid": jid, "array": tasks[0]} for jid in tasks])
+            first[1]["array_job_id"] = tasks[0]
+        details[at] = _submitted(first[0], first[1], user=actor, team=team_name, event=first[2])
     conn.execute(_INSERT_EVENTS, events)
     return [details[i] if f is None else f for i, f in enumerate(out)]
 
@@ -331,6 +398,9 @@ def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event:
         output=row["output"],
         error=row["error"],
         events=[JobEventOut.model_construct(**{k: event[k] for k in JobEventOut.model_fields})],
+        array_job_id=row["array_job_id"],
+        array_task_id=row["array_task_id"],
+        dependency=row["dependency"],
     )
 
 
@@ -360,8 +430,24 @@ async def submit(
     backoff = _backoff(spec.requeue_backoff)
     if isinstance(backoff, Failure):
         return backoff
+    try:
+        array = None if spec.array is None else parse_array(spec.array)
+    except ValueError as exc:
+        return invalid(f"array: {exc}")
+    try:
+        dependency = None if spec.dependency is None else deps.parse(spec.dependency)
+    except deps.DependencyError as exc:
+        return invalid(f"dependency: {exc}")
     new = NewJob(
-        actor=actor, spec=spec, time_limit_s=limit, now=now, fleets=fleets, backoff_s=backoff, pending=pending
+        actor=actor,
+        spec=spec,
+        time_limit_s=limit,
+        now=now,
+        fleets=fleets,
+        backoff_s=backoff,
+        pending=pending,
+        array=array,
+        dependency=dependency,
     )
     out = await call(writer, insert_jobs, new)
     if isinstance(out, Failure):
