@@ -473,6 +473,7 @@ def throughput(
             t.start()
         time.sleep(0.5)  # the clients connect
         (api0, loop0), (ag0, jobs0), me0 = srv.cpu_s(), fleet.cpu_s(), time.process_time()
+        spy = _profile(srv, args, "sim" if simulated else "real")
         t0 = time.time()
         go.set()
         for t in threads:
@@ -491,6 +492,9 @@ def throughput(
                 raise RuntimeError(f"not all jobs ended in time: {jobs}")
             time.sleep(0.1)
         (api1, loop1), (ag1, jobs1), me1 = srv.cpu_s(), fleet.cpu_s(), time.process_time()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
+            spy.wait(timeout=60)
         listed = _listed(c, ids)
         problems = _verify(ids, listed, None if simulated else marks, n)
         for j in [j for j in listed.values() if j["state"] != "COMPLETED"][:3]:  # why, in their words
@@ -511,6 +515,19 @@ def throughput(
         client_cpu=me1 - me0,
         problems=problems,
     )
+
+
+def _profile(srv: Server, args: argparse.Namespace, what: str) -> subprocess.Popen[bytes] | None:
+    """``--profile DIR``: py-spy samples the API process over a throughput phase into
+    ``DIR/dispatch-WHAT.txt`` (collapsed stacks, idle threads left out)."""
+    if not args.profile:
+        return None
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    out = Path(args.profile) / f"dispatch-{what}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [spy, "record", "--pid", str(srv.proc.pid), "--rate", "200", "--format", "raw", "--gil"]
+    cmd += ["--nonblocking", "--output", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _listed(c: httpx.Client, ids: list[int]) -> dict[int, dict[str, Any]]:
@@ -799,6 +816,7 @@ def main() -> None:
     ap.add_argument("--sync-interval", type=float, default=10.0, help="the agents' periodic sync (s)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="defaults 5 samples, 200 + 200 jobs, 1 run")
+    ap.add_argument("--profile", metavar="DIR", help="record the API process with py-spy into DIR")
     ap.add_argument("--slurm", action="store_true", help="also through Slurm's sbatch, if installed")
     ap.add_argument("--slurm-dir", help="marker files for Slurm jobs (visible to its nodes)")
     ap.add_argument("--slurm-args", default="", help="extra sbatch options, e.g. '--gres=gpu:1'")
