@@ -37,6 +37,9 @@ from gpufleet.scheduler import (
     plan,
 )
 from gpufleet.scheduler.core import shared_options
+from gpufleet.scheduler.deps import Dependency, DependencyError, Phase, Ref, judge
+from gpufleet.scheduler.deps import parse as parse_dependency
+from gpufleet.scheduler.model import Blocked
 from gpufleet.sim.config import JobOutcome, SimConfig, SimResult
 from gpufleet.sim.trace import TraceJob
 
@@ -78,6 +81,7 @@ class Simulator:
         record: bool = False,
     ) -> None:
         self.trace = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+        self.trace_ids = {j.job_id for j in self.trace}
         self.reservations = tuple(reservations)  # admitted already (see runner.admit_reservations)
         self.fleet = fleet
         self.healthy_fleet = fleet  # without outages: decides what can ever run
@@ -108,6 +112,10 @@ class Simulator:
         self.preemptions = 0
         self.failures = 0
         self.busy = 0  # GPUs allocated now
+        # Dependencies (``scheduler/deps.py``), judged each pass as the server does.
+        self.deps: dict[str, Dependency] = {}  # pending jobs that have one
+        self.arrived: set[str] = set()
+        self.ended: dict[str, bool] = {}  # job -> ended COMPLETED (False: timed out, rejected)
         self.busy_gpu_s = 0.0
         self.frag_area = 0.0
         self.last_frag = 0.0
@@ -205,6 +213,13 @@ class Simulator:
         return any(j.request.team not in self.held_teams for j in self.pending.values())
 
     def arrive(self, tj: TraceJob) -> None:
+        self.arrived.add(tj.job_id)
+        if tj.dependency:
+            try:
+                self.deps[tj.job_id] = parse_dependency(tj.dependency)
+            except DependencyError as exc:
+                self.reject(tj.job_id, str(exc))
+                return
         req = JobRequest(
             id=tj.job_id,
             user=tj.user,
@@ -227,22 +242,28 @@ class Simulator:
         if limit is not None and req.gpus > limit:  # it would wait for ever (QuotaLimit)
             why = f"needs {req.gpus} GPUs, over team {req.team}'s hard limit of {limit}"
         if isinstance(why, str):
-            self.rejected.append((tj.job_id, why))
+            self.reject(tj.job_id, why)
             return
         self.dirty = True
         self.enqueue(_Job(trace=tj, request=req, remaining_s=tj.duration_s, pending_since=tj.submit_s))
         self.want_pass(self.now)
+
+    def reject(self, job_id: str, why: str) -> None:
+        self.rejected.append((job_id, why))
+        self.ended[job_id] = False
+        self.deps.pop(job_id, None)
 
     def schedule_pass(self) -> None:
         if self.dirty:
             self.running_view = tuple(self.running_jobs.values())
             self.pending_view = tuple(self.pending_requests.values())
             self.dirty = False
+        pending = self.pending_view if not self.deps else self.judge_dependencies()
         snap = Snapshot(
             now=self.now,
             fleet=self.fleet,
             running=self.running_view,
-            pending=self.pending_view,
+            pending=pending,
             quotas=self.cfg.quotas,
             reservations=self.reservations,
             holds=self.cfg.holds,
@@ -258,6 +279,43 @@ class Simulator:
             self.start(self.dequeue(start.job_id), start.placement)
         if self.policy.preemptive and self.waiting():
             self.want_pass(self.now + self.cfg.preempt_interval_s)
+
+    def judge_dependencies(self) -> tuple[JobRequest, ...]:
+        """The pending requests, those whose dependency does not hold marked blocked;
+        one that can never hold is rejected (``DependencyNeverSatisfied``), as a server
+        with ``kill_on_invalid_dep`` does: a replay must end. ``singleton`` is not
+        modelled (traces have no job names)."""
+
+        def lookup(ref: Ref) -> list[tuple[str, Phase]]:
+            jid = str(ref.job) if ref.task is None else f"{ref.job}_{ref.task}"
+            if jid in self.ended:
+                return [(jid, Phase.OK if self.ended[jid] else Phase.NOT_OK)]
+            if jid in self.running:
+                return [(jid, Phase.STARTED)]
+            if (
+                jid in self.pending
+                or jid in self.limbo
+                or (jid in self.trace_ids and jid not in self.arrived)
+            ):
+                return [(jid, Phase.WAITING)]
+            return []
+
+        out: list[JobRequest] = []
+        for req in self.pending_view:
+            dep = self.deps.get(req.id)
+            if dep is None:
+                out.append(req)
+                continue
+            v = judge(dep, lookup)
+            if v.satisfied:
+                del self.deps[req.id]
+                out.append(req)
+            elif v.never:
+                self.dequeue(req.id)
+                self.reject(req.id, f"{v.code}: {v.detail}")
+            else:
+                out.append(replace(req, blocked=Blocked(code=v.code, detail=v.detail, after=v.waiting_on)))
+        return tuple(out)
 
     def move_reservation(self, move: ReservationMove) -> None:
         def moved(r: Reservation) -> Reservation:
@@ -333,6 +391,7 @@ class Simulator:
         job.remaining_s = 0.0
         job.finish = self.now
         self.done.append(job)
+        self.ended[job_id] = not job.timed_out
         self.want_pass(self.now)
 
     def stop(self, job: _Job, *, preempted: bool, requeue_after_s: float = 0.0) -> None:

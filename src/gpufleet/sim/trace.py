@@ -27,6 +27,8 @@ class TraceJob:
     time_limit_s: float | None = None
     priority: int = 0
     gpu_type: str | None = None
+    dependency: str | None = None
+    """Slurm's ``--dependency`` over this trace's (numeric) job ids: ``afterok:12``..."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
 """gpufleet's own trace CSV: one row per job, exactly the fields of ``TraceJob``.
 
 Empty ``time_limit_s`` / ``gpu_type`` mean None; ``gpus_per_node`` 0 lets the scheduler
-decide. Floats are written with ``repr`` so a write/load round trip is exact.
+decide. Floats are written with ``repr`` so a write/load round trip is exact. An
+optional last column ``dependency`` holds Slurm's ``--dependency`` over the trace's job
+ids (``afterok:12``; empty: none); a trace without one keeps the ten columns.
 """
 
 from __future__ import annotations
@@ -42,20 +44,23 @@ def load_gpufleet_csv(path: Path) -> TraceLoad:
         first = next(rows, None)
         if first is None:
             raise TraceError(f"{path}: empty file, expected header {','.join(HEADER)}")
-        if tuple(cell.strip() for cell in first[1]) != HEADER:
-            raise TraceError(f"{path}: header must be exactly {','.join(HEADER)}; got {','.join(first[1])}")
+        header = tuple(cell.strip() for cell in first[1])
+        if header not in (HEADER, (*HEADER, "dependency")):
+            raise TraceError(
+                f"{path}: header must be exactly {','.join(HEADER)}[,dependency]; got {','.join(first[1])}"
+            )
         for line, record in rows:
             try:
-                builder.add(line, parse_row(record))
+                builder.add(line, parse_row(record, header))
             except BadRow as exc:
                 builder.skip(line, str(exc))
     return builder.finish()
 
 
-def parse_row(record: list[str]) -> TraceJob:
-    if len(record) != len(HEADER):
-        raise BadRow(f"expected {len(HEADER)} fields, got {len(record)}")
-    row = dict(zip(HEADER, (cell.strip() for cell in record), strict=True))
+def parse_row(record: list[str], header: tuple[str, ...] = HEADER) -> TraceJob:
+    if len(record) != len(header):
+        raise BadRow(f"expected {len(header)} fields, got {len(record)}")
+    row = dict(zip(header, (cell.strip() for cell in record), strict=True))
     limit = row["time_limit_s"]
     return TraceJob(
         job_id=text(row, "job_id"),
@@ -68,13 +73,16 @@ def parse_row(record: list[str]) -> TraceJob:
         time_limit_s=to_float(limit, "time_limit_s") if limit else None,
         priority=to_int(row["priority"] or "0", "priority"),
         gpu_type=row["gpu_type"] or None,
+        dependency=row.get("dependency") or None,
     )
 
 
 def write_gpufleet_csv(path: Path, jobs: Iterable[TraceJob]) -> None:
+    jobs = list(jobs)
+    deps = any(j.dependency for j in jobs)
     with path.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(HEADER)
+        writer.writerow((*HEADER, "dependency") if deps else HEADER)
         for job in jobs:
             writer.writerow(
                 (
@@ -89,4 +97,5 @@ def write_gpufleet_csv(path: Path, jobs: Iterable[TraceJob]) -> None:
                     job.priority,
                     job.gpu_type or "",
                 )
+                + ((job.dependency or "",) if deps else ())
             )
