@@ -1,34 +1,92 @@
 """The client commands stay a fast client: ``gpufleet queue`` (run as often as
 ``squeue``) and the other API commands import no server code, no SQLAlchemy, FastAPI,
-uvicorn or Alembic (the server's modules are imported by ``server``, ``db`` and
-``admin create-user --database-url`` only when they run)."""
+uvicorn or Alembic, and no numpy (the server's modules are imported by ``server``, ``db``
+and ``admin create-user --database-url`` only when they run; the simulator's by
+``simulate``, ``trace`` and ``demo``).
+
+``gpufleet --help`` imports no command module at all: the root names each command and
+its help line itself (``gpufleet.cli.COMMANDS``) and imports a command's module only to
+run it or show its own help. So each entry must name a module and function that exist,
+and a help line that is the command's own: both are checked here.
+"""
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
 import pytest
+import typer
 
-HEAVY = ("sqlalchemy", "fastapi", "uvicorn", "alembic", "starlette", "psycopg")
+from gpufleet.cli import COMMANDS, app, load
+
+HEAVY = ("sqlalchemy", "fastapi", "uvicorn", "alembic", "starlette", "psycopg", "numpy", "matplotlib")
 SERVER_OK = {"gpufleet.server", "gpufleet.server.defaults", "gpufleet.server.health", "gpufleet.server.clock"}
 """Constants the ``server`` command's options show (the package itself imports nothing).
 The request and reply models the client validates with are ``gpufleet.api``: plain
 Pydantic, outside the server."""
 
 
-@pytest.mark.parametrize("argv", [["queue", "--help"], ["submit", "--help"], ["jobs", "show", "--help"]])
-def test_client_commands_import_no_server_machinery(argv: list[str]) -> None:
+def _gpufleet(*argv: str, importtime: bool = False) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "gpufleet", *argv],
+        [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "gpufleet", *argv],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stderr.splitlines()
-    modules = {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
+    return done
+
+
+def _imported(*argv: str) -> set[str]:
+    lines = _gpufleet(*argv, importtime=True).stderr.splitlines()
+    return {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["queue", "--help"], ["submit", "--help"], ["jobs", "show", "--help"]]
+)
+def test_client_commands_import_no_server_machinery(argv: list[str]) -> None:
+    modules = _imported(*argv)
     heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
     server = sorted(m for m in modules if m.startswith("gpufleet.server") and m not in SERVER_OK)
-    assert not heavy and not server, (heavy[:10], server)
+    sim = sorted(m for m in modules if m.startswith("gpufleet.sim") or m.startswith("gpufleet.scheduler"))
+    assert not heavy and not server and not sim, (heavy[:10], server, sim)
+
+
+def test_help_imports_no_command_module() -> None:
+    modules = _imported("--help")
+    commands = sorted(m for m in modules if m.startswith("gpufleet.cli.") and m.endswith("_cmds"))
+    client = sorted(m for m in modules if m.split(".")[0] in ("httpx", "pydantic", "yaml"))
+    client += sorted(m for m in modules if m == "gpufleet.client" or m.startswith("gpufleet.api"))
+    assert not commands and not client, (commands, client[:10])
+
+
+def test_root_lists_every_command_lazily() -> None:
+    root = typer.main.get_command(app)
+    assert isinstance(root, typer.core.TyperGroup)
+    assert list(root.commands) == list(COMMANDS)
+    assert "queue" in root.commands and "nosuch" not in root.commands
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_help_line_is_the_commands_own(name: str) -> None:
+    """The line ``gpufleet --help`` shows without importing the command is the one the
+    command would show: the first paragraph of its help, lines joined (Typer's markdown
+    mode joins them too), and nothing else that changes the listing."""
+    command = load(name)
+    assert command.name == name
+    first = inspect.cleandoc(command.help or "").split("\n\n")[0].replace("\n", " ").strip()
+    assert COMMANDS[name].help == first
+    assert command.short_help is None and not command.hidden and not command.deprecated
+    assert not getattr(command, "rich_help_panel", None)
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_command_shows_its_help(name: str) -> None:
+    """In a process of its own, as a user runs it: each entry's module imports, and its
+    command (or group) answers ``--help``."""
+    out = _gpufleet(name, "--help").stdout
+    assert f" gpufleet {name} [OPTIONS]" in out, out[:500]

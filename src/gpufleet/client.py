@@ -22,19 +22,20 @@ import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import platformdirs
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from gpufleet.api.audit import AuditOut, AuditPage
-from gpufleet.api.chargeback import PricesOut, UsageReport
-from gpufleet.api.credentials import NodeCredentialOut
-from gpufleet.api.jobs import JobDetail, JobPage
-from gpufleet.api.nodes import NodeOut, SyncReply
-from gpufleet.api.reservations import ReservationOut
-from gpufleet.api.users import PoolOut, TeamOut, TokenCreated, TokenOut, UserCreated, UserOut
+if TYPE_CHECKING:
+    from gpufleet.api.audit import AuditOut
+    from gpufleet.api.chargeback import PricesOut, UsageReport
+    from gpufleet.api.credentials import NodeCredentialOut
+    from gpufleet.api.jobs import JobDetail, JobPage
+    from gpufleet.api.nodes import NodeOut, SyncReply
+    from gpufleet.api.reservations import ReservationOut
+    from gpufleet.api.users import PoolOut, TeamOut, TokenCreated, TokenOut, UserCreated, UserOut
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -174,6 +175,8 @@ class GpufleetClient:
 
     # -- jobs -------------------------------------------------------------------------------
     def submit(self, spec: dict[str, Any]) -> JobDetail:
+        from gpufleet.api.jobs import JobDetail
+
         return self._get(JobDetail, "POST", "/jobs", json=spec)
 
     def jobs(
@@ -186,6 +189,8 @@ class GpufleetClient:
         limit: int = 1000,
         cursor: str | None = None,
     ) -> JobPage:
+        from gpufleet.api.jobs import JobPage
+
         params: dict[str, Any] = {"limit": limit}
         if states:
             params["state"] = ",".join(states)
@@ -205,22 +210,34 @@ class GpufleetClient:
             cursor = page.next_cursor
 
     def job(self, job_id: int) -> JobDetail:
+        from gpufleet.api.jobs import JobDetail
+
         return self._get(JobDetail, "GET", f"/jobs/{job_id}")
 
     def cancel(self, job_id: int) -> JobDetail:
+        from gpufleet.api.jobs import JobDetail
+
         return self._get(JobDetail, "POST", f"/jobs/{job_id}/cancel")
 
     def hold(self, job_id: int) -> JobDetail:
+        from gpufleet.api.jobs import JobDetail
+
         return self._get(JobDetail, "POST", f"/jobs/{job_id}/hold")
 
     def release(self, job_id: int) -> JobDetail:
+        from gpufleet.api.jobs import JobDetail
+
         return self._get(JobDetail, "POST", f"/jobs/{job_id}/release")
 
     def set_priority(self, job_id: int, priority: int) -> JobDetail:
+        from gpufleet.api.jobs import JobDetail
+
         return self._get(JobDetail, "PUT", f"/jobs/{job_id}/priority", json={"priority": priority})
 
     # -- reservations -----------------------------------------------------------------------
     def reserve(self, spec: dict[str, Any]) -> list[ReservationOut]:
+        from gpufleet.api.reservations import ReservationOut
+
         try:
             return TypeAdapter(list[ReservationOut]).validate_python(
                 self.request("POST", "/reservations", json=spec)
@@ -231,98 +248,150 @@ class GpufleetClient:
             ) from exc
 
     def reservations(self, *, include_past: bool = False) -> list[ReservationOut]:
+        from gpufleet.api.reservations import ReservationOut
+
         return self._list(ReservationOut, "/reservations", {"all": "true"} if include_past else {})
 
     def cancel_reservation(self, reservation_id: int) -> ReservationOut:
+        from gpufleet.api.reservations import ReservationOut
+
         return self._get(ReservationOut, "DELETE", f"/reservations/{reservation_id}")
 
     # -- nodes ------------------------------------------------------------------------------
     def nodes(self, *, pool: str | None = None) -> list[NodeOut]:
+        from gpufleet.api.nodes import NodeOut
+
         return self._list(NodeOut, "/nodes", {} if pool is None else {"pool": pool})
 
     def node(self, name: str) -> NodeOut:
+        from gpufleet.api.nodes import NodeOut
+
         return self._get(NodeOut, "GET", f"/nodes/{name}")
 
     def put_node(self, name: str, spec: dict[str, Any]) -> NodeOut:
+        from gpufleet.api.nodes import NodeOut
+
         return self._get(NodeOut, "PUT", f"/nodes/{name}", json=spec)
 
     def sync_node(self, name: str, body: dict[str, Any]) -> SyncReply:
+        from gpufleet.api.nodes import SyncReply
+
         return self._get(SyncReply, "POST", f"/nodes/{name}/sync", json=body)
 
     # -- accounts and pools -------------------------------------------------------------------
     def whoami(self) -> UserOut:
+        from gpufleet.api.users import UserOut
+
         return self._get(UserOut, "GET", "/users/me")
 
     def users(self) -> list[UserOut]:
+        from gpufleet.api.users import UserOut
+
         return self._list(UserOut, "/users")
 
     def create_user(self, name: str, *, role: str, teams: list[str]) -> UserCreated:
+        from gpufleet.api.users import UserCreated
+
         return self._get(UserCreated, "POST", "/users", json={"name": name, "role": role, "teams": teams})
 
     def teams(self) -> list[TeamOut]:
+        from gpufleet.api.users import TeamOut
+
         return self._list(TeamOut, "/teams")
 
     def create_team(self, name: str) -> TeamOut:
+        from gpufleet.api.users import TeamOut
+
         return self._get(TeamOut, "POST", "/teams", json={"name": name})
 
     def node_credentials(self, *, node: str | None = None) -> list[NodeCredentialOut]:
         """Every join token and node certificate (operators), all pages."""
+        from gpufleet.api.credentials import NodeCredentialOut
+
         return self._list(NodeCredentialOut, "/node-credentials", {"node": node} if node else None)
 
     def set_default_team(self, user: str, team: str) -> UserOut:
+        from gpufleet.api.users import UserOut
+
         return self._get(UserOut, "PUT", f"/users/{user}/default-team", json={"team": team})
 
     def add_member(self, team: str, user: str) -> TeamOut:
+        from gpufleet.api.users import TeamOut
+
         return self._get(TeamOut, "POST", f"/teams/{team}/members", json={"user": user})
 
     def set_quota(self, team: str, *, gpus: int, limit: int | None) -> TeamOut:
+        from gpufleet.api.users import TeamOut
+
         return self._get(TeamOut, "PUT", f"/teams/{team}/quota", json={"gpus": gpus, "limit": limit})
 
     def set_budget(self, team: str, *, soft: float | None, hard: float | None) -> TeamOut:
+        from gpufleet.api.users import TeamOut
+
         return self._get(TeamOut, "PUT", f"/teams/{team}/budget", json={"soft": soft, "hard": hard})
 
     # -- prices and usage ---------------------------------------------------------------------
     def prices(self) -> PricesOut:
+        from gpufleet.api.chargeback import PricesOut
+
         return self._get(PricesOut, "GET", "/prices")
 
     def set_prices(self, schedule: dict[str, Any]) -> PricesOut:
+        from gpufleet.api.chargeback import PricesOut
+
         return self._get(PricesOut, "PUT", "/prices", json=schedule)
 
     def usage(
         self, *, by: str = "team", month: str | None = None, start: str | None = None, end: str | None = None
     ) -> UsageReport:
+        from gpufleet.api.chargeback import UsageReport
+
         params = {
             k: v for k, v in {"by": by, "month": month, "from": start, "to": end}.items() if v is not None
         }
         return self._get(UsageReport, "GET", "/usage", params=params)
 
     def pools(self) -> list[PoolOut]:
+        from gpufleet.api.users import PoolOut
+
         return self._list(PoolOut, "/pools")
 
     def create_pool(self, name: str, *, gpu: bool, description: str = "") -> PoolOut:
+        from gpufleet.api.users import PoolOut
+
         return self._get(
             PoolOut, "POST", "/pools", json={"name": name, "gpu": gpu, "description": description}
         )
 
     def delete_pool(self, name: str) -> PoolOut:
+        from gpufleet.api.users import PoolOut
+
         return self._get(PoolOut, "DELETE", f"/pools/{name}")
 
     def tokens(self, *, user: str | None = None) -> list[TokenOut]:
+        from gpufleet.api.users import TokenOut
+
         return self._list(TokenOut, "/tokens", {} if user is None else {"user": user})
 
     def create_token(
         self, *, name: str, user: str | None = None, expires_in: str | None = None
     ) -> TokenCreated:
+        from gpufleet.api.users import TokenCreated
+
         body = {"name": name, "user": user} | ({} if expires_in is None else {"expires_in": expires_in})
         return self._get(TokenCreated, "POST", "/tokens", json=body)
 
     def revoke_token(self, token_id: int) -> TokenOut:
+        from gpufleet.api.users import TokenOut
+
         return self._get(TokenOut, "DELETE", f"/tokens/{token_id}")
 
     def audit(
         self, *, user: str | None = None, since: float | None = None, limit: int = 100
     ) -> list[AuditOut]:
         """The newest ``limit`` audit rows (admins), following pages as needed."""
+        from gpufleet.api.audit import AuditPage
+
         out: list[AuditOut] = []
         cursor: str | None = None
         while len(out) < limit:

@@ -1,41 +1,221 @@
-"""The ``gpufleet`` command: every command and group is added here, in the order
+"""The ``gpufleet`` command: every command and group is named here, in the order
 ``gpufleet --help`` lists them.
 
 Layout: ``_common`` (the client, output and errors every client command shares),
 ``apps`` (the command groups), one ``*_cmds`` module per subject, and helpers that hold
 no command (``jobview``, ``sbatch``, ``localtime``, ``words``, ``options``, ``servicespec``). No command
 module imports another.
+
+A command's module is imported only when that command runs (or shows its own help):
+``gpufleet queue`` is run as often as ``squeue``, and importing every module (numpy for
+the simulator, the server's constants, every API model) cost each command ~0.35 s of
+start-up. :data:`COMMANDS` names each command's function (or group) and the line
+``gpufleet --help`` shows for it, so that the root's help imports no command module at
+all (tests/test_cli_imports.py checks that each entry loads and that its line is the
+command's own).
+
+The root keeps Typer's Rich-formatted help, as every ``gpufleet X --help`` has it:
+~140 ms on the bench machine against ~60 ms for plain click help (Rich, markdown-it and
+the rendering), within the 150 ms goal of ``gpufleet --help`` (bench/bench_cli.py). Plain
+help would be the first thing to give up if that goal is missed.
 """
 
 from __future__ import annotations
 
+import copy
+import importlib
+import sys
+from collections.abc import Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from gpufleet import __version__
-
-# Importing a module adds its group commands (``@apps.admin_app.command``) in its source
-# order; two modules fill ``admin``, in this import order: admin_cmds (users, teams...)
-# before chargeback_cmds (prices, budgets). admin_cmds and db_cmds only fill groups.
-from gpufleet.cli import (  # noqa: F401
-    account_cmds,
-    admin_cmds,
-    agent_cmds,
-    apps,
-    chargeback_cmds,
-    db_cmds,
-    gateway_cmds,
-    job_cmds,
-    loadgen_cmds,
-    model_cmds,
-    node_cmds,
-    reservation_cmds,
-    server_cmds,
-    service_cmds,
-    sim_cmds,
-)
 from gpufleet.cli.options import flag
 
+if TYPE_CHECKING:  # the Typer installed (0.29) carries its own copy of click
+    from typer._click import Command, Context, HelpFormatter
+
+
+class Lazy(NamedTuple):
+    target: str
+    """``module:attribute`` in ``gpufleet.cli``: the command's function, or the group's
+    ``typer.Typer`` (which the module fills)."""
+    help: str
+    """What ``gpufleet --help`` shows: the first paragraph of the function's docstring
+    (lines joined), or the group's help."""
+    context_settings: dict[str, Any] | None = None
+
+
+COMMANDS: dict[str, Lazy] = {
+    "simulate": Lazy(
+        "sim_cmds:simulate",
+        "Replay a job trace through the scheduling core under each policy and compare them.",
+    ),
+    "server": Lazy(
+        "server_cmds:server", "Run the control plane (API under /v1, scheduling and node-lifecycle loops)."
+    ),
+    "login": Lazy(
+        "account_cmds:login",
+        "Check the token against the server and save url, token and CA file (mode 0600).",
+    ),
+    # `submit job.sh --flag`: options after the script are the script's, as sbatch reads them
+    "submit": Lazy(
+        "job_cmds:submit",
+        "Submit a job; prints its id. Options override #SBATCH directives.",
+        {"allow_interspersed_args": False},
+    ),
+    "queue": Lazy("job_cmds:queue", "Waiting and running jobs, like squeue."),
+    "cancel": Lazy("job_cmds:cancel", "Cancel jobs (scancel)."),
+    "hold": Lazy("job_cmds:hold", "Hold pending jobs (scontrol hold)."),
+    "release": Lazy("job_cmds:release", "Release held jobs (scontrol release)."),
+    "nodes": Lazy("node_cmds:nodes", "Nodes and their GPUs, like sinfo."),
+    "default-team": Lazy(
+        "account_cmds:default_team",
+        "Your default team: where a job goes when `submit` names no --team (Slurm's default account). "
+        "It starts as the first team you joined.",
+    ),
+    "agent": Lazy(
+        "agent_cmds:agent", "Run the node agent: report GPUs and jobs, run what the server places here."
+    ),
+    "gateway": Lazy("gateway_cmds:gateway", "Route /s/SERVICE/... to the service's ready replicas."),
+    "model-server": Lazy(
+        "model_cmds:model_server",
+        "Serve a small real model: KServe v2 (Triton's HTTP protocol, binary tensors included) for a "
+        "seeded MLP, and OpenAI-compatible toy /v1/completions, /v1/chat/completions and /v1/models.",
+    ),
+    "loadgen": Lazy(
+        "loadgen_cmds:loadgen",
+        "Open-loop load: requests leave on schedule whatever the answers, and latency counts from each "
+        "request's scheduled time (no coordinated omission).",
+    ),
+    "logs": Lazy("job_cmds:logs", "A job's output (stdout and stderr, as its nodes shipped them)."),
+    "demo": Lazy("server_cmds:demo", "A whole simulated fleet on this machine. Ctrl-C stops everything."),
+    "reserve": Lazy(
+        "reservation_cmds:reserve",
+        "Book GPUs for a window. Inside it only the jobs of those it is for (--team, --users) run there; "
+        "you are the one who booked it.",
+    ),
+    "reservations": Lazy(
+        "reservation_cmds:reservations", "Reservations you may see (operators: all), times in local time."
+    ),
+    "price": Lazy(
+        "chargeback_cmds:price",
+        "GPU prices now, and when each GPU model gets cheaper (for work that can wait).",
+    ),
+    "usage": Lazy(
+        "chargeback_cmds:usage",
+        "GPU-hours, cost, energy, jobs, utilisation and idle waste per user, team, pool or model.",
+    ),
+    # the groups, after the commands (as Typer lists groups added with add_typer)
+    "trace": Lazy("sim_cmds:trace_app", "Make and inspect job traces."),
+    "jobs": Lazy("job_cmds:jobs_app", "Jobs: list and show."),
+    "admin": Lazy("chargeback_cmds:admin_app", "Users, teams, quotas, pools (admins)."),
+    "db": Lazy("db_cmds:db_app", "Database schema."),
+    "tokens": Lazy("account_cmds:tokens_app", "Your API tokens."),
+    "node": Lazy("node_cmds:node_app", "Nodes (operators): credentials, cordon, drain, rollout, events."),
+    "ca": Lazy(
+        "server_cmds:ca_app", "The cluster's certificate authority (TLS for the server, mTLS for agents)."
+    ),
+    "reservation": Lazy("reservation_cmds:reservation_app", "One reservation: cancel."),
+    "service": Lazy(
+        "service_cmds:service_app",
+        "Inference services: deploy, list, show, events, logs, update, delete, tokens.",
+    ),
+}
+"""Every command of ``gpufleet``, in the order its help lists them."""
+
+_BEFORE = {"chargeback_cmds": ("admin_cmds",)}
+"""Modules imported before a module: two modules fill ``admin`` (``@apps.admin_app.command``,
+in import order), admin_cmds (users, teams...) before chargeback_cmds (prices, budgets),
+whichever command (``admin``, ``price``, ``usage``) imports them."""
+
+
+def _import(module: str) -> Any:
+    for first in _BEFORE.get(module, ()):
+        _import(first)
+    return importlib.import_module(f"gpufleet.cli.{module}")
+
+
+def load(name: str) -> Command:
+    """The click command of ``gpufleet NAME``, built by Typer exactly as when every
+    command was added to ``app`` up front (same settings, same help)."""
+    lazy = COMMANDS[name]
+    module, attribute = lazy.target.split(":")
+    target = getattr(_import(module), attribute)
+    one = typer.Typer(
+        rich_markup_mode=app.rich_markup_mode, pretty_exceptions_short=app.pretty_exceptions_short
+    )
+    if isinstance(target, typer.Typer):
+        one.add_typer(target, name=name)
+    else:
+        one.command(name, context_settings=lazy.context_settings)(target)
+    return typer.main.get_group(one).commands[name]
+
+
+class LazyCommands(MutableMapping[str, "Command"]):
+    """A group's ``commands``: the names of :data:`COMMANDS` and, once looked up, their
+    commands (built then); ``keys()`` and ``in`` build nothing."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, Command] = {}
+
+    def __getitem__(self, name: str) -> Command:
+        if name not in self._built:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self._built[name] = load(name)
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: Command) -> None:
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError("gpufleet's commands are fixed")
+
+    def __iter__(self) -> Iterator[str]:
+        yield from COMMANDS
+        yield from (name for name in self._built if name not in COMMANDS)
+
+    def __len__(self) -> int:
+        return len(COMMANDS) + sum(name not in COMMANDS for name in self._built)
+
+    def __contains__(self, name: object) -> bool:
+        return name in COMMANDS or name in self._built
+
+    def listed(self, markup_mode: Any) -> dict[str, Command]:
+        """What ``gpufleet --help`` lists: each command's name and help line (the command
+        itself where it is built already)."""
+        return {
+            name: self._built.get(name)
+            or TyperCommand(name, help=COMMANDS[name].help, rich_markup_mode=markup_mode)
+            for name in self
+        }
+
+
+class LazyGroup(TyperGroup):
+    """The root group: a command is imported and built when it is looked up (to run it,
+    or to show its help); the root's own help lists :data:`COMMANDS` without importing
+    one (the lazy-loading pattern of click's docs)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        added, self.commands = self.commands, LazyCommands()
+        self.commands.update(added)  # any added to ``app`` itself (none today)
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        return list(self.commands)
+
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+        assert isinstance(self.commands, LazyCommands)
+        listing = copy.copy(self)
+        listing.commands = self.commands.listed(self.rich_markup_mode)
+        TyperGroup.format_help(listing, ctx, formatter)
+
+
 app = typer.Typer(
+    cls=LazyGroup,
     name="gpufleet",
     help="gpufleet: one control plane for a shared GPU cluster.",
     no_args_is_help=True,
@@ -58,41 +238,12 @@ def _root(
     """gpufleet: one control plane for a shared GPU cluster."""
 
 
-sim_cmds.register(app)  # simulate, and the trace group
-
-app.command("server")(server_cmds.server)
-app.command("login")(account_cmds.login)
-# `submit job.sh --flag`: options after the script are the script's, as sbatch reads them
-app.command("submit", context_settings={"allow_interspersed_args": False})(job_cmds.submit)
-app.command("queue")(job_cmds.queue)
-app.command("cancel")(job_cmds.cancel)
-app.command("hold")(job_cmds.hold)
-app.command("release")(job_cmds.release)
-app.command("nodes")(node_cmds.nodes)
-app.command("default-team")(account_cmds.default_team)
-app.command("agent")(agent_cmds.agent)
-app.command("gateway")(gateway_cmds.gateway)
-app.command("model-server")(model_cmds.model_server)
-app.command("loadgen")(loadgen_cmds.loadgen)
-app.command("logs")(job_cmds.logs)
-app.command("demo")(server_cmds.demo)
-app.command("reserve")(reservation_cmds.reserve)
-app.command("reservations")(reservation_cmds.reservations)
-app.command("price")(chargeback_cmds.price)
-app.command("usage")(chargeback_cmds.usage)
-
-app.add_typer(apps.jobs_app, name="jobs")
-app.add_typer(apps.admin_app, name="admin")
-app.add_typer(apps.db_app, name="db")
-app.add_typer(apps.tokens_app, name="tokens")
-app.add_typer(apps.node_app, name="node")
-app.add_typer(apps.ca_app, name="ca")
-app.add_typer(apps.reservation_app, name="reservation")
-app.add_typer(apps.service_app, name="service")
-
-
 def main() -> None:
+    # httpx imports its own command line (click, rich, pygments: ~30 ms) when it can;
+    # gpufleet never runs it. Only the `gpufleet` process does without it: a library
+    # leaves the process that imports it alone (`app` runs as it is in tests).
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     app()
 
 
-__all__ = ["app", "main"]
+__all__ = ["COMMANDS", "Lazy", "LazyGroup", "app", "load", "main"]

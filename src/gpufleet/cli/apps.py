@@ -1,7 +1,9 @@
 """The command groups (``gpufleet jobs ...``, ``gpufleet admin ...``), each with its help
 line. The command modules add their commands to these; ``gpufleet.cli`` adds the groups
-to ``gpufleet``. Within a group, commands are listed in the order they were added, so in
-the order ``gpufleet.cli`` imports the modules."""
+to ``gpufleet`` (its ``COMMANDS`` repeats each group's help line). Within a group,
+commands are listed in the order they were added, so in the order the modules are
+imported: ``gpufleet.cli`` imports those that fill one group in a fixed order
+(``_BEFORE``)."""
 
 from __future__ import annotations
 

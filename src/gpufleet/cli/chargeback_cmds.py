@@ -24,7 +24,6 @@ from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_tabl
 from gpufleet.cli.apps import admin_app
 from gpufleet.cli.localtime import local_zone, show_time
 from gpufleet.cli.options import flag, json_flag
-from gpufleet.scheduler import gpu_type_matches
 
 
 def price(
@@ -37,6 +36,8 @@ def price(
     """GPU prices now, and when each GPU model gets cheaper (for work that can wait).
 
     Lists the models the fleet has; the schedule may price others too (--all)."""
+    from gpufleet.scheduler import gpu_type_matches  # the scheduling core: only `price` needs it
+
     with client() as c:
         out = c.prices()
     if json_out:

@@ -8,11 +8,10 @@ import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpufleet.api.jobs import JobOut
 from gpufleet.cli import jobview, sbatch, words
 from gpufleet.cli._common import (
     BAD_INPUT,
@@ -29,8 +28,10 @@ from gpufleet.cli.apps import jobs_app
 from gpufleet.cli.localtime import local_zone, show_time
 from gpufleet.cli.options import flag, json_flag
 from gpufleet.client import ClientError, GpufleetClient
-from gpufleet.scheduler import gpu_type_matches
 from gpufleet.timefmt import format_duration, parse_duration
+
+if TYPE_CHECKING:
+    from gpufleet.api.jobs import JobOut
 
 
 def _eta(at: float | None) -> str:
@@ -150,6 +151,8 @@ def price_hint(c: GpufleetClient, job: JobOut) -> list[str]:
     out = c.prices()
     if out.schedule is None:
         return []
+    from gpufleet.scheduler import gpu_type_matches  # the scheduling core: only with prices set
+
     zone = local_zone()
     rows = [p for p in out.prices if not job.gpu_type or gpu_type_matches(job.gpu_type, p.gpu_type)]
     rows = [p for p in rows if p.in_fleet] or rows
