@@ -54,6 +54,36 @@ class JobSubmit(Request):
     kill_on_invalid_dep: bool = Field(
         default=False, description="cancel the job once its dependency can never be satisfied"
     )
+    submit_dir: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = Field(
+        default=None, description="where it was submitted (SLURM_SUBMIT_DIR; the default working dir)"
+    )
+    workdir: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = Field(
+        default=None, description="--chdir: the working directory on the node"
+    )
+    input: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = Field(
+        default=None, description="--input: a file for standard input (patterns as --output)"
+    )
+    signal: Annotated[str, StringConstraints(min_length=1, max_length=32)] | None = Field(
+        default=None, description="--signal=[B:]SIG[@SECONDS]: sent that long before the time limit"
+    )
+    cpus_per_task: int | None = Field(default=None, ge=1, le=4096)
+    ntasks: int | None = Field(default=None, ge=1, le=1_000_000)
+    ntasks_per_node: int | None = Field(default=None, ge=1, le=4096)
+    mem: str | int | None = Field(default=None, description="memory per node: 16G, 512M, 16000 (MB)")
+    mem_per_cpu: str | int | None = None
+    mem_per_gpu: str | int | None = None
+    begin: str | float | None = Field(
+        default=None, description="not before: epoch seconds, now+1hour, 16:00, 2026-12-05T16:00 (UTC)"
+    )
+    deadline: str | float | None = Field(
+        default=None, description="cancelled once it can no longer end by then (as begin)"
+    )
+    max_price: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="wait until a GPU-hour costs at most this (starting in time for the deadline)",
+    )
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -137,12 +167,23 @@ class JobOut(Reply):
     array_job_id: int | None = Field(default=None, description="its array (the first task's id)")
     array_task_id: int | None = None
     dependency: str | None = None
+    cpus_per_node: int = Field(default=0, description="CPUs it holds on each node (0: none asked)")
+    mem_per_node_mb: int = Field(default=0, description="memory it holds on each node, MiB (0: none asked)")
+    begin_at: float | None = None
+    deadline: float | None = None
+    max_price: float | None = None
 
 
 class JobDetail(JobOut):
     env: dict[str, str]
     output: str | None
     error: str | None
+    input: str | None = None
+    submit_dir: str | None = None
+    workdir: str | None = None
+    signal: str | None = None
+    cpus_per_task: int = 0
+    ntasks_per_node: int = 0
     events: list[JobEventOut]
 
 

@@ -81,6 +81,11 @@ class Pool(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     gpu: Mapped[bool] = mapped_column(Boolean, default=True)
     description: Mapped[str] = mapped_column(String(256), default="")
+    default_cpus_per_gpu: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """CPUs a GPU job asks for per GPU when it says nothing (0: none; Slurm's
+    ``DefCpuPerGPU``). A 0-GPU job that says nothing asks for 1 CPU."""
+    default_mem_per_cpu_mb: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Memory per requested CPU when a job says nothing (0: none; ``DefMemPerCPU``)."""
 
 
 class NodeRow(Base):
@@ -93,6 +98,10 @@ class NodeRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float | None] = mapped_column(Float, nullable=True)
     address: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    cpus: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """CPUs the agent reports (0: unknown, not a limit)."""
+    memory_mb: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Memory the agent reports, MiB (0: unknown, not a limit)."""
     """Where other nodes reach this one (MASTER_ADDR of multi-node jobs); from its agent."""
     cordon_reason: Mapped[str | None] = mapped_column(String(256), nullable=True)
     lost_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -216,6 +225,27 @@ class Job(Base):
     dependency: Mapped[str | None] = mapped_column(String(1024), nullable=True)
     """The dependency as given, in canonical form (``scheduler/deps.py``)."""
     kill_on_invalid_dep: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Slurm's batch options (``cli/sbatch.py``), as the agent and the scheduler need them.
+    submit_dir: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    """Where it was submitted from (``SLURM_SUBMIT_DIR``; the default working dir)."""
+    workdir: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    """``--chdir``."""
+    input: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    signal: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    """``--signal``: ``[B:]SIG[@SECONDS]`` (``slurmopts.parse_signal``)."""
+    cpus_per_task: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    ntasks_per_node: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cpus_per_node: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """CPUs it needs on each of its nodes (0: none asked, the pool's default applied)."""
+    mem_per_node_mb: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Memory it needs on each of its nodes, MiB (0: none)."""
+    begin_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """``--begin``: not started before this time."""
+    deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """``--deadline``: cancelled once it can no longer end by then."""
+    max_price: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """``--max-price``: waits until a GPU-hour costs at most this (but starts in time for
+    ``deadline``)."""
 
 
 class ServiceRow(Base):

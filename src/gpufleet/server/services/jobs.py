@@ -80,6 +80,11 @@ def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[
         "array_job_id": job.array_job_id,
         "array_task_id": job.array_task_id,
         "dependency": job.dependency,
+        "cpus_per_node": job.cpus_per_node,
+        "mem_per_node_mb": job.mem_per_node_mb,
+        "begin_at": job.begin_at,
+        "deadline": job.deadline,
+        "max_price": job.max_price,
     }
 
 
@@ -100,7 +105,17 @@ def _detail(
     if alloc is None:
         alloc = _allocs(s, [job.id]).get(job.id, [])
     return JobDetail(
-        **_fields(job, user, team, alloc), env=job.env, output=job.output, error=job.error, events=evs
+        **_fields(job, user, team, alloc),
+        env=job.env,
+        output=job.output,
+        error=job.error,
+        events=evs,
+        input=job.input,
+        submit_dir=job.submit_dir,
+        workdir=job.workdir,
+        signal=job.signal,
+        cpus_per_task=job.cpus_per_task,
+        ntasks_per_node=job.ntasks_per_node,
     )
 
 
@@ -159,6 +174,11 @@ _LISTED = (
     Job.array_job_id,
     Job.array_task_id,
     Job.dependency,
+    Job.cpus_per_node,
+    Job.mem_per_node_mb,
+    Job.begin_at,
+    Job.deadline,
+    Job.max_price,
 )
 """What a list shows, named as ``JobOut``'s fields, read as plain rows: a page of 1,000
 jobs is the API's heaviest read, and ORM objects (with ``env`` and the bookkeeping

@@ -103,6 +103,14 @@ def _desired_job(
         service=_probe(job),
         pool=job.pool,
         array=_array(job),
+        submit_dir=job.submit_dir,
+        workdir=job.workdir,
+        input=job.input,
+        signal=job.signal,
+        cpus_per_task=job.cpus_per_task,
+        ntasks_per_node=job.ntasks_per_node,
+        cpus_per_node=job.cpus_per_node,
+        mem_per_node_mb=job.mem_per_node_mb,
     )
 
 

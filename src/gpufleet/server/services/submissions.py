@@ -15,6 +15,8 @@ priority and only a reservation's users and accounts run in it:
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
+from gpufleet import slurmopts
 from gpufleet.api.jobs import JobDetail, JobEventOut, JobSubmit
 from gpufleet.arrayspec import ArraySpec, parse_array
 from gpufleet.scheduler import Fleet, JobRequest, deps
@@ -44,9 +47,12 @@ MAX_TIME_LIMIT_S = 365 * 86400.0
 
 # Submission's statements, built once (Core, not ORM: see ``insert_jobs``).
 _T = Job.metadata.tables
-_POOLS_Q = select(_T["pools"].c.name, _T["pools"].c.gpu).where(
-    _T["pools"].c.name.in_(bindparam("names", expanding=True))
-)
+_POOLS_Q = select(
+    _T["pools"].c.name,
+    _T["pools"].c.gpu,
+    _T["pools"].c.default_cpus_per_gpu,
+    _T["pools"].c.default_mem_per_cpu_mb,
+).where(_T["pools"].c.name.in_(bindparam("names", expanding=True)))
 _TEAMS_Q = (
     select(_T["memberships"].c.user_id, _T["teams"].c.name, _T["teams"].c.id, _T["memberships"].c.is_default)
     .join(_T["teams"], _T["teams"].c.id == _T["memberships"].c.team_id)
@@ -82,6 +88,116 @@ def _backoff(value: str | float) -> float | Failure:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BatchOptions:
+    """Slurm's batch options of a submission, read and checked before the transaction;
+    the pool's defaults are applied in it (``_resources``)."""
+
+    tasks_per_node: int = 0
+    cpus_per_task: int = 0
+    cpus_per_node: int = 0  # 0: not asked (the pool's default applies)
+    mem: tuple[str, int] | None = None  # ("node" | "cpu" | "gpu", MiB)
+    begin_at: float | None = None
+    deadline: float | None = None
+    signal: str | None = None
+
+
+def batch_options(spec: JobSubmit, *, now: float, time_limit_s: float | None) -> BatchOptions | Failure:
+    """Slurm's rules: ``--mem``, ``--mem-per-cpu`` and ``--mem-per-gpu`` exclude each
+    other; tasks per node are ``--ntasks-per-node``, else ``--ntasks`` over ``--nodes``
+    (all on one node when the scheduler picks the nodes); CPUs per node are tasks per
+    node x ``--cpus-per-task``. Times: epoch seconds or ``slurmopts.parse_when`` in UTC."""
+    given = [
+        (k, v) for k, v in (("node", spec.mem), ("cpu", spec.mem_per_cpu), ("gpu", spec.mem_per_gpu)) if v
+    ]
+    if len(given) > 1:
+        return invalid("mem, mem_per_cpu and mem_per_gpu exclude each other (as in Slurm): give one")
+    mem: tuple[str, int] | None = None
+    if given:
+        kind, raw = given[0]
+        flag = {"node": "--mem", "cpu": "--mem-per-cpu", "gpu": "--mem-per-gpu"}[kind]
+        try:
+            mb = int(raw) if isinstance(raw, int) else slurmopts.parse_mem(raw, flag=flag)
+        except ValueError as exc:
+            return invalid(str(exc))
+        if not 1 <= mb <= slurmopts.MAX_MEM_MB:
+            return invalid(f"{flag}: between 1 and {slurmopts.MAX_MEM_MB} MiB")
+        mem = (kind, mb)
+    if spec.ntasks_per_node is not None:
+        tasks = spec.ntasks_per_node
+        if spec.ntasks is not None and spec.nodes and spec.ntasks > spec.ntasks_per_node * spec.nodes:
+            return invalid(
+                f"ntasks ({spec.ntasks}) > ntasks_per_node ({spec.ntasks_per_node}) x nodes ({spec.nodes})"
+            )
+    elif spec.ntasks is not None:
+        tasks = -(-spec.ntasks // spec.nodes) if spec.nodes else spec.ntasks
+    else:
+        tasks = 0
+    cpt = spec.cpus_per_task or 0
+    cpus = (cpt or 1) * (tasks or 1) if (cpt or tasks) else 0
+    if cpus > 1_000_000:
+        return invalid(f"{cpus} CPUs per node: more than any node has")
+    times: dict[str, float | None] = {"begin": None, "deadline": None}
+    for name, when in (("begin", spec.begin), ("deadline", spec.deadline)):
+        if when is None:
+            continue
+        try:
+            at = (
+                float(when)
+                if isinstance(when, int | float)
+                else slurmopts.parse_when(when, now=now, tz=dt.UTC, flag=f"--{name}")
+            )
+        except ValueError as exc:
+            return invalid(f"{name}: {exc}")
+        if not math.isfinite(at) or not 0 <= at <= now + 10 * 365 * 86400:
+            return invalid(f"{name}: {when!r} is not a time within the next 10 years")
+        times[name] = at
+    begin, deadline = times["begin"], times["deadline"]
+    if deadline is not None:
+        start = max(now, begin or now)
+        if deadline <= start:
+            return invalid(f"deadline: {spec.deadline!r} is not after the job could start")
+        if time_limit_s is not None and start + time_limit_s > deadline:
+            return invalid(f"deadline: a job with a {time_limit_s:g} s time limit cannot end by it")
+    sig = None
+    if spec.signal is not None:
+        try:
+            sig = slurmopts.parse_signal(spec.signal)
+        except ValueError as exc:
+            return invalid(f"signal: {exc}")
+    return BatchOptions(
+        tasks_per_node=tasks,
+        cpus_per_task=cpt,
+        cpus_per_node=cpus,
+        mem=mem,
+        begin_at=begin,
+        deadline=deadline,
+        signal=sig,
+    )
+
+
+def _resources(new: NewJob, pool: PoolDefaults) -> tuple[int, int]:
+    """(CPUs, MiB) the job holds on each of its nodes, the pool's defaults applied."""
+    spec, opts = new.spec, new.options
+    per_node_gpus = spec.gpus_per_node or (spec.gpus // spec.nodes if spec.nodes else spec.gpus)
+    cpus = opts.cpus_per_node
+    if not cpus:
+        cpus = pool.cpus_per_gpu * per_node_gpus if spec.gpus else 1
+    if opts.mem is None:
+        mem = pool.mem_per_cpu_mb * cpus
+    else:
+        kind, mb = opts.mem
+        mem = mb if kind == "node" else mb * (cpus if kind == "cpu" else max(1, per_node_gpus))
+    return cpus, min(mem, slurmopts.MAX_MEM_MB)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDefaults:
+    gpu: bool
+    cpus_per_gpu: int = 0
+    mem_per_cpu_mb: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NewJob:
     """One validated-so-far submission waiting in the group-commit queue."""
 
@@ -95,6 +211,7 @@ class NewJob:
     """The per-user cap on queued jobs (``services/caps.py``); None: no cap."""
     array: ArraySpec | None = None
     dependency: Dependency | None = None
+    options: BatchOptions = field(default_factory=lambda: BatchOptions())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,7 +219,7 @@ class _Ctx:
     """What a batch of submissions looked up once, in its transaction."""
 
     s: Session
-    pools: dict[str, bool]  # name -> is a GPU pool
+    pools: dict[str, PoolDefaults]
     teams: dict[int, dict[str, int]]  # user id -> {team name: team id}
     defaults: dict[int, str] = field(default_factory=dict)  # user id -> their default team
     fleets: dict[str, Fleet] = field(default_factory=dict)
@@ -137,7 +254,7 @@ def _team_for(ctx: _Ctx, actor: Principal, team: str | None) -> tuple[int, str] 
 
 
 def _shape_problem(ctx: _Ctx, spec: JobSubmit, fleets: FleetCache) -> Failure | None:
-    gpu_pool = ctx.pools[spec.pool]
+    gpu_pool = ctx.pools[spec.pool].gpu
     if not gpu_pool:
         return invalid(f"pool {spec.pool} is CPU-only: gpus must be 0") if spec.gpus else None
     if spec.gpus == 0:
@@ -241,9 +358,10 @@ def _dependency_problem(ctx: _Ctx, new: NewJob) -> Failure | None:
     return None
 
 
-def _rows(new: NewJob, team_id: int) -> list[dict[str, Any]]:
+def _rows(new: NewJob, team_id: int, pool: PoolDefaults) -> list[dict[str, Any]]:
     """One row, or one per task of an array (``array_job_id`` is set after the insert)."""
     row = _row(new, team_id)
+    row["cpus_per_node"], row["mem_per_node_mb"] = _resources(new, pool)
     if new.array is None:
         return [row]
     ix = new.array.indices
@@ -286,6 +404,17 @@ def _row(new: NewJob, team_id: int) -> dict[str, Any]:
         "array_info": None,
         "dependency": None if new.dependency is None else str(new.dependency),
         "kill_on_invalid_dep": spec.kill_on_invalid_dep,
+        "submit_dir": spec.submit_dir,
+        "workdir": spec.workdir,
+        "input": spec.input,
+        "signal": new.options.signal,
+        "cpus_per_task": new.options.cpus_per_task,
+        "ntasks_per_node": new.options.tasks_per_node,
+        "cpus_per_node": 0,
+        "mem_per_node_mb": 0,
+        "begin_at": new.options.begin_at,
+        "deadline": new.options.deadline,
+        "max_price": spec.max_price,
     }
 
 
@@ -296,7 +425,10 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
     (prepared Core statements: this is the API's hottest path). A refused job is a
     Failure and writes nothing."""
     conn = s.connection()
-    pools: dict[str, bool] = dict(conn.execute(_POOLS_Q, {"names": list({n.spec.pool for n in batch})}).all())
+    pools = {
+        name: PoolDefaults(gpu=gpu, cpus_per_gpu=cpg or 0, mem_per_cpu_mb=mpc or 0)
+        for name, gpu, cpg, mpc in conn.execute(_POOLS_Q, {"names": list({n.spec.pool for n in batch})})
+    }
     teams: dict[int, dict[str, int]] = {}
     defaults: dict[int, str] = {}
     users = list({n.actor.user_id for n in batch})
@@ -321,7 +453,7 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
             or _reservation_problem(ctx, new)
             or _dependency_problem(ctx, new)
         )
-        mine = _rows(new, team[0]) if problem is None else []
+        mine = _rows(new, team[0], pools[new.spec.pool]) if problem is None else []
         if problem is None and new.pending is not None:  # last: it counts the jobs as accepted
             who = new.actor
             problem = new.pending.admit(s, user_id=who.user_id, name=who.name, role=who.role, jobs=len(mine))
@@ -401,6 +533,17 @@ def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event:
         array_job_id=row["array_job_id"],
         array_task_id=row["array_task_id"],
         dependency=row["dependency"],
+        cpus_per_node=row["cpus_per_node"],
+        mem_per_node_mb=row["mem_per_node_mb"],
+        begin_at=row["begin_at"],
+        deadline=row["deadline"],
+        max_price=row["max_price"],
+        input=row["input"],
+        submit_dir=row["submit_dir"],
+        workdir=row["workdir"],
+        signal=row["signal"],
+        cpus_per_task=row["cpus_per_task"],
+        ntasks_per_node=row["ntasks_per_node"],
     )
 
 
@@ -438,8 +581,12 @@ async def submit(
         dependency = None if spec.dependency is None else deps.parse(spec.dependency)
     except deps.DependencyError as exc:
         return invalid(f"dependency: {exc}")
+    options = batch_options(spec, now=now, time_limit_s=limit)
+    if isinstance(options, Failure):
+        return options
     new = NewJob(
         actor=actor,
+        options=options,
         spec=spec,
         time_limit_s=limit,
         now=now,
