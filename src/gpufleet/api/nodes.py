@@ -165,6 +165,14 @@ class DesiredJob(Reply):
     )
     pool: str = ""
     array: ArrayTask | None = None
+    submit_dir: str | None = None
+    workdir: str | None = None
+    input: str | None = None
+    signal: str | None = Field(default=None, description="[B:]NAME@SECONDS before the deadline")
+    cpus_per_task: int = 0
+    ntasks_per_node: int = 0
+    cpus_per_node: int = 0
+    mem_per_node_mb: int = 0
 
 
 class LogAck(Reply):
