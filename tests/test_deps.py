@@ -131,3 +131,12 @@ def test_an_array_limit_caps_the_tasks_running_at_once(gpus: int) -> None:
     assert sorted(s.job_id for s in p.starts) == ["t1", "x"]
     reasons = {s.job_id: s.reason for s in p.pending}
     assert all(reasons[f"t{i}"].startswith("JobArrayTaskLimit") for i in (2, 3, 4)), reasons
+
+
+def test_a_job_held_until_a_time_is_estimated_to_start_then() -> None:
+    held = job("h", 1, blocked=Blocked(code="BeginTime", detail="not before", not_before=500.0))
+    after = job("d", 1, blocked=Blocked(code="Dependency", detail="x", after=("h",), not_before=50.0))
+    p = plan(Snapshot(now=100.0, fleet=F, pending=(held, after)), "fifo")
+    st = {s.job_id: s for s in p.pending}
+    assert not p.starts and st["h"].estimated_start == 500.0 and st["h"].reason == "BeginTime: not before"
+    assert st["d"].estimated_start == 500.0 + make_policy("fifo").limit(held)

@@ -104,3 +104,25 @@ def test_bad_batch_options_are_422_and_change_nothing(
     assert resp.status_code == 422, resp.text
     assert words in str(resp.json()), resp.json()
     assert server.counts() == before
+
+
+def test_begin_holds_a_job_back_and_a_missed_deadline_cancels_it(server: Server, team: str) -> None:
+    from server.conftest import make_node, wait_for
+
+    pool = make_pool(server)
+    make_node(server, pool=pool, gpus=2)
+    later = submit(server, pool=pool, team=team, begin="now+3600")
+    soon = submit(server, pool=pool, team=team, begin="now+1")
+    doomed = submit(server, pool=make_pool(server), team=team, deadline="now+2", time_limit="1s")  # no nodes
+    deadline = time.monotonic() + 10
+    while True:
+        with server.client() as c:
+            job = ok(c.get(f"/jobs/{later['id']}"))
+        if (job["wait_reason"] or "").startswith("BeginTime"):
+            break
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+    assert job["estimated_start"] == pytest.approx(later["begin_at"]) and job["queue_position"] is None
+    wait_for(server, soon["id"], "SCHEDULED")
+    gone = wait_for(server, doomed["id"], "CANCELLED")
+    assert gone["events"][-1]["reason"].startswith("Deadline: cannot end by")

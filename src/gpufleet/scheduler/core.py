@@ -57,6 +57,7 @@ from gpufleet.scheduler.policies import Policy, make_policy
 from gpufleet.scheduler.policies.base import Context, Key
 from gpufleet.scheduler.preempt import Preempting
 from gpufleet.scheduler.reservations import ReservationBook, ViewSpec
+from gpufleet.scheduler.resources import NodeResources
 from gpufleet.scheduler.victims import RunningKeys, caches_running_keys
 
 __all__ = ["Options", "PlanCache", "gc_paused", "gpu_type_matches", "job_options", "plan", "shared_options"]
@@ -154,9 +155,12 @@ class _Pass(Preempting):
         self.shadow: _Shadow | None = None
         self.strict_blocker: str | None = None
         self.init_preemption()
-        self.nofit: dict[tuple[int, bool], _Wait] = {}
+        self.nofit: dict[tuple[int, bool, int, int], _Wait] = {}
         self.reasons: dict[int, str] = {}  # id(options) -> "Resources: ..." (explain only)
         self.array_counts: dict[str, int] | None = None  # tasks running per array (built on use)
+        self.res = NodeResources.build(snapshot.fleet, snapshot.running, snapshot.pending)
+        self.pool_nodes: dict[str, list[str]] = {}
+        self.masked = False  # the last placement hid nodes lacking CPUs or memory
 
     def split_pending(self) -> None:
         """Held teams' jobs, 0-GPU jobs and GPU jobs (most passes have only the last:
@@ -230,6 +234,10 @@ class _Pass(Preempting):
         if job.array_limit > 0 and (full := self.array_full(job)) is not None:
             self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, "JobArrayTaskLimit", full, opts)
             return
+        asks = self.res is not None and (job.cpus > 0 or job.mem_mb > 0)
+        if asks and (never := self.never_fits(job)) is not None:
+            self.waits[job.id] = _Wait(Status.UNRESOLVABLE, "Unschedulable", never)
+            return
         if self.strict_blocker is not None:
             self.waits[job.id] = _Wait(
                 Status.UNSCHEDULABLE, "Priority", f"strict order: behind job {self.strict_blocker}", opts
@@ -240,16 +248,17 @@ class _Pass(Preempting):
         # job shaped like one that did not fit will not fit either: skip the search.
         same = None
         if not self.policy.preemptive and not self.book and job.reservation is None:
-            same = (id(opts), self._is_long(limit))
+            same = (id(opts), self._is_long(limit), job.cpus, job.mem_mb)
             hit = self.nofit.get(same)
             if hit is not None:
                 self.waits[job.id] = hit
                 return
+        self.masked = False
         placement = self.place(job, opts, limit)
         if placement is None and job.reservation is not None:
             self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, "Reservation", self.reservation_wait(job), opts)
             return
-        if placement is None and self.policy.preemptive:
+        if placement is None and self.policy.preemptive and not asks:  # (resources.py: never for CPUs)
             placement = self.preempt_for(key, job, opts, self.general_view(job, limit))
         if placement is not None:
             self.record_start(job, placement)
@@ -260,6 +269,11 @@ class _Pass(Preempting):
                 "Priority",
                 f"would delay job {self.shadow.job_id}, reserved to start first",
                 opts,
+            )
+        elif self.masked and self.res is not None:
+            needs = self.res.describe(job)
+            wait = _Wait(
+                Status.UNSCHEDULABLE, "Resources", f"needs {needs} per node, free on no node that fits", opts
             )
         else:
             wait = _Wait(Status.UNSCHEDULABLE, "Resources", options=opts)
@@ -277,7 +291,13 @@ class _Pass(Preempting):
         """0-GPU jobs, in the policy's order, after the GPU jobs (whose starts and
         preemptions count on their nodes): their starts, and the jobs that found no
         node, with why. Kept apart from ``starts``: they hold no GPU to estimate with."""
-        placer = CpuPlacer(self.snap.fleet, self.snap.running, preempted=self.preempted, starts=self.starts)
+        placer = CpuPlacer(
+            self.snap.fleet,
+            self.snap.running,
+            preempted=self.preempted,
+            starts=self.starts,
+            resources=self.res,
+        )
         starts: list[Start] = []
         unplaced: list[tuple[JobRequest, str]] = []
         for _, job in self.policy.order(self.cpu_pending, self.ctx):
@@ -361,10 +381,15 @@ class _Pass(Preempting):
             if job.id in etas:
                 return etas[job.id]
             b = job.blocked
-            if b is None or b.never or not b.after or job.id in visiting:
+            if b is None or b.never or job.id in visiting:
                 return None
+            if not b.after:
+                if b.not_before is None:
+                    return None
+                etas[job.id] = max(self.now, b.not_before)
+                return etas[job.id]
             visiting.add(job.id)
-            latest = self.now
+            latest = max(self.now, b.not_before or self.now)
             for pid in b.after:
                 end = ends.get(pid)
                 if end is None and pid in blocked:
@@ -388,6 +413,16 @@ class _Pass(Preempting):
         self.ctx.add_team_gpus(job.team, job.gpus)
         if job.array is not None:
             self._count_array(job.array)
+        if self.res is not None and (job.cpus or job.mem_mb):
+            self.res.take((p.node for p in placement), job)
+
+    def never_fits(self, job: JobRequest) -> str | None:
+        """Why ``job``'s CPUs or memory fit on no node of its pool, ever (None: they may)."""
+        assert self.res is not None
+        nodes = self.pool_nodes.get(job.pool)
+        if nodes is None:
+            nodes = self.pool_nodes[job.pool] = [n.name for n in self.snap.fleet.nodes if n.pool == job.pool]
+        return self.res.never(job, nodes)
 
     # -- options: where a job could ever run ------------------------------------------
     def options(self, job: JobRequest) -> Options | str:
@@ -405,12 +440,34 @@ class _Pass(Preempting):
         own = self.book.owned_active(job) if self.book else None
         spread = job.spread
         if own is not None:
-            placement = self._place_in(self.book.view(ViewSpec(own=own.id)), opts, own=own.id, spread=spread)
+            view = self._fitting(self.book.view(ViewSpec(own=own.id)), opts, job)
+            placement = self._place_in(view, opts, own=own.id, spread=spread)
             if placement is not None or job.reservation is not None:
                 return placement
         elif job.reservation is not None:
             return None
-        return self._place_in(self.general_view(job, limit), opts, long=self._is_long(limit), spread=spread)
+        view = self._fitting(self.general_view(job, limit), opts, job)
+        return self._place_in(view, opts, long=self._is_long(limit), spread=spread)
+
+    def _fitting(self, view: Capacity, opts: Options, job: JobRequest) -> Capacity:
+        """``view`` without the free GPUs of nodes where ``job``'s CPUs or memory do not
+        fit now (a copy, only when there are such nodes)."""
+        if self.res is None or not (job.cpus or job.mem_mb):
+            return view
+        nodes = self.index.nodes
+        lacking = [
+            nid
+            for gk, _ in opts
+            for nid in self.index.groups[gk].nodes
+            if view.free[nid] and not self.res.fits(nodes[nid].name, job)
+        ]
+        if not lacking:
+            return view
+        self.masked = True
+        copy = view.counts_copy()
+        for nid in lacking:
+            copy.set_free(nid, 0)
+        return copy
 
     def _is_long(self, limit: float) -> bool:
         return self.shadow is not None and self.now + limit > self.shadow.time
@@ -543,7 +600,7 @@ class _Pass(Preempting):
         return tuple(out)
 
     def reason(self, wait: _Wait) -> str:
-        if wait.code != "Resources" or wait.options is None:
+        if wait.code != "Resources" or wait.options is None or wait.detail:
             return f"{wait.code}: {wait.detail}"
         # Free capacity no longer changes here, and jobs of one shape share one options
         # list (options_cache): the reason is the same for all of them.

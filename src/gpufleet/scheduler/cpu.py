@@ -25,12 +25,13 @@ import heapq
 from collections.abc import Collection, Iterable, Sequence
 
 from gpufleet.scheduler.model import Fleet, JobRequest, NodeGpus, RunningJob, Start
+from gpufleet.scheduler.resources import NodeResources
 
 
 class CpuPlacer:
     """The node loads of one pass, built on first use (most passes have no 0-GPU job)."""
 
-    __slots__ = ("_heaps", "_known", "fleet")
+    __slots__ = ("_heaps", "_known", "fleet", "resources")
 
     def __init__(
         self,
@@ -39,8 +40,10 @@ class CpuPlacer:
         *,
         preempted: Collection[str] = (),
         starts: Iterable[Start] = (),
+        resources: NodeResources | None = None,
     ) -> None:
         self.fleet = fleet
+        self.resources = resources
         jobs: dict[str, int] = {}
         for rj in running:
             if rj.job.id in preempted:
@@ -69,6 +72,19 @@ class CpuPlacer:
             if job.pool in self._known:
                 return f"Unschedulable: no schedulable node in pool '{job.pool}' (all cordoned or not ready)"
             return f"Unschedulable: no node in pool '{job.pool}'"
-        jobs, name = heap[0]
-        heapq.heapreplace(heap, (jobs + 1, name))
-        return Start(job_id=job.id, placement=(NodeGpus(node=name, gpus=()),))
+        res = self.resources
+        if res is None or not (job.cpus or job.mem_mb):
+            jobs, name = heap[0]
+            heapq.heapreplace(heap, (jobs + 1, name))
+            return Start(job_id=job.id, placement=(NodeGpus(node=name, gpus=()),))
+        never = res.never(job, [n.name for n in self.fleet.nodes if n.pool == job.pool])
+        if never is not None:
+            return f"Unschedulable: {never}"
+        for jobs, name in sorted(heap):  # the least-loaded node where it fits
+            if res.fits(name, job):
+                heap.remove((jobs, name))
+                heapq.heapify(heap)
+                heapq.heappush(heap, (jobs + 1, name))
+                res.take([name], job)
+                return Start(job_id=job.id, placement=(NodeGpus(node=name, gpus=()),))
+        return f"Resources: needs {res.describe(job)} per node, free on no node of pool '{job.pool}'"

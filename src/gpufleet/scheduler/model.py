@@ -37,6 +37,9 @@ class Node:
     rack: str = "rack-0"
     pool: str = "default"
     schedulable: bool = True
+    cpus: int = 0
+    """CPUs jobs may hold here (0: not tracked, no limit); likewise ``mem_mb``, MiB."""
+    mem_mb: int = 0
 
     def __post_init__(self) -> None:
         models = {g.model for g in self.gpus}
@@ -72,12 +75,15 @@ class Blocked:
     """Why a job may not start yet, whatever the fleet holds: ``code`` is Slurm's reason
     (``Dependency``, ``DependencyNeverSatisfied``), ``detail`` the words after it.
     ``after``: the jobs it waits for; its estimated start is the latest of their
-    estimated ends (none known: no estimate). ``never``: it can never start."""
+    estimated ends (none known: no estimate) and ``not_before``. ``never``: it can
+    never start."""
 
     code: str
     detail: str
     after: tuple[str, ...] = ()
     never: bool = False
+    not_before: float | None = None
+    """It may start at this time at the earliest (``--begin``, a price window)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +131,9 @@ class JobRequest:
     array: str | None = None
     array_limit: int = 0
     blocked: Blocked | None = None
+    cpus: int = 0
+    """CPUs it holds on each of its nodes (0: none asked); likewise ``mem_mb``, MiB."""
+    mem_mb: int = 0
 
     @property
     def queued_since(self) -> float:

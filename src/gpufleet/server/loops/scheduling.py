@@ -50,6 +50,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.placefmt import placed_reason
 from gpufleet.scheduler import (
+    Blocked,
     Hold,
     JobRequest,
     NodeGpus,
@@ -68,7 +69,7 @@ from gpufleet.server.dispatch import touch
 from gpufleet.server.errors import Conflict
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import JobRef, move, ref, release_attempt
-from gpufleet.server.loops import dependencies
+from gpufleet.server.loops import dependencies, eligibility
 from gpufleet.server.loops.reservations import Booked, load_booked, step_reservations
 from gpufleet.server.loops.runner import Loop
 from gpufleet.server.models import Allocation, Job, ServiceRow, Team, User
@@ -110,6 +111,11 @@ class _JobRow(NamedTuple):
     array_limit: int
     dependency: str | None
     kill_on_invalid_dep: bool
+    cpus_per_node: int
+    mem_per_node_mb: int
+    begin_at: float | None
+    deadline: float | None
+    max_price: float | None
 
     def ref(self) -> JobRef:
         return JobRef(id=self.id, state=_STATES[self.state], version=self.version)
@@ -197,9 +203,9 @@ class _Loaded:
     snapshot: Snapshot
     refs: dict[str, JobRef]
     booked: list[Booked] = field(default_factory=list)
-    kill: set[int] = field(default_factory=set)
-    """Waiting jobs whose dependency can never be satisfied, submitted with
-    ``kill_on_invalid_dep``: cancelled by this pass."""
+    kill: dict[int, str] = field(default_factory=dict)
+    """Waiting jobs this pass cancels, and why: a dependency that can never be
+    satisfied (with ``kill_on_invalid_dep``), a deadline that can no longer be met."""
 
 
 @dataclass(slots=True)
@@ -342,26 +348,40 @@ class SchedulingPass:
         )
         self._pending.check_names(teams, users)
         waiting: list[dependencies.Waiting] = []
+        timed: list[eligibility.Timed] = []
         for job, jref, req in self._pending.load(s, now):
             refs[str(job.id)] = jref
             pending.append(req if req is not None else self._pending.request(job.id, teams, users))
             if job.dependency is not None:
-                waiting.append(
-                    dependencies.Waiting(
-                        id=job.id, user_id=job.user_id, name=job.name, dependency=job.dependency
-                    )
+                w = dependencies.Waiting(
+                    id=job.id, user_id=job.user_id, name=job.name, dependency=job.dependency
                 )
-        kill: set[int] = set()
+                waiting.append(w)
+            if job.begin_at is not None or job.deadline is not None or job.max_price is not None:
+                timed.append(_timed(job))
+        kill: dict[int, str] = {}
+        held_back: dict[int, Blocked] = {}
+        if timed:  # judged every pass: the clock moves
+            prices = ledger.schedule_in_force(s) if any(t.max_price is not None for t in timed) else None
+            models: dict[str, list[str]] = {}
+            for n in fleet.nodes:
+                if n.gpus and n.model not in models.setdefault(n.pool, []):
+                    models[n.pool].append(n.model)
+            held_back, kill = eligibility.judge(
+                timed, now=now, schedule=None if prices is None else prices[0], pool_models=models
+            )
         if waiting:  # judged every pass: a verdict changes when another job ends
-            held_back = dependencies.blocked(s, waiting)
+            for jid, b in dependencies.blocked(s, waiting).items():
+                if b.never and self._pending.rows[jid][0].kill_on_invalid_dep:
+                    kill[jid] = f"{b.code}: {b.detail} (kill_on_invalid_dep)"
+                later = held_back.get(jid)
+                held_back[jid] = b if later is None else replace(b, not_before=later.not_before)
+        if held_back or kill:
             pending = [
-                p if (b := held_back.get(int(p.id))) is None else replace(p, blocked=b) for p in pending
+                replace(p, blocked=hb) if (hb := held_back.get(int(p.id))) else p
+                for p in pending
+                if int(p.id) not in kill
             ]
-            kill = {
-                jid
-                for jid, b in held_back.items()
-                if b.never and self._pending.rows[jid][0].kill_on_invalid_dep
-            }
         booked = load_booked(s, now)
         snap = Snapshot(
             now=now,
@@ -420,11 +440,9 @@ class SchedulingPass:
                 for g in (p.gpus or (None,))  # a 0-GPU job: one row for its node
             ]
             self._statuses.rows.pop(jref.id, None)
-        reasons = {st.job_id: st.reason for st in result.pending}
-        for jid in loaded.kill:
-            jref = loaded.refs[str(jid)]
-            why = reasons.get(str(jid), "DependencyNeverSatisfied")
-            move(s, jref, JobState.CANCELLED, actor=ACTOR, reason=f"{why} (kill_on_invalid_dep)", now=now)
+        for jid, why in loaded.kill.items():
+            ended = {"ended_at": now}
+            move(s, loaded.refs[str(jid)], JobState.CANCELLED, actor=ACTOR, reason=why, now=now, values=ended)
             self._statuses.rows.pop(jid, None)
         if allocs:
             s.execute(insert(Allocation), allocs)
@@ -477,6 +495,19 @@ def _services_of(s: Session, job_ids: set[int]) -> dict[str, str]:
     return {str(jid): f"; a replica of service {name}" for jid, name in s.execute(q)}
 
 
+def _timed(job: _JobRow) -> eligibility.Timed:
+    return eligibility.Timed(
+        id=job.id,
+        begin_at=job.begin_at,
+        deadline=job.deadline,
+        max_price=job.max_price,
+        time_limit_s=job.time_limit_s,
+        gpu_type=job.gpu_type,
+        pool=job.pool,
+        priority=job.priority,
+    )
+
+
 def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str]) -> JobRequest:
     return JobRequest(
         id=str(job.id),
@@ -499,6 +530,8 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str]) -> JobR
         spread=None if job.service_id is None else f"service:{job.service_id}",
         array=None if job.array_job_id is None else str(job.array_job_id),
         array_limit=job.array_limit or 0,
+        cpus=job.cpus_per_node or 0,
+        mem_mb=job.mem_per_node_mb or 0,
     )
 
 

@@ -33,7 +33,14 @@ log = logging.getLogger("gpufleet.scheduling")
 def _rows(s: Session, pool: str | None) -> tuple[NodeKey, NodeKey]:
     """Plain tuples (no ORM objects: this runs on every scheduling pass)."""
     q = select(
-        NodeRow.name, NodeRow.pool, NodeRow.leaf, NodeRow.rack, NodeRow.cordoned, NodeRow.last_seen
+        NodeRow.name,
+        NodeRow.pool,
+        NodeRow.leaf,
+        NodeRow.rack,
+        NodeRow.cordoned,
+        NodeRow.last_seen,
+        NodeRow.cpus,
+        NodeRow.memory_mb,
     ).order_by(NodeRow.name)
     gq = select(
         GpuRow.node,
@@ -66,7 +73,7 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
         )
     out: list[Node] = []
     skipped: dict[str, str] = {}
-    for name, pool, leaf, rack, cordoned, last_seen in nodes:
+    for name, pool, leaf, rack, cordoned, last_seen, cpus, memory_mb in nodes:
         live = live_since is None or (
             not cordoned and last_seen is not None and float(last_seen) >= live_since  # type: ignore[arg-type]
         )
@@ -78,6 +85,8 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
                 rack=str(rack),
                 pool=str(pool),
                 schedulable=live,
+                cpus=int(cpus or 0),  # type: ignore[call-overload]
+                mem_mb=int(memory_mb or 0),  # type: ignore[call-overload]
             )
         except ValueError as exc:  # one bad node never stops the fleet
             skipped[str(name)] = str(exc)
@@ -102,7 +111,7 @@ class LiveFleet:
             not n[4] and n[5] is not None and float(n[5]) >= live_since  # type: ignore[arg-type]
             for n in nodes
         )
-        key = (tuple(n[:5] for n in nodes), gpus, ready)
+        key = (tuple(n[:5] + n[6:] for n in nodes), gpus, ready)  # not last_seen: `ready` has it
         if key != self._key or self._fleet is None:
             self._fleet, skipped = _build(nodes, gpus, live_since=live_since)
             if skipped.keys() != self.skipped.keys():  # logged when the set changes, not every pass
