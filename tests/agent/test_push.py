@@ -79,9 +79,10 @@ class Running:
         self.agent.close()
 
 
-def submit(url: str, *, pool: str, team: str, command: list[str]) -> int:
+def submit(url: str, *, pool: str, team: str, command: list[str], **spec: Any) -> int:
+    body = {"command": command, "pool": pool, "team": team, **spec}
     with httpx.Client(base_url=url + "/v1", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as c:
-        return int(ok(c.post("/jobs", json={"command": command, "pool": pool, "team": team}), 201)["id"])
+        return int(ok(c.post("/jobs", json=body), 201)["id"])
 
 
 def until_state(url: str, job_id: int, state: str, timeout: float) -> float:
@@ -271,3 +272,37 @@ def test_waiting_agents_carry_on_after_a_server_restart(own_server: tuple[str, A
         time.sleep(0.5)
         jid = submit(url, pool=pool, team=team, command=QUICK)
         assert until_state(url, jid, "COMPLETED", timeout=15) < 8
+
+
+def test_cpus_reported_by_the_agent_limit_what_runs_beside_each_other(
+    server: Server, team: str, tmp_path: Path
+) -> None:
+    """The agent reports 16 CPUs (``SimSpec.cpus``); the scheduler fits jobs' CPU
+    requests next to their GPUs: the second 10-CPU job waits with a Resources reason
+    though a GPU is free, a 17-CPU job can never run there."""
+    pool = make_pool(server)
+    bot = agent_for(server.url, tmp_path, pool=pool)
+    bot.probe = SimulatedProbe(node=bot.config.node, spec=SimSpec(gpus=2, cpus=16))
+    bot.inventory = bot.probe.inventory()
+    with Running(bot), server.client() as c:
+        node = ok(c.get(f"/nodes/{bot.config.node}"))
+        sleeper = [PYTHON, "-c", "import time; time.sleep(30)"]
+        first = submit(server.url, pool=pool, team=team, command=sleeper, cpus_per_task=10)
+        second = submit(server.url, pool=pool, team=team, command=sleeper, cpus_per_task=10)
+        never = ok(
+            c.post("/jobs", json={"command": QUICK, "pool": pool, "team": team, "cpus_per_task": 17}), 201
+        )
+        until_state(server.url, first, "RUNNING", timeout=10)
+        deadline = time.monotonic() + 10
+        while True:
+            two, big = ok(c.get(f"/jobs/{second}")), ok(c.get(f"/jobs/{never['id']}"))
+            if (two["wait_reason"] or "").startswith("Resources") and (big["wait_reason"] or "").startswith(
+                "Unschedulable"
+            ):
+                break
+            assert time.monotonic() < deadline, (two, big)
+            time.sleep(0.05)
+        assert "10 CPUs" in two["wait_reason"] and "17 CPUs" in big["wait_reason"]
+        for jid in (first, second, never["id"]):
+            c.post(f"/jobs/{jid}/cancel")
+    assert node["name"] == bot.config.node

@@ -3,18 +3,49 @@
 Options: ``--cgroup DIR`` (join that cgroup v2 directory first, so every process of the
 job is in it), ``--uid N --gid N [--groups A,B]`` (the job's account: the wrapper, started
 by a root agent, stays root to write EXIT_FILE where the job cannot forge it, and starts
-COMMAND with exactly these ids; an unprivileged agent passes none).
+COMMAND with exactly these ids; an unprivileged agent passes none), ``--workdir DIR`` or
+``--submit-dir DIR`` (the job's working directory: sbatch's ``--chdir``, else where it
+was submitted), ``--output FILE`` / ``--error FILE`` / ``--input FILE`` (sbatch's, their
+patterns already expanded by the agent; a relative name is relative to the working
+directory), ``--pid-file FILE`` (where the pid of COMMAND, "the batch shell", is written,
+0600, for the agent's ``--signal=B:...``).
 
 Runs COMMAND as its child, waits for it, and writes its exit code (128+N when killed by
 signal N, 127 when it cannot be started) to EXIT_FILE atomically, so an agent that was
 restarted meanwhile still learns how the job ended. It leads the job's process group:
 the agent signals the whole group, so the child gets SIGTERM directly (once) and the
-wrapper, which only notes the signal, survives it to record the code. SIGKILL ends
+wrapper, which only notes the signal, survives it to record the code. It notes every
+signal a job may be sent that way (``--signal`` without ``B:``: USR1, HUP, ...), all
+but KILL, STOP and the fault signals (SEGV, BUS, FPE, ILL, TRAP, SYS, ABRT). SIGKILL ends
 both (the agent then knows the code itself).
 
+The job's account, never root, enters the working directory and opens the user's files:
+a root wrapper takes the account's ids as its *effective* ones for that (groups, egid,
+euid; the kernel then checks the account's permissions, links included, with root's
+capabilities gone), and back (the real and saved uid stay 0, so the job cannot signal
+or trace it meanwhile); the child inherits the directory and the descriptors and drops
+to the account's ids for good before it ``exec``s. A working directory that cannot be
+entered leaves the job in the private one the agent started the wrapper in (``run/``),
+an output file that cannot be opened is not written (the job still runs), an input
+file that cannot be opened means the job is not started (127, as Slurm fails it); each
+says why in a ``gpufleet:`` line of the job's log.
+
+Output: the wrapper's own stdout and stderr are the attempt's ``output.log`` (what
+``gpufleet logs`` shows). Without ``--output``/``--error`` the child writes there
+directly. With them, the child's stdout and stderr go into pipes the wrapper reads and
+copies both to ``output.log`` and to the user's file (stderr to ``--error`` instead when
+that is given and differs), until the child exits; then what is left in the pipes, and
+only then EXIT_FILE, so the log is complete once the code is there. Output a process the
+shell left behind writes after that is not copied (Slurm ends such processes with the
+job). Files are opened for appending (created 0666 less the umask): a requeued job keeps
+what its earlier attempts wrote (Slurm truncates unless ``--open-mode=append``).
+
 It starts in a few milliseconds: ``os`` and the builtin ``_signal`` only (``subprocess`` and
-``signal`` cost 5.5 ms of imports on every job start); the child is a plain ``fork``, which
-drops to the job's ids and ``exec``s COMMAND (127 and a line when that fails).
+``signal`` cost 5.5 ms of imports on every job start; ``select``, 0.2 ms, only for a job
+with an output file); the child is a plain ``fork``, which drops to the job's ids, sets
+SIGPIPE and SIGXFSZ back to their defaults (Python ignores them, and an ignored signal
+stays ignored across ``exec``: ``yes | head`` would end in EPIPE errors) and ``exec``s
+COMMAND (127 and a line when that fails).
 """
 
 from __future__ import annotations
@@ -23,12 +54,44 @@ import _signal  # type: ignore[import-not-found]  # builtin; ``signal`` imports 
 import os
 import sys
 
+OPTIONS = frozenset(
+    {
+        "--cgroup",
+        "--uid",
+        "--gid",
+        "--groups",
+        "--workdir",
+        "--submit-dir",
+        "--output",
+        "--error",
+        "--input",
+        "--pid-file",
+    }
+)
+_UNNOTED = ("SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGABRT")
+"""Signals the wrapper leaves alone: uncatchable, or faults (a handler that returns
+from a real one would run the faulting instruction again, forever)."""
+_IGNORED = ("SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH")
+"""Ignored by default already: noting them would only interrupt the wrapper's waits."""
 
-def _write(path: str, code: int) -> None:
+
+def _write(path: str, value: int) -> None:
+    """``value`` into ``path`` atomically, 0600 (the agent's, in the agent's directory)."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{code}\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, f"{value}\n".encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
+
+
+def _say(text: str) -> None:
+    """A line for the job's log (the wrapper's stderr is ``output.log``)."""
+    try:  # noqa: SIM105  (contextlib costs imports on every job start)
+        os.write(2, f"gpufleet: {text}\n".encode(errors="replace"))
+    except OSError:
+        pass
 
 
 def _options(argv: list[str]) -> tuple[str, dict[str, str], list[str]] | None:
@@ -40,21 +103,165 @@ def _options(argv: list[str]) -> tuple[str, dict[str, str], list[str]] | None:
     if len(rest) % 2:
         return None
     opts = dict(zip(rest[::2], rest[1::2], strict=True))
-    if not set(opts) <= {"--cgroup", "--uid", "--gid", "--groups"}:
+    if not set(opts) <= OPTIONS or len(opts) != len(rest) // 2:
         return None
     return exit_file, opts, command
 
 
-def _exec(command: list[str], opts: dict[str, str], path: list[str]) -> None:
-    """In the forked child: become the job's account, then run COMMAND, looked up in
-    ``path`` (the PATH, read before the fork: ``os.execvp`` imports modules, which the
-    job's account may not be able to read). Never returns."""
+def _groups(opts: dict[str, str]) -> list[int]:
+    return [int(g) for g in opts.get("--groups", "").split(",") if g]
+
+
+def _become(opts: dict[str, str]) -> tuple[int, int, list[int]] | None:
+    """A root wrapper takes the job account's ids as its effective ones (what it opens or
+    enters next is checked by the kernel as the account's); returns what ``_restore``
+    needs. The real and saved uid stay root's."""
+    if "--uid" not in opts:
+        return None
+    saved = (os.geteuid(), os.getegid(), os.getgroups())
+    try:
+        os.setgroups(_groups(opts))
+        os.setegid(int(opts["--gid"]))
+        os.seteuid(int(opts["--uid"]))
+    except OSError:
+        _restore(saved)
+        raise
+    return saved
+
+
+def _restore(saved: tuple[int, int, list[int]] | None) -> None:
+    if saved is not None:
+        os.seteuid(saved[0])  # first: root's capabilities back, to set the rest
+        os.setegid(saved[1])
+        os.setgroups(saved[2])
+
+
+def _open_out(path: str, flag: str) -> int | None:
+    """The user's output file, opened for appending (as the job's account), or None
+    and a line saying why. Not blocking on a FIFO without a reader; no controlling tty."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOCTTY | os.O_NONBLOCK, 0o666)
+        os.set_blocking(fd, True)
+        return fd
+    except OSError as exc:
+        _say(f"not writing {flag} {path}: {exc.strerror or exc}")
+        return None
+
+
+def _setup(opts: dict[str, str]) -> tuple[dict[int, tuple[int, str]], int | None] | None:
+    """As the job's account: enter its working directory, open its files. Returns
+    {stream: (user fd, name)} for the copies of stdout (1) and stderr (2) and the
+    descriptor for stdin, or None when ``--input`` cannot be opened."""
+    target = opts.get("--workdir") or opts.get("--submit-dir")
+    if target:
+        try:
+            os.chdir(target)
+        except OSError as exc:
+            what = "working directory (--chdir)" if "--workdir" in opts else "submit directory"
+            try:
+                here = os.getcwd()
+            except OSError:
+                here = "the job's private directory"
+            _say(f"cannot enter the {what} {target}: {exc.strerror or exc}; running in {here}")
+    copies: dict[int, tuple[int, str]] = {}
+    out, err = opts.get("--output"), opts.get("--error")
+    if out:
+        fd = _open_out(out, "--output")
+        if fd is not None:
+            copies[1] = copies[2] = (fd, out)
+    if err and err != out:
+        copies.pop(2, None)  # stderr goes to --error, or only to output.log when that fails
+        fd = _open_out(err, "--error")
+        if fd is not None:
+            copies[2] = (fd, err)
+    stdin: int | None = None
+    if "--input" in opts:
+        try:
+            stdin = os.open(opts["--input"], os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+            os.set_blocking(stdin, True)
+        except OSError as exc:
+            _say(f"cannot open --input {opts['--input']}: {exc.strerror or exc}: not started")
+            return None
+    return copies, stdin
+
+
+def _put(fd: int, data: bytes) -> bool:
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:
+        return False
+    return True
+
+
+def _pump(fd: int, route: list[object]) -> bool:
+    """Copy one chunk from the pipe ``fd`` to output.log and to the route's user file
+    (``[user fd, name]``; fd -1 once writing there failed). False at EOF or when the
+    pipe is empty (non-blocking)."""
+    try:
+        data = os.read(fd, 65536)
+    except OSError:  # BlockingIOError: drained; anything else: as good as EOF
+        return False
+    if not data:
+        return False
+    _put(1, data)
+    user = route[0]
+    if isinstance(user, int) and user >= 0 and not _put(user, data):
+        _say(f"stopped writing {route[1]}: cannot write there")
+        route[0] = -1
+    return True
+
+
+def _copy(pid: int, routes: dict[int, list[object]], wake: int) -> int:
+    """The tee: the job's output from the pipes (read end -> route) until the child
+    exits (its SIGCHLD wakes the wait through ``wake``), then what is left in them.
+    Returns the child's wait status."""
+    import select  # a C module, no Python imports: only jobs with an output file pay its 0.2 ms
+
+    poller = select.poll()
+    for fd in (*routes, wake):
+        poller.register(fd, select.POLLIN)
+    live = set(routes)
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if not live:  # the job closed its stdout and stderr: wait for it
+            _, status = os.waitpid(pid, 0)
+            break
+        for fd, _ in poller.poll():  # retried on EINTR (PEP 475); a signal also writes to ``wake``
+            if fd == wake:  # the signal numbers: read and dropped
+                try:
+                    while os.read(wake, 512):
+                        pass
+                except OSError:  # BlockingIOError: all read
+                    pass
+            elif not _pump(fd, routes[fd]):
+                poller.unregister(fd)
+                live.discard(fd)
+    for fd in live:  # what the shell wrote before it exited (a pipe holds at most 1 MiB), no more
+        os.set_blocking(fd, False)
+        for _ in range(16):  # 16 reads of 64 KiB: a process left writing cannot keep the job alive
+            if not _pump(fd, routes[fd]):
+                break
+    return status
+
+
+def _exec(command: list[str], opts: dict[str, str], path: list[str], stdio: dict[int, int]) -> None:
+    """In the forked child: its stdin/stdout/stderr (``stdio``: target -> descriptor),
+    become the job's account, then run COMMAND, looked up in ``path`` (the PATH, read
+    before the fork: ``os.execvp`` imports modules, which the job's account may not be
+    able to read). Never returns."""
     err: OSError | None = None
     try:
+        for target, fd in stdio.items():
+            os.dup2(fd, target)
         if "--uid" in opts:
-            os.setgroups([int(g) for g in opts.get("--groups", "").split(",") if g])
+            os.setgroups(_groups(opts))
             os.setgid(int(opts["--gid"]))
             os.setuid(int(opts["--uid"]))
+        for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):  # as subprocess's restore_signals
+            _signal.signal(sig, _signal.SIG_DFL)
         for exe in [command[0]] if "/" in command[0] else [os.path.join(d or ".", command[0]) for d in path]:
             try:
                 os.execv(exe, command)
@@ -71,11 +278,15 @@ def main(argv: list[str]) -> int:
     parsed = _options(argv)
     if parsed is None:
         print(
-            "usage: _wrapper.py EXIT_FILE [--cgroup DIR] [--uid N --gid N --groups A,B] -- COMMAND...",
+            "usage: _wrapper.py EXIT_FILE [--cgroup DIR] [--uid N --gid N --groups A,B] "
+            "[--workdir DIR | --submit-dir DIR] [--output F] [--error F] [--input F] "
+            "[--pid-file F] -- COMMAND...",
             file=sys.stderr,
         )
         return 2
     exit_file, opts, command = parsed
+    exit_file = os.path.abspath(exit_file)  # before any chdir
+    pid_file = os.path.abspath(opts["--pid-file"]) if "--pid-file" in opts else None
     if "--cgroup" in opts:
         try:
             with open(os.path.join(opts["--cgroup"], "cgroup.procs"), "w") as f:
@@ -88,15 +299,57 @@ def main(argv: list[str]) -> int:
         """A handler, not SIG_IGN: an ignored signal would be inherited by the child
         (a handled one is reset to its default by exec)."""
 
-    for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
-        _signal.signal(sig, note)
+    spared = {getattr(_signal, n, 0) for n in (*_UNNOTED, *_IGNORED)}
+    for sig in range(1, _signal.NSIG):
+        if sig not in spared:
+            try:  # noqa: SIM105  (no contextlib: see the module's docstring)
+                _signal.signal(sig, note)
+            except (OSError, ValueError):  # reserved by the C library (32, 33)
+                pass
     sys.stdout.flush()
     sys.stderr.flush()
     path = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    try:
+        saved = _become(opts)
+    except OSError as exc:  # then the child cannot switch either: it says so and exits 127
+        _say(f"cannot take the job account's ids: {exc.strerror or exc}")
+        prepared: tuple[dict[int, tuple[int, str]], int | None] | None = ({}, None)
+    else:
+        try:
+            prepared = _setup(opts)
+        finally:
+            _restore(saved)
+    if prepared is None:
+        _write(exit_file, 127)
+        return 127
+    copies, stdin = prepared
+    stdio = {} if stdin is None else {0: stdin}
+    routes: dict[int, list[object]] = {}  # pipe read end -> [user fd, name]
+    ends: dict[int, int] = {}  # user fd -> pipe write end
+    for stream, (user, name) in copies.items():
+        if user not in ends:
+            r, ends[user] = os.pipe()
+            routes[r] = [user, name]
+        stdio[stream] = ends[user]
+    wake = -1
+    if routes:  # a wake-up for the tee's wait: the child's exit (SIGCHLD) writes to it
+        wake, poke = os.pipe()
+        os.set_blocking(wake, False)
+        os.set_blocking(poke, False)
+        _signal.set_wakeup_fd(poke, warn_on_full_buffer=False)
+        _signal.signal(_signal.SIGCHLD, note)
     pid = os.fork()
     if pid == 0:
-        _exec(command, opts, path)
-    _, status = os.waitpid(pid, 0)  # retried on EINTR (PEP 475): the noted signals do not end it
+        _exec(command, opts, path, stdio)
+    for fd in (*ends.values(), *([] if stdin is None else [stdin])):
+        os.close(fd)
+    if pid_file is not None:
+        try:
+            _write(pid_file, pid)
+        except OSError as exc:
+            _say(f"cannot record the batch shell's pid: {exc.strerror or exc}")
+    # waits are retried on EINTR (PEP 475): the noted signals do not end them
+    status = _copy(pid, routes, wake) if routes else os.waitpid(pid, 0)[1]
     code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     _write(exit_file, code)
     return code

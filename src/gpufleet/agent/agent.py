@@ -25,6 +25,16 @@ the endpoint) and the liveness signal. A process the agent started kicks the loo
 moment it exits (``exits.py``), so an exit is reported within milliseconds, not at the
 next tick.
 
+sbatch's ``--signal=[B:]NAME@SECONDS``: ``tick`` sends NAME once the job's time left
+(to its ``deadline``, which the server hands out once the job runs, kept up to date on
+the held attempt) is at most SECONDS, through the runner (``send_signal``): to the
+batch shell only with ``B:``, else to every process of the job. Once per attempt: the
+record says it was sent before it is sent, so a restarted agent never sends it again
+(at most once: an agent killed between the two does not send it at all).
+
+Every sync also carries the node's CPUs and memory (``cpus``, ``memory_mb``: the
+probe's inventory, where it knows them).
+
 Service replicas (a ``DesiredJob.service``): the agent picks a free port of the node and
 gives it as ``$PORT`` (a container's port is published on it), probes the health path
 on it every ``probe_interval_s`` (2xx/3xx within ``probe_timeout_s``: ready), and
@@ -51,8 +61,9 @@ from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, N
 from gpufleet.agent.replicas import ReplicaProbes, free_port
 from gpufleet.agent.runners import VANISHED, JobRunner
 from gpufleet.agent.transport import AgentTransportError, SyncTransport, WaitTransport
-from gpufleet.api.nodes import SyncReply
+from gpufleet.api.nodes import DesiredJob, SyncReply
 from gpufleet.server.clock import Clock, SystemClock
+from gpufleet.slurmopts import signal_parts
 
 log = logging.getLogger("gpufleet.agent")
 Key = tuple[int, int]
@@ -225,6 +236,8 @@ class Agent:
                 cur = job
                 if cur.stop_requested_at is not None:
                     cur = runner.stop(cur, now=now, grace_s=self.config.grace_s)
+                else:
+                    cur = self._signal_due(runner, cur, now)
                 code = runner.poll(cur, now=now)
                 if code is not None:
                     cur = dataclasses.replace(cur, exit_code=code)
@@ -237,6 +250,34 @@ class Agent:
         if ended:
             self._news = self._urgent = True
         return ended
+
+    def _signal_due(self, runner: JobRunner, job: LocalJob, now: float) -> LocalJob:
+        """``--signal``: send it once the time left is at most its seconds (caller holds
+        the lock)."""
+        deadline = job.deadline
+        if job.signal is None or deadline is None or job.signal_sent_at is not None:
+            return job
+        try:
+            batch_only, signum, seconds = signal_parts(job.signal)
+        except (KeyError, ValueError):  # not parse_signal's form: nothing to send, ever
+            log.warning("job %s/%s: unusable --signal %r", job.job_id, job.attempt, job.signal)
+            job = dataclasses.replace(job, signal_sent_at=now)
+            self._save(job)
+            return job
+        if now < deadline - seconds:
+            return job
+        job = dataclasses.replace(job, signal_sent_at=now)
+        self._save(job)  # first: a restarted agent must not send it a second time
+        why = runner.send_signal(job, signum=signum, batch_only=batch_only)
+        if why is not None:
+            log.info("job %s/%s: --signal=%s not sent: %s", job.job_id, job.attempt, job.signal, why)
+        return job
+
+    def _refresh(self, job: LocalJob, d: DesiredJob) -> None:
+        """A held attempt's ``--signal`` and deadline, as the server now says (the
+        deadline arrives once the job runs, and moves when its time limit does)."""
+        if job.exit_code is None and (job.signal, job.deadline) != (d.signal, d.deadline):
+            self._save(dataclasses.replace(job, signal=d.signal, deadline=d.deadline))
 
     def _kick(self) -> None:
         self.kick.set()
@@ -327,6 +368,10 @@ class Agent:
             body["driver_version"] = inv.driver_version[:64]
         if inv.cuda_version:
             body["cuda_version"] = inv.cuda_version[:32]
+        if inv.cpus is not None:
+            body["cpus"] = inv.cpus
+        if inv.memory_mb is not None:
+            body["memory_mb"] = inv.memory_mb
         return body
 
     def apply(self, reply: dict[str, Any], *, sent: dict[str, Any]) -> None:
@@ -357,6 +402,7 @@ class Agent:
             busy = {g for j in self.jobs.values() if j.exit_code is None for g in j.gpus}
             for key, d in desired.items():  # 2. then start what is missing
                 if key in self.jobs:
+                    self._refresh(self.jobs[key], d)
                     continue
                 spec = JobSpec.from_desired(d)
                 if busy & set(spec.gpus):
@@ -371,6 +417,8 @@ class Agent:
                     extra = {"PORT": str(port), "GPUFLEET_HOST_PORT": str(port)}
                     spec = dataclasses.replace(spec, env={**spec.env, **extra})
                 job = runner.start(spec, now=now)
+                if job.exit_code is None:
+                    job = dataclasses.replace(job, signal=spec.signal, deadline=spec.deadline)
                 if job.pid is not None and job.kind == "process":
                     self._exits.watch(job.pid)
                 if d.service is not None:

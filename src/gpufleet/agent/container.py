@@ -31,6 +31,13 @@ gets a bridge network of its own (named after node/job/attempt and labelled
 traffic that is not on that port does not reach the peers. Each such network takes a
 subnet from the engine's ``default-address-pools``.
 
+Slurm's batch options: a container runs in ``/work`` (``SLURM_SUBMIT_DIR=/work``: the
+host's submit dir is not mounted), and ``--output``/``--error``/``--input``/``--chdir``
+do not apply (its output is in ``gpufleet logs``). ``--signal`` goes through the
+engine (``docker kill --signal``) to the container's main process, with or without
+``B:``: the engine signals nothing else, so a shell entrypoint must pass it on to the
+processes it started (``exec`` the program, or trap and forward).
+
 ``ContainerRunner`` drives it; the SDK is imported on first use, and a node without a
 Docker engine fails such jobs with a clear line in their log (exit 125, as docker run).
 The runner never raises for one job: failures become an exited job with the reason in
@@ -45,6 +52,7 @@ import importlib
 import logging
 import os
 import re
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,6 +224,7 @@ def container_spec(
         checkpoint_dir="/checkpoint",
         hostfile="/work/.gpufleet-hostfile",
         base={},
+        submit_dir="/work",
     )
     gpu_devices = [f"/dev/nvidia{i}" for i in spec.gpus]
     devices = [*gpu_devices, *(d for d in CONTROL_DEVICES if device_exists(d))]
@@ -455,6 +464,18 @@ class ContainerRunner:
         except Exception:
             pass
         return job
+
+    def send_signal(self, job: LocalJob, *, signum: int, batch_only: bool) -> str | None:
+        """To the container's main process (the engine signals that one only, ``B:`` or
+        not; see the module's docstring)."""
+        c = self._container(job)
+        if c is None:
+            return "no such container"
+        try:
+            c.kill(signal=signal.Signals(signum).name)
+        except Exception as exc:  # the SDK's errors: not running, engine gone...
+            return f"cannot signal the container: {exc}"
+        return None
 
     def recover(self, job: LocalJob) -> LocalJob:
         """A container is found by its name (``container_name``); one started twice

@@ -4,10 +4,14 @@ job gets (``launch_env``, shared by the process and container runners).
 
 Work-dir layout (``--work-dir``)::
 
+    _wrapper.pyc                      the job wrapper, compiled (``runners.compiled_wrapper``)
     jobs/<job>-<attempt>/state.json   the LocalJob (pid + process create time, exit code...)
     jobs/<job>-<attempt>/output.log   stdout and stderr of the job (shipped to the server)
     jobs/<job>-<attempt>/exit_code    written by the wrapper when the job ends
-    jobs/<job>-<attempt>/run/         the job's working directory
+    jobs/<job>-<attempt>/shell_pid    the pid of the job's command ("batch shell", --signal=B:)
+    jobs/<job>-<attempt>/run/         the job's working directory, unless it has one of its
+                                      own (--chdir, else its submit dir where that exists
+                                      on the node: ``runners.ProcessRunner``)
     jobs/<job>-<attempt>/hostfile     one line per node of the placement
     checkpoints/<job>/                GPUFLEET_CHECKPOINT_DIR: the same for every attempt
                                       (under --checkpoint-root instead when given: a
@@ -23,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,6 +66,20 @@ class JobSpec:
     pool: str = ""
     array: tuple[int, int, int, int, int] | None = None
     """A job array's task: (array job id, task id, task count, min, max)."""
+    output: str | None = None
+    """sbatch's ``--output`` (a filename pattern, ``slurm_path``); ``error``, ``input`` alike."""
+    error: str | None = None
+    input: str | None = None
+    submit_dir: str | None = None
+    workdir: str | None = None
+    signal: str | None = None
+    """``[B:]NAME@SECONDS`` (``slurmopts.parse_signal``): sent that long before ``deadline``."""
+    deadline: float | None = None
+    """When the job's time limit ends (None: no limit, or not known yet)."""
+    cpus_per_task: int = 0
+    ntasks_per_node: int = 0
+    cpus_per_node: int = 0
+    mem_per_node_mb: int = 0
 
     @classmethod
     def from_desired(cls, d: DesiredJob) -> JobSpec:
@@ -82,6 +101,17 @@ class JobSpec:
             array=None
             if d.array is None
             else (d.array.array_job_id, d.array.task_id, d.array.count, d.array.min, d.array.max),
+            output=d.output or None,
+            error=d.error or None,
+            input=d.input or None,
+            submit_dir=d.submit_dir or None,
+            workdir=d.workdir or None,
+            signal=d.signal or None,
+            deadline=d.deadline,
+            cpus_per_task=d.cpus_per_task,
+            ntasks_per_node=d.ntasks_per_node,
+            cpus_per_node=d.cpus_per_node,
+            mem_per_node_mb=d.mem_per_node_mb,
         )
 
     @property
@@ -124,6 +154,13 @@ class LocalJob:
     """A service replica: the node port it serves on (``$PORT``)."""
     health_path: str | None = None
     """A service replica: the path probed for readiness."""
+    signal: str | None = None
+    """``--signal``'s ``[B:]NAME@SECONDS``, and ``deadline``, the end of its time limit
+    (both kept up to date from the desired job: the server knows the deadline only once
+    the job runs)."""
+    deadline: float | None = None
+    signal_sent_at: float | None = None
+    """When ``signal`` was sent (recorded before it is sent: never twice per attempt)."""
 
     @property
     def key(self) -> tuple[int, int]:
@@ -145,12 +182,20 @@ class LocalJob:
 
 
 def launch_env(
-    spec: JobSpec, *, node: str, checkpoint_dir: str, hostfile: str, base: Mapping[str, str]
+    spec: JobSpec,
+    *,
+    node: str,
+    checkpoint_dir: str,
+    hostfile: str,
+    base: Mapping[str, str],
+    submit_dir: str | None = None,
 ) -> dict[str, str]:
     """The job's environment, built from scratch: ``base`` (``users.base_env`` for a
     process: a minimal PATH and the account's identity; nothing for a container, whose
     image brings its own), the job's ``env``, then what gpufleet sets, which the job
-    cannot override. Nothing of the agent's own environment reaches a job."""
+    cannot override. Nothing of the agent's own environment reaches a job.
+    ``submit_dir``: ``SLURM_SUBMIT_DIR`` (default: the job's submit dir, else its
+    ``--chdir``)."""
     env = dict(base)
     env.update({k: v for k, v in spec.env.items() if k not in SECRET_ENV})
     visible = ",".join(map(str, spec.gpus))
@@ -175,15 +220,22 @@ def launch_env(
             "LOCAL_WORLD_SIZE": str(max(1, len(spec.gpus))),
         }
     )
-    env.update(slurm_env(spec, node=node, peers=peers))
+    env.update(slurm_env(spec, node=node, peers=peers, submit_dir=submit_dir))
     return env
 
 
-def slurm_env(spec: JobSpec, *, node: str, peers: tuple[Peer, ...]) -> dict[str, str]:
+def slurm_env(
+    spec: JobSpec, *, node: str, peers: tuple[Peer, ...], submit_dir: str | None = None
+) -> dict[str, str]:
     """The Slurm variables a batch script reads (``sbatch(1)``, OUTPUT ENVIRONMENT
     VARIABLES), so scripts written for Slurm run unchanged. One task per node unless
-    the job says otherwise; ``SLURM_JOB_NODELIST`` is a comma-separated list of node
-    names (Slurm compresses it to ``node[1-3]``; both forms are valid hostlists)."""
+    the job says otherwise (``--ntasks-per-node``); ``SLURM_JOB_NODELIST`` is a
+    comma-separated list of node names (Slurm compresses it to ``node[1-3]``; both forms
+    are valid hostlists). The CPU and memory variables only where the job has those
+    numbers; ``SLURM_JOB_CPUS_PER_NODE`` in Slurm's form (``16`` on one node, ``16(x2)``
+    on two)."""
+    nnodes = len(peers)
+    tasks = spec.ntasks_per_node or 1
     out = {
         "SLURM_JOB_ID": str(spec.job_id),
         "SLURM_JOBID": str(spec.job_id),
@@ -196,10 +248,23 @@ def slurm_env(spec: JobSpec, *, node: str, peers: tuple[Peer, ...]) -> dict[str,
         "SLURM_JOB_NUM_NODES": str(len(peers)),
         "SLURM_NODEID": str(spec.node_rank),
         "SLURMD_NODENAME": node,
-        "SLURM_NTASKS": str(len(peers)),
+        "SLURM_NTASKS": str(tasks * nnodes),
         "SLURM_GPUS_ON_NODE": str(len(spec.gpus)),
         "SLURM_JOB_GPUS": ",".join(map(str, spec.gpus)),
     }
+    where = submit_dir or spec.submit_dir or spec.workdir
+    if where:
+        out["SLURM_SUBMIT_DIR"] = where
+    if spec.cpus_per_task > 0:
+        out["SLURM_CPUS_PER_TASK"] = str(spec.cpus_per_task)
+    if spec.ntasks_per_node > 0:
+        out["SLURM_NTASKS_PER_NODE"] = str(spec.ntasks_per_node)
+        out["SLURM_TASKS_PER_NODE"] = _per_node(spec.ntasks_per_node, nnodes)
+    if spec.mem_per_node_mb > 0:
+        out["SLURM_MEM_PER_NODE"] = str(spec.mem_per_node_mb)
+    if spec.cpus_per_node > 0:
+        out["SLURM_CPUS_ON_NODE"] = str(spec.cpus_per_node)
+        out["SLURM_JOB_CPUS_PER_NODE"] = _per_node(spec.cpus_per_node, nnodes)
     if spec.array is not None:
         array_id, task, count, lo, hi = spec.array
         out |= {
@@ -210,6 +275,51 @@ def slurm_env(spec: JobSpec, *, node: str, peers: tuple[Peer, ...]) -> dict[str,
             "SLURM_ARRAY_TASK_MAX": str(hi),
         }
     return out
+
+
+def _per_node(count: int, nnodes: int) -> str:
+    """Slurm's per-node list for equal nodes: ``4`` on one node, ``4(x3)`` on three."""
+    return str(count) if nnodes <= 1 else f"{count}(x{nnodes})"
+
+
+NO_ARRAY_TASK = 4294967294
+"""``%a`` of a job that is no array task: Slurm's NO_VAL, which it prints as is."""
+_PATTERN = re.compile(r"%(%|(\d*)([A-Za-z]))")
+
+
+def slurm_path(pattern: str, spec: JobSpec, *, node: str) -> str:
+    """sbatch's filename pattern (``--output``, ``--error``, ``--input``) expanded as
+    Slurm expands it for a batch job: ``%j`` job id, ``%J`` ``<job id>.batch``, ``%A``
+    array job id (the job id outside an array, as Slurm), ``%a`` array task id
+    (4294967294 outside an array: Slurm's NO_VAL, printed as is), ``%b`` the task id
+    modulo 10, ``%x`` job name, ``%u`` its user (as ``SLURM_JOB_USER``: the gpufleet
+    name, not the POSIX account it maps to), ``%N`` the short name of the job's first
+    node (the batch host), ``%n`` the node's rank, ``%s`` ``batch``, ``%t`` 0, ``%%`` a
+    ``%``. A number between ``%`` and the letter zero-pads a number (``%4a``; at most
+    10). Any other letter stays as written; a backslash anywhere turns expansion off
+    (and is removed, ``\\\\`` leaving one). The result is relative to the job's working
+    directory unless absolute."""
+    if "\\" in pattern:
+        return re.sub(r"\\(.?)", r"\1", pattern)
+    if spec.array is not None:
+        array_job, task = spec.array[0], spec.array[1]
+    else:
+        array_job, task = spec.job_id, NO_ARRAY_TASK
+    first = spec.peers[0].node if spec.peers else node
+    numbers = {"j": spec.job_id, "A": array_job, "a": task, "b": task % 10, "n": spec.node_rank, "t": 0}
+    words = {"x": spec.name, "u": spec.user, "N": first.split(".")[0], "s": "batch"}
+
+    def one(m: re.Match[str]) -> str:
+        if m[1] == "%":
+            return "%"
+        width, key = min(int(m[2] or 0), 10), m[3]
+        if key in numbers:
+            return str(numbers[key]).zfill(width)
+        if key == "J":
+            return f"{str(spec.job_id).zfill(width)}.batch"
+        return words.get(key, m[0])
+
+    return _PATTERN.sub(one, pattern)
 
 
 def hostfile_text(spec: JobSpec) -> str:
@@ -225,8 +335,9 @@ class JobStore:
     touch is made its owner's by the runner (``runners._prepare``)."""
 
     def __init__(self, work_dir: Path, *, checkpoints: Path | None = None) -> None:
+        work_dir = work_dir.absolute()  # the wrapper is given paths in it, and changes its directory
         self.root = work_dir / "jobs"
-        self.checkpoints = (checkpoints or work_dir) / "checkpoints"
+        self.checkpoints = (checkpoints or work_dir).absolute() / "checkpoints"
         for d in (work_dir, self.root, self.checkpoints):
             d.mkdir(mode=0o711, parents=True, exist_ok=True)
             d.chmod(0o711)

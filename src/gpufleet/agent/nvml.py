@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpufleet.agent.probe import GpuInfo, GpuSample, NodeInventory, ProbeError, nvlink_domains
+from gpufleet.agent.probe import GpuInfo, GpuSample, NodeInventory, ProbeError, host_resources, nvlink_domains
 
 T = TypeVar("T")
 
@@ -127,10 +127,13 @@ class NvmlProbe:
                 gpus.append(self._gpu_info(i, h, tuple(graph[i]), domains[i]))
             except _Lost:
                 continue
+        cpus, memory_mb = host_resources()
         return NodeInventory(
             gpus=tuple(gpus),
             driver_version=None if driver is None else _text(driver),
             cuda_version=None if cuda is None else f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}",
+            cpus=cpus,
+            memory_mb=memory_mb,
         )
 
     def _gpu_info(self, i: int, h: Any, peers: tuple[int, ...], domain: int) -> GpuInfo:

@@ -11,6 +11,7 @@ reports unhealthy GPUs to the server so nothing new is placed on them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -41,6 +42,26 @@ class NodeInventory:
     gpus: tuple[GpuInfo, ...]
     driver_version: str | None = None
     cuda_version: str | None = None
+    cpus: int | None = None
+    """CPUs jobs may use on this node (the agent's affinity mask); None: unknown."""
+    memory_mb: int | None = None
+    """The node's memory in MiB; None: unknown."""
+
+
+def host_resources() -> tuple[int | None, int | None]:
+    """(CPUs, memory in MiB) of this machine: the CPUs this process may run on (a
+    cpuset or ``taskset`` narrows them), else all of them; psutil's total memory."""
+    try:
+        cpus: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count()
+    try:
+        import psutil
+
+        memory: int | None = int(psutil.virtual_memory().total) // (1024 * 1024)
+    except Exception:  # no psutil on this platform, or /proc unreadable
+        memory = None
+    return cpus, memory
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,7 +7,25 @@ cannot start: they return it already exited (127 and a line in its log) instead.
 
 Stopping is a step function the agent calls every tick until the job is gone: the
 first call sends SIGTERM, a call ``grace_s`` after it SIGKILL (cancel, preemption and
-time limit all come as "no longer desired").
+time limit all come as "no longer desired"). ``send_signal`` is sbatch's ``--signal``:
+the agent calls it once per attempt, when the time left reaches the signal's seconds
+(``Agent.tick``), for the job's whole process group or (``B:``) its batch shell only.
+Every node of a multi-node job signals its own processes, ``B:`` included: each node
+runs the command, so each has a batch shell (Slurm's exists on the first node only).
+
+Slurm's batch options for a process job (``ProcessRunner``): the working directory is
+``--chdir`` (relative: to the submit dir), else the directory it was submitted from
+(``SLURM_SUBMIT_DIR``) where the job's account can enter it on this node, else the
+attempt's private ``run/`` (with a line in the log saying why). ``--output``,
+``--error`` and ``--input`` are expanded (``jobs.slurm_path``) and opened by the
+wrapper as the job's account; ``output.log`` keeps everything regardless. Only the
+first node of a multi-node job (rank 0, Slurm's batch host) has them: the others write
+``output.log`` only and read nothing on stdin, as a Slurm batch script runs on the first
+node alone and ``srun`` sends stdin to task 0 only. No file unless one is asked for:
+Slurm's default ``slurm-%j.out`` is not written (the node may not see the submit dir at
+all, every job's output is in ``gpufleet logs``, and a front end that wants Slurm's
+default, ``gpufleet sbatch``, sends ``output="slurm-%j.out"`` itself, ``slurm-%A_%a.out``
+for an array). Container jobs run in ``/work`` and take none of these files.
 """
 
 from __future__ import annotations
@@ -23,10 +41,12 @@ from typing import Protocol
 import psutil
 
 from gpufleet.agent.cgroups import Cgroups, Limits
-from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob, hostfile_text, launch_env
+from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob, hostfile_text, launch_env, slurm_path
 from gpufleet.agent.users import REFUSED, PosixAccount, Refusal, RunAs, base_env
 
 WRAPPER = Path(__file__).with_name("_wrapper.py")
+SHELL_PID = "shell_pid"
+"""In the attempt dir: the pid of the job's command, written by the wrapper."""
 KILLED = 128 + int(signal.SIGKILL)
 VANISHED = -1
 """``poll``'s code for a process gone without an exit code (its node rebooted): the
@@ -53,6 +73,11 @@ class JobRunner(Protocol):
     def recover(self, job: LocalJob) -> LocalJob:
         """A record read back after an agent restart, made whole where the agent died
         in the middle of starting it (``ProcessRunner`` records its intent first)."""
+        ...
+
+    def send_signal(self, job: LocalJob, *, signum: int, batch_only: bool) -> str | None:
+        """``--signal``: ``signum`` to every process of the job, or to its batch shell
+        only; None once sent, else why not."""
         ...
 
 
@@ -88,7 +113,7 @@ def refused(job: LocalJob, why: str) -> LocalJob:
     return _replace(job, exit_code=REFUSED)
 
 
-def _read_exit(path: Path) -> int | None:
+def _read_int(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
     except (OSError, ValueError):
@@ -136,6 +161,9 @@ class SimulatedRunner:
     def recover(self, job: LocalJob) -> LocalJob:
         return job
 
+    def send_signal(self, job: LocalJob, *, signum: int, batch_only: bool) -> str | None:
+        return "a simulated job has no processes"
+
 
 def _replace(job: LocalJob, **changes: object) -> LocalJob:
     import dataclasses
@@ -177,6 +205,7 @@ class ProcessRunner:
         self.cgroups = cgroups
         self.limits = limits
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self.wrapper = compiled_wrapper(store.root.parent)
 
     def start(self, spec: JobSpec, *, now: float) -> LocalJob:
         acct = self.run_as.resolve(spec.user)
@@ -194,14 +223,22 @@ class ProcessRunner:
         if isinstance(acct, Refusal):
             return refused(job, acct.reason)
         self.store.save(job)  # the intent, before anything runs (see the class docstring)
-        env = launch_env(spec, node=self.node, base=base_env(acct), **paths)
-        argv = [sys.executable, "-I", "-S", str(WRAPPER), str(d / "exit_code")]
+        workdir = _workdir(spec)
+        env = launch_env(
+            spec,
+            node=self.node,
+            base=base_env(acct),
+            submit_dir=spec.submit_dir or workdir or str(d / "run"),
+            **paths,
+        )
+        argv = [sys.executable, "-I", "-S", str(self.wrapper), str(d / "exit_code")]
         cgroup = self.cgroups.create(spec.job_id, spec.attempt, self.limits) if self.cgroups else None
         if cgroup is not None:
             argv += ["--cgroup", str(cgroup)]
         if switch is not None:
             argv += ["--uid", str(switch.uid), "--gid", str(switch.gid)]
             argv += ["--groups", ",".join(map(str, switch.groups))]
+        argv += ["--pid-file", str(d / SHELL_PID), *_slurm_args(spec, self.node, workdir)]
         argv += ["--", *spec.command]
         with open(job.log_path, "ab") as log:
             if self.run_as.note and not self.run_as.privileged:
@@ -216,7 +253,7 @@ class ProcessRunner:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument
                 log.write(f"gpufleet: cannot start the job: {exc}\n".encode())
                 return _replace(job, exit_code=127)
         self._children[proc.pid] = proc
@@ -230,9 +267,10 @@ class ProcessRunner:
         if job.pid is not None or job.exit_code is not None:
             return job
         mark = str(job.path / "exit_code")
+        wrappers = {str(WRAPPER), str(self.wrapper)}
         for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
             argv = p.info.get("cmdline") or []
-            if str(WRAPPER) in argv and mark in argv:
+            if mark in argv and wrappers & set(argv):
                 return _replace(job, pid=p.info["pid"], create_time=p.info["create_time"])
         return job  # never started, or already gone: ``poll`` reads its exit code or calls it lost
 
@@ -254,7 +292,7 @@ class ProcessRunner:
             return job.exit_code
         if self._alive(job):
             return None
-        code = _read_exit(job.path / "exit_code")
+        code = _read_int(job.path / "exit_code")
         if code is not None:
             return code
         child = self._children.get(job.pid or -1)
@@ -278,12 +316,79 @@ class ProcessRunner:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
 
+    def send_signal(self, job: LocalJob, *, signum: int, batch_only: bool) -> str | None:
+        """To the process group (the wrapper leads it and survives such signals), or to
+        the wrapper's child, whose pid the wrapper wrote to ``shell_pid``: only while
+        the wrapper is the one recorded and that pid is still its child (never a reused
+        pid). A line in the job's log says what was sent."""
+        if job.pid is None or not self._alive(job):
+            return "the job is not running"
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        try:
+            if batch_only:
+                shell = _read_int(job.path / SHELL_PID)
+                if shell is None or psutil.Process(shell).ppid() != job.pid:
+                    return "its batch shell is not running"
+                os.kill(shell, signum)
+            else:
+                os.killpg(job.pid, signum)
+        except (psutil.Error, OSError) as exc:
+            return f"cannot signal it: {exc}"
+        whom = "the batch shell" if batch_only else "every process of the job"
+        with contextlib.suppress(OSError), open(job.log_path, "a") as f:
+            f.write(f"gpufleet: sent {name} to {whom} (--signal)\n")
+        return None
+
     def release(self, job: LocalJob) -> None:
         child = self._children.pop(job.pid or -1, None)
         if child is not None:
             child.poll()
         if self.cgroups is not None and job.cgroup:
             self.cgroups.remove(Path(job.cgroup))
+
+
+def compiled_wrapper(where: Path) -> Path:
+    """The wrapper compiled into ``where`` (the agent's work dir: the jobs' accounts cannot
+    change it), or its source where that fails: Python compiles a script it runs from
+    source on every start (1.5 ms of each job's start), never bytecode it is given."""
+    import py_compile
+
+    target = where / "_wrapper.pyc"
+    try:
+        py_compile.compile(str(WRAPPER), cfile=str(target), doraise=True)
+    except (OSError, py_compile.PyCompileError):
+        return WRAPPER
+    return target
+
+
+def _workdir(spec: JobSpec) -> str | None:
+    """The job's own working directory: ``--chdir`` (relative: to the submit dir), else
+    its submit dir; None: the attempt's private ``run/``."""
+    if spec.workdir:
+        if os.path.isabs(spec.workdir) or not spec.submit_dir:
+            return spec.workdir
+        return os.path.join(spec.submit_dir, spec.workdir)
+    return spec.submit_dir
+
+
+def _slurm_args(spec: JobSpec, node: str, workdir: str | None) -> list[str]:
+    """The wrapper's options for the working directory and the job's files (see the
+    module's docstring). A value never reads as an option or as the wrapper's ``--``."""
+
+    def arg(path: str) -> str:
+        return "./" + path if path.startswith("-") else path
+
+    args: list[str] = []
+    if workdir:
+        args += ["--workdir" if spec.workdir else "--submit-dir", arg(workdir)]
+    if spec.node_rank == 0:
+        for flag, pattern in (("--output", spec.output), ("--error", spec.error), ("--input", spec.input)):
+            if pattern:
+                args += [flag, arg(slurm_path(pattern, spec, node=node))]
+    return args
 
 
 def _private(path: Path) -> None:

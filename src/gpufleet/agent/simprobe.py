@@ -32,6 +32,11 @@ class SimSpec:
     max_w: float = 700.0
     nvlink: bool = True
     """All GPUs on one NVSwitch domain (an HGX board) when True."""
+    cpus: int | None = None
+    """The node's CPUs; None: 8 per GPU (64 on an 8-GPU node; 8 without GPUs)."""
+    node_memory_mb: int | None = None
+    """The node's memory in MiB (``memory_mb`` is a GPU's); None: 64 GiB per GPU (512 GiB
+    on an 8-GPU node; 64 GiB without GPUs)."""
 
 
 @dataclass(slots=True)
@@ -72,6 +77,10 @@ class SimulatedProbe:
         return NodeInventory(
             driver_version="550.54.15-sim",
             cuda_version="12.4",
+            cpus=self.spec.cpus if self.spec.cpus is not None else 8 * max(1, n),
+            memory_mb=self.spec.node_memory_mb
+            if self.spec.node_memory_mb is not None
+            else 64 * 1024 * max(1, n),
             gpus=tuple(
                 GpuInfo(
                     index=i,

@@ -116,6 +116,8 @@ class NodeSync(Request):
     address: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
     driver_version: Annotated[str, StringConstraints(max_length=64)] | None = None
     cuda_version: Annotated[str, StringConstraints(max_length=32)] | None = None
+    cpus: int | None = Field(default=None, ge=0, le=1_000_000)
+    memory_mb: int | None = Field(default=None, ge=0, le=2**40)
 
 
 class PeerNode(Reply):

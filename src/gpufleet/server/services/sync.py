@@ -102,9 +102,9 @@ _STORED_GPUS = (
     .where(GpuRow.node == bindparam("node"))
     .order_by(GpuRow.index)
 )
-_NODE = select(NodeRow.last_seen, NodeRow.leaf, NodeRow.rack, NodeRow.address).where(
-    NodeRow.name == bindparam("node")
-)
+_NODE = select(
+    NodeRow.last_seen, NodeRow.leaf, NodeRow.rack, NodeRow.address, NodeRow.cpus, NodeRow.memory_mb
+).where(NodeRow.name == bindparam("node"))
 
 
 _JOB_HERE = select(Allocation.id).where(Allocation.node == bindparam("node")).limit(1)
@@ -129,12 +129,22 @@ class _Placed(Protocol):
     def rack(self) -> str | None: ...
     @property
     def address(self) -> str | None: ...
+    @property
+    def cpus(self) -> int: ...
+    @property
+    def memory_mb(self) -> int: ...
 
 
 def _node_differs(n: _Placed, body: NodeSync) -> bool:
     return any(
         new is not None and new != old
-        for new, old in ((body.leaf, n.leaf), (body.rack, n.rack), (body.address, n.address))
+        for new, old in (
+            (body.leaf, n.leaf),
+            (body.rack, n.rack),
+            (body.address, n.address),
+            (body.cpus, n.cpus),
+            (body.memory_mb, n.memory_mb),
+        )
     )
 
 
@@ -195,6 +205,10 @@ def _write(
     node.leaf = body.leaf or node.leaf or "leaf-0"
     node.rack = body.rack or node.rack or "rack-0"
     node.address = body.address or node.address
+    if body.cpus is not None:  # what the scheduler may hand out besides GPUs (``resources.py``)
+        node.cpus = body.cpus
+    if body.memory_mb is not None:
+        node.memory_mb = body.memory_mb
     s.flush()
     if body.gpus is not None and new_gpus:
         bad = inventory_problem(s, name, body.gpus)
