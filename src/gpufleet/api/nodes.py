@@ -265,3 +265,5 @@ class NodeOut(Reply):
     draining: bool = False
     drain_deadline: float | None = None
     gpus_cordoned: int = 0
+    cpus: int = Field(default=0, description="as its agent reports them (0: not reported)")
+    memory_mb: int = Field(default=0, description="as its agent reports it, MiB (0: not reported)")

@@ -73,6 +73,8 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: AgentState | None 
         draining=n.drain_deadline is not None,
         drain_deadline=n.drain_deadline,
         gpus_cordoned=sum(1 for g in gpus if g.cordoned),
+        cpus=n.cpus or 0,
+        memory_mb=n.memory_mb or 0,
     )
 
 
