@@ -80,7 +80,7 @@ def test_help_line_is_the_commands_own(name: str) -> None:
     assert command.name == name
     first = inspect.cleandoc(command.help or "").split("\n\n")[0].replace("\n", " ").strip()
     assert COMMANDS[name].help == first
-    assert command.short_help is None and not command.hidden and not command.deprecated
+    assert command.short_help is None and command.hidden == COMMANDS[name].hidden and not command.deprecated
     assert not getattr(command, "rich_help_panel", None)
 
 

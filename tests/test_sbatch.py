@@ -1,10 +1,14 @@
-"""``#SBATCH`` directive parsing, table-driven."""
+"""``#SBATCH`` directive parsing, table-driven (tests/test_sbatch_strict.py: what is refused,
+and a corpus of real-world scripts)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpufleet.cli.sbatch import SbatchOptions, parse_script, total_gpus
+from gpufleet.cli.sbatch import parse_script
+from gpufleet.cli.slurmflags import SbatchOptions, total_gpus
+
+NOW = 1_800_000_000.0
 
 CASES: list[tuple[str, str, dict[str, object], int]] = [
     ("gres-count", "#SBATCH --gres=gpu:4", {"gpus_per_node": 4}, 4),
@@ -34,28 +38,36 @@ CASES: list[tuple[str, str, dict[str, object], int]] = [
 
 @pytest.mark.parametrize(("text", "want", "gpus"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_directives(text: str, want: dict[str, object], gpus: int) -> None:
-    got = parse_script("#!/bin/bash\n" + text + "\n")
-    assert got.warnings == ()
-    fields = {k: v for k, v in vars_of(got).items() if v is not None and k != "warnings"}
+    got = parse_script("#!/bin/bash\n" + text + "\n", now=NOW)
+    assert got.problems == ()
+    fields = {k: v for k, v in vars_of(got).items() if v is not None and k not in ("problems", "origins")}
     assert fields == want
     assert total_gpus(got) == gpus
 
 
-WARNS = [
-    ("unknown-eq", "#SBATCH --mem=10G", "--mem"),
-    ("unknown-space", "#SBATCH --mem 10G", "--mem"),
-    ("non-gpu-gres", "#SBATCH --gres=mps:100", "only gpu"),
-    ("bad-time", "#SBATCH --time=soon", "--time"),
-    ("bad-nodes", "#SBATCH --nodes=many", "--nodes"),
-    ("missing-value", "#SBATCH --job-name", "needs a value"),
-    ("unknown-short", "#SBATCH -c 4", "-c"),
+PROBLEMS = [
+    ("unknown-eq", "#SBATCH --switches=1", "--switches=1: gpufleet cannot honour this", True),
+    ("unknown-space", "#SBATCH --licenses foo", "--licenses foo: gpufleet cannot honour this", True),
+    ("non-gpu-gres", "#SBATCH --gres=mps:100", "mps is not a generic resource here", True),
+    ("bad-time", "#SBATCH --time=soon", "--time=soon: cannot read duration", False),
+    ("bad-nodes", "#SBATCH --nodes=many", "--nodes=many: expected N or MIN-MAX", False),
+    ("missing-value", "#SBATCH --job-name", "--job-name needs a value", False),
+    ("unknown-short", "#SBATCH -w node1", "#SBATCH -w node1: gpufleet cannot honour this", True),
 ]
 
 
-@pytest.mark.parametrize(("text", "needle"), [w[1:] for w in WARNS], ids=[w[0] for w in WARNS])
-def test_unknown_or_bad_directives_warn(text: str, needle: str) -> None:
-    got = parse_script(text + "\n#SBATCH -J kept\n")
-    assert len(got.warnings) == 1 and needle in got.warnings[0]
+@pytest.mark.parametrize(
+    ("text", "needle", "refused"), [w[1:] for w in PROBLEMS], ids=[w[0] for w in PROBLEMS]
+)
+def test_unknown_or_bad_directives_are_problems_naming_the_line(
+    text: str, needle: str, refused: bool
+) -> None:
+    """Formerly warnings; now each is a problem (issue 18: strict scripts) and the rest
+    of the script is still read."""
+    got = parse_script(text + "\n#SBATCH -J kept\n", source="job.sh", now=NOW)
+    assert len(got.problems) == 1 and needle in str(got.problems[0]), got.problems
+    assert str(got.problems[0]).startswith("job.sh line 1: ")
+    assert got.problems[0].refused is refused
     assert got.name == "kept"
 
 

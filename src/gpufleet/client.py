@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from gpufleet.api.audit import AuditOut
     from gpufleet.api.chargeback import PricesOut, UsageReport
     from gpufleet.api.credentials import NodeCredentialOut
-    from gpufleet.api.jobs import JobDetail, JobPage
+    from gpufleet.api.jobs import Cancelled, JobDetail, JobPage
     from gpufleet.api.nodes import NodeOut, SyncReply
     from gpufleet.api.reservations import ReservationOut
     from gpufleet.api.users import PoolOut, TeamOut, TokenCreated, TokenOut, UserCreated, UserOut
@@ -41,10 +41,12 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class ClientError(Exception):
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, detail: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.detail = detail
+        """The server's problem detail alone (``message`` says more around it)."""
 
 
 def config_path() -> Path:
@@ -134,7 +136,7 @@ class GpufleetClient:
             time.sleep(pause)
             waited += pause
         if resp.status_code >= 400:
-            raise ClientError(_problem_line(resp), status=resp.status_code)
+            raise ClientError(_problem_line(resp), status=resp.status_code, detail=_detail(resp))
         try:
             return resp.json()
         except ValueError as exc:
@@ -186,17 +188,21 @@ class GpufleetClient:
         user: str | None = None,
         team: str | None = None,
         pool: str | None = None,
+        array: int | None = None,
+        since: float | None = None,
+        until: float | None = None,
         limit: int = 1000,
         cursor: str | None = None,
     ) -> JobPage:
+        """A page of jobs. ``array``: that array's tasks; ``since``/``until``: jobs that
+        were in the system (submitted, not yet ended) at some time in that window."""
         from gpufleet.api.jobs import JobPage
 
         params: dict[str, Any] = {"limit": limit}
         if states:
             params["state"] = ",".join(states)
-        for k, v in (("user", user), ("team", team), ("pool", pool), ("cursor", cursor)):
-            if v is not None:
-                params[k] = v
+        given = {"user": user, "team": team, "pool": pool, "array": array, "since": since, "until": until}
+        params |= {k: v for k, v in {**given, "cursor": cursor}.items() if v is not None}
         return self._get(JobPage, "GET", "/jobs", params=params)
 
     def all_jobs(self, **filters: Any) -> list[Any]:
@@ -218,6 +224,24 @@ class GpufleetClient:
         from gpufleet.api.jobs import JobDetail
 
         return self._get(JobDetail, "POST", f"/jobs/{job_id}/cancel")
+
+    def cancel_many(self, spec: dict[str, Any]) -> Cancelled:
+        """``POST /v1/jobs/cancel``: every job of yours matching all of ``ids``, ``array``,
+        ``user``, ``states``, ``name`` given."""
+        from gpufleet.api.jobs import Cancelled
+
+        return self._get(Cancelled, "POST", "/jobs/cancel", json=spec)
+
+    def requeue(self, job_id: int) -> JobDetail:
+        from gpufleet.api.jobs import JobDetail
+
+        return self._get(JobDetail, "POST", f"/jobs/{job_id}/requeue")
+
+    def update(self, job_id: int, changes: dict[str, Any]) -> JobDetail:
+        """``PATCH /v1/jobs/{id}``: ``time_limit``, ``name``, ``held``."""
+        from gpufleet.api.jobs import JobDetail
+
+        return self._get(JobDetail, "PATCH", f"/jobs/{job_id}", json=changes)
 
     def hold(self, job_id: int) -> JobDetail:
         from gpufleet.api.jobs import JobDetail
@@ -407,14 +431,16 @@ class GpufleetClient:
         return out
 
 
-def _problem_line(resp: httpx.Response) -> str:
-    detail = ""
+def _detail(resp: httpx.Response) -> str:
     try:
         body = resp.json()
-        if isinstance(body, dict):
-            detail = str(body.get("detail") or body.get("title") or "")
     except ValueError:
-        detail = resp.text.strip().splitlines()[0][:200] if resp.text.strip() else ""
+        return resp.text.strip().splitlines()[0][:200] if resp.text.strip() else ""
+    return str(body.get("detail") or body.get("title") or "") if isinstance(body, dict) else ""
+
+
+def _problem_line(resp: httpx.Response) -> str:
+    detail = _detail(resp)
     prefix = {
         401: "not authenticated (check GPUFLEET_TOKEN or run `gpufleet login`)",
         403: "forbidden",

@@ -126,3 +126,17 @@ def test_begin_holds_a_job_back_and_a_missed_deadline_cancels_it(server: Server,
     wait_for(server, soon["id"], "SCHEDULED")
     gone = wait_for(server, doomed["id"], "CANCELLED")
     assert gone["events"][-1]["reason"].startswith("Deadline: cannot end by")
+
+
+def test_a_job_submitted_held_waits_until_released(server: Server, team: str) -> None:
+    from server.conftest import make_node, wait_for
+
+    pool = make_pool(server)
+    make_node(server, pool=pool, gpus=1)
+    held = submit(server, pool=pool, team=team, hold=True, array="0-1")
+    assert held["state"] == "HELD" and held["events"][0]["to_state"] == "HELD"
+    time.sleep(0.3)  # a pass or two: still held
+    assert wait_for(server, held["id"], "HELD")["allocation"] == []
+    with server.client() as c:
+        ok(c.post(f"/jobs/{held['id']}/release"))
+    wait_for(server, held["id"], "SCHEDULED")

@@ -82,9 +82,10 @@ def test_submit_sbatch_script(server: Server, setup: dict[str, str], tmp_path: P
     )
     sub = gpufleet("submit", "--team", setup["team"], "--time", "45", str(script), env=server.env())
     assert sub.returncode == 0, sub.stderr
-    assert "--mem" in sub.stderr  # unknown directive: warned, not silently dropped
+    assert "warning" not in sub.stderr  # --mem is honoured since issue 18 (it was warned as unknown)
     job = wait_for(server, int(sub.stdout.strip()), "SCHEDULED")
     assert (job["name"], job["gpus"], job["time_limit_s"]) == ("from-script", 2, 45 * 60)
+    assert job["mem_per_node_mb"] == 16 * 1024
     assert job["command"][:2] == ["bash", "-c"] and "srun python train.py" in job["command"][2]
 
 

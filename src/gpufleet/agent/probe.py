@@ -64,6 +64,22 @@ def host_resources() -> tuple[int | None, int | None]:
     return cpus, memory
 
 
+class HostProbe:
+    """A node without GPUs (a CPU-only pool's: preprocessing, data loading): it reports
+    this machine's CPUs and memory and no GPU, and needs no NVIDIA driver
+    (``gpufleet agent --cpu-only``)."""
+
+    def inventory(self) -> NodeInventory:
+        cpus, memory = host_resources()
+        return NodeInventory(gpus=(), cpus=cpus, memory_mb=memory)
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        return ()
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuSample:
     """One GPU's telemetry at one moment. ``xid_events`` are the XID codes seen since

@@ -54,6 +54,7 @@ class JobSubmit(Request):
     kill_on_invalid_dep: bool = Field(
         default=False, description="cancel the job once its dependency can never be satisfied"
     )
+    hold: bool = Field(default=False, description="submitted held: it waits until released (sbatch --hold)")
     submit_dir: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = Field(
         default=None, description="where it was submitted (SLURM_SUBMIT_DIR; the default working dir)"
     )
@@ -111,6 +112,18 @@ class CancelMany(Request):
 class Cancelled(Reply):
     cancelled: list[int]
     skipped: list[int] = Field(description="matched but already finished, or changing too fast")
+
+
+class JobUpdate(Request):
+    """``PATCH /v1/jobs/{id}`` (Slurm's ``scontrol update``): the fields given change.
+    A time limit may only go down, except for operators (as in Slurm); ``held`` holds a
+    PENDING job or releases a HELD one."""
+
+    time_limit: str | float | None = Field(
+        default=None, description="seconds, or a duration such as 90s, 30m, 2h, 1-00:00:00"
+    )
+    name: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
+    held: bool | None = None
 
 
 class PriorityChange(Request):

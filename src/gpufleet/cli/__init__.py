@@ -46,6 +46,8 @@ class Lazy(NamedTuple):
     """What ``gpufleet --help`` shows: the first paragraph of the function's docstring
     (lines joined), or the group's help."""
     context_settings: dict[str, Any] | None = None
+    hidden: bool = False
+    """An old spelling kept working but left out of ``gpufleet --help``."""
 
 
 COMMANDS: dict[str, Lazy] = {
@@ -62,14 +64,35 @@ COMMANDS: dict[str, Lazy] = {
     ),
     # `submit job.sh --flag`: options after the script are the script's, as sbatch reads them
     "submit": Lazy(
-        "job_cmds:submit",
+        "submit_cmds:submit",
         "Submit a job; prints its id. Options override #SBATCH directives.",
         {"allow_interspersed_args": False},
     ),
+    "run": Lazy(
+        "submit_cmds:run",
+        "Run a job and wait for it, like srun: prints its output as it comes and exits with its exit code.",
+        {"allow_interspersed_args": False},
+    ),
     "queue": Lazy("job_cmds:queue", "Waiting and running jobs, like squeue."),
-    "cancel": Lazy("job_cmds:cancel", "Cancel jobs (scancel)."),
+    "history": Lazy(
+        "history_cmds:history",
+        "Jobs that were in the system in a window of time, like sacct (default: since midnight).",
+    ),
+    "cancel": Lazy(
+        "job_cmds:cancel", "Cancel jobs (scancel): by id, or every job of yours the filters match."
+    ),
     "hold": Lazy("job_cmds:hold", "Hold pending jobs (scontrol hold)."),
     "release": Lazy("job_cmds:release", "Release held jobs (scontrol release)."),
+    "requeue": Lazy(
+        "job_cmds:requeue",
+        "Put running jobs back in the queue (scontrol requeue): each stops and waits again, keeping its id "
+        "and history.",
+    ),
+    "update": Lazy(
+        "job_cmds:update",
+        "Change a job (scontrol update): its time limit (only down, except for operators), its name, held "
+        "or not.",
+    ),
     "nodes": Lazy("node_cmds:nodes", "Nodes and their GPUs, like sinfo."),
     "default-team": Lazy(
         "account_cmds:default_team",
@@ -96,9 +119,12 @@ COMMANDS: dict[str, Lazy] = {
         "reservation_cmds:reserve",
         "Book GPUs for a window. Inside it only the jobs of those it is for (--team, --users) run there; "
         "you are the one who booked it.",
+        hidden=True,  # reservation create
     ),
     "reservations": Lazy(
-        "reservation_cmds:reservations", "Reservations you may see (operators: all), times in local time."
+        "reservation_cmds:reservations",
+        "Reservations you may see (operators: all), times in local time.",
+        hidden=True,  # reservation list
     ),
     "price": Lazy(
         "chargeback_cmds:price",
@@ -118,7 +144,7 @@ COMMANDS: dict[str, Lazy] = {
     "ca": Lazy(
         "server_cmds:ca_app", "The cluster's certificate authority (TLS for the server, mTLS for agents)."
     ),
-    "reservation": Lazy("reservation_cmds:reservation_app", "One reservation: cancel."),
+    "reservation": Lazy("reservation_cmds:reservation_app", "Reservations: create, list, cancel."),
     "service": Lazy(
         "service_cmds:service_app",
         "Inference services: deploy, list, show, events, logs, update, delete, tokens.",
@@ -148,9 +174,9 @@ def load(name: str) -> Command:
         rich_markup_mode=app.rich_markup_mode, pretty_exceptions_short=app.pretty_exceptions_short
     )
     if isinstance(target, typer.Typer):
-        one.add_typer(target, name=name)
+        one.add_typer(target, name=name, hidden=lazy.hidden)
     else:
-        one.command(name, context_settings=lazy.context_settings)(target)
+        one.command(name, context_settings=lazy.context_settings, hidden=lazy.hidden)(target)
     return typer.main.get_group(one).commands[name]
 
 
@@ -191,6 +217,7 @@ class LazyCommands(MutableMapping[str, "Command"]):
             name: self._built.get(name)
             or TyperCommand(name, help=COMMANDS[name].help, rich_markup_mode=markup_mode)
             for name in self
+            if name not in COMMANDS or not COMMANDS[name].hidden
         }
 
 

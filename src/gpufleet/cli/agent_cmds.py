@@ -114,6 +114,9 @@ def agent(
     ),
     name: str | None = typer.Option(None, "--name", help="Node name (default: the hostname)."),
     simulate_gpus: int = typer.Option(0, "--simulate-gpus", min=0, help="Simulate N GPUs (no NVML)."),
+    cpu_only: bool = typer.Option(
+        False, "--cpu-only", help="A node without GPUs (a CPU-only pool): no NVML, its CPUs and memory only."
+    ),
     gpu_model: str = typer.Option("H100-80GB", "--gpu-model", help="Model of the simulated GPUs."),
     leaf: str | None = typer.Option(None, "--leaf", help="Leaf switch this node hangs off."),
     rack: str | None = typer.Option(None, "--rack"),
@@ -176,7 +179,7 @@ def agent(
         UserMap,
         make_agent,
     )
-    from gpufleet.agent.probe import GpuProbe
+    from gpufleet.agent.probe import GpuProbe, HostProbe
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
     node = name or socket.gethostname().split(".")[0]
@@ -201,8 +204,12 @@ def agent(
         typer.echo(f"gpufleet agent: {cgroups.disabled_reason}", err=True)
     probe: GpuProbe
     try:
+        if cpu_only and simulate_gpus:
+            raise fail("--cpu-only and --simulate-gpus exclude each other")
         probe = (
-            SimulatedProbe(node=node, spec=SimSpec(gpus=simulate_gpus, model=gpu_model))
+            HostProbe()
+            if cpu_only
+            else SimulatedProbe(node=node, spec=SimSpec(gpus=simulate_gpus, model=gpu_model))
             if simulate_gpus
             else NvmlProbe()
         )

@@ -17,7 +17,7 @@ node_app = typer.Typer(
     help="Nodes (operators): credentials, cordon, drain, rollout, events.", no_args_is_help=True
 )
 ca_app = typer.Typer(help="The cluster's certificate authority (TLS for the server, mTLS for agents).")
-reservation_app = typer.Typer(help="One reservation: cancel.", no_args_is_help=True)
+reservation_app = typer.Typer(help="Reservations: create, list, cancel.", no_args_is_help=True)
 service_app = typer.Typer(
     help="Inference services: deploy, list, show, events, logs, update, delete, tokens.", no_args_is_help=True
 )

@@ -1,18 +1,15 @@
-"""Job commands: ``gpufleet submit``, ``queue``, ``jobs list|show``, ``cancel``, ``hold``,
-``release`` and ``logs``."""
+"""Job commands: ``gpufleet queue``, ``jobs list|show``, ``cancel``, ``hold``, ``release``,
+``requeue``, ``update`` and ``logs`` (``submit`` and ``run``: ``submit_cmds``)."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpufleet.cli import jobview, sbatch, words
+from gpufleet.cli import jobview, slurmnames, words
 from gpufleet.cli._common import (
     BAD_INPUT,
     FAILED,
@@ -22,16 +19,14 @@ from gpufleet.cli._common import (
     print_json,
     print_table,
     stream_logs,
-    warn,
 )
 from gpufleet.cli.apps import jobs_app
-from gpufleet.cli.localtime import local_zone, show_time
 from gpufleet.cli.options import flag, json_flag
 from gpufleet.client import ClientError, GpufleetClient
 from gpufleet.timefmt import format_duration, parse_duration
 
 if TYPE_CHECKING:
-    from gpufleet.api.jobs import JobOut
+    from gpufleet.api.jobs import Cancelled, JobOut
 
 
 def _eta(at: float | None) -> str:
@@ -41,160 +36,50 @@ def _eta(at: float | None) -> str:
     return "now" if delta <= 1 else "in " + format_duration(delta)
 
 
-def _script_mode(args: list[str]) -> tuple[sbatch.SbatchOptions, list[str]] | None:
-    """``submit job.sh [args]``: the script's directives and ``bash -c TEXT job.sh args``
-    (the text travels with the job, as Slurm stores the batch script). Without a name
-    (``--name``, ``#SBATCH --job-name``) the job is named after the script, as Slurm's."""
-    if not args:
-        return None
-    path = Path(args[0])
-    if not path.is_file():
-        return None
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-    if not (text.startswith("#!") or "#SBATCH" in text):
-        return None
-    opts = sbatch.parse_script(text)
-    if opts.name is None:
-        opts = dataclasses.replace(opts, name=path.name)
-    return opts, [*sbatch.SCRIPT_SHELL, text, path.name, *args[1:]]
-
-
-def submit(
-    args: list[str] = typer.Argument(..., help="-- COMMAND... or a #SBATCH script [ARGS]"),
-    gpus: int | None = typer.Option(
-        None, "--gpus", help="GPUs in all (default 1); 0 only in a CPU-only pool.", show_default=False
-    ),
-    nodes: int | None = typer.Option(None, "--nodes", "-N"),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
-    gpu_type: str | None = typer.Option(None, "--gpu-type"),
-    time_limit: str | None = typer.Option(None, "--time", "-t", help="2h, 90m, D-HH:MM:SS; bare = minutes"),
-    name: str | None = typer.Option(None, "--name", "-J"),
-    team: str | None = typer.Option(None, "--team"),
-    priority: int | None = typer.Option(None, "--priority"),
-    image: str | None = typer.Option(None, "--image"),
-    pool: str | None = typer.Option(None, "--pool", "--partition", "-p"),
-    requeue: bool | None = flag(
-        "--requeue/--no-requeue",
-        default=None,
-        help="Run again after a node or GPU failure (default: yes).",
-        show_default=False,
-    ),
-    max_attempts: int = typer.Option(5, "--max-attempts", min=1, help="Attempts in all, the first included."),
-    requeue_backoff: str = typer.Option(
-        "10s", "--requeue-backoff", help="Delay before the 2nd requeue, doubling (the 1st is immediate)."
-    ),
-    reservation: int | None = typer.Option(
-        None, "--reservation", help="Run only inside this reservation (`gpufleet reservations`)."
-    ),
-    json_out: bool = json_flag("its id"),
-) -> None:
-    """Submit a job; prints its id. Options override #SBATCH directives."""
-    script = _script_mode(args)
-    opts, command = script if script is not None else (sbatch.SbatchOptions(), args)
-    for w in opts.warnings:
-        warn(w)
-    limit_s: float | None = opts.time_limit_s
-    if time_limit is not None:
-        try:
-            limit_s = parse_duration(time_limit, bare_unit_s=60)
-        except ValueError as exc:
-            raise fail(f"--time: {exc}", BAD_INPUT) from None
-    merged = sbatch.SbatchOptions(
-        gpus=gpus if gpus is not None else opts.gpus,
-        gpus_per_node=gpus_per_node if gpus_per_node is not None else opts.gpus_per_node,
-        nodes=nodes if nodes is not None else opts.nodes,
-    )
-    spec: dict[str, Any] = {
-        "command": command,
-        "gpus": sbatch.total_gpus(merged),
-        "gpus_per_node": merged.gpus_per_node or 0,
-        "nodes": merged.nodes or 0,
-        "gpu_type": gpu_type or opts.gpu_type,
-        "name": name or opts.name or "",
-        "team": team,
-        "priority": priority or 0,
-        "image": image,
-        "pool": pool or opts.pool or "default",
-        "requeue": requeue if requeue is not None else (opts.requeue if opts.requeue is not None else True),
-        "time_limit": limit_s,
-        "max_attempts": max_attempts,
-        "requeue_backoff": requeue_backoff,
-        "output": opts.output,
-        "error": opts.error,
-    }
-    if reservation is not None:
-        spec["reservation"] = reservation
-    with client() as c:
-        job = c.submit(spec)
-        for w in job.warnings:
-            warn(w)
-        if json_out:
-            print_json(job.model_dump())
-            return
-        typer.echo(job.id)
-        with contextlib.suppress(ClientError):  # the job is in: a price is a courtesy
-            for line in price_hint(c, job):
-                typer.echo(f"gpufleet: {line}", err=True)
-
-
-def price_hint(c: GpufleetClient, job: JobOut) -> list[str]:
-    """What a just-submitted job costs per hour now and when it would be cheaper
-    (``gpufleet submit`` prints it: work that can wait may be held and released
-    off-peak). Empty when no prices are set. The models are those the job could get:
-    the fleet's that match its ``gpu_type`` as the scheduler matches them (all the
-    schedule's, before any node registered)."""
-    if job.gpus == 0:
-        return []
-    out = c.prices()
-    if out.schedule is None:
-        return []
-    from gpufleet.scheduler import gpu_type_matches  # the scheduling core: only with prices set
-
-    zone = local_zone()
-    rows = [p for p in out.prices if not job.gpu_type or gpu_type_matches(job.gpu_type, p.gpu_type)]
-    rows = [p for p in rows if p.in_fleet] or rows
-    gpus = words.count(job.gpus, "GPU")
-    lines = []
-    for p in rows[:4]:
-        line = f"{p.gpu_type} costs {p.price:.4g}/GPU-hour now ({gpus}: {p.price * job.gpus:.4g}/h)"
-        if p.next_cheaper_at is not None and p.next_cheaper_price is not None:
-            line += f"; {p.next_cheaper_price:.4g} from {show_time(p.next_cheaper_at, zone)}"
-        lines.append(line)
-    return lines
-
-
 def queue(
     include_finished: bool = flag("--all", help="Include finished jobs."),
     user: str | None = typer.Option(None, "--user", "-u", help="Only this user's jobs (operators)."),
     pool: str | None = typer.Option(None, "--pool", "-p", help="Only jobs of this pool."),
     json_out: bool = json_flag(),
 ) -> None:
-    """Waiting and running jobs, like squeue."""
+    """Waiting and running jobs, like squeue.
+
+    An array's tasks are 123_4; its waiting tasks are one line, 123_[5-99]. A waiting
+    job's reason is Slurm's (Priority, Resources, Dependency, JobArrayTaskLimit,
+    JobHeldUser...) with gpufleet's detail."""
     states = None if include_finished else ["PENDING", "HELD", "SCHEDULED", "RUNNING"]
     with client() as c:
         items = c.all_jobs(states=states, user=user, pool=pool)
     if json_out:
         print_json([j.model_dump() for j in items])
         return
-    rows = []
+    print_table(("JOBID", "NAME", "USER", "STATE", "GPUS", "POS", "ETA", "NODES/REASON"), queue_rows(items))
+
+
+def queue_rows(items: Sequence[JobOut]) -> list[tuple[object, ...]]:
+    """The queue's rows: one per job, but one per array for the tasks of an array that
+    wait in the same state (at the first one's place, with its position, ETA and
+    reason), as squeue shows a pending array."""
+    waiting: dict[tuple[int, str], list[JobOut]] = {}
     for j in items:
-        where = " ".join(f"{a.node}:{','.join(map(str, a.gpus))}" for a in j.allocation)
-        rows.append(
-            (
-                j.id,
-                j.name[:20],
-                j.user,
-                j.state,
-                j.gpus,
-                j.queue_position,
-                _eta(j.estimated_start),
-                where or j.wait_reason or "",
-            )
+        if j.array_job_id is not None and j.array_task_id is not None and j.state in ("PENDING", "HELD"):
+            waiting.setdefault((j.array_job_id, j.state), []).append(j)
+    rows: list[tuple[object, ...]] = []
+    for j in items:
+        tasks = waiting.get((j.array_job_id or 0, j.state)) if j.array_job_id is not None else None
+        if tasks is not None and j is not tasks[0]:
+            continue  # shown on its array's line
+        shown = (
+            slurmnames.array_ids(tasks[0].array_job_id or 0, [t.array_task_id or 0 for t in tasks])
+            if tasks is not None
+            else slurmnames.job_id(j.id, j.array_job_id, j.array_task_id)
         )
-    print_table(("JOBID", "NAME", "USER", "STATE", "GPUS", "POS", "ETA", "NODES/REASON"), rows)
+        where = " ".join(f"{a.node}:{','.join(map(str, a.gpus))}" for a in j.allocation)
+        eta = _eta(j.estimated_start)
+        rows.append(
+            (shown, j.name[:20], j.user, j.state, j.gpus, j.queue_position, eta, where or j.wait_reason)
+        )
+    return rows
 
 
 @jobs_app.command("list")
@@ -244,16 +129,141 @@ def _each(ids: list[int], act: Callable[[GpufleetClient, int], Any], verb: str) 
                     if exc.status is None:
                         raise
                     failed += 1
-                    error(f"job {jid}: {exc.message}")
+                    error(
+                        exc.message if exc.status == 404 else f"job {jid}: {exc.message}"
+                    )  # 404: "no job N"
     except ClientError as exc:
         raise fail(exc.message) from None
     if failed:
         raise typer.Exit(FAILED)
 
 
-def cancel(job_ids: list[int] = typer.Argument(...)) -> None:
-    """Cancel jobs (scancel)."""
-    _each(job_ids, GpufleetClient.cancel, "cancelled")
+def cancel(
+    job_ids: list[str] = typer.Argument(
+        None,
+        help="123 (a job, or the whole array 123), 123_4 or 123_[1-3] (tasks of array 123).",
+        show_default=False,
+    ),
+    user: str | None = typer.Option(None, "--user", "-u", help="Only this user's jobs (others': operators)."),
+    state: list[str] = typer.Option(
+        [], "--state", "-t", help="Only jobs in these states (PENDING, RUNNING...); repeat or comma-separate."
+    ),
+    name: str | None = typer.Option(None, "--name", "-n", "--jobname", help="Only jobs of this name."),
+) -> None:
+    """Cancel jobs (scancel): by id, or every job of yours the filters match.
+
+    The filters narrow the ids given; without ids they choose the jobs. Exit 1 when a
+    job named is not there or has ended."""
+    try:
+        refs = [slurmnames.parse_ref(x) for x in job_ids or []]
+        states = slurmnames.states_of(state)
+    except ValueError as exc:
+        raise fail(str(exc), BAD_INPUT) from None
+    filters: dict[str, Any] = {"user": user, "name": name, "states": states or None}
+    filters = {k: v for k, v in filters.items() if v is not None}
+    if not refs and not filters:
+        raise fail("say which jobs: IDs, --user, --state or --name", BAD_INPUT)
+    failed = False
+    with client() as c:
+        if not refs:
+            out = c.cancel_many(filters)
+            typer.echo(f"cancelled {words.count(len(out.cancelled), 'job')}" + _listed(out.cancelled))
+            failed = _skipped(out.skipped)
+        for ref in refs:
+            failed = _cancel_ref(c, ref, filters) or failed
+    if failed:
+        raise typer.Exit(FAILED)
+
+
+def _listed(ids: Sequence[int]) -> str:
+    return (": " + " ".join(map(str, ids[:20])) + (" ..." if len(ids) > 20 else "")) if ids else ""
+
+
+def _skipped(ids: Sequence[int]) -> bool:
+    if ids:
+        error(f"not cancelled (ended meanwhile, or changing too fast): {' '.join(map(str, ids))}")
+    return bool(ids)
+
+
+def _cancel_ref(c: GpufleetClient, ref: slurmnames.JobRef, filters: dict[str, Any]) -> bool:
+    """Cancel one id of the command line; True if it failed (reported)."""
+    if ref.tasks is not None:
+        by_task = {j.array_task_id: j for j in c.all_jobs(array=ref.job)}
+        missing = [t for t in ref.tasks if t not in by_task]
+        for t in missing:
+            error(f"not found: no job {ref.job}_{t}")
+        ids = [by_task[t].id for t in ref.tasks if t in by_task]
+        if not ids:
+            return True
+        out = c.cancel_many({"ids": ids, **filters})
+        done = {j.id: j.array_task_id or 0 for j in by_task.values() if j.id in out.cancelled}
+        if done:
+            typer.echo(f"cancelled {slurmnames.array_ids(ref.job, done.values())}")
+        return bool(missing) | _skipped(out.skipped) | _ended(ids, out, filters)
+    try:
+        job = c.job(ref.job)
+    except ClientError as exc:
+        if exc.status != 404:
+            raise
+        error(exc.message)
+        return True
+    if job.array_job_id == job.id:
+        out = c.cancel_many({"array": job.id, **filters})
+        if out.cancelled:
+            typer.echo(f"cancelled array {job.id} ({words.count(len(out.cancelled), 'task')})")
+        elif not out.skipped and not filters:
+            error(f"array {job.id}: every task has ended")
+            return True
+        return _skipped(out.skipped)
+    out = c.cancel_many({"ids": [job.id], **filters})
+    if out.cancelled:
+        typer.echo(f"cancelled {slurmnames.job_id(job.id, job.array_job_id, job.array_task_id)}")
+    return _skipped(out.skipped) | _ended([job.id], out, filters)
+
+
+def _ended(ids: Sequence[int], out: Cancelled, filters: dict[str, Any]) -> bool:
+    """Ids named that matched nothing (unless a filter left them out): already ended."""
+    if filters:
+        return False
+    gone = [i for i in ids if i not in out.cancelled and i not in out.skipped]
+    if gone:
+        error(f"already ended, not cancelled: {' '.join(map(str, gone))}")
+    return bool(gone)
+
+
+def requeue(job_ids: list[int] = typer.Argument(...)) -> None:
+    """Put running jobs back in the queue (scontrol requeue): each stops and waits again,
+    keeping its id and history."""
+    _each(job_ids, GpufleetClient.requeue, "requeued")
+
+
+def update(
+    job_id: int = typer.Argument(...),
+    time_limit: str | None = typer.Option(
+        None, "--time-limit", "--time", "-t", help="A new limit: 2h, 90m, D-HH:MM:SS; bare = minutes."
+    ),
+    name: str | None = typer.Option(None, "--name", "-J", help="A new name."),
+    held: bool | None = flag("--hold/--release", default=None, help="Hold a pending job, or release it."),
+    json_out: bool = json_flag("the summary"),
+) -> None:
+    """Change a job (scontrol update): its time limit (only down, except for operators),
+    its name, held or not."""
+    changes: dict[str, Any] = {"name": name, "held": held}
+    if time_limit is not None:
+        try:
+            changes["time_limit"] = parse_duration(time_limit, bare_unit_s=60)
+        except ValueError as exc:
+            raise fail(f"--time-limit={time_limit}: {exc}", BAD_INPUT) from None
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if not changes:
+        raise fail("say what to change: --time-limit, --name, --hold or --release", BAD_INPUT)
+    with client() as c:
+        j = c.update(job_id, changes)
+    if json_out:
+        print_json(j.model_dump())
+        return
+    limit = "none" if j.time_limit_s is None else format_duration(j.time_limit_s)
+    typer.echo(f"updated {job_id}: {j.state}, name {j.name}, time limit {limit}")
 
 
 def hold(job_ids: list[int] = typer.Argument(...)) -> None:
@@ -274,4 +284,15 @@ def logs(
     stream_logs(job_id, follow=follow)
 
 
-__all__ = ["cancel", "hold", "jobs_list", "jobs_show", "logs", "price_hint", "queue", "release", "submit"]
+__all__ = [
+    "cancel",
+    "hold",
+    "jobs_list",
+    "jobs_show",
+    "logs",
+    "queue",
+    "queue_rows",
+    "release",
+    "requeue",
+    "update",
+]

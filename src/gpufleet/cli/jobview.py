@@ -89,6 +89,25 @@ def _event(e: JobEventOut) -> str:
     return f"  {at}  {e.from_state or '-':>9} -> {e.to_state:<9} {e.actor}: {e.reason}"
 
 
+def batch_fields(job: JobDetail) -> list[tuple[str, object]]:
+    """Slurm's batch options the job has (``jobs show`` lists only those set)."""
+    when = "%Y-%m-%d %H:%M:%S"
+    return [
+        ("array", None if job.array_job_id is None else f"{job.array_job_id}_{job.array_task_id}"),
+        ("dependency", job.dependency),
+        ("cpus per node", job.cpus_per_node),
+        ("memory per node", f"{job.mem_per_node_mb} MiB" if job.mem_per_node_mb else None),
+        ("begin", None if job.begin_at is None else time.strftime(when, time.localtime(job.begin_at))),
+        ("deadline", None if job.deadline is None else time.strftime(when, time.localtime(job.deadline))),
+        ("max price", job.max_price),
+        ("signal", job.signal),
+        ("output", job.output),
+        ("error", job.error),
+        ("input", job.input),
+        ("workdir", job.workdir or job.submit_dir),
+    ]
+
+
 def show_lines(job: JobDetail, *, now: float) -> list[str]:
     command, script = command_lines(job.command)
     label, where = placement(job)
@@ -107,6 +126,7 @@ def show_lines(job: JobDetail, *, now: float) -> list[str]:
     ]
     lines = [f"{k:>{_LABEL}}: {'-' if v is None else v}" for k, v in fields]
     lines += script
+    lines += [f"{k:>{_LABEL}}: {v}" for k, v in batch_fields(job) if v not in (None, "", 0)]
     tail: list[tuple[str, object]] = [
         (label, where),
         ("position", job.queue_position),
@@ -122,4 +142,4 @@ def show_lines(job: JobDetail, *, now: float) -> list[str]:
     return lines
 
 
-__all__ = ["clip", "command_lines", "placement", "show_lines"]
+__all__ = ["batch_fields", "clip", "command_lines", "placement", "show_lines"]

@@ -1,5 +1,5 @@
 """Node commands: ``gpufleet nodes`` (anyone, like sinfo); for operators and admins a
-node's credentials (``gpufleet node join-token|credentials|revoke``) and maintenance
+node's credentials (``gpufleet node register|join-token|credentials|revoke``) and maintenance
 (``gpufleet node cordon|uncordon|drain|rollout|events``).
 
 A driver upgrade rolling through the fleet, two nodes at a time::
@@ -63,6 +63,31 @@ def nodes(
                 f"  gpu{g.index} {g.model} {g.uuid} nvlink={g.nvlink_domain} "
                 f"{'ok' if g.healthy else 'UNHEALTHY'} job={g.job_id or '-'}"
             )
+
+
+@node_app.command("register")
+def register(
+    node: str = typer.Argument(..., help="The node's name (its agent's --name)."),
+    pool: str = typer.Option(
+        ..., "--pool", "-p", help="Its pool, e.g. a CPU-only pool (gpufleet admin create-pool)."
+    ),
+    leaf: str = typer.Option("leaf-0", "--leaf", help="Its leaf switch (placement keeps wide jobs in one)."),
+    rack: str = typer.Option("rack-0", "--rack"),
+) -> None:
+    """Register a new node in a pool before its agent first syncs (a node that registers
+    itself goes to pool default). Its agent reports its GPUs, CPUs and memory."""
+    from gpufleet.client import ClientError
+
+    with client() as c:
+        try:
+            have = c.node(node)
+        except ClientError as exc:
+            if exc.status != 404:
+                raise
+        else:
+            raise fail(f"node {node} exists already (pool {have.pool})", BAD_INPUT)
+        n = c.put_node(node, {"pool": pool, "leaf": leaf, "rack": rack})
+    typer.echo(f"node {n.name} registered in pool {n.pool}")
 
 
 @node_app.command("join-token")
@@ -185,6 +210,7 @@ def drain(
 def rollout(
     rollout_id: int | None = typer.Argument(None, help="Default: the active (else latest) rollout."),
     cancel: bool = flag("--cancel", help="Cancel the rollout: start no more drains."),
+    json_out: bool = json_flag("the summary"),
 ) -> None:
     """Progress of a rolling drain."""
     with client() as c:
@@ -193,6 +219,9 @@ def rollout(
             r = c.request("POST", f"/rollouts/{rid}/cancel")
         else:
             r = c.request("GET", "/rollouts/current" if rollout_id is None else f"/rollouts/{rollout_id}")
+    if json_out:
+        print_json(r)
+        return
     _rollout_lines(r)
 
 
@@ -201,6 +230,7 @@ def events(
     node: str | None = typer.Argument(None),
     alerts: bool = flag("--alerts", help="Only critical and warning events."),
     limit: int = typer.Option(50, "--limit", min=1, max=1000),
+    json_out: bool = json_flag("a line per event"),
 ) -> None:
     """GPU cordons, lost nodes, drains: the fleet's health and maintenance log."""
     params: dict[str, Any] = {"limit": limit, "alerts": alerts}
@@ -208,6 +238,9 @@ def events(
         params["node"] = node
     with client() as c:
         rows = c.request("GET", "/fleet/events", params=params)
+    if json_out:
+        print_json(rows)
+        return
     for e in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"]))
         where = e["node"] + ("" if e["gpu_index"] is None else f"/gpu{e['gpu_index']}")
@@ -221,6 +254,7 @@ __all__ = [
     "events",
     "join_token",
     "nodes",
+    "register",
     "revoke",
     "rollout",
     "uncordon",

@@ -1,4 +1,5 @@
-"""``gpufleet reserve``, ``gpufleet reservations``, ``gpufleet reservation cancel``.
+"""``gpufleet reservation create|list|cancel`` (``gpufleet reserve`` and ``gpufleet
+reservations``: the older names of create and list, kept).
 
 Whom a reservation is for (its team and users: their jobs may run in it) is one thing,
 who booked it (the API's ``owner``: they, or an operator, may cancel it) another; an
@@ -134,6 +135,10 @@ def reservations(
         print_json([r.model_dump() for r in items])
     else:
         _print(items, local_zone())
+
+
+reservation_app.command("create")(reserve)  # the old spellings stay: `gpufleet reserve`, `reservations`
+reservation_app.command("list")(reservations)
 
 
 @reservation_app.command("cancel")

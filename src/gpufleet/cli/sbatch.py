@@ -1,9 +1,12 @@
-"""``#SBATCH`` directives of a Slurm batch script, read so existing scripts run unchanged.
+"""``#SBATCH`` directives of a Slurm batch script, read strictly so existing scripts run
+with their meaning or not at all.
 
 Directives are the ``#SBATCH`` lines before the first command (as Slurm reads them).
-Both ``--opt=value`` and ``--opt value`` (and ``-N 2`` / ``-N2``) are accepted. A
-directive gpufleet does not understand becomes a warning, never silently dropped.
-``--gres=gpu:N`` is per node, as in Slurm.
+Both ``--opt=value`` and ``--opt value`` (and ``-N 2`` / ``-N2``) are accepted. Each
+option is read by ``slurmflags.apply`` (honoured, harmless or refused): a refused one is
+a :class:`Problem` with ``refused`` set (``gpufleet submit --ignore-unsupported`` turns
+each into a warning); a bad value is a Problem that nothing passes. Problems name the
+script's line: ``job.sh line 7: #SBATCH --switches=1: gpufleet cannot honour this (...)``.
 
 A script job's command is ``bash -c TEXT SCRIPT_NAME ARGS...`` (``SCRIPT_SHELL``): the
 text travels with the job, as Slurm stores the batch script; ``BatchScript.of`` reads a
@@ -12,26 +15,14 @@ command back as the script it carries.
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from gpufleet.timefmt import parse_duration
+if TYPE_CHECKING:  # read when a script is: `jobs show` and `queue` need BatchScript alone
+    from gpufleet.cli.slurmflags import Arg, SbatchOptions
 
-_LONG_WITH_VALUE = {
-    "gres",
-    "gpus",
-    "gpus-per-node",
-    "nodes",
-    "time",
-    "job-name",
-    "partition",
-    "output",
-    "error",
-}
-_FLAGS = {"requeue", "no-requeue"}
-_SHORT = {"N": "nodes", "t": "time", "J": "job-name", "p": "partition", "o": "output", "e": "error"}
 SCRIPT_SHELL = ("bash", "-c")
 
 
@@ -52,20 +43,25 @@ class BatchScript:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SbatchOptions:
-    """What a script asks for; None = not given."""
+class Problem:
+    """A directive or flag gpufleet will not take as it stands."""
 
-    gpus: int | None = None
-    gpus_per_node: int | None = None
-    nodes: int | None = None
-    gpu_type: str | None = None
-    time_limit_s: float | None = None
-    name: str | None = None
-    pool: str | None = None
-    output: str | None = None
-    error: str | None = None
-    requeue: bool | None = None
-    warnings: tuple[str, ...] = field(default=())
+    where: str
+    """``job.sh line 7`` for a directive, empty for a command-line flag."""
+    text: str
+    refused: bool
+    """True: gpufleet cannot honour the option (``--ignore-unsupported`` passes it with a
+    warning); False: a bad value (nothing passes it)."""
+
+    option: str = ""
+    """The option's long name (a flag of the same name on the command line replaces the
+    directive, and its problem with it)."""
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.text}" if self.where else self.text
+
+
+# -- reading a script --------------------------------------------------------------------------
 
 
 def directive_lines(text: str) -> list[tuple[int, str]]:
@@ -91,9 +87,29 @@ def _tokens(rest: str) -> list[str]:
         return rest.split()
 
 
-def _pairs(tokens: list[str]) -> list[tuple[str, str | None] | str]:
-    """(option, value) pairs; a bare string is an unparseable token."""
-    out: list[tuple[str, str | None] | str] = []
+@dataclass(frozen=True, slots=True)
+class Given:
+    """One option as a directive gave it."""
+
+    name: str  # the long name ("" for a stray word)
+    value: str | None
+    written: str  # as written: ``-N 2``, ``--time=1:00:00``
+
+
+def _arg(name: str) -> Arg:
+    from gpufleet.cli.slurmflags import OPTIONS
+
+    option = OPTIONS.get(name)
+    return option.arg if option is not None else "optional"
+
+
+def options_of(tokens: list[str]) -> list[Given]:
+    """The options in a directive's words, read as sbatch's getopt reads them: a value
+    after ``=`` or glued to a short option, else the next word for an option that takes
+    one (an unknown option takes the next word unless it starts with ``-``)."""
+    from gpufleet.cli.slurmflags import OPTIONS, SHORT
+
+    out: list[Given] = []
     i = 0
     while i < len(tokens):
         tok = tokens[i]
@@ -101,104 +117,58 @@ def _pairs(tokens: list[str]) -> list[tuple[str, str | None] | str]:
         if tok.startswith("--"):
             name, eq, value = tok[2:].partition("=")
             if eq:
-                out.append((name, value))
-            elif name in _FLAGS:
-                out.append((name, None))
-            elif i < len(tokens) and (name in _LONG_WITH_VALUE or not tokens[i].startswith("-")):
-                out.append((name, tokens[i]))
+                out.append(Given(name, value, tok))
+                continue
+            arg = _arg(name)
+            takes_next = arg == "required" or (name not in OPTIONS and i < len(tokens))
+            if takes_next and i < len(tokens) and not (name not in OPTIONS and tokens[i].startswith("-")):
+                out.append(Given(name, tokens[i], f"{tok} {tokens[i]}"))
                 i += 1
             else:
-                out.append((name, None))
+                out.append(Given(name, None, tok))
         elif tok.startswith("-") and len(tok) >= 2:
-            long = _SHORT.get(tok[1], "-" + tok[1])
+            name = SHORT.get(tok[1], f"-{tok[1]}")
             if len(tok) > 2:
-                out.append((long, tok[2:].lstrip("=")))
-            elif i < len(tokens) and not tokens[i].startswith("-"):
-                out.append((long, tokens[i]))
+                out.append(Given(name, tok[2:].removeprefix("="), tok))
+            elif _arg(name) != "none" and i < len(tokens) and not tokens[i].startswith("-"):
+                out.append(Given(name, tokens[i], f"{tok} {tokens[i]}"))
                 i += 1
             else:
-                out.append((long, None))
+                out.append(Given(name, None, tok))
         else:
-            out.append(tok)
+            out.append(Given("", None, tok))
     return out
 
 
-def _typed_count(value: str) -> tuple[str | None, int]:
-    """``N`` or ``TYPE:N`` -> (type, N)."""
-    parts = value.split(":")
-    if len(parts) == 1:
-        return None, int(parts[0])
-    return ":".join(parts[:-1]), int(parts[-1])
+def parse_script(text: str, *, source: str = "script", now: float) -> SbatchOptions:
+    """A script's directives applied in order (a later one wins); each one gpufleet will
+    not take is a Problem (``source line N: ...``)."""
+    from gpufleet.cli.slurmflags import Refused, SbatchOptions, apply
 
-
-def _gres(value: str) -> tuple[str | None, int] | None:
-    for item in value.split(","):
-        kind, _, rest = item.partition(":")
-        if kind == "gpu":
-            return _typed_count(rest) if rest else (None, 1)
-    return None
-
-
-def _apply(opts: SbatchOptions, name: str, value: str | None) -> SbatchOptions | str:
-    """The options with one directive applied, or a warning about it."""
-    if name in _FLAGS:
-        return replace(opts, requeue=name == "requeue")
-    if value is None:
-        return f"--{name} needs a value"
-    try:
-        match name:
-            case "gres":
-                got = _gres(value)
-                if got is None:
-                    return f"--gres={value}: only gpu resources are supported"
-                return replace(opts, gpu_type=got[0] or opts.gpu_type, gpus_per_node=got[1])
-            case "gpus":
-                kind, n = _typed_count(value)
-                return replace(opts, gpu_type=kind or opts.gpu_type, gpus=n)
-            case "gpus-per-node":
-                kind, n = _typed_count(value)
-                return replace(opts, gpu_type=kind or opts.gpu_type, gpus_per_node=n)
-            case "nodes":
-                m = re.fullmatch(r"(\d+)(?:-(\d+))?", value)
-                if m is None:
-                    return f"--nodes={value}: expected N or MIN-MAX"
-                return replace(opts, nodes=int(m.group(1)))
-            case "time":
-                return replace(opts, time_limit_s=parse_duration(value, bare_unit_s=60))
-            case "job-name":
-                return replace(opts, name=value)
-            case "partition":
-                return replace(opts, pool=value)
-            case "output":
-                return replace(opts, output=value)
-            case "error":
-                return replace(opts, error=value)
-    except ValueError as exc:
-        return f"--{name}={value}: {exc}"
-    return f"unsupported directive --{name}" if not name.startswith("-") else f"unsupported directive {name}"
-
-
-def parse_script(text: str) -> SbatchOptions:
     opts = SbatchOptions()
-    warnings: list[str] = []
+    problems: list[Problem] = []
+    origins: list[tuple[str, str]] = []
     for no, rest in directive_lines(text):
-        for pair in _pairs(_tokens(rest)):
-            if isinstance(pair, str):
-                warnings.append(f"line {no}: ignored {pair!r}")
+        where = f"{source} line {no}"
+        for given in options_of(_tokens(rest)):
+            said = f"#SBATCH {given.written}"
+            if not given.name:
+                problems.append(Problem(where=where, text=f"{said}: not an option", refused=False))
                 continue
-            got = _apply(opts, *pair)
-            if isinstance(got, str):
-                warnings.append(f"line {no}: ignored: {got}")
+            try:
+                opts = apply(opts, given.name, given.value, now=now)
+            except Refused as exc:
+                problems.append(
+                    Problem(where=where, text=refusal(said, str(exc)), refused=True, option=given.name)
+                )
+            except ValueError as exc:
+                problems.append(Problem(where=where, text=str(exc), refused=False, option=given.name))
             else:
-                opts = got
-    return replace(opts, warnings=tuple(warnings))
+                origins.append((given.name, f"{where}: {said}"))
+    return replace(opts, problems=tuple(problems), origins=tuple(origins))
 
 
-def total_gpus(opts: SbatchOptions, *, default: int = 1) -> int:
-    """Slurm's arithmetic: ``--gpus`` is the total; ``--gres``/``--gpus-per-node`` count
-    per node. With no GPU request at all the job gets ``default`` GPUs."""
-    if opts.gpus is not None:
-        return opts.gpus
-    if opts.gpus_per_node is not None:
-        return opts.gpus_per_node * (opts.nodes or 1)
-    return default
+def refusal(said: str, why: str) -> str:
+    """``SAID: gpufleet cannot honour this (WHY); WHAT TO DO``."""
+    reason, _, todo = why.partition("; ")
+    return f"{said}: gpufleet cannot honour this ({reason})" + (f"; {todo}" if todo else "")

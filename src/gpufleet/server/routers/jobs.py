@@ -1,4 +1,4 @@
-"""Jobs: submit, list, show, cancel, hold, release, priority.
+"""Jobs: submit, list, show, cancel, hold, release, priority, requeue, update.
 
 Every submission is served by ``submit``'s route, ``SubmitRoute``, which solves that one
 endpoint's parameters itself (FastAPI's way, without FastAPI's generic request handler);
@@ -18,7 +18,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpufleet.api.jobs import Cancelled, CancelMany, JobDetail, JobPage, JobSubmit, PriorityChange
+from gpufleet.api.jobs import Cancelled, CancelMany, JobDetail, JobPage, JobSubmit, JobUpdate, PriorityChange
 from gpufleet.server.audit import note_object
 from gpufleet.server.deps import Me, Parts, PartsDep, current_principal, get_parts
 from gpufleet.server.jobstate.states import JobState
@@ -196,12 +196,21 @@ def list_jobs(
     user: str | None = None,
     team: str | None = None,
     pool: str | None = None,
+    array: Annotated[int | None, Query(ge=1, description="only the tasks of this array")] = None,
+    since: Annotated[
+        float | None, Query(allow_inf_nan=False, description="not ended before (epoch seconds)")
+    ] = None,
+    until: Annotated[
+        float | None, Query(allow_inf_nan=False, description="submitted by (epoch seconds)")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[int | None, Query(ge=0)] = None,
     offset: Annotated[int | None, Query(ge=0)] = None,
 ) -> Response:
     """The page is serialised here, once (its items were just validated as ``JobOut``):
-    returned as a model, FastAPI would dump, validate and serialise 1,000 jobs again."""
+    returned as a model, FastAPI would dump, validate and serialise 1,000 jobs again.
+    ``since`` and ``until``: the jobs in the system at some time in that window
+    (``gpufleet history``, sacct's ``-S``/``-E``)."""
     page = jobs.list_jobs(
         db=parts.db,
         actor=me,
@@ -209,6 +218,9 @@ def list_jobs(
         user=user,
         team=team,
         pool=pool,
+        array=array,
+        since=since,
+        until=until,
         limit=limit,
         cursor=cursor,
         offset=offset,
@@ -237,6 +249,24 @@ def show(job_id: ObjectId, parts: PartsDep, me: Me) -> JobDetail:
 def cancel(job_id: ObjectId, parts: PartsDep, me: Me) -> JobDetail:
     return unwrap(
         jobs.cancel(db=parts.db, actor=me, job_id=job_id, now=parts.now(), waker=parts.scheduler.wake)
+    )
+
+
+@router.patch("/{job_id}", response_model=JobDetail)
+def update(job_id: ObjectId, body: JobUpdate, parts: PartsDep, me: Me) -> JobDetail:
+    """``scontrol update``: time limit (down only, except operators), name, held."""
+    return unwrap(
+        jobs.update(
+            db=parts.db, actor=me, job_id=job_id, spec=body, now=parts.now(), waker=parts.scheduler.wake
+        )
+    )
+
+
+@router.post("/{job_id}/requeue", response_model=JobDetail)
+def requeue(job_id: ObjectId, parts: PartsDep, me: Me) -> JobDetail:
+    """``scontrol requeue``: a scheduled or running job back to PENDING (409 otherwise)."""
+    return unwrap(
+        jobs.requeue(db=parts.db, actor=me, job_id=job_id, now=parts.now(), waker=parts.scheduler.wake)
     )
 
 

@@ -1,4 +1,5 @@
-"""Jobs after submission (``submissions.py``): list, show, cancel, hold, release, priority.
+"""Jobs after submission (``submissions.py``): list, show, cancel, hold, release, priority,
+requeue and update (Slurm's ``scontrol requeue`` and ``scontrol update``).
 
 Visibility: a plain user sees only their own jobs; another user's job answers 404
 (it is not revealed that the id exists). Operators and admins see and act on all jobs.
@@ -11,17 +12,28 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from gpufleet.api.jobs import AllocationOut, Cancelled, CancelMany, JobDetail, JobEventOut, JobOut, JobPage
+from gpufleet.api.jobs import (
+    AllocationOut,
+    Cancelled,
+    CancelMany,
+    JobDetail,
+    JobEventOut,
+    JobOut,
+    JobPage,
+    JobUpdate,
+)
 from gpufleet.server.db import Database
 from gpufleet.server.errors import Conflict
-from gpufleet.server.jobstate.states import TERMINAL, JobState
+from gpufleet.server.jobstate.states import ACTIVE, TERMINAL, JobState
 from gpufleet.server.jobstate.transitions import move, ref, release_attempt
 from gpufleet.server.models import Allocation, Job, JobEvent, Team, User
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
+from gpufleet.server.services.submissions import MAX_TIME_LIMIT_S
+from gpufleet.timefmt import format_duration, parse_duration
 
 Waker = Callable[[], None]
 
@@ -213,12 +225,17 @@ def list_jobs(
     user: str | None = None,
     team: str | None = None,
     pool: str | None = None,
+    array: int | None = None,
+    since: float | None = None,
+    until: float | None = None,
     limit: int = 100,
     cursor: int | None = None,
     offset: int | None = None,
 ) -> JobPage:
     """Jobs in id order. Page with ``cursor`` (the previous page's ``next_cursor``: stable
-    under concurrent submits) or ``offset``."""
+    under concurrent submits) or ``offset``. ``array``: that array's tasks. ``since`` and
+    ``until`` (``sacct -S -E``): jobs in the system at some time in that window, i.e.
+    submitted by ``until`` and not ended before ``since``."""
     q = _LIST_Q
     if not actor.is_operator:
         q = q.where(Job.user_id == actor.user_id)
@@ -230,6 +247,12 @@ def list_jobs(
         q = q.where(Team.name == team)
     if pool is not None:
         q = q.where(Job.pool == pool)
+    if array is not None:
+        q = q.where(Job.array_job_id == array)
+    if since is not None:
+        q = q.where(or_(Job.ended_at.is_(None), Job.ended_at >= since))
+    if until is not None:
+        q = q.where(Job.submit_time <= until)
     if cursor is not None:
         q = q.where(Job.id > cursor)
     q = q.order_by(Job.id).limit(limit + 1)
@@ -253,9 +276,12 @@ def _change(
     job_id: int,
     now: float,
     decide: Callable[[Session, Job], tuple[JobState, str, dict[str, Any]] | Failure],
+    *,
+    via: JobState | None = None,
 ) -> JobDetail | Failure:
     """Load, let ``decide`` pick the transition, apply it with CAS (a few retries when the
-    scheduler changed the job meanwhile), and return the job as it is afterwards."""
+    scheduler changed the job meanwhile), and return the job as it is afterwards.
+    ``via``: a transit state on the way (REQUEUED)."""
     for _ in range(5):
         try:
             with db.write() as s:
@@ -267,7 +293,7 @@ def _change(
                 if isinstance(decided, Failure):
                     return decided
                 to, reason, values = decided
-                move(s, ref(job), to, actor=actor.name, reason=reason, now=now, values=values)
+                move(s, ref(job), to, actor=actor.name, reason=reason, now=now, values=values, via=via)
                 s.expire(job)
                 return _detail(s, job, user=user, team=team)
         except Conflict:
@@ -372,3 +398,97 @@ def set_priority(
     out = _change(db, actor, job_id, now, decide)
     waker()
     return out
+
+
+def requeue(*, db: Database, actor: Principal, job_id: int, now: float, waker: Waker) -> JobDetail | Failure:
+    """``scontrol requeue``: a SCHEDULED or RUNNING job stops (its nodes are told) and
+    goes back to PENDING through REQUEUED, keeping its id, history and GPU-seconds; it
+    is placed again once its nodes confirmed the old attempt stopped. A requeue asked
+    for is not a failure: ``attempts`` (which ``--max-attempts`` counts) is unchanged.
+    Refused (409): a job submitted with ``--no-requeue`` (as Slurm refuses it), one
+    that is waiting, and one that has ended (the state machine has no way back from an
+    end: submit it again)."""
+
+    def decide(s: Session, job: Job) -> tuple[JobState, str, dict[str, Any]] | Failure:
+        state = JobState(job.state)
+        if state in TERMINAL:
+            return conflict(
+                f"job {job.id} has ended ({job.state}): only a scheduled or running job is requeued; "
+                "submit it again"
+            )
+        if state not in ACTIVE:
+            return conflict(f"job {job.id} is {job.state}: it is waiting already, nothing to requeue")
+        if not job.requeue:
+            return conflict(f"job {job.id} was submitted with --no-requeue")
+        values = release_attempt(s, job, now=now, confirmed=False) | {
+            "ended_at": None,
+            "pending_since": now,
+            "scheduled_at": None,
+            "started_at": None,
+            "not_before": None,
+            "wait_reason": None,
+        }
+        return JobState.PENDING, f"requeued by {actor.name}", values
+
+    out = _change(db, actor, job_id, now, decide, via=JobState.REQUEUED)
+    waker()
+    return out
+
+
+def update(
+    *, db: Database, actor: Principal, job_id: int, spec: JobUpdate, now: float, waker: Waker
+) -> JobDetail | Failure:
+    """``scontrol update``: a new time limit (down only, except for operators, as in
+    Slurm), a new name, held or released; one event records every change. Refused: an
+    ended job (409), nothing to change (422)."""
+    if spec.time_limit is None and spec.name is None and spec.held is None:
+        return invalid("say what to change: time_limit, name or held")
+    limit = None if spec.time_limit is None else _new_limit(spec.time_limit)
+    if isinstance(limit, Failure):
+        return limit
+
+    def decide(s: Session, job: Job) -> tuple[JobState, str, dict[str, Any]] | Failure:
+        state = JobState(job.state)
+        if state in TERMINAL:
+            return conflict(f"job {job.id} already finished ({job.state})")
+        values: dict[str, Any] = {}
+        said: list[str] = []
+        if limit is not None:
+            now_limit = job.time_limit_s
+            if not actor.is_operator and now_limit is not None and limit > now_limit:
+                return forbidden(
+                    f"job {job.id}: a time limit only goes down ({_secs(now_limit)} now); operators raise it"
+                )
+            values["time_limit_s"] = limit
+            said.append(f"time limit {_secs(now_limit)} -> {_secs(limit)}")
+        if spec.name is not None:
+            values["name"] = spec.name
+            said.append(f"name {job.name!r} -> {spec.name!r}")
+        to = state
+        if spec.held is True and state != JobState.HELD:
+            if state != JobState.PENDING:
+                return conflict(f"only a PENDING job can be held; job {job.id} is {job.state}")
+            to, values["wait_reason"] = JobState.HELD, f"JobHeldUser: held by {actor.name}"
+            said.append("held")
+        elif spec.held is False and state == JobState.HELD:
+            to, values["wait_reason"] = JobState.PENDING, None
+            said.append("released")
+        return to, f"{'; '.join(said) or 'nothing changed'} by {actor.name}", values
+
+    out = _change(db, actor, job_id, now, decide)
+    waker()
+    return out
+
+
+def _new_limit(value: str | float) -> float | Failure:
+    try:
+        secs = float(value) if isinstance(value, int | float) else parse_duration(value)
+    except ValueError as exc:
+        return invalid(f"time_limit: {exc}")
+    if not 0 < secs <= MAX_TIME_LIMIT_S:
+        return invalid(f"time_limit must be between 1 second and 365 days, got {value!r}")
+    return secs
+
+
+def _secs(limit: float | None) -> str:
+    return "none" if limit is None else format_duration(limit)

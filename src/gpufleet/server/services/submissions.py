@@ -392,7 +392,7 @@ def _row(new: NewJob, team_id: int) -> dict[str, Any]:
         "output": spec.output,
         "error": spec.error,
         "reservation_id": spec.reservation,
-        "state": str(JobState.PENDING),
+        "state": str(JobState.HELD if spec.hold else JobState.PENDING),
         "version": 0,
         "submit_time": new.now,
         "pending_since": new.now,
@@ -475,7 +475,9 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
         for row in mine:
             job_id = next(ids)
             why = "submitted" if new.array is None else f"submitted (task {row['array_task_id']} of an array)"
-            ev = event_row(job_id=job_id, at=new.now, actor=actor, src=None, dst=JobState.PENDING, reason=why)
+            why += " held" if new.spec.hold else ""
+            dst = JobState.HELD if new.spec.hold else JobState.PENDING
+            ev = event_row(job_id=job_id, at=new.now, actor=actor, src=None, dst=dst, reason=why)
             events.append(ev)
             tasks.append(job_id)
             if first is None:

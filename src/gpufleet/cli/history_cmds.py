@@ -1,0 +1,131 @@
+"""``gpufleet history``: past and present jobs with sacct's habits and columns
+(``sacct.py``). Its ``--parsable2`` output is what ``gpufleet simulate --trace FILE``
+reads as a sacct export.
+
+The window (``-S``/``-E``, Slurm's time forms, local time) selects the jobs that were
+in the system at some time in it: submitted by its end, not ended before its start.
+As sacct: from midnight today to now unless told; ``-j`` without ``-S`` looks at every
+time; your own jobs unless ``-a`` or ``-u`` (others': operators).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import typer
+
+from gpufleet.cli import sacct, slurmnames
+from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table
+from gpufleet.cli.localtime import parse_slurm_time
+from gpufleet.cli.options import flag, json_flag
+
+if TYPE_CHECKING:
+    from gpufleet.api.jobs import JobOut
+    from gpufleet.client import GpufleetClient
+
+
+def _csv(values: list[str]) -> list[str]:
+    return [x.strip() for v in values for x in v.split(",") if x.strip()]
+
+
+def history(
+    starttime: str | None = typer.Option(
+        None, "--starttime", "-S", help="From (default midnight): now-2days, 16:00, MMDD, 2026-03-01T09:00."
+    ),
+    endtime: str | None = typer.Option(None, "--endtime", "-E", help="To (default now); as --starttime."),
+    state: list[str] = typer.Option(
+        [],
+        "--state",
+        "-s",
+        help="Only these states: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT.",
+    ),
+    user: list[str] = typer.Option([], "--user", "-u", help="These users' jobs (others': operators)."),
+    allusers: bool = flag("--allusers", "-a", help="Everyone's jobs (operators; others see their own)."),
+    jobs: list[str] = typer.Option([], "--jobs", "-j", help="Only these jobs: 123, 123_4 (comma-separated)."),
+    partition: str | None = typer.Option(None, "--partition", "-r", help="Only this pool's jobs."),
+    account: str | None = typer.Option(None, "--accounts", "-A", help="Only this team's jobs."),
+    name: str | None = typer.Option(None, "--name", help="Only jobs of this name."),
+    fmt: str = typer.Option(
+        sacct.DEFAULT_FORMAT, "--format", "-o", help="Fields, comma-separated (NAME%WIDTH cuts one)."
+    ),
+    parsable2: bool = flag("--parsable2", "-P", help="`|` between fields, header first (sacct -P)."),
+    parsable: bool = flag("--parsable", "-p", help="As --parsable2 with a `|` after the last field too."),
+    noheader: bool = flag("--noheader", "-n", help="No header line."),
+    allocations: bool = flag("--allocations", "-X", help="Accepted: gpufleet's jobs have no steps."),
+    json_out: bool = json_flag(),
+) -> None:
+    """Jobs that were in the system in a window of time, like sacct (default: since
+    midnight).
+
+    --parsable2 output is a sacct export that `gpufleet simulate --trace` replays.
+    Fields: JobID, JobIDRaw, JobName, User, Account, Partition, Submit, Eligible, Start,
+    End, Elapsed, ElapsedRaw, Timelimit, TimelimitRaw, AllocTRES, ReqTRES, AllocCPUS,
+    ReqCPUS, ReqMem, NNodes, NodeList, State, ExitCode, Priority, Reason, Dependency."""
+    now = time.time()
+    try:
+        cols = sacct.columns(fmt)
+        states = slurmnames.states_of(state)
+        refs = [slurmnames.parse_ref(x) for x in _csv(jobs)]
+        since, until = _window(starttime, endtime, now=now, any_time=bool(refs))
+    except ValueError as exc:
+        raise fail(str(exc), BAD_INPUT) from None
+    with client() as c:
+        users: list[str | None] = list(_csv(user)) or [None if allusers else c.whoami().name]
+        found = _jobs(c, users, states=states, since=since, until=until, pool=partition, team=account)
+    if refs:
+        found = [j for j in found if any(_is(j, r) for r in refs)]
+    if name is not None:
+        found = [j for j in found if j.name == name]
+    if json_out:
+        print_json([j.model_dump() for j in found])
+    elif parsable or parsable2:
+        lines = sacct.parsable(found, cols, now=now, trailing=parsable, header=not noheader)
+        for line in lines:
+            typer.echo(line)
+    elif noheader:
+        for row in sacct.rows(found, cols, now=now):
+            typer.echo("  ".join(row))
+    else:
+        print_table([n for n, _ in cols], sacct.rows(found, cols, now=now))
+
+
+def _window(
+    starttime: str | None, endtime: str | None, *, now: float, any_time: bool
+) -> tuple[float | None, float | None]:
+    if starttime is not None:
+        since: float | None = parse_slurm_time(starttime, now=now, flag="--starttime", future=False)
+    elif any_time:
+        since = None
+    else:
+        since = parse_slurm_time("midnight", now=now, flag="--starttime", future=False)
+    until = None if endtime is None else parse_slurm_time(endtime, now=now, flag="--endtime", future=False)
+    if since is not None and until is not None and until < since:
+        raise ValueError(f"--endtime={endtime} is before --starttime")
+    return since, until
+
+
+def _jobs(
+    c: GpufleetClient,
+    users: list[str | None],
+    *,
+    states: list[str],
+    since: float | None,
+    until: float | None,
+    pool: str | None,
+    team: str | None,
+) -> list[JobOut]:
+    out: dict[int, JobOut] = {}
+    for u in users:
+        got = c.all_jobs(states=states or None, user=u, pool=pool, team=team, since=since, until=until)
+        out |= {j.id: j for j in got}
+    return [out[k] for k in sorted(out)]
+
+
+def _is(job: JobOut, ref: slurmnames.JobRef) -> bool:
+    if ref.tasks is None:
+        return ref.job in (job.id, job.array_job_id)
+    return job.array_job_id == ref.job and job.array_task_id in ref.tasks
+
+
+__all__ = ["history"]
