@@ -109,7 +109,7 @@ def worker(
     async def waiter(client: httpx.AsyncClient, node: str, kick: asyncio.Event) -> None:
         seen: str | None = None
         while (left := until - time.time()) > 0:
-            params: dict[str, str | float] = {"timeout": min(20.0, left)}
+            params: dict[str, str | float] = {"timeout": min(random.uniform(34.0, 56.0), left)}
             if seen is not None:
                 params["seen"] = seen
             try:
@@ -125,14 +125,14 @@ def worker(
                 seen = version
                 kick.set()
 
-    async def run_one(client: httpx.AsyncClient, agent: object) -> None:
+    async def run_one(client: httpx.AsyncClient, polls: httpx.AsyncClient, agent: object) -> None:
         from gpufleet.agent import Agent
 
         assert isinstance(agent, Agent)
         kick = asyncio.Event()
         await asyncio.sleep(random.uniform(0, interval))
         if wait:
-            asyncio.get_running_loop().create_task(waiter(client, agent.config.node, kick))
+            asyncio.get_running_loop().create_task(waiter(polls, agent.config.node, kick))
         while time.time() < until:
             t_start = time.time()
             agent.tick()
@@ -153,11 +153,16 @@ def worker(
             kick.clear()
 
     async def main() -> None:
-        conns = 2 * len(agents) + 10  # a sync's and a long-poll's connection each
-        limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
+        # syncs share a pool sized as before; the long-polls (one open per agent) have
+        # their own, so a sync never waits behind them for a connection
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+        waits = httpx.Limits(max_connections=len(agents) + 10, max_keepalive_connections=len(agents) + 10)
         headers = {"Authorization": f"Bearer {TOKEN}"}
-        async with httpx.AsyncClient(base_url=url + "/v1", headers=headers, timeout=60, limits=limits) as c:
-            await asyncio.gather(*(run_one(c, a) for a in agents))
+        async with (
+            httpx.AsyncClient(base_url=url + "/v1", headers=headers, timeout=60, limits=limits) as c,
+            httpx.AsyncClient(base_url=url + "/v1", headers=headers, timeout=60, limits=waits) as polls,
+        ):
+            await asyncio.gather(*(run_one(c, polls, a) for a in agents))
 
     asyncio.run(main())
     return lat
@@ -252,7 +257,9 @@ def run(n: int, args: argparse.Namespace, wait: bool) -> Result:
                 cpu0, wall0 = ct.user + ct.system, time.time()
                 spy = profile(srv, args, n)
                 time.sleep(max(0.0, measure_from + args.seconds / 2 - time.time()))
-                with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+                with httpx.Client(
+                    base_url=srv.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60
+                ) as c:
                     waiting = waiting_now(c) if wait else 0  # mid-window: every long-poll open
                 time.sleep(max(0.0, until - time.time()))
                 ct = ps.cpu_times()
