@@ -140,3 +140,17 @@ def test_a_job_held_until_a_time_is_estimated_to_start_then() -> None:
     st = {s.job_id: s for s in p.pending}
     assert not p.starts and st["h"].estimated_start == 500.0 and st["h"].reason == "BeginTime: not before"
     assert st["d"].estimated_start == 500.0 + make_policy("fifo").limit(held)
+
+
+def test_tasks_held_by_their_array_limit_are_estimated_from_their_siblings_ends() -> None:
+    f = fleet(node("n1", gpus=8))
+    run = tuple(
+        running(f"t{i}", {"n1": (i,)}, started=10.0 * i, time_limit_s=100.0, array="7", array_limit=2)
+        for i in range(2)
+    )
+    waiting = tuple(
+        job(f"t{i}", 1, submit=float(i), time_limit_s=100.0, array="7", array_limit=2) for i in range(2, 5)
+    )
+    p = plan(Snapshot(now=20.0, fleet=f, running=run, pending=waiting), "fifo")
+    eta = {s.job_id: s.estimated_start for s in p.pending}
+    assert not p.starts and eta == {"t2": 100.0, "t3": 110.0, "t4": 200.0}

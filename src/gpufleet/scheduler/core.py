@@ -26,6 +26,7 @@ so the same snapshot gives the same plan, with or without a cache.
 from __future__ import annotations
 
 import gc
+import heapq
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -578,12 +579,15 @@ class _Pass(Preempting):
     def explain_waits(self, ordered: list[tuple[Key, JobRequest]]) -> tuple[PendingStatus, ...]:
         est = self.estimator()
         out: list[PendingStatus] = []
+        slots: dict[str, list[float]] = {}  # per array held back by its limit: when a slot frees
         for _, job in ordered:
             wait = self.waits.get(job.id)
             if wait is None:
                 continue  # started
             eta: float | None = None
-            if wait.options is not None:
+            if wait.code == "JobArrayTaskLimit":
+                eta = self.array_slot(job, slots, floor=est.t)
+            elif wait.options is not None:
                 booked = est.earliest(wait.options)
                 if booked is not None:
                     eta = est.t
@@ -598,6 +602,30 @@ class _Pass(Preempting):
                 )
             )
         return tuple(out)
+
+    def array_slot(self, job: JobRequest, slots: dict[str, list[float]], *, floor: float) -> float:
+        """A task held back by its array's limit starts when one of the array's running
+        tasks ends (each assumed to run to its time limit), in queue order: the first
+        waiting task takes the earliest end, and so on, each freeing its slot again
+        after its own limit. Never before the queue's estimate so far (``floor``). It
+        books no GPUs in the estimate (the limit, not the GPUs, holds it back)."""
+        array = job.array or ""
+        heap = slots.get(array)
+        if heap is None:
+            limit = self.policy.limit
+            heap = [
+                max(self.now, rj.started_at + limit(rj.job))
+                for rj in self.snap.running
+                if rj.job.array == array and rj.job.id not in self.preempted
+            ]
+            heap += [self.now + limit(j) for j in self.started.values() if j.array == array]
+            heap.sort()  # more running than the limit (it was lowered): the first few free no slot
+            heap = heap[max(0, len(heap) - job.array_limit) :] or [self.now]
+            heapq.heapify(heap)
+            slots[array] = heap
+        start = max(floor, heapq.heappop(heap))
+        heapq.heappush(heap, start + self.policy.limit(job))
+        return start
 
     def reason(self, wait: _Wait) -> str:
         if wait.code != "Resources" or wait.options is None or wait.detail:
