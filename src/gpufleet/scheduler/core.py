@@ -305,6 +305,13 @@ class _Pass(Preempting):
             if job.array_limit > 0 and (full := self.array_full(job)) is not None:
                 unplaced.append((job, f"JobArrayTaskLimit: {full}"))
                 continue
+            if (
+                self.res is not None
+                and (job.cpus or job.mem_mb)
+                and (never := self.never_fits(job)) is not None
+            ):
+                unplaced.append((job, f"Unschedulable: {never}"))
+                continue
             got = placer.place(job)
             if isinstance(got, str):
                 unplaced.append((job, got))

@@ -77,9 +77,6 @@ class CpuPlacer:
             jobs, name = heap[0]
             heapq.heapreplace(heap, (jobs + 1, name))
             return Start(job_id=job.id, placement=(NodeGpus(node=name, gpus=()),))
-        never = res.never(job, [n.name for n in self.fleet.nodes if n.pool == job.pool])
-        if never is not None:
-            return f"Unschedulable: {never}"
         for jobs, name in sorted(heap):  # the least-loaded node where it fits
             if res.fits(name, job):
                 heap.remove((jobs, name))

@@ -18,7 +18,7 @@ GPUs only.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpufleet.scheduler.model import Fleet, JobRequest, RunningJob
@@ -42,8 +42,6 @@ class NodeResources:
         fleet: Fleet,
         running: Sequence[RunningJob],
         pending: Iterable[JobRequest],
-        *,
-        preempted: Collection[str] = (),
     ) -> NodeResources | None:
         """None when no node tracks CPUs or memory, or no waiting job asks for any."""
         if not any(n.cpus or n.mem_mb for n in fleet.nodes):
@@ -53,7 +51,7 @@ class NodeResources:
         tracked = [n for n in fleet.nodes if n.cpus or n.mem_mb]
         self = cls({n.name: _Free(cpus=n.cpus or None, mem=n.mem_mb or None) for n in tracked})
         for rj in running:
-            if rj.job.id not in preempted and (rj.job.cpus or rj.job.mem_mb):
+            if rj.job.cpus or rj.job.mem_mb:
                 self.take((p.node for p in rj.placement), rj.job)
         return self
 

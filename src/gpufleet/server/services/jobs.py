@@ -32,8 +32,8 @@ from gpufleet.server.jobstate.transitions import move, ref, release_attempt
 from gpufleet.server.models import Allocation, Job, JobEvent, Team, User
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
-from gpufleet.server.services.submissions import MAX_TIME_LIMIT_S
-from gpufleet.timefmt import format_duration, parse_duration
+from gpufleet.server.services.submissions import time_limit
+from gpufleet.timefmt import format_duration
 
 Waker = Callable[[], None]
 
@@ -270,12 +270,16 @@ def list_jobs(
 # -- changing ----------------------------------------------------------------------------------
 
 
+Decision = Callable[[Session, Job], tuple[JobState, str, dict[str, Any]] | Failure]
+"""What ``_change`` asks: the transition for a job (state, reason, column values), or why not."""
+
+
 def _change(
     db: Database,
     actor: Principal,
     job_id: int,
     now: float,
-    decide: Callable[[Session, Job], tuple[JobState, str, dict[str, Any]] | Failure],
+    decide: Decision,
     *,
     via: JobState | None = None,
 ) -> JobDetail | Failure:
@@ -301,7 +305,9 @@ def _change(
     return conflict(f"job {job_id} is changing too fast; try again")
 
 
-def cancel(*, db: Database, actor: Principal, job_id: int, now: float, waker: Waker) -> JobDetail | Failure:
+def _cancelling(actor: Principal, now: float) -> Decision:
+    """``_change``'s decision for a cancel (one job, or each of ``cancel_many``'s)."""
+
     def decide(s: Session, job: Job) -> tuple[JobState, str, dict[str, Any]] | Failure:
         if JobState(job.state) in TERMINAL:
             return conflict(f"job {job.id} already finished ({job.state})")
@@ -311,7 +317,11 @@ def cancel(*, db: Database, actor: Principal, job_id: int, now: float, waker: Wa
             release_attempt(s, job, now=now, confirmed=False) | {"ended_at": now},
         )
 
-    out = _change(db, actor, job_id, now, decide)
+    return decide
+
+
+def cancel(*, db: Database, actor: Principal, job_id: int, now: float, waker: Waker) -> JobDetail | Failure:
+    out = _change(db, actor, job_id, now, _cancelling(actor, now))
     waker()
     return out
 
@@ -344,16 +354,7 @@ def cancel_many(
         ids = list(s.scalars(q.order_by(Job.id)))
     done: list[int] = []
     skipped: list[int] = []
-
-    def decide(s: Session, job: Job) -> tuple[JobState, str, dict[str, Any]] | Failure:
-        if JobState(job.state) in TERMINAL:
-            return conflict(f"job {job.id} already finished ({job.state})")
-        return (
-            JobState.CANCELLED,
-            f"cancelled by {actor.name}",
-            release_attempt(s, job, now=now, confirmed=False) | {"ended_at": now},
-        )
-
+    decide = _cancelling(actor, now)
     for jid in ids:
         out = _change(db, actor, jid, now, decide)
         (skipped if isinstance(out, Failure) else done).append(jid)
@@ -443,7 +444,7 @@ def update(
     ended job (409), nothing to change (422)."""
     if spec.time_limit is None and spec.name is None and spec.held is None:
         return invalid("say what to change: time_limit, name or held")
-    limit = None if spec.time_limit is None else _new_limit(spec.time_limit)
+    limit = time_limit(spec.time_limit)
     if isinstance(limit, Failure):
         return limit
 
@@ -478,16 +479,6 @@ def update(
     out = _change(db, actor, job_id, now, decide)
     waker()
     return out
-
-
-def _new_limit(value: str | float) -> float | Failure:
-    try:
-        secs = float(value) if isinstance(value, int | float) else parse_duration(value)
-    except ValueError as exc:
-        return invalid(f"time_limit: {exc}")
-    if not 0 < secs <= MAX_TIME_LIMIT_S:
-        return invalid(f"time_limit must be between 1 second and 365 days, got {value!r}")
-    return secs
 
 
 def _secs(limit: float | None) -> str:

@@ -65,7 +65,8 @@ _SET_ARRAY = (
 )
 
 
-def _time_limit(value: str | float | None) -> float | Failure | None:
+def time_limit(value: str | float | None) -> float | Failure | None:
+    """A time limit as given (seconds, or a duration such as 2h), checked; None: none."""
     if value is None:
         return None
     try:
@@ -569,7 +570,7 @@ async def submit(
             f"priority {spec.priority}: only operators and admins give a job a priority above 0 "
             "(0 or below is anyone's)"
         )
-    limit = _time_limit(spec.time_limit)
+    limit = time_limit(spec.time_limit)
     if isinstance(limit, Failure):
         return limit
     backoff = _backoff(spec.requeue_backoff)
