@@ -16,6 +16,8 @@ commands read it as a user's would. Then it times, ``--runs`` times each, round-
 - ``gpufleet --help``, ``gpufleet queue`` (all ``--jobs`` jobs, two pages),
   ``gpufleet queue --json``, ``gpufleet submit -p POOL -- sleep 1`` (a job more each
   run; it asks for prices too), ``gpufleet jobs show ID``;
+- with ``PYTHONDONTWRITEBYTECODE`` unset, as on a user's machine (the warm-up round
+  writes gpufleet's ``.pyc`` files; without them each command compiles its modules);
 - ``squeue`` and ``sinfo``, if they are on PATH (``not installed`` otherwise; timed
   whatever they answer, as they talk to this machine's slurmctld, not to gpufleet).
 
@@ -150,6 +152,9 @@ def main() -> None:
         env = {**os.environ, "XDG_CONFIG_HOME": str(Path(tmp) / "config")}
         for var in ("GPUFLEET_URL", "GPUFLEET_TOKEN", "GPUFLEET_CA_FILE", "GPUFLEET_ADMIN_TOKEN"):
             env.pop(var, None)
+        # as a user's machine runs it: Python caches its compiled modules (the warm-up round
+        # writes them), where this machine's environment may say not to
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         srv = start(gf, f"sqlite:///{Path(tmp) / 'bench.db'}", env)
         try:
             last = fill(srv.url, args.jobs)

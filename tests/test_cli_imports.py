@@ -13,13 +13,14 @@ and a help line that is the command's own: both are checked here.
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 
 import pytest
 import typer
 
-from gpufleet.cli import COMMANDS, app, load
+from gpufleet.cli import COMMANDS, app, load, quick
 
 HEAVY = ("sqlalchemy", "fastapi", "uvicorn", "alembic", "starlette", "psycopg", "numpy", "matplotlib")
 SERVER_OK = {"gpufleet.server", "gpufleet.server.defaults", "gpufleet.server.health", "gpufleet.server.clock"}
@@ -90,3 +91,37 @@ def test_every_command_shows_its_help(name: str) -> None:
     command (or group) answers ``--help``."""
     out = _gpufleet(name, "--help").stdout
     assert f" gpufleet {name} [OPTIONS]" in out, out[:500]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        *(["server"], ["agent"], ["demo"], ["gateway"], ["model-server"], ["loadgen"], ["run"], ["simulate"]),
+        *(["logs", "1"], ["service", "logs"], ["node", "rollout"], ["trace", "stats"], ["admin"], ["db"]),
+    ],
+)
+def test_long_running_commands_end_normally(argv: list[str]) -> None:
+    """Only quick client commands skip the collector and the interpreter's teardown:
+    a server, an agent, ``run`` or ``logs`` (which may follow for hours) never do."""
+    assert not quick(argv)
+
+
+@pytest.mark.parametrize(
+    "argv", [[], ["--help"], ["--version"], ["queue"], ["submit", "x.sh"], ["jobs", "show"]]
+)
+def test_quick_commands(argv: list[str]) -> None:
+    assert quick(argv)
+
+
+def test_quick_exit_keeps_the_exit_code_and_the_message() -> None:
+    """A quick command that fails (no server there) still says why and exits non-zero:
+    its output is flushed before os._exit."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "queue"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "GPUFLEET_URL": "http://127.0.0.1:9", "GPUFLEET_TOKEN": "x"},
+        check=False,
+    )
+    assert done.returncode != 0 and "cannot reach server" in done.stderr, done.stderr

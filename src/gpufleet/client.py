@@ -26,18 +26,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import platformdirs
-from pydantic import BaseModel, TypeAdapter, ValidationError
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from gpufleet.api.audit import AuditOut
     from gpufleet.api.chargeback import PricesOut, UsageReport
     from gpufleet.api.credentials import NodeCredentialOut
-    from gpufleet.api.jobs import Cancelled, JobDetail, JobPage
+    from gpufleet.api.jobs import Cancelled, JobDetail, JobOut, JobPage
     from gpufleet.api.nodes import NodeOut, SyncReply
     from gpufleet.api.reservations import ReservationOut
     from gpufleet.api.users import PoolOut, TeamOut, TokenCreated, TokenOut, UserCreated, UserOut
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 
 
 class ClientError(Exception):
@@ -87,6 +88,22 @@ def save_connection(conn: Connection) -> Path:
         json.dump({"url": conn.url, "token": conn.token, "ca_file": conn.ca_file}, f)
     os.chmod(path, 0o600)
     return path
+
+
+def _job_filters(
+    *,
+    states: list[str] | None = None,
+    user: str | None = None,
+    team: str | None = None,
+    pool: str | None = None,
+    array: int | None = None,
+    since: float | None = None,
+    until: float | None = None,
+) -> dict[str, Any]:
+    """``GET /v1/jobs``'s query for these filters (those given)."""
+    params: dict[str, Any] = {"state": ",".join(states)} if states else {}
+    given = {"user": user, "team": team, "pool": pool, "array": array, "since": since, "until": until}
+    return params | {k: v for k, v in given.items() if v is not None}
 
 
 class GpufleetClient:
@@ -151,26 +168,35 @@ class GpufleetClient:
             raise ClientError(f"cannot reach server {self.url} ({exc.__class__.__name__}: {exc})") from exc
 
     def _get(self, model: type[M], method: str, path: str, **kw: Any) -> M:
+        from pydantic import ValidationError
+
         try:
             return model.model_validate(self.request(method, path, **kw))
         except ValidationError as exc:
             raise ClientError(f"unexpected answer from {path}: {exc.error_count()} schema errors") from exc
 
     def _list(self, model: type[M], path: str, params: dict[str, Any] | None = None) -> list[M]:
-        """Every page of a paged list (``{"items", "next_cursor"}``)."""
-        adapter = TypeAdapter(list[model])  # type: ignore[valid-type]
-        out: list[M] = []
+        """Every page of a paged list (``{"items", "next_cursor"}``), validated."""
+        from pydantic import TypeAdapter, ValidationError
+
+        try:
+            return TypeAdapter(list[model]).validate_python(self.pages(path, params))  # type: ignore[valid-type]
+        except ValidationError as exc:
+            raise ClientError(f"unexpected answer from {path}: {exc.error_count()} schema errors") from exc
+
+    def pages(self, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every item of a paged list (``{"items", "next_cursor"}``), as the server's JSON:
+        objects, not validated. For a listing that is only printed (``gpufleet queue``),
+        which then never imports pydantic (~50 ms of a command's start-up)."""
+        out: list[dict[str, Any]] = []
         cursor: str | None = None
         while True:
             query = {**(params or {}), "limit": 1000 if cursor else 100}
             body = self.request("GET", path, params=query if cursor is None else {**query, "cursor": cursor})
-            unexpected = f"unexpected answer from {path}"
-            if not isinstance(body, dict):
-                raise ClientError(f"{unexpected}: not a page")
-            try:
-                out += adapter.validate_python(body.get("items"))
-            except ValidationError as exc:
-                raise ClientError(f"{unexpected}: {exc.error_count()} schema errors") from exc
+            items = body.get("items") if isinstance(body, dict) else None
+            if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+                raise ClientError(f"unexpected answer from {path}: not a page")
+            out += items
             cursor = body.get("next_cursor")
             if cursor is None:
                 return out
@@ -198,22 +224,22 @@ class GpufleetClient:
         were in the system (submitted, not yet ended) at some time in that window."""
         from gpufleet.api.jobs import JobPage
 
-        params: dict[str, Any] = {"limit": limit}
-        if states:
-            params["state"] = ",".join(states)
-        given = {"user": user, "team": team, "pool": pool, "array": array, "since": since, "until": until}
-        params |= {k: v for k, v in {**given, "cursor": cursor}.items() if v is not None}
+        params = _job_filters(
+            states=states, user=user, team=team, pool=pool, array=array, since=since, until=until
+        )
+        params |= {"limit": limit} if cursor is None else {"limit": limit, "cursor": cursor}
         return self._get(JobPage, "GET", "/jobs", params=params)
 
-    def all_jobs(self, **filters: Any) -> list[Any]:
-        out: list[Any] = []
-        cursor: str | None = None
-        while True:
-            page = self.jobs(cursor=cursor, limit=1000 if cursor else 100, **filters)
-            out += page.items
-            if page.next_cursor is None:
-                return out
-            cursor = page.next_cursor
+    def all_jobs(self, **filters: Any) -> list[JobOut]:
+        """Every job the filters of :meth:`jobs` match, every page."""
+        from gpufleet.api.jobs import JobOut
+
+        return self._list(JobOut, "/jobs", _job_filters(**filters))
+
+    def job_listing(self, **filters: Any) -> list[dict[str, Any]]:
+        """:meth:`all_jobs` as the server's JSON objects (``JobOut``'s fields), not
+        validated: for ``gpufleet queue``, which prints them (see :meth:`pages`)."""
+        return self.pages("/jobs", _job_filters(**filters))
 
     def job(self, job_id: int) -> JobDetail:
         from gpufleet.api.jobs import JobDetail
@@ -260,6 +286,8 @@ class GpufleetClient:
 
     # -- reservations -----------------------------------------------------------------------
     def reserve(self, spec: dict[str, Any]) -> list[ReservationOut]:
+        from pydantic import TypeAdapter, ValidationError
+
         from gpufleet.api.reservations import ReservationOut
 
         try:

@@ -41,10 +41,11 @@ def free_port() -> int:
 
 
 def gpufleet(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30, python_flags: bool = False
 ) -> subprocess.CompletedProcess[str]:
+    """``gpufleet ARGS`` (``python ARGS`` with ``python_flags``: ``-X importtime -m gpufleet ...``)."""
     return subprocess.run(
-        [sys.executable, "-m", "gpufleet", *args],
+        [sys.executable, *(() if python_flags else ("-m", "gpufleet")), *args],
         capture_output=True,
         text=True,
         timeout=timeout,

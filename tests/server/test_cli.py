@@ -149,3 +149,28 @@ def test_login_writes_private_config(server: Server, tmp_path: Path) -> None:
     cfg = next(tmp_path.rglob("config.json"))
     assert cfg.stat().st_mode & 0o777 == 0o600
     assert gpufleet("queue", "--json", env=env).returncode == 0
+
+
+def _imports(done: object) -> set[str]:
+    lines = getattr(done, "stderr", "").splitlines()
+    return {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
+
+
+def test_submit_and_queue_read_json_without_pydantic(server: Server, setup: dict[str, str]) -> None:
+    """The two commands users run most (bench/bench_cli.py) print the server's JSON as it
+    is: neither imports pydantic nor the API's models, and what they print is whole
+    (they end with os._exit once their output is flushed)."""
+    env = server.env()
+    argv = ("submit", "--team", setup["team"], "--pool", setup["pool"], "--name", "nopyd", "--", "true")
+    sub = gpufleet("-X", "importtime", "-m", "gpufleet", *argv, env=env, python_flags=True)
+    assert sub.returncode == 0, sub.stderr[-2000:]
+    job_id = int(sub.stdout.strip())
+    queue = gpufleet("-X", "importtime", "-m", "gpufleet", "queue", "--all", env=env, python_flags=True)
+    assert queue.returncode == 0, queue.stderr[-2000:]
+    for done in (sub, queue):
+        heavy = sorted(m for m in _imports(done) if m.split(".")[0] in ("pydantic", "pydantic_core"))
+        assert not heavy and "gpufleet.api.jobs" not in _imports(done), heavy[:5]
+    mine = [line.split() for line in queue.stdout.splitlines() if line.split()[:1] == [str(job_id)]]
+    assert mine and mine[0][1] == "nopyd", queue.stdout[-500:]
+    as_json = gpufleet("queue", "--all", "--json", env=env)
+    assert as_json.returncode == 0 and any(j["id"] == job_id for j in json.loads(as_json.stdout))

@@ -23,7 +23,9 @@ help would be the first thing to give up if that goal is missed.
 from __future__ import annotations
 
 import copy
+import gc
 import importlib
+import os
 import sys
 from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -48,6 +50,10 @@ class Lazy(NamedTuple):
     context_settings: dict[str, Any] | None = None
     hidden: bool = False
     """An old spelling kept working but left out of ``gpufleet --help``."""
+    quick: bool = False
+    """A client command that asks the server and prints (``queue``, ``submit``...): run
+    without the garbage collector and ended without the interpreter's teardown
+    (:func:`main`). Never one that runs for long (``server``, ``agent``, ``run``...)."""
 
 
 COMMANDS: dict[str, Lazy] = {
@@ -67,33 +73,39 @@ COMMANDS: dict[str, Lazy] = {
         "submit_cmds:submit",
         "Submit a job; prints its id. Options override #SBATCH directives.",
         {"allow_interspersed_args": False},
+        quick=True,
     ),
     "run": Lazy(
         "submit_cmds:run",
         "Run a job and wait for it, like srun: prints its output as it comes and exits with its exit code.",
         {"allow_interspersed_args": False},
     ),
-    "queue": Lazy("job_cmds:queue", "Waiting and running jobs, like squeue."),
+    "queue": Lazy("job_cmds:queue", "Waiting and running jobs, like squeue.", quick=True),
     "history": Lazy(
         "history_cmds:history",
         "Jobs that were in the system in a window of time, like sacct (default: since midnight).",
+        quick=True,
     ),
     "cancel": Lazy(
-        "job_cmds:cancel", "Cancel jobs (scancel): by id, or every job of yours the filters match."
+        "job_cmds:cancel",
+        "Cancel jobs (scancel): by id, or every job of yours the filters match.",
+        quick=True,
     ),
-    "hold": Lazy("job_cmds:hold", "Hold pending jobs (scontrol hold)."),
-    "release": Lazy("job_cmds:release", "Release held jobs (scontrol release)."),
+    "hold": Lazy("job_cmds:hold", "Hold pending jobs (scontrol hold).", quick=True),
+    "release": Lazy("job_cmds:release", "Release held jobs (scontrol release).", quick=True),
     "requeue": Lazy(
         "job_cmds:requeue",
         "Put running jobs back in the queue (scontrol requeue): each stops and waits again, keeping its id "
         "and history.",
+        quick=True,
     ),
     "update": Lazy(
         "job_cmds:update",
         "Change a job (scontrol update): its time limit (only down, except for operators), its name, held "
         "or not.",
+        quick=True,
     ),
-    "nodes": Lazy("node_cmds:nodes", "Nodes and their GPUs, like sinfo."),
+    "nodes": Lazy("node_cmds:nodes", "Nodes and their GPUs, like sinfo.", quick=True),
     "default-team": Lazy(
         "account_cmds:default_team",
         "Your default team: where a job goes when `submit` names no --team (Slurm's default account). "
@@ -129,14 +141,16 @@ COMMANDS: dict[str, Lazy] = {
     "price": Lazy(
         "chargeback_cmds:price",
         "GPU prices now, and when each GPU model gets cheaper (for work that can wait).",
+        quick=True,
     ),
     "usage": Lazy(
         "chargeback_cmds:usage",
         "GPU-hours, cost, energy, jobs, utilisation and idle waste per user, team, pool or model.",
+        quick=True,
     ),
     # the groups, after the commands (as Typer lists groups added with add_typer)
     "trace": Lazy("sim_cmds:trace_app", "Make and inspect job traces."),
-    "jobs": Lazy("job_cmds:jobs_app", "Jobs: list and show."),
+    "jobs": Lazy("job_cmds:jobs_app", "Jobs: list and show.", quick=True),
     "admin": Lazy("chargeback_cmds:admin_app", "Users, teams, quotas, pools (admins)."),
     "db": Lazy("db_cmds:db_app", "Database schema."),
     "tokens": Lazy("account_cmds:tokens_app", "Your API tokens."),
@@ -265,12 +279,46 @@ def _root(
     """gpufleet: one control plane for a shared GPU cluster."""
 
 
+def quick(argv: list[str]) -> bool:
+    """Whether ``gpufleet ARGV`` is a quick client command (:attr:`Lazy.quick`), or the
+    root's help or version (no command named)."""
+    name = next((a for a in argv if not a.startswith("-")), None)
+    return name is None or (name in COMMANDS and COMMANDS[name].quick)
+
+
 def main() -> None:
-    # httpx imports its own command line (click, rich, pygments: ~30 ms) when it can;
-    # gpufleet never runs it. Only the `gpufleet` process does without it: a library
-    # leaves the process that imports it alone (`app` runs as it is in tests).
+    """The ``gpufleet`` console script.
+
+    httpx imports its own command line (click, rich, pygments: ~30 ms) when it can;
+    gpufleet never runs it. Only the ``gpufleet`` process does without it: a library
+    leaves the process that imports it alone (``app`` runs as it is in tests).
+
+    A quick command (``gpufleet queue`` runs as often as ``squeue``) runs with the
+    garbage collector off (a process of a fraction of a second frees its memory by
+    ending: the collector's passes over the imports and a 1,000-job listing cost ~10
+    ms) and ends with ``os._exit`` once its output is flushed, skipping the
+    interpreter's teardown of every module (~20 ms; bench/bench_cli.py). A quick
+    command holds no thread, temporary file or ``atexit`` work by then. Any other
+    command (the server, agents, ``run``, the simulator) runs and ends normally."""
     sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
-    app()
+    if not quick(sys.argv[1:]):
+        app()
+        return
+    gc.disable()
+    try:
+        app()
+        code: object = 0
+    except SystemExit as exc:
+        code = exc.code
+    if code is not None and not isinstance(code, int):  # sys.exit("why"), as Python prints it
+        sys.stderr.write(f"{code}\n")
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # a closed pipe (`gpufleet queue | head -1`): Python's own code then
+        code = 120
+    os._exit(code or 0)
 
 
-__all__ = ["COMMANDS", "Lazy", "LazyGroup", "app", "load", "main"]
+__all__ = ["COMMANDS", "Lazy", "LazyGroup", "app", "load", "main", "quick"]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpufleet.cli import jobview, slurmnames, words
+from gpufleet.cli import slurmnames, words
 from gpufleet.cli._common import (
     BAD_INPUT,
     FAILED,
@@ -26,7 +26,7 @@ from gpufleet.client import ClientError, GpufleetClient
 from gpufleet.timefmt import format_duration, parse_duration
 
 if TYPE_CHECKING:
-    from gpufleet.api.jobs import Cancelled, JobOut
+    from gpufleet.api.jobs import Cancelled
 
 
 def _eta(at: float | None) -> str:
@@ -49,36 +49,53 @@ def queue(
     JobHeldUser...) with gpufleet's detail."""
     states = None if include_finished else ["PENDING", "HELD", "SCHEDULED", "RUNNING"]
     with client() as c:
-        items = c.all_jobs(states=states, user=user, pool=pool)
+        items = c.job_listing(states=states, user=user, pool=pool)
     if json_out:
-        print_json([j.model_dump() for j in items])
+        print_json(items)
         return
     print_table(("JOBID", "NAME", "USER", "STATE", "GPUS", "POS", "ETA", "NODES/REASON"), queue_rows(items))
 
 
-def queue_rows(items: Sequence[JobOut]) -> list[tuple[object, ...]]:
-    """The queue's rows: one per job, but one per array for the tasks of an array that
-    wait in the same state (at the first one's place, with its position, ETA and
-    reason), as squeue shows a pending array."""
-    waiting: dict[tuple[int, str], list[JobOut]] = {}
+def queue_rows(items: Sequence[dict[str, Any]]) -> list[tuple[object, ...]]:
+    """The queue's rows from the listing's JSON objects (``JobOut``'s fields): one per
+    job, but one per array for the tasks of an array that wait in the same state (at the
+    first one's place, with its position, ETA and reason), as squeue shows a pending
+    array."""
+    waiting: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for j in items:
-        if j.array_job_id is not None and j.array_task_id is not None and j.state in ("PENDING", "HELD"):
-            waiting.setdefault((j.array_job_id, j.state), []).append(j)
+        if (
+            j.get("array_job_id") is not None
+            and j.get("array_task_id") is not None
+            and j["state"]
+            in (
+                "PENDING",
+                "HELD",
+            )
+        ):
+            waiting.setdefault((j["array_job_id"], j["state"]), []).append(j)
     rows: list[tuple[object, ...]] = []
     for j in items:
-        tasks = waiting.get((j.array_job_id or 0, j.state)) if j.array_job_id is not None else None
+        array = j.get("array_job_id")
+        tasks = waiting.get((array or 0, j["state"])) if array is not None else None
         if tasks is not None and j is not tasks[0]:
             continue  # shown on its array's line
         shown = (
-            slurmnames.array_ids(tasks[0].array_job_id or 0, [t.array_task_id or 0 for t in tasks])
+            slurmnames.array_ids(array or 0, [t["array_task_id"] for t in tasks])
             if tasks is not None
-            else slurmnames.job_id(j.id, j.array_job_id, j.array_task_id)
+            else slurmnames.job_id(j["id"], array, j.get("array_task_id"))
         )
-        where = " ".join(f"{a.node}:{','.join(map(str, a.gpus))}" for a in j.allocation)
-        eta = _eta(j.estimated_start)
-        rows.append(
-            (shown, j.name[:20], j.user, j.state, j.gpus, j.queue_position, eta, where or j.wait_reason)
+        where = " ".join(f"{a['node']}:{','.join(map(str, a['gpus']))}" for a in j.get("allocation") or ())
+        eta = _eta(j.get("estimated_start"))
+        shown_row = (
+            shown,
+            str(j["name"])[:20],
+            j["user"],
+            j["state"],
+            j["gpus"],
+            j.get("queue_position"),
+            eta,
         )
+        rows.append((*shown_row, where or j.get("wait_reason")))
     return rows
 
 
@@ -111,6 +128,8 @@ def jobs_show(job_id: int = typer.Argument(...), json_out: bool = json_flag("the
     if json_out:
         print_json(j.model_dump())
         return
+    from gpufleet.cli import jobview  # the job's models: not for the commands that list
+
     for line in jobview.show_lines(j, now=time.time()):
         typer.echo(line)
 

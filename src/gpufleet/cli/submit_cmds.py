@@ -91,8 +91,10 @@ _FIELD_OPTION = {
 
 def _submitted(
     c: GpufleetClient, opts: slurmflags.SbatchOptions, command: list[str], flags: dict[str, Any]
-) -> JobOut:
-    """Submit; a refusal of a value that came from a script names the script's line."""
+) -> dict[str, Any]:
+    """Submit; a refusal of a value that came from a script names the script's line. The
+    job as the server's JSON (``JobDetail``'s fields): printed, not reasoned on, so that
+    ``gpufleet submit`` never imports pydantic and the API's models (~60 ms)."""
     try:
         spec, warnings = batch.job_spec(c, opts, command, flags, environ=os.environ, cwd=os.getcwd())
     except batch.Unhonoured as exc:
@@ -100,7 +102,8 @@ def _submitted(
     for w in warnings:
         warn(w)
     try:
-        return c.submit(spec)
+        submitted: dict[str, Any] = c.request("POST", "/jobs", json=spec)
+        return submitted
     except ClientError as exc:
         field, _, rest = (exc.detail or "").partition(": ")
         option = _FIELD_OPTION.get(field)
@@ -127,42 +130,46 @@ def submit(
     opts, command = _options(args, flags, batch_file=True)
     with client() as c:
         job = _submitted(c, opts, command, flags)
-        for w in job.warnings:
+        for w in job.get("warnings") or ():
             warn(w)
         if json_out:
-            print_json(job.model_dump())
+            print_json(job)
             return
+        array = job.get("array_job_id")
         if parsable:
-            typer.echo(job.array_job_id or job.id)
+            typer.echo(array or job["id"])
             return
-        typer.echo(job.id if job.array_job_id is None else f"Submitted batch job {job.array_job_id}")
+        typer.echo(job["id"] if array is None else f"Submitted batch job {array}")
         with contextlib.suppress(ClientError):  # the job is in: a price is a courtesy
             for line in price_hint(c, job):
                 typer.echo(f"gpufleet: {line}", err=True)
 
 
-def price_hint(c: GpufleetClient, job: JobOut) -> list[str]:
+def price_hint(c: GpufleetClient, job: dict[str, Any]) -> list[str]:
     """What a just-submitted job costs per hour now and when it would be cheaper
     (``gpufleet submit`` prints it: work that can wait may be held and released
     off-peak). Empty when no prices are set. The models are those the job could get:
     the fleet's that match its ``gpu_type`` as the scheduler matches them (all the
     schedule's, before any node registered)."""
-    if job.gpus == 0:
+    n, wanted = job["gpus"], job.get("gpu_type")
+    if n == 0:
         return []
-    out = c.prices()
-    if out.schedule is None:
+    out = c.request("GET", "/prices")  # PricesOut's JSON (no pydantic: see _submitted)
+    if not isinstance(out, dict) or out.get("schedule") is None:
         return []
     from gpufleet.scheduler import gpu_type_matches  # the scheduling core: only with prices set
 
     zone = local_zone()
-    rows = [p for p in out.prices if not job.gpu_type or gpu_type_matches(job.gpu_type, p.gpu_type)]
-    rows = [p for p in rows if p.in_fleet] or rows
-    gpus = words.count(job.gpus, "GPU")
+    rows = [p for p in out.get("prices") or () if not wanted or gpu_type_matches(wanted, p["gpu_type"])]
+    rows = [p for p in rows if p.get("in_fleet")] or rows
+    gpus = words.count(n, "GPU")
     lines = []
     for p in rows[:4]:
-        line = f"{p.gpu_type} costs {p.price:.4g}/GPU-hour now ({gpus}: {p.price * job.gpus:.4g}/h)"
-        if p.next_cheaper_at is not None and p.next_cheaper_price is not None:
-            line += f"; {p.next_cheaper_price:.4g} from {show_time(p.next_cheaper_at, zone)}"
+        price = float(p["price"])
+        line = f"{p['gpu_type']} costs {price:.4g}/GPU-hour now ({gpus}: {price * n:.4g}/h)"
+        at, cheaper = p.get("next_cheaper_at"), p.get("next_cheaper_price")
+        if at is not None and cheaper is not None:
+            line += f"; {cheaper:.4g} from {show_time(at, zone)}"
         lines.append(line)
     return lines
 
@@ -183,11 +190,11 @@ def run(
         raise fail("--array: run waits for one job; submit an array with gpufleet submit", BAD_INPUT)
     with client() as c:
         job = _submitted(c, opts, command, flags)
-        for w in job.warnings:
+        for w in job.get("warnings") or ():
             warn(w)
-        typer.echo(f"gpufleet: job {job.id} queued", err=True)
-        _follow(job.id)
-        raise typer.Exit(_outcome(_ended(c, job.id)))
+        typer.echo(f"gpufleet: job {job['id']} queued", err=True)
+        _follow(job["id"])
+        raise typer.Exit(_outcome(_ended(c, job["id"])))
 
 
 def _follow(job_id: int) -> None:
