@@ -53,7 +53,11 @@ def queue(
     if json_out:
         print_json(items)
         return
-    print_table(("JOBID", "NAME", "USER", "STATE", "GPUS", "POS", "ETA", "NODES/REASON"), queue_rows(items))
+    try:
+        rows = queue_rows(items)
+    except (KeyError, TypeError) as exc:  # not a gpufleet server's jobs
+        raise fail(f"unexpected answer from /jobs: a job without {exc}") from None
+    print_table(("JOBID", "NAME", "USER", "STATE", "GPUS", "POS", "ETA", "NODES/REASON"), rows)
 
 
 def queue_rows(items: Sequence[dict[str, Any]]) -> list[tuple[object, ...]]:

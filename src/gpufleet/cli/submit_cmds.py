@@ -102,8 +102,7 @@ def _submitted(
     for w in warnings:
         warn(w)
     try:
-        submitted: dict[str, Any] = c.request("POST", "/jobs", json=spec)
-        return submitted
+        submitted = c.request("POST", "/jobs", json=spec)
     except ClientError as exc:
         field, _, rest = (exc.detail or "").partition(": ")
         option = _FIELD_OPTION.get(field)
@@ -111,6 +110,9 @@ def _submitted(
         if exc.status == 422 and where is not None:
             raise fail(f"{where}: {rest}", BAD_INPUT) from None
         raise
+    if not isinstance(submitted, dict) or not isinstance(submitted.get("id"), int):
+        raise ClientError(f"unexpected answer from {c.url}/v1/jobs: not a job")
+    return submitted
 
 
 @batch.with_job_flags
