@@ -5,12 +5,19 @@ can swap in pynvml's own exception classes."""
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from gpufleet import mig
+
 INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+NOT_FOUND = 6
+IN_USE = 19
+INSUFFICIENT_RESOURCES = 23
 TIMEOUT = 10
 GPU_IS_LOST = 15
 LIBRARY_NOT_FOUND = 12
@@ -27,6 +34,48 @@ class NVMLError_NotSupported(NVMLError):  # pynvml's name
 
     def __init__(self) -> None:
         super().__init__(NOT_SUPPORTED)
+
+
+# GPU instance profile index (NVML_GPU_INSTANCE_PROFILE_*) -> the profile ID a device reports
+# for it (``nvidia-smi mig -lgip`` on an A100: 1g.5gb is 19, 7g.40gb is 0): not the index,
+# so a probe that confuses the two names instances wrongly.
+PROFILE_IDS = {0: 19, 1: 14, 2: 9, 3: 5, 4: 0, 7: 20, 9: 15}
+# compute slices -> NVML_COMPUTE_INSTANCE_PROFILE_* that spans them.
+CI_PROFILES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+
+
+@dataclass
+class FakeCi:
+    id: int
+    uuid: str
+    processes: list[int] = field(default_factory=list)
+    """PIDs running on this MIG device."""
+
+
+@dataclass
+class FakeGi:
+    id: int
+    profile_id: int
+    """NVML's profile ID (a ``PROFILE_IDS`` value), as ``nvmlGpuInstanceInfo_t.profileId``."""
+    start: int
+    size: int
+    slices: int
+    """Compute slices."""
+    memory_mb: int
+    name: str = ""
+    """The profile's name in the MIG device name ("1g.10gb")."""
+    cis: list[FakeCi] = field(default_factory=list)
+
+
+class c_nvmlGpuInstancePlacement_t(ctypes.Structure):  # pynvml's name and fields
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+@dataclass(frozen=True)
+class MigHandle:
+    gpu: int
+    gi: int
+    ci: int
 
 
 @dataclass
@@ -55,6 +104,8 @@ class FakeGpu:
     """Pages retired for a double-bit ECC error."""
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
+    gis: list[FakeGi] = field(default_factory=list)
+    """MIG GPU instances (with their compute instances) while ``mig`` is 1."""
 
 
 class FakeNvml:
@@ -73,14 +124,27 @@ class FakeNvml:
     nvmlClocksThrottleReasonGpuIdle = 0x1
     nvmlClocksThrottleReasonSwPowerCap = 0x4
     nvmlClocksThrottleReasonHwThermalSlowdown = 0x40
+    NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
+    NVML_COMPUTE_INSTANCE_PROFILE_COUNT = 0x9
+    c_nvmlGpuInstance_t = ctypes.c_void_p  # handles in arrays: ints here, pointers in pynvml
+    c_nvmlComputeInstance_t = ctypes.c_void_p
+    c_nvmlGpuInstancePlacement_t = c_nvmlGpuInstancePlacement_t
 
     def __init__(self, gpus: list[FakeGpu], *, init_error: int | None = None) -> None:
         self.gpus = gpus
         self.init_error = init_error
         self.xids: list[tuple[int, int]] = []
         self.shut_down = False
+        self._refs: dict[int, tuple[int, Any]] = {}
+        """Handle (an int, as a ``c_void_p`` array holds it) -> (GPU index, FakeGi or FakeCi)."""
+        self.fail: dict[str, int] = {}
+        """NVML function name -> the error code it raises (e.g. NO_PERMISSION)."""
+        self.log: list[tuple[str, ...]] = []
+        """MIG changes in order: ("destroy_ci", uuid), ("destroy_gi", gi id), ("create_gi", name, start)."""
 
-    def _gpu(self, h: int, what: str) -> FakeGpu:
+    def _gpu(self, h: Any, what: str) -> FakeGpu:
+        if isinstance(h, MigHandle):
+            h = h.gpu
         g = self.gpus[h]
         if g.lost:
             raise self.NVMLError(GPU_IS_LOST)
@@ -113,15 +177,20 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, h: int) -> Any:
         return SimpleNamespace(busId=self._gpu(h, "pci").bus_id)
 
-    def nvmlDeviceGetUUID(self, h: int) -> str | bytes:
-        return self._gpu(h, "uuid").uuid
+    def nvmlDeviceGetUUID(self, h: Any) -> str | bytes:
+        g = self._gpu(h, "uuid")
+        return self._mig(h)[1].uuid.encode() if isinstance(h, MigHandle) else g.uuid
 
-    def nvmlDeviceGetName(self, h: int) -> str | bytes:
-        return self._gpu(h, "name").name
+    def nvmlDeviceGetName(self, h: Any) -> str | bytes:
+        g = self._gpu(h, "name")
+        if isinstance(h, MigHandle):
+            return f"{g.name.decode() if isinstance(g.name, bytes) else g.name} MIG {self._mig(h)[0].name}"
+        return g.name
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
         g = self._gpu(h, "memory")
-        return SimpleNamespace(total=g.total_mb * 1024 * 1024, used=g.used_mb * 1024 * 1024)
+        total = self._mig(h)[0].memory_mb if isinstance(h, MigHandle) else g.total_mb
+        return SimpleNamespace(total=total * 1024 * 1024, used=g.used_mb * 1024 * 1024)
 
     def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
         return [self._gpu(h, "mig").mig, 0]
@@ -190,3 +259,189 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, events: str) -> None:
         pass
+
+    # -- MIG ------------------------------------------------------------------------------------
+    def _check(self, fn: str) -> None:
+        if fn in self.fail:
+            raise self.NVMLError(self.fail[fn])
+
+    def _mig(self, h: MigHandle) -> tuple[FakeGi, FakeCi]:
+        gi = next(x for x in self.gpus[h.gpu].gis if x.id == h.gi)
+        return gi, next(c for c in gi.cis if c.id == h.ci)
+
+    def _model(self, g: FakeGpu) -> mig.GpuModel:
+        model = mig.model_for(g.name.decode() if isinstance(g.name, bytes) else g.name)
+        if model is None:
+            raise self.NVMLError_NotSupported()
+        return model
+
+    def _ref(self, obj: FakeGi | FakeCi, gpu: int) -> int:
+        """A handle as an int (what a ``c_void_p`` array holds)."""
+        key = id(obj)
+        self._refs[key] = (gpu, obj)
+        return key
+
+    def _gi(self, ref: int) -> tuple[int, FakeGi]:
+        gpu, gi = self._refs[ref]
+        if gi not in self.gpus[gpu].gis:
+            raise self.NVMLError(INVALID_ARGUMENT)
+        return gpu, gi
+
+    def _mig_devices(self, g: FakeGpu) -> list[tuple[FakeGi, FakeCi]]:
+        return [(gi, ci) for gi in g.gis for ci in gi.cis]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int:
+        self._check("nvmlDeviceGetMaxMigDeviceCount")
+        self._gpu(h, "mig_devices")
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, index: int) -> MigHandle:
+        devices = self._mig_devices(self._gpu(h, "mig_devices"))
+        if index >= len(devices):
+            raise self.NVMLError(NOT_FOUND)
+        gi, ci = devices[index]
+        return MigHandle(h, gi.id, ci.id)
+
+    def nvmlDeviceGetGpuInstanceId(self, m: MigHandle) -> int:
+        return m.gi
+
+    def nvmlDeviceGetComputeInstanceId(self, m: MigHandle) -> int:
+        return m.ci
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+        self._gpu(h, "processes")
+        if not isinstance(h, MigHandle):
+            return []
+        return [SimpleNamespace(pid=p, usedGpuMemory=1 << 30) for p in self._mig(h)[1].processes]
+
+    def nvmlDeviceGetGpuInstanceById(self, h: int, gi_id: int) -> int:
+        g = self._gpu(h, "gpu_instances")
+        gi = next((x for x in g.gis if x.id == gi_id), None)
+        if gi is None:
+            raise self.NVMLError(NOT_FOUND)
+        return self._ref(gi, h)
+
+    def nvmlGpuInstanceGetInfo(self, ref: int) -> Any:
+        gpu, gi = self._gi(ref)
+        self._gpu(gpu, "gpu_instance_info")
+        placement = SimpleNamespace(start=gi.start, size=gi.size)
+        return SimpleNamespace(device=gpu, id=gi.id, profileId=gi.profile_id, placement=placement)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: int, index: int) -> Any:
+        self._check("nvmlDeviceGetGpuInstanceProfileInfo")
+        g = self._gpu(h, "gpu_instances")
+        p = self._model(g).by_nvml_id(index)
+        if p is None or index not in PROFILE_IDS:
+            raise self.NVMLError(INVALID_ARGUMENT)
+        return SimpleNamespace(
+            id=PROFILE_IDS[index],
+            sliceCount=p.compute_slices,
+            instanceCount=p.max_instances,
+            memorySizeMB=p.memory_mib,
+        )
+
+    def _profile(self, g: FakeGpu, profile_id: int) -> mig.Profile:
+        for index, pid in PROFILE_IDS.items():
+            if pid == profile_id and (p := self._model(g).by_nvml_id(index)) is not None:
+                return p
+        raise self.NVMLError(INVALID_ARGUMENT)
+
+    def nvmlDeviceGetGpuInstances(self, h: int, profile_id: int, out: Any, count: Any) -> None:
+        self._check("nvmlDeviceGetGpuInstances")
+        gis = [gi for gi in self._gpu(h, "gpu_instances").gis if gi.profile_id == profile_id]
+        if len(gis) > len(out):
+            raise self.NVMLError(INSUFFICIENT_RESOURCES)  # pynvml: INSUFFICIENT_SIZE; unused here
+        for k, gi in enumerate(gis):
+            out[k] = self._ref(gi, h)
+        count.contents.value = len(gis)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h: int, profile_id: int, placement: Any) -> int:
+        self._check("nvmlDeviceCreateGpuInstanceWithPlacement")
+        g = self._gpu(h, "gpu_instances")
+        if not g.mig:
+            raise self.NVMLError_NotSupported()
+        p = self._profile(g, profile_id)
+        start, size = placement.contents.start, placement.contents.size
+        if size != p.size or start not in p.starts:
+            raise self.NVMLError(INVALID_ARGUMENT)
+        taken = {s for gi in g.gis for s in range(gi.start, gi.start + gi.size)}
+        if taken & set(range(start, start + size)) or sum(gi.slices for gi in g.gis) + p.compute_slices > 7:
+            raise self.NVMLError(INSUFFICIENT_RESOURCES)
+        gi = FakeGi(
+            id=max((x.id for x in g.gis), default=0) + 1,
+            profile_id=profile_id,
+            start=start,
+            size=size,
+            slices=p.compute_slices,
+            memory_mb=p.memory_mib - 256,
+            name=p.name,
+        )
+        g.gis.append(gi)
+        self.log.append(("create_gi", p.name, str(start)))
+        return self._ref(gi, h)
+
+    def nvmlGpuInstanceDestroy(self, ref: int) -> None:
+        self._check("nvmlGpuInstanceDestroy")
+        gpu, gi = self._gi(ref)
+        if gi.cis:
+            raise self.NVMLError(IN_USE)
+        self.gpus[gpu].gis.remove(gi)
+        self.log.append(("destroy_gi", str(gi.id)))
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, ref: int, index: int, engine: int) -> Any:
+        _, gi = self._gi(ref)
+        slices = {v: k for k, v in CI_PROFILES.items()}.get(index)
+        if slices is None or slices > gi.slices or engine != 0:
+            raise self.NVMLError_NotSupported()
+        return SimpleNamespace(id=index, sliceCount=slices, instanceCount=gi.slices // slices)
+
+    def nvmlGpuInstanceGetComputeInstances(self, ref: int, ci_profile: int, out: Any, count: Any) -> None:
+        _, gi = self._gi(ref)
+        cis = [ci for ci in gi.cis if ci_profile == CI_PROFILES[gi.slices]]
+        for k, ci in enumerate(cis):
+            out[k] = self._ref(ci, self._gi(ref)[0])
+        count.contents.value = len(cis)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, ref: int, ci_profile: int) -> int:
+        self._check("nvmlGpuInstanceCreateComputeInstance")
+        gpu, gi = self._gi(ref)
+        if ci_profile != CI_PROFILES[gi.slices] or gi.cis:
+            raise self.NVMLError(INSUFFICIENT_RESOURCES)
+        ci = FakeCi(id=0, uuid=f"MIG-{gpu}-{gi.id}-0-{len(self.log)}")
+        gi.cis.append(ci)
+        return self._ref(ci, gpu)
+
+    def nvmlComputeInstanceDestroy(self, ref: int) -> None:
+        self._check("nvmlComputeInstanceDestroy")
+        gpu, ci = self._refs[ref]
+        for gi in self.gpus[gpu].gis:
+            if ci in gi.cis:
+                if ci.processes:
+                    raise self.NVMLError(IN_USE)
+                gi.cis.remove(ci)
+                self.log.append(("destroy_ci", ci.uuid))
+                return
+        raise self.NVMLError(INVALID_ARGUMENT)
+
+
+def mig_gpu(model: str, layout: list[tuple[str, int]], *, index: int = 0) -> list[FakeGi]:
+    """GPU instances (each with one compute instance) for ``FakeGpu.gis``: (profile, start)
+    pairs on ``model`` (a ``gpufleet.mig`` name)."""
+    m = mig.model_for(model)
+    assert m is not None
+    out = []
+    for n, (name, start) in enumerate(layout, start=1):
+        p = m.profile(name)
+        out.append(
+            FakeGi(
+                id=n,
+                profile_id=PROFILE_IDS[p.nvml_profile_id],
+                start=start,
+                size=p.size,
+                slices=p.compute_slices,
+                memory_mb=p.memory_mib - 256,
+                name=p.name,
+                cis=[FakeCi(id=0, uuid=f"MIG-{index}-{n}-old")],
+            )
+        )
+    return out

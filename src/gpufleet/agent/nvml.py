@@ -11,22 +11,53 @@ sample with ``lost=True``; anything else is a ``ProbeError``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
-from collections.abc import Callable
+import logging
+import re
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from gpufleet.agent.probe import GpuInfo, GpuSample, NodeInventory, ProbeError, host_resources, nvlink_domains
+from gpufleet import mig
+from gpufleet.agent.probe import (
+    GpuInfo,
+    GpuSample,
+    MigError,
+    MigInstance,
+    NodeInventory,
+    ProbeError,
+    host_resources,
+    nvlink_domains,
+)
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 # NVML return codes (nvml.h); kept here so a fake library need not define them all.
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4
+NOT_FOUND = 6
+IN_USE = 19
+INSUFFICIENT_RESOURCES = 23
 TIMEOUT = 10
 FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
 INVALID_ARGUMENT = 2
 _UNSUPPORTED = frozenset({NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND})
+
+# NVML_COMPUTE_INSTANCE_PROFILE_* by the compute slices of the GPU instance it fills.
+_CI_PROFILE_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+_CI_ENGINE_SHARED = 0
+_MIG_ERRORS = {
+    NO_PERMISSION: "no permission: changing MIG instances needs root (or CAP_SYS_ADMIN)",
+    INSUFFICIENT_RESOURCES: "insufficient resources: the slices are taken or the GPU holds no more",
+    IN_USE: "in use: a process still holds it",
+    NOT_SUPPORTED: "not supported by this GPU or driver",
+    FUNCTION_NOT_FOUND: "not supported by this driver",
+    GPU_IS_LOST: "the GPU is lost",
+}
+_MIG_NAME = re.compile(r"\bMIG\s+(\S+)\s*$", re.IGNORECASE)
 
 _THROTTLE_NAMES = (
     ("nvmlClocksThrottleReasonGpuIdle", "gpu_idle"),
@@ -89,13 +120,14 @@ class NvmlProbe:
         except self.lib.NVMLError as exc:
             raise ProbeError(f"NVML: cannot {what}: {exc}") from exc
 
-    def _field(self, fn: Callable[..., T], *args: Any) -> T | None:
-        """One optional field: None when unsupported; _Lost when the GPU is gone."""
+    def _field(self, fn: Callable[..., T], *args: Any, missing: int | None = None) -> T | None:
+        """One optional field: None when unsupported (or the ``missing`` code: e.g. an
+        empty MIG device index); _Lost when the GPU is gone."""
         try:
             return fn(*args)
         except self.lib.NVMLError as exc:
             code = self._code(exc)
-            if code in _UNSUPPORTED or code == INVALID_ARGUMENT:
+            if code in _UNSUPPORTED or code == INVALID_ARGUMENT or (missing is not None and code == missing):
                 return None
             if code == GPU_IS_LOST:
                 raise _Lost from exc
@@ -152,6 +184,7 @@ class NvmlProbe:
             nvlink_peers=peers,
             nvlink_domain=domain,
             mig_enabled=None if mig is None else bool(mig[0]),
+            mig_instances=self._mig_instances(i, h, name) if mig is not None and mig[0] else (),
         )
 
     def _nvlink_peers(self, h: Any, bus_ids: dict[str, int]) -> tuple[list[int], bool]:
@@ -177,6 +210,244 @@ class NvmlProbe:
             else:
                 direct.append(peer)
         return direct, via_switch
+
+    # -- MIG --------------------------------------------------------------------------------
+    def _mig_instances(self, i: int, h: Any, name: object) -> tuple[MigInstance, ...]:
+        """The MIG devices of a GPU in MIG mode; () where the driver cannot tell (inventory
+        never fails over MIG). A GPU that fell off the bus is still ``_Lost``."""
+        try:
+            return self._read_mig(h, None if name is None else _text(name))
+        except ProbeError as exc:
+            log.warning("GPU %d: cannot enumerate MIG devices: %s", i, exc)
+            return ()
+
+    def _read_mig(self, h: Any, gpu_name: str | None) -> tuple[MigInstance, ...]:
+        lib = self.lib
+        count = self._field(lib.nvmlDeviceGetMaxMigDeviceCount, h)
+        if not count:
+            return ()
+        names = self._profile_names(h, gpu_name)
+        out: list[MigInstance] = []
+        for k in range(int(count)):
+            m = self._field(lib.nvmlDeviceGetMigDeviceHandleByIndex, h, k, missing=NOT_FOUND)
+            if m is not None and (inst := self._mig_instance(h, m, names)) is not None:
+                out.append(inst)
+        return tuple(sorted(out, key=lambda x: (x.start, x.gpu_instance_id, x.compute_instance_id)))
+
+    def _profile_names(self, h: Any, gpu_name: str | None) -> dict[int, str]:
+        """NVML's profile ID (``nvmlGpuInstanceInfo_t.profileId``, e.g. 19 for an A100's
+        1g.5gb) -> the table's name. The table holds profile *indices*
+        (``NVML_GPU_INSTANCE_PROFILE_*``); the device says which ID each index has."""
+        model = None if gpu_name is None else mig.model_for(gpu_name)
+        if model is None:
+            return {}
+        out: dict[int, str] = {}
+        for p in model.profiles.values():
+            info = self._field(
+                self.lib.nvmlDeviceGetGpuInstanceProfileInfo, h, p.nvml_profile_id, missing=NOT_FOUND
+            )
+            if info is not None:
+                out[int(info.id)] = p.name
+        return out
+
+    def _mig_instance(self, h: Any, m: Any, names: dict[int, str]) -> MigInstance | None:
+        lib = self.lib
+        uuid = self._field(lib.nvmlDeviceGetUUID, m)
+        gi_id = self._field(lib.nvmlDeviceGetGpuInstanceId, m)
+        ci_id = self._field(lib.nvmlDeviceGetComputeInstanceId, m)
+        if uuid is None or gi_id is None or ci_id is None:
+            return None
+        gi = self._field(lib.nvmlDeviceGetGpuInstanceById, h, gi_id, missing=NOT_FOUND)
+        info = None if gi is None else self._field(lib.nvmlGpuInstanceGetInfo, gi)
+        if info is None:
+            return None
+        mem = self._field(lib.nvmlDeviceGetMemoryInfo, m)
+        profile_id = int(info.profileId)
+        return MigInstance(
+            uuid=_text(uuid),
+            profile=names.get(profile_id) or self._nvml_profile_name(m, profile_id),
+            gpu_instance_id=int(gi_id),
+            compute_instance_id=int(ci_id),
+            start=int(info.placement.start),
+            size=int(info.placement.size),
+            memory_mb=0 if mem is None else int(mem.total) // (1024 * 1024),
+        )
+
+    def _nvml_profile_name(self, m: Any, profile_id: int) -> str:
+        """A profile the table lacks: the tail of the MIG device's name
+        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb" -> "1g.5gb"), else ``nvml-profile-<id>``."""
+        name = self._field(self.lib.nvmlDeviceGetName, m)
+        found = None if name is None else _MIG_NAME.search(_text(name))
+        return found[1] if found else f"nvml-profile-{profile_id}"
+
+    def apply_mig_layout(self, gpu_index: int, profiles: Sequence[str]) -> tuple[MigInstance, ...]:
+        """Replace GPU ``gpu_index``'s MIG instances by ``profiles`` (``gpufleet.mig``
+        names; empty: remove them all), each a GPU instance at the placement
+        ``mig.place_layout`` chooses with one compute instance spanning it. Returns the
+        GPU's MIG devices afterwards.
+
+        Refuses (``MigError``, nothing changed) when MIG mode is off, the model is not in
+        the table, the layout does not fit, or a process runs on a MIG device of the GPU.
+        An NVML failure while destroying or creating is a ``MigError`` too; the GPU then
+        holds whatever was done so far (the next inventory shows it)."""
+        lib = self.lib
+        if not 0 <= gpu_index < len(self._handles):
+            raise MigError(f"no GPU {gpu_index} on this node ({len(self._handles)} GPUs)")
+        i, h = gpu_index, self._handles[gpu_index]
+        mode = self._mig_call(lib.nvmlDeviceGetMigMode, h, gpu=i, what="read the MIG mode")
+        if not int(mode[0]):
+            raise MigError(
+                f"MIG mode is off on GPU {i}: enable it with nvidia-smi -i {i} -mig 1 (needs a GPU reset)"
+            )
+        name = _text(self._mig_call(lib.nvmlDeviceGetName, h, gpu=i, what="read the GPU name"))
+        model = mig.model_for(name)
+        if model is None:
+            raise MigError(f"GPU {i} ({name}) is not a model in the MIG table; cannot place a layout")
+        try:
+            placements = mig.place_layout(model, profiles)
+        except mig.LayoutError as exc:
+            raise MigError(f"GPU {i}: {exc}") from exc
+        busy = self._busy_mig_devices(i, h)
+        if busy:
+            raise MigError(f"GPU {i}: MIG devices in use ({'; '.join(busy)}); stop their processes first")
+        self._destroy_mig(i, h)
+        for n, pl in enumerate(placements):
+            try:
+                self._create_instance(i, h, model.profile(pl.profile), pl)
+            except MigError as exc:
+                done = ", ".join(f"{p.profile}@{p.start}" for p in placements[:n]) or "none"
+                raise MigError(f"{exc} (created before it: {done})") from exc
+        return self._read_mig(h, name)
+
+    def _busy_mig_devices(self, i: int, h: Any) -> list[str]:
+        lib = self.lib
+        count = self._mig_try(lib.nvmlDeviceGetMaxMigDeviceCount, h, gpu=i, what="count MIG devices") or 0
+        busy = []
+        for k in range(int(count)):
+            m = self._mig_try(lib.nvmlDeviceGetMigDeviceHandleByIndex, h, k, gpu=i, what="open a MIG device")
+            if m is None:
+                continue
+            procs = self._mig_call(
+                lib.nvmlDeviceGetComputeRunningProcesses, m, gpu=i, what="list processes on a MIG device"
+            )
+            if procs:
+                uuid = self._mig_try(lib.nvmlDeviceGetUUID, m, gpu=i, what="read a MIG device UUID")
+                pids = ",".join(str(p.pid) for p in procs)
+                busy.append(f"{'?' if uuid is None else _text(uuid)}: pid {pids}")
+        return busy
+
+    def _destroy_mig(self, i: int, h: Any) -> None:
+        """Every compute instance of every GPU instance, then the GPU instance, over all
+        profiles NVML knows (instances of profiles the table lacks go too)."""
+        lib = self.lib
+        for index in range(int(getattr(lib, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0x12))):
+            info = self._mig_try(
+                lib.nvmlDeviceGetGpuInstanceProfileInfo, h, index, gpu=i, what="read a GPU instance profile"
+            )
+            if info is None or not info.instanceCount:
+                continue
+            gis = self._instances(
+                lib.nvmlDeviceGetGpuInstances, h, info.id, lib.c_nvmlGpuInstance_t, info.instanceCount, gpu=i
+            )
+            for gi in gis:
+                self._destroy_compute_instances(i, gi)
+                self._mig_call(lib.nvmlGpuInstanceDestroy, gi, gpu=i, what="destroy a GPU instance")
+
+    def _destroy_compute_instances(self, i: int, gi: Any) -> None:
+        lib = self.lib
+        for index in range(int(getattr(lib, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 9))):
+            info = self._mig_try(
+                lib.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+                gi,
+                index,
+                _CI_ENGINE_SHARED,
+                gpu=i,
+                what="read a compute instance profile",
+            )
+            if info is None or not info.instanceCount:
+                continue
+            cis = self._instances(
+                lib.nvmlGpuInstanceGetComputeInstances,
+                gi,
+                info.id,
+                lib.c_nvmlComputeInstance_t,
+                info.instanceCount,
+                gpu=i,
+            )
+            for ci in cis:
+                self._mig_call(lib.nvmlComputeInstanceDestroy, ci, gpu=i, what="destroy a compute instance")
+
+    def _instances(
+        self, fn: Callable[..., Any], parent: Any, profile_id: int, kind: Any, most: int, *, gpu: int
+    ) -> list[Any]:
+        """pynvml's C-style listing: a caller-sized array of handles and a count pointer."""
+        handles = (kind * max(1, int(most)))()
+        count = ctypes.c_uint(0)
+        self._mig_call(
+            fn, parent, profile_id, handles, ctypes.pointer(count), gpu=gpu, what="list MIG instances"
+        )
+        return [handles[k] for k in range(count.value)]
+
+    def _create_instance(self, i: int, h: Any, profile: mig.Profile, pl: mig.Placement) -> None:
+        lib = self.lib
+        where = f"{pl.profile} at memory slice {pl.start}"
+        info = self._mig_call(
+            lib.nvmlDeviceGetGpuInstanceProfileInfo,
+            h,
+            profile.nvml_profile_id,
+            gpu=i,
+            what=f"look up {pl.profile}",
+        )
+        placement = lib.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = pl.start, pl.size
+        gi = self._mig_call(
+            lib.nvmlDeviceCreateGpuInstanceWithPlacement,
+            h,
+            info.id,
+            ctypes.pointer(placement),
+            gpu=i,
+            what=f"create GPU instance {where}",
+        )
+        slices = int(getattr(info, "sliceCount", 0) or profile.compute_slices)
+        ci_profile = _CI_PROFILE_FOR_SLICES.get(slices)
+        if ci_profile is None:
+            raise MigError(f"GPU {i}: no compute instance profile spans {slices} slices ({where})")
+        ci_info = self._mig_call(
+            lib.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+            gi,
+            ci_profile,
+            _CI_ENGINE_SHARED,
+            gpu=i,
+            what=f"look up the compute instance profile for {where}",
+        )
+        self._mig_call(
+            lib.nvmlGpuInstanceCreateComputeInstance,
+            gi,
+            ci_info.id,
+            gpu=i,
+            what=f"create the compute instance of {where}",
+        )
+
+    def _mig_call(self, fn: Callable[..., T], *args: Any, gpu: int, what: str) -> T:
+        """A MIG step: any NVML error is a ``MigError`` saying what it means for the operator."""
+        try:
+            return fn(*args)
+        except self.lib.NVMLError as exc:
+            raise self._mig_error(exc, gpu=gpu, what=what) from exc
+
+    def _mig_try(self, fn: Callable[..., T], *args: Any, gpu: int, what: str) -> T | None:
+        """Like ``_mig_call``, but None for what the device lacks (a profile it does not
+        offer, an empty MIG device index)."""
+        try:
+            return fn(*args)
+        except self.lib.NVMLError as exc:
+            if self._code(exc) in (NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND):
+                return None
+            raise self._mig_error(exc, gpu=gpu, what=what) from exc
+
+    def _mig_error(self, exc: BaseException, *, gpu: int, what: str) -> MigError:
+        why = _MIG_ERRORS.get(self._code(exc) or -1, str(exc))
+        return MigError(f"GPU {gpu}: cannot {what}: {why}")
 
     # -- telemetry --------------------------------------------------------------------------
     def sample(self) -> tuple[GpuSample, ...]:

@@ -21,6 +21,28 @@ class ProbeError(Exception):
     """The probe cannot read the GPUs at all (no driver, no library, NVML failure)."""
 
 
+class MigError(ProbeError):
+    """A MIG layout was not applied: MIG mode off, an illegal layout, instances in use,
+    no permission, or NVML refusing; the message says which, for the operator."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MigInstance:
+    """One MIG device: a compute instance inside a GPU instance, as NVML reports it."""
+
+    uuid: str
+    """``MIG-...``: what ``CUDA_VISIBLE_DEVICES`` takes."""
+    profile: str
+    """The GPU instance's profile, e.g. ``1g.10gb`` (``gpufleet.mig`` names)."""
+    gpu_instance_id: int
+    compute_instance_id: int
+    start: int
+    """First memory slice of the GPU instance's placement."""
+    size: int
+    """Memory slices the placement occupies."""
+    memory_mb: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuInfo:
     """One GPU as inventory: what it is and how it is wired."""
@@ -35,6 +57,8 @@ class GpuInfo:
     """Indices of local GPUs reachable over NVLink (directly or through an NVSwitch)."""
     nvlink_domain: int = 0
     mig_enabled: bool | None = None
+    mig_instances: tuple[MigInstance, ...] = ()
+    """The MIG devices on this GPU, by placement start (empty unless MIG mode is on)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,6 +6,11 @@ temperature approaches its steady state (idle 32 C, ~80 C at full load) with a t
 constant of ``thermal_tau_s``, read from the injected clock. Faults are injected by
 hand: ``overheat``, ``xid``, ``ecc_double_bit``, ``retire_pages``, ``lose``; ``clear``
 removes them (and lets the temperature fall back).
+
+MIG: ``mig`` gives GPU index -> a layout (``gpufleet.mig`` profile names; empty: MIG
+mode on, no instances). Those GPUs report MIG mode on and their instances, placed as
+``mig.place_layout`` places them, with UUIDs derived from node, GPU and placement;
+``apply_mig_layout`` replaces a layout as ``NvmlProbe.apply_mig_layout`` does.
 """
 
 from __future__ import annotations
@@ -13,9 +18,12 @@ from __future__ import annotations
 import math
 import random
 import threading
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpufleet.agent.probe import GpuInfo, GpuSample, NodeInventory
+from gpufleet import mig as migtable
+from gpufleet.agent.probe import GpuInfo, GpuSample, MigError, MigInstance, NodeInventory
 from gpufleet.server.clock import Clock, SystemClock
 
 IDLE_C = 32.0
@@ -61,6 +69,7 @@ class SimulatedProbe:
         clock: Clock | None = None,
         seed: int | None = None,
         thermal_tau_s: float = 20.0,
+        mig: Mapping[int, Sequence[str]] | None = None,
     ) -> None:
         self.node = node
         self.spec = spec
@@ -70,6 +79,17 @@ class SimulatedProbe:
         self._gpus = [_GpuState() for _ in range(spec.gpus)]
         self._last = self.clock.now()
         self._lock = threading.Lock()
+        self._mig: dict[int, tuple[MigInstance, ...]] = {}
+        """GPUs in MIG mode -> their instances."""
+        self._mig_model = migtable.model_for(spec.model)
+        if mig:
+            model = self._mig_model
+            if model is None:
+                raise ValueError(f"simulated GPU model {spec.model} is not in the MIG table; no MIG layouts")
+            for index, profiles in mig.items():
+                if not 0 <= index < spec.gpus:
+                    raise ValueError(f"MIG layout for GPU {index}, but the node has {spec.gpus} GPUs")
+                self._mig[index] = self._instances(index, migtable.place_layout(model, profiles))
 
     # -- GpuProbe ---------------------------------------------------------------------------
     def inventory(self) -> NodeInventory:
@@ -91,7 +111,8 @@ class SimulatedProbe:
                     pcie_width=16,
                     nvlink_peers=tuple(j for j in range(n) if j != i) if self.spec.nvlink else (),
                     nvlink_domain=0 if self.spec.nvlink else i,
-                    mig_enabled=False,
+                    mig_enabled=i in self._mig,
+                    mig_instances=self._mig.get(i, ()),
                 )
                 for i in range(n)
             ),
@@ -106,6 +127,48 @@ class SimulatedProbe:
 
     def close(self) -> None:
         pass
+
+    # -- MIG --------------------------------------------------------------------------------
+    def apply_mig_layout(self, gpu_index: int, profiles: Sequence[str]) -> tuple[MigInstance, ...]:
+        """Replace the GPU's instances; ``MigError`` (nothing changed) when MIG mode is off,
+        the layout does not fit, or load is placed on the GPU (``set_load``)."""
+        with self._lock:
+            if not 0 <= gpu_index < self.spec.gpus:
+                raise MigError(f"no GPU {gpu_index} on this node ({self.spec.gpus} GPUs)")
+            model = self._mig_model
+            if model is None or gpu_index not in self._mig:
+                raise MigError(
+                    f"MIG mode is off on GPU {gpu_index}: enable it with nvidia-smi -i {gpu_index} -mig 1 "
+                    "(needs a GPU reset)"
+                )
+            try:
+                placements = migtable.place_layout(model, profiles)
+            except migtable.LayoutError as exc:
+                raise MigError(f"GPU {gpu_index}: {exc}") from exc
+            if self._gpus[gpu_index].load > 0:
+                raise MigError(f"GPU {gpu_index}: MIG devices in use (a job runs there); stop it first")
+            self._mig[gpu_index] = self._instances(gpu_index, placements)
+            return self._mig[gpu_index]
+
+    def _instances(self, index: int, placements: Sequence[migtable.Placement]) -> tuple[MigInstance, ...]:
+        """Memory: the GPU's ``memory_mb`` shared by memory slices (what NVML reports is
+        also a little under the nominal size of the name)."""
+        slices = migtable.MEMORY_SLICES
+        return tuple(
+            MigInstance(
+                uuid="MIG-"
+                + str(
+                    uuid.uuid5(uuid.NAMESPACE_URL, f"gpufleet-sim:{self.node}/{index}/{p.profile}@{p.start}")
+                ),
+                profile=p.profile,
+                gpu_instance_id=n,
+                compute_instance_id=0,
+                start=p.start,
+                size=p.size,
+                memory_mb=self.spec.memory_mb * p.size // slices,
+            )
+            for n, p in enumerate(placements, start=1)
+        )
 
     # -- LoadSink ---------------------------------------------------------------------------
     def set_load(self, load: dict[int, float]) -> None:
