@@ -103,7 +103,7 @@ def _may_be_unstorable(annotation: object) -> bool:
 
 
 class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     _checked: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
@@ -137,4 +137,4 @@ class Request(BaseModel):
 
 
 class Reply(BaseModel):
-    model_config = ConfigDict(frozen=True, defer_build=True)
+    model_config = ConfigDict(frozen=True)
