@@ -40,6 +40,14 @@ gives it as ``$PORT`` (a container's port is published on it), probes the health
 on it every ``probe_interval_s`` (2xx/3xx within ``probe_timeout_s``: ready), and
 reports ``ready`` and the endpoint (``http://ADDRESS:PORT``) with the replica; a change
 of readiness is news.
+
+MIG layouts (``SyncReply.mig``, set by operators with ``gpufleet node mig``): each GPU
+is reported with its MIG mode and instances. A ``MigChange`` is applied once, by a
+worker thread (NVML takes seconds per instance; the loop goes on meanwhile), when no
+local attempt holds that GPU (else at a later sync); its ``MigResult`` (error None:
+applied) travels with every sync until the server no longer asks for that change, and
+is then forgotten. A layout already applied (or failed) is never applied again while
+the server asks for it; a different layout for the GPU is. See ``Agent._mig_step``.
 """
 
 from __future__ import annotations
@@ -49,25 +57,50 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
 from gpufleet.agent.exits import ExitWatch
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
-from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
+from gpufleet.agent.probe import (
+    GpuInfo,
+    GpuProbe,
+    GpuSample,
+    HealthTracker,
+    LoadSink,
+    MigInstance,
+    NodeInventory,
+    ProbeError,
+)
 from gpufleet.agent.replicas import ReplicaProbes, free_port
 from gpufleet.agent.runners import VANISHED, JobRunner
 from gpufleet.agent.transport import AgentTransportError, SyncTransport, WaitTransport
-from gpufleet.api.nodes import DesiredJob, SyncReply
+from gpufleet.api.nodes import DesiredJob, MigChange, SyncReply
 from gpufleet.server.clock import Clock, SystemClock
 from gpufleet.slurmopts import signal_parts
 
 log = logging.getLogger("gpufleet.agent")
 Key = tuple[int, int]
+Layout = tuple[str, ...]
+
+NO_MIG_PROBE = "this node's GPU probe cannot change MIG layouts"
+MIG_ERROR_CHARS = 512
+"""``MigResult.error``'s limit: a longer message is cut, never the sync refused."""
+MIG_INSTANCES_MAX = 7
+"""``GpuIn.mig_instances``' limit (no GPU has more MIG devices)."""
+
+
+@runtime_checkable
+class MigProbe(Protocol):
+    """A probe that can replace a GPU's MIG instances (``NvmlProbe``, ``SimulatedProbe``).
+    A probe may also offer ``set_mig_mode(gpu_index, enabled)``; the agent uses it where
+    present (see ``Agent._apply_mig_one``)."""
+
+    def apply_mig_layout(self, gpu_index: int, profiles: Sequence[str]) -> tuple[MigInstance, ...]: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,6 +198,34 @@ def telemetry_row(s: GpuSample, reasons: tuple[str, ...], inv: NodeInventory) ->
     }
 
 
+def mig_instance_row(m: MigInstance) -> dict[str, Any]:
+    """A MIG device as ``MigInstanceIn`` (strings cut to its limits: one odd name from a
+    driver must not get the whole sync refused)."""
+    return {
+        "uuid": m.uuid[:96],
+        "profile": m.profile[:32],
+        "gpu_instance_id": m.gpu_instance_id,
+        "compute_instance_id": m.compute_instance_id,
+        "start": m.start,
+        "size": m.size,
+        "memory_mb": m.memory_mb,
+    }
+
+
+def gpu_row(g: GpuInfo, healthy: bool) -> dict[str, Any]:
+    """A GPU of the inventory as ``GpuIn``."""
+    return {
+        "index": g.index,
+        "uuid": g.uuid[:64],
+        "model": g.model[:64],
+        "memory_mb": g.memory_mb,
+        "nvlink_domain": g.nvlink_domain,
+        "healthy": healthy,
+        "mig_enabled": g.mig_enabled,
+        "mig_instances": [mig_instance_row(m) for m in g.mig_instances[:MIG_INSTANCES_MAX]],
+    }
+
+
 class Agent:
     def __init__(
         self,
@@ -201,6 +262,11 @@ class Agent:
         self._faults: dict[int, frozenset[str]] = {}
         self._last_health = time.monotonic()
         self.replicas = ReplicaProbes(interval_s=config.probe_interval_s, timeout_s=config.probe_timeout_s)
+        self._mig_results: dict[int, tuple[Layout, str | None]] = {}
+        """GPU -> (layout, error) of a MIG change done, reported until the server stops asking."""
+        self._mig_applying: dict[int, Layout] = {}
+        """GPU -> layout the MIG worker is applying now."""
+        self._mig_worker: threading.Thread | None = None
 
     # -- local state ------------------------------------------------------------------------
     def restore(self) -> int:
@@ -317,17 +383,7 @@ class Agent:
             log.warning("node %s: no telemetry: %s", self.config.node, exc)
             samples = ()
         verdicts = self.health.update(samples)
-        gpus = [
-            {
-                "index": g.index,
-                "uuid": g.uuid[:64],
-                "model": g.model[:64],
-                "memory_mb": g.memory_mb,
-                "nvlink_domain": g.nvlink_domain,
-                "healthy": verdicts[g.index].healthy if g.index in verdicts else True,
-            }
-            for g in inv.gpus
-        ]
+        gpus = [gpu_row(g, verdicts[g.index].healthy if g.index in verdicts else True) for g in inv.gpus]
         telemetry = [
             telemetry_row(s, verdicts[s.index].reasons if s.index in verdicts else (), inv) for s in samples
         ]
@@ -362,7 +418,13 @@ class Agent:
                                 "data": data,
                             }
                         )
+            mig_results = [
+                {"gpu": gpu, "layout": list(layout), "error": error}
+                for gpu, (layout, error) in sorted(self._mig_results.items())
+            ]
         body: dict[str, Any] = {"gpus": gpus, "telemetry": telemetry, "jobs": jobs, "logs": logs}
+        if mig_results:
+            body["mig_results"] = mig_results
         for k in ("leaf", "rack", "address"):
             v = getattr(self.config, k)
             if v:
@@ -431,6 +493,106 @@ class Agent:
                 self.stats.started += 1
                 self._news = True
             self._feed_probe()
+            self._mig_step(parsed.mig)
+
+    # -- MIG layouts ------------------------------------------------------------------------
+    def _mig_step(self, changes: Sequence[MigChange]) -> None:
+        """Act on the reply's MIG changes (caller holds the lock): forget the results the
+        server no longer asks for, then hand the changes not yet done, on GPUs no local
+        attempt holds, to a worker thread. One worker at a time: a change that arrives
+        while it runs waits for the next sync (the worker's end triggers one).
+
+        Never twice: a change with a result (applied or failed) is not applied again while
+        the server asks for it. Results live in memory: an agent restarted before it
+        reported one applies that layout once more (no job is on the GPU then)."""
+        wanted: dict[int, Layout] = {c.gpu: tuple(c.layout) for c in changes}
+        for gpu, (layout, _) in list(self._mig_results.items()):
+            if wanted.get(gpu) != layout:
+                del self._mig_results[gpu]
+        busy = {g for j in self.jobs.values() if j.exit_code is None for g in j.gpus}
+        todo = [
+            (gpu, layout)
+            for gpu, layout in sorted(wanted.items())
+            if gpu not in self._mig_applying
+            and self._mig_results.get(gpu, (None, None))[0] != layout
+            and gpu not in busy
+        ]
+        if not todo or self._mig_applying:
+            return
+        if not isinstance(self.probe, MigProbe):
+            for gpu, layout in todo:
+                self._mig_results[gpu] = (layout, NO_MIG_PROBE)
+            self._news = True
+            return
+        self._mig_applying = dict(todo)
+        self._mig_worker = threading.Thread(
+            target=self._apply_mig, args=(todo,), name=f"gpufleet-mig-{self.config.node}", daemon=True
+        )
+        self._mig_worker.start()
+
+    def _apply_mig(self, todo: Sequence[tuple[int, Layout]]) -> None:
+        """The MIG worker: apply each change, re-read the inventory (a failed change may
+        have done part of its work: the next sync shows what the GPU holds), record the
+        result and sync soon. Any exception is the change's error, never the worker's end."""
+        for gpu, layout in todo:
+            try:
+                error = self._apply_mig_one(gpu, layout)
+            except ProbeError as exc:
+                error = str(exc) or type(exc).__name__
+            except Exception as exc:
+                log.exception("node %s: MIG layout for GPU %d failed", self.config.node, gpu)
+                error = f"{type(exc).__name__}: {exc}"
+            try:
+                self.inventory = self.probe.inventory()
+            except Exception as exc:
+                log.warning("node %s: inventory after a MIG change: %s", self.config.node, exc)
+            if error is not None:
+                log.warning(
+                    "node %s: MIG layout %s on GPU %d: %s", self.config.node, ",".join(layout), gpu, error
+                )
+            with self._lock:
+                self._mig_applying.pop(gpu, None)
+                self._mig_results[gpu] = (layout, None if error is None else error[:MIG_ERROR_CHARS])
+                self._news = self._urgent = True
+            self._kick()
+
+    def _apply_mig_one(self, gpu: int, layout: Layout) -> str | None:
+        """One change: None once applied, else why not (``MigError``s propagate).
+
+        A layout: ``apply_mig_layout`` (which refuses a GPU in MIG mode off; a probe with
+        ``set_mig_mode`` turns it on first). The whole GPU (``[]``): a GPU whose MIG mode is
+        off (or not reported) is whole already; else its instances are removed and, with
+        ``set_mig_mode``, MIG mode is turned off. Without it that is an error telling the
+        operator what is left to do (NVML turns MIG mode off only across a GPU reset, and
+        a GPU in MIG mode with no instance is no whole GPU to CUDA)."""
+        probe = self.probe
+        if not isinstance(probe, MigProbe):
+            return NO_MIG_PROBE
+        set_mode = getattr(probe, "set_mig_mode", None)
+        info = next((g for g in self.inventory.gpus if g.index == gpu), None)
+        mig_on = info is not None and bool(info.mig_enabled)
+        if layout:
+            if set_mode is not None and info is not None and not mig_on:
+                set_mode(gpu, True)
+            probe.apply_mig_layout(gpu, list(layout))
+            return None
+        if info is not None and not mig_on:
+            return None
+        probe.apply_mig_layout(gpu, [])
+        if set_mode is not None:
+            set_mode(gpu, False)
+            return None
+        return (
+            f"GPU {gpu}: MIG instances removed, but MIG mode is still on and this node's probe cannot "
+            f"turn it off: run nvidia-smi -i {gpu} -mig 0 (needs a GPU reset)"
+        )
+
+    def mig_settle(self, timeout_s: float = 10.0) -> bool:
+        """Wait until no MIG change is being applied; True if none is (tests, shutdown)."""
+        worker = self._mig_worker
+        if worker is not None:
+            worker.join(timeout_s)
+        return not self._mig_applying
 
     def sync_once(self) -> bool:
         body = self.build_sync()
@@ -574,6 +736,9 @@ class Agent:
             time.sleep(0.05)
 
     def close(self) -> None:
+        """Stop the helpers; a MIG change being applied may finish first (within 30 s:
+        one cut short by NVML's shutdown would leave a partial layout)."""
+        self.mig_settle(timeout_s=30.0)
         self._exits.close()
         self.probe.close()
         self.transport.close()

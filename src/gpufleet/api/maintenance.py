@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, model_validator
 
 from gpufleet.api.base import Name, NodeName, Reply, Request
 
@@ -69,3 +69,20 @@ class FleetEventOut(Reply):
     reason: str
     actor: str
     job_id: int | None
+
+
+class MigLayoutIn(Request):
+    """``PUT /v1/nodes/{name}/gpus/{index}/mig``: slice a GPU with MIG (``layout``, names of
+    ``gpufleet.mig``'s table for the GPU's model, e.g. ["2g.20gb", "2g.20gb", "3g.40gb"]) or
+    make it whole again (``whole``). Exactly one of them."""
+
+    layout: list[Annotated[str, StringConstraints(min_length=1, max_length=32)]] | None = Field(
+        default=None, min_length=1, max_length=7
+    )
+    whole: bool = False
+
+    @model_validator(mode="after")
+    def _one(self) -> MigLayoutIn:
+        if (self.layout is None) == (not self.whole):
+            raise ValueError("give either layout (MIG profiles) or whole: true, not both")
+        return self

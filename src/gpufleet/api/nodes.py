@@ -13,6 +13,20 @@ from pydantic import (
 from gpufleet.api.base import INT32, MAX_GPU_INDEX, Name, NodeName, Reply, Request, clean_text
 
 
+class MigInstanceIn(Request):
+    """One MIG device of a GPU as its agent reports it (``nvidia-smi -L``'s MIG lines)."""
+
+    uuid: Annotated[str, StringConstraints(min_length=1, max_length=96)]
+    profile: Annotated[str, StringConstraints(min_length=1, max_length=32)] = Field(
+        description="e.g. 1g.10gb (gpufleet.mig's names)"
+    )
+    gpu_instance_id: int = Field(ge=0, le=INT32)
+    compute_instance_id: int = Field(ge=0, le=INT32)
+    start: int = Field(ge=0, le=7, description="first memory slice of its placement")
+    size: int = Field(ge=1, le=8, description="memory slices it spans")
+    memory_mb: int = Field(default=0, ge=0, le=INT32)
+
+
 class GpuIn(Request):
     """A GPU as a node's agent reports it in a sync. An index no GPU can have is not a
     malformed request but the node contradicting itself: the server judges the whole
@@ -25,6 +39,10 @@ class GpuIn(Request):
     memory_mb: int = Field(default=81_920, ge=0, le=INT32)
     nvlink_domain: int = Field(default=0, ge=0, le=INT32)
     healthy: bool = True
+    mig_enabled: bool | None = Field(
+        default=None, description="MIG mode on (never handed out whole then); None: not reported"
+    )
+    mig_instances: list[MigInstanceIn] = Field(default_factory=list, max_length=7)
 
 
 class GpuPut(GpuIn):
@@ -106,6 +124,16 @@ class LogChunkIn(Request):
         return clean_text(value) if isinstance(value, str) else value
 
 
+class MigResult(Request):
+    """What became of a MIG layout the server asked for (``SyncReply.mig``)."""
+
+    gpu: int = Field(ge=0, le=MAX_GPU_INDEX)
+    layout: list[Annotated[str, StringConstraints(min_length=1, max_length=32)]] = Field(max_length=7)
+    error: Annotated[str, StringConstraints(max_length=512)] | None = Field(
+        default=None, description="why the node could not apply it; None: applied"
+    )
+
+
 class NodeSync(Request):
     gpus: list[GpuIn] | None = Field(default=None, max_length=1024)
     telemetry: list[GpuTelemetry] | None = Field(default=None, max_length=1024)
@@ -118,6 +146,7 @@ class NodeSync(Request):
     cuda_version: Annotated[str, StringConstraints(max_length=32)] | None = None
     cpus: int | None = Field(default=None, ge=0, le=1_000_000)
     memory_mb: int | None = Field(default=None, ge=0, le=2**40)
+    mig_results: list[MigResult] = Field(default_factory=list, max_length=1024)
 
 
 class PeerNode(Reply):
@@ -183,10 +212,20 @@ class LogAck(Reply):
     end: int
 
 
+class MigChange(Reply):
+    """A MIG layout an operator set for one of the node's GPUs (``gpufleet node mig``),
+    sent once no job holds that GPU: the agent applies it when idle and answers with a
+    ``MigResult``. ``layout`` [] : the whole GPU (its instances removed, MIG mode off)."""
+
+    gpu: int
+    layout: list[str]
+
+
 class SyncReply(Reply):
     node: str
     jobs: list[DesiredJob]
     log_acks: list[LogAck] = Field(default_factory=list)
+    mig: list[MigChange] = Field(default_factory=list)
 
 
 class WaitReply(Reply):
@@ -230,6 +269,16 @@ class FleetSummary(Reply):
     sync: SyncStats
 
 
+class MigInstanceOut(Reply):
+    uuid: str
+    profile: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    start: int
+    size: int
+    memory_mb: int
+
+
 class GpuOut(Reply):
     index: int
     uuid: str
@@ -241,6 +290,12 @@ class GpuOut(Reply):
     telemetry: GpuTelemetry | None = None
     cordoned: bool = False
     cordon_reason: str | None = None
+    mig_enabled: bool | None = None
+    mig_instances: list[MigInstanceOut] = Field(default_factory=list)
+    mig_pending: list[str] | None = Field(
+        default=None, description="a layout asked for and not yet applied ([]: the whole GPU)"
+    )
+    mig_error: str | None = Field(default=None, description="why the node could not apply the last layout")
 
 
 class NodeOut(Reply):

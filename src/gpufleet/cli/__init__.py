@@ -154,7 +154,9 @@ COMMANDS: dict[str, Lazy] = {
     "admin": Lazy("chargeback_cmds:admin_app", "Users, teams, quotas, pools (admins)."),
     "db": Lazy("db_cmds:db_app", "Database schema."),
     "tokens": Lazy("account_cmds:tokens_app", "Your API tokens."),
-    "node": Lazy("node_cmds:node_app", "Nodes (operators): credentials, cordon, drain, rollout, events."),
+    "node": Lazy(
+        "node_cmds:node_app", "Nodes (operators): credentials, cordon, drain, MIG, rollout, events."
+    ),
     "ca": Lazy(
         "server_cmds:ca_app", "The cluster's certificate authority (TLS for the server, mTLS for agents)."
     ),

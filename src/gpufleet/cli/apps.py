@@ -14,7 +14,7 @@ admin_app = typer.Typer(help="Users, teams, quotas, pools (admins).", no_args_is
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 tokens_app = typer.Typer(help="Your API tokens.", no_args_is_help=True)
 node_app = typer.Typer(
-    help="Nodes (operators): credentials, cordon, drain, rollout, events.", no_args_is_help=True
+    help="Nodes (operators): credentials, cordon, drain, MIG, rollout, events.", no_args_is_help=True
 )
 ca_app = typer.Typer(help="The cluster's certificate authority (TLS for the server, mTLS for agents).")
 reservation_app = typer.Typer(help="Reservations: create, list, cancel.", no_args_is_help=True)

@@ -1,6 +1,6 @@
 """Node commands: ``gpufleet nodes`` (anyone, like sinfo); for operators and admins a
 node's credentials (``gpufleet node register|join-token|credentials|revoke``) and maintenance
-(``gpufleet node cordon|uncordon|drain|rollout|events``).
+(``gpufleet node cordon|uncordon|drain|rollout|events``) and MIG layouts (``gpufleet node mig``).
 
 A driver upgrade rolling through the fleet, two nodes at a time::
 
@@ -8,18 +8,27 @@ A driver upgrade rolling through the fleet, two nodes at a time::
     gpufleet node rollout            # progress: which nodes are drained and waiting for you
     # upgrade a drained node, then put it back; the rollout drains the next one:
     gpufleet node uncordon NODE
+
+Slicing GPU 3 of n1 with MIG (the agent applies it once no job runs there), and back::
+
+    gpufleet node mig n1 --gpu 3 --layout 2g.20gb,2g.20gb,3g.40gb
+    gpufleet node mig n1 --gpu 3 --whole
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from gpufleet import mig
 from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table
 from gpufleet.cli.apps import node_app
 from gpufleet.cli.options import flag, json_flag
+
+if TYPE_CHECKING:
+    from gpufleet.api.nodes import GpuOut
 
 
 def _node_line(n: dict[str, Any]) -> str:
@@ -29,6 +38,19 @@ def _node_line(n: dict[str, Any]) -> str:
     bad = [f"gpu{g['index']}" for g in n["gpus"] if g.get("cordoned")]
     extra = f"; cordoned GPUs: {','.join(bad)}" if bad else ""
     return f"node {n['name']}: {state}, {n['gpus_used']} GPU(s) in use{extra}"
+
+
+def _mig_text(g: GpuOut) -> str:
+    """A GPU's MIG state for ``gpufleet nodes NODE``: its slices, the layout asked for and
+    not yet applied, and why the last one failed; "" for a GPU not in MIG mode."""
+    parts = []
+    if g.mig_enabled:
+        parts.append(f"mig=[{','.join(m.profile for m in g.mig_instances)}]")
+    if g.mig_pending is not None:
+        parts.append(f"mig-pending=[{','.join(g.mig_pending)}]" if g.mig_pending else "mig-pending=whole")
+    if g.mig_error:
+        parts.append(f"mig-error={g.mig_error!r}")
+    return "".join(f" {p}" for p in parts)
 
 
 def nodes(
@@ -61,7 +83,7 @@ def nodes(
         for g in items[0].gpus:
             typer.echo(
                 f"  gpu{g.index} {g.model} {g.uuid} nvlink={g.nvlink_domain} "
-                f"{'ok' if g.healthy else 'UNHEALTHY'} job={g.job_id or '-'}"
+                f"{'ok' if g.healthy else 'UNHEALTHY'} job={g.job_id or '-'}{_mig_text(g)}"
             )
 
 
@@ -155,6 +177,35 @@ def uncordon(
     with client() as c:
         n = c.request("POST", f"/nodes/{node}/uncordon", json={"gpu": gpu})
     typer.echo(_node_line(n))
+
+
+@node_app.command("mig")
+def mig_layout(
+    node: str = typer.Argument(...),
+    gpu: int = typer.Option(..., "--gpu", min=0, help="The GPU index."),
+    layout: str | None = typer.Option(
+        None, "--layout", help="MIG profiles for the GPU's model, e.g. 2g.20gb,2g.20gb,3g.40gb."
+    ),
+    whole: bool = flag("--whole", help="Make the GPU whole again: no MIG instances, MIG mode off."),
+    json_out: bool = json_flag("the line"),
+) -> None:
+    """Slice a GPU with MIG, or make it whole again. The GPU is cordoned until its agent
+    has applied the layout, which it does once no job runs there."""
+    if (layout is None) == (not whole):
+        raise fail("give either --layout PROFILES or --whole", BAD_INPUT)
+    profiles: list[str] | None = None
+    if layout is not None:
+        try:
+            profiles = mig.parse_layout(layout)
+        except ValueError as exc:
+            raise fail(str(exc), BAD_INPUT) from None
+    with client() as c:
+        n = c.request("PUT", f"/nodes/{node}/gpus/{gpu}/mig", json={"layout": profiles, "whole": whole})
+    if json_out:
+        print_json(n)
+        return
+    asked = "whole GPU" if profiles is None else f"MIG layout {','.join(profiles)}"
+    typer.echo(f"node {node} GPU {gpu}: {asked} asked; the GPU is cordoned until its agent applies it")
 
 
 def _rollout_lines(r: dict[str, Any]) -> None:
@@ -253,6 +304,7 @@ __all__ = [
     "drain",
     "events",
     "join_token",
+    "mig_layout",
     "nodes",
     "register",
     "revoke",

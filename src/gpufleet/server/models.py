@@ -127,6 +127,15 @@ class GpuRow(Base):
     cordon_rule: Mapped[str | None] = mapped_column(String(32), nullable=True)
     """The health rule that cordoned it (None: an operator)."""
     cordoned_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mig_enabled: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    """MIG mode, as the agent reports it (None: not reported). A MIG GPU is never
+    scheduled whole."""
+    mig_instances: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default="[]")
+    """Its MIG devices (``api.nodes.MigInstanceIn``'s fields), as the agent reports them."""
+    mig_pending: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    """The layout an operator asked for, until the agent answers ([]: the whole GPU)."""
+    mig_error: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    """Why the node could not apply the last layout asked for."""
 
 
 class Job(Base):

@@ -5,14 +5,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 
-from gpufleet.api.maintenance import CordonIn, DrainIn, FleetEventOut, RolloutIn, RolloutOut, UncordonIn
+from gpufleet.api.base import MAX_GPU_INDEX
+from gpufleet.api.maintenance import (
+    CordonIn,
+    DrainIn,
+    FleetEventOut,
+    MigLayoutIn,
+    RolloutIn,
+    RolloutOut,
+    UncordonIn,
+)
 from gpufleet.api.nodes import NodeOut
 from gpufleet.server.deps import Me, NodeNameIn, PartsDep
 from gpufleet.server.problems import Failure, ObjectId, unwrap
 from gpufleet.server.routers.agents import HotDep
-from gpufleet.server.services import maintenance, nodes
+from gpufleet.server.services import maintenance, miglayouts, nodes
 
 router = APIRouter(tags=["maintenance"])
 
@@ -46,6 +55,22 @@ def drain(name: NodeNameIn, parts: PartsDep, me: Me, hot: HotDep, spec: DrainIn 
     done = maintenance.drain(
         db=parts.db, actor=me, name=name, spec=spec or DrainIn(), now=parts.now(), waker=hot.health.poke
     )
+    parts.fleets.invalidate()
+    return _node(parts, me, hot, name, done)
+
+
+@router.put("/nodes/{name}/gpus/{index}/mig", response_model=NodeOut)
+def set_mig_layout(
+    name: NodeNameIn,
+    index: Annotated[int, Path(ge=0, le=MAX_GPU_INDEX)],
+    spec: MigLayoutIn,
+    parts: PartsDep,
+    me: Me,
+    hot: HotDep,
+) -> NodeOut:
+    """Slice GPU ``index`` with MIG (or make it whole): the GPU is cordoned at once, and
+    its node applies the layout once no job holds it (``gpufleet node mig``)."""
+    done = miglayouts.set_layout(db=parts.db, actor=me, name=name, index=index, spec=spec, now=parts.now())
     parts.fleets.invalidate()
     return _node(parts, me, hot, name, done)
 

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import false, func, select
 from sqlalchemy.orm import Session
 
 from gpufleet.scheduler import Fleet, Gpu, Node
@@ -48,7 +48,8 @@ def _rows(s: Session, pool: str | None) -> tuple[NodeKey, NodeKey]:
         GpuRow.model,
         GpuRow.memory_mb,
         GpuRow.nvlink_domain,
-        GpuRow.healthy & ~GpuRow.cordoned,  # the agent's verdict and the server's cordon
+        # the agent's verdict, the server's cordon, and MIG: a MIG GPU is never handed out whole
+        GpuRow.healthy & ~GpuRow.cordoned & ~func.coalesce(GpuRow.mig_enabled, false()),
     ).order_by(GpuRow.node, GpuRow.index)
     if pool is not None:
         q = q.where(NodeRow.pool == pool)

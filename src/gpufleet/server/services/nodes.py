@@ -14,7 +14,7 @@ from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.base import MAX_GPU_INDEX
-from gpufleet.api.nodes import GpuIn, GpuOut, NodeOut, NodePut
+from gpufleet.api.nodes import GpuIn, GpuOut, MigInstanceOut, NodeOut, NodePut
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
 from gpufleet.server.models import Allocation, GpuRow, NodeRow, Pool
@@ -48,7 +48,9 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: AgentState | None 
         model=gpus[0].model if gpus else "",
         gpus_total=len(gpus),
         gpus_used=len(held),
-        gpus_free=sum(1 for g in gpus if g.healthy and not g.cordoned and g.index not in held),
+        gpus_free=sum(
+            1 for g in gpus if g.healthy and not g.cordoned and not g.mig_enabled and g.index not in held
+        ),
         gpus=[
             GpuOut(
                 index=g.index,
@@ -61,6 +63,10 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: AgentState | None 
                 telemetry=tel.gpus.get(g.index) if tel is not None else None,
                 cordoned=g.cordoned,
                 cordon_reason=g.cordon_reason,
+                mig_enabled=g.mig_enabled,
+                mig_instances=[MigInstanceOut(**m) for m in g.mig_instances or ()],
+                mig_pending=g.mig_pending,
+                mig_error=g.mig_error,
             )
             for g in gpus
         ],
@@ -186,6 +192,7 @@ def set_gpus(s: Session, node: str, gpus: Sequence[GpuIn]) -> None:
             row = found
             row.uuid, row.model, row.memory_mb = g.uuid, g.model, g.memory_mb
             row.nvlink_domain, row.healthy = g.nvlink_domain, g.healthy
+            row.mig_enabled, row.mig_instances = g.mig_enabled, [m.model_dump() for m in g.mig_instances]
 
 
 def put_node(

@@ -54,7 +54,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.exc import OperationalError
@@ -68,6 +68,7 @@ from gpufleet.server.db import Database
 from gpufleet.server.errors import Conflict
 from gpufleet.server.models import DEFAULT_POOL, Allocation, GpuRow, Job, NodeRow
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
+from gpufleet.server.services import miglayouts
 from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
 from gpufleet.server.services.nodework import (
     desired,
@@ -98,7 +99,16 @@ class AgentActor:
 
 
 _STORED_GPUS = (
-    select(GpuRow.index, GpuRow.uuid, GpuRow.model, GpuRow.memory_mb, GpuRow.nvlink_domain, GpuRow.healthy)
+    select(
+        GpuRow.index,
+        GpuRow.uuid,
+        GpuRow.model,
+        GpuRow.memory_mb,
+        GpuRow.nvlink_domain,
+        GpuRow.healthy,
+        GpuRow.mig_enabled,
+        GpuRow.mig_instances,
+    )
     .where(GpuRow.node == bindparam("node"))
     .order_by(GpuRow.index)
 )
@@ -115,9 +125,16 @@ _STOPPING = (
 
 
 def _same_gpus(s: Session, node: str, gpus: Sequence[GpuIn]) -> bool:
-    stored = [tuple(r) for r in s.connection().execute(_STORED_GPUS, {"node": node})]
-    sent = sorted((g.index, g.uuid, g.model, g.memory_mb, g.nvlink_domain, g.healthy) for g in gpus)
+    stored = [(*r[:6], r[6], list(r[7] or ())) for r in s.connection().execute(_STORED_GPUS, {"node": node})]
+    sent = sorted(
+        (g.index, g.uuid, g.model, g.memory_mb, g.nvlink_domain, g.healthy, g.mig_enabled, _mig(g))
+        for g in gpus
+    )
     return stored == sent
+
+
+def _mig(g: GpuIn) -> list[dict[str, Any]]:
+    return [m.model_dump() for m in g.mig_instances]
 
 
 class _Placed(Protocol):
@@ -158,7 +175,7 @@ def _fast_reply(db: Database, name: str, body: NodeSync) -> _Answer | None:
     """The answer when this sync changes nothing durable, else None. Most syncs of a
     fleet end here (a heartbeat and telemetry): plain Core statements, no ORM objects
     unless the node reports jobs."""
-    if body.logs:
+    if body.logs or body.mig_results:
         return None
     with db.read() as s:
         n = s.connection().execute(_NODE, {"node": name}).first()
@@ -172,8 +189,9 @@ def _fast_reply(db: Database, name: str, body: NodeSync) -> _Answer | None:
         scope = scope_of(s, name, body)
         if (busy or stopping) and would_change(s, name, body, scope):
             return None
+        jobs = desired(s, name) if busy else []
         return _Answer(
-            reply=SyncReply(node=name, jobs=desired(s, name) if busy else []), rejected=scope.rejected
+            reply=SyncReply(node=name, jobs=jobs, mig=miglayouts.changes(s, name)), rejected=scope.rejected
         )
 
 
@@ -219,9 +237,11 @@ def _write(
         s.flush()
     changed = observe(s, name, body, scope, actor, now, readings)
     acks = ingest_logs(s, name, scope.logs, now)
+    if body.mig_results and miglayouts.record(s, name, body.mig_results, actor=actor, now=now):
+        reshaped = True
     s.flush()
     return _Written(
-        reply=SyncReply(node=name, jobs=desired(s, name), log_acks=acks),
+        reply=SyncReply(node=name, jobs=desired(s, name), log_acks=acks, mig=miglayouts.changes(s, name)),
         rejected=scope.rejected,
         reshaped=reshaped,
         changed=changed,

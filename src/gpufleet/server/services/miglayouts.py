@@ -1,0 +1,151 @@
+"""MIG layouts: an operator slices a GPU (``PUT /v1/nodes/{name}/gpus/{index}/mig``,
+``gpufleet node mig``), its node's agent applies the layout, the server records what
+became of it.
+
+The order of things, as for a drain (``maintenance.py``):
+
+1. The request is checked against ``gpufleet.mig``'s table for the GPU's model (a
+   layout that cannot be placed is a 422 naming the profile), stored as the GPU's
+   ``mig_pending``, and the GPU is cordoned (rule ``mig``) so that nothing new lands on
+   it. A GPU already cordoned by an operator or a health rule keeps that cordon.
+2. Once no job holds the GPU, each sync's reply carries the change (``SyncReply.mig``);
+   the agent applies it through NVML and answers with a ``MigResult``.
+3. Applied: ``mig_pending`` is cleared and the ``mig`` cordon lifted (the new instances
+   come with the inventory the agent sends). Failed: the error is kept
+   (``mig_error``), the request is dropped (the agent is not asked again) and the GPU
+   stays cordoned with the reason, for an operator to look at.
+
+A GPU whose agent reports MIG mode on is never handed to a job whole
+(``inventory.py``); its slices become schedulable resources in a later step.
+Every step is a ``gpu_events`` row (``gpufleet node events``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpufleet import mig
+from gpufleet.api.maintenance import MigLayoutIn
+from gpufleet.api.nodes import MigChange, MigResult
+from gpufleet.server import dispatch
+from gpufleet.server.db import Database
+from gpufleet.server.models import Allocation, GpuRow, NodeRow
+from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
+from gpufleet.server.services.auth import Principal
+from gpufleet.server.services.nodeops import add_event
+
+RULE = "mig"
+"""``GpuRow.cordon_rule`` of a cordon this module sets and lifts (no other)."""
+
+
+def _words(layout: Sequence[str]) -> str:
+    return ",".join(layout) if layout else "whole GPU"
+
+
+def set_layout(
+    *, db: Database, actor: Principal, name: str, index: int, spec: MigLayoutIn, now: float
+) -> Failure | None:
+    """Ask node ``name`` to lay out GPU ``index`` as ``spec`` says (operators only)."""
+    if not actor.is_operator:
+        return forbidden("only operators and admins change MIG layouts")
+    layout = [] if spec.whole else list(spec.layout or ())
+    with db.write() as s:
+        if s.get(NodeRow, name) is None:
+            return not_found(f"no node {name}")
+        gpu = s.get(GpuRow, (name, index))
+        if gpu is None:
+            return not_found(f"node {name} has no GPU {index}")
+        if layout:
+            model = mig.model_for(gpu.model)
+            if model is None:
+                known = ", ".join(m.name for m in mig.MODELS)
+                return invalid(
+                    f"GPU {index} of node {name} is a {gpu.model}: no MIG profiles for it ({known})"
+                )
+            try:
+                mig.place_layout(model, layout)
+            except mig.LayoutError as exc:
+                return invalid(f"layout: {exc}")
+            if gpu.mig_enabled is False:
+                return conflict(
+                    f"MIG mode is off on GPU {index} of node {name}: enable it on the node with "
+                    f"nvidia-smi -i {index} -mig 1 (needs a GPU reset)"
+                )
+        elif not gpu.mig_enabled and gpu.mig_pending is None:
+            return conflict(f"GPU {index} of node {name} is already whole (MIG mode is not on)")
+        gpu.mig_pending, gpu.mig_error = layout, None
+        if not gpu.cordoned:
+            gpu.cordoned, gpu.cordon_rule, gpu.cordoned_at = True, RULE, now
+        if gpu.cordon_rule == RULE:
+            gpu.cordon_reason = f"MIG layout {_words(layout)} asked by {actor.name}"[:256]
+        add_event(
+            s,
+            at=now,
+            node=name,
+            gpu=index,
+            kind="mig-asked",
+            severity="info",
+            actor=actor.name,
+            reason=f"MIG layout {_words(layout)}: the GPU takes no new job until its node applies it",
+        )
+        dispatch.touch(s, [name])  # an idle GPU's node hears of it at once
+    return None
+
+
+_PENDING = select(GpuRow.index, GpuRow.mig_pending).where(GpuRow.mig_pending.is_not(None))
+
+
+def changes(s: Session, node: str) -> list[MigChange]:
+    """The layouts to send node ``node`` now: those asked for on GPUs no job holds."""
+    pending = s.execute(_PENDING.where(GpuRow.node == node)).all()
+    if not pending:
+        return []
+    held = set(
+        s.scalars(
+            select(Allocation.gpu_index).where(Allocation.node == node, Allocation.gpu_index.is_not(None))
+        )
+    )
+    return [
+        MigChange(gpu=int(i), layout=list(layout))
+        for i, layout in pending
+        if i not in held and layout is not None
+    ]
+
+
+def record(s: Session, node: str, results: Sequence[MigResult], *, actor: str, now: float) -> bool:
+    """Take the agent's answers; True when a GPU's cordon changed (the fleet did).
+    An answer about a layout no longer asked for (an operator asked again since) is
+    ignored: the agent is sent the new one."""
+    changed = False
+    for r in results:
+        gpu = s.get(GpuRow, (node, r.gpu))
+        if gpu is None or gpu.mig_pending is None or list(gpu.mig_pending) != list(r.layout):
+            continue
+        gpu.mig_pending = None
+        what = _words(r.layout)
+        if r.error is None:
+            gpu.mig_error = None
+            if gpu.cordoned and gpu.cordon_rule == RULE:
+                gpu.cordoned, gpu.cordon_reason, gpu.cordon_rule, gpu.cordoned_at = False, None, None, None
+                changed = True
+            add_event(
+                s, at=now, node=node, gpu=r.gpu, kind="mig-applied", severity="info", actor=actor, reason=what
+            )
+            continue
+        gpu.mig_error = r.error[:512]
+        if gpu.cordoned and gpu.cordon_rule == RULE:
+            gpu.cordon_reason = f"MIG layout {what} failed: {r.error}"[:256]
+        add_event(
+            s,
+            at=now,
+            node=node,
+            gpu=r.gpu,
+            kind="mig-failed",
+            severity="warning",
+            actor=actor,
+            reason=f"MIG layout {what} failed: {r.error}",
+        )
+    return changed
