@@ -332,7 +332,10 @@ def test_loader_keeps_good_rows_and_reports_bad_ones(tmp_path: Path, case: Loade
 
 
 def test_registry_names_every_format() -> None:
-    assert set(LOADERS) == {"gpufleet", "philly", "helios", "alibaba", "sacct"}
+    from gpufleet.cli.sim_cmds import FORMATS
+
+    assert set(LOADERS) == {"gpufleet", "philly", "helios", "alibaba", "sacct", "openb"}
+    assert set(FORMATS) == set(LOADERS)  # `gpufleet simulate --format` takes every one
 
 
 ERROR_CASES = {

@@ -19,7 +19,9 @@ from gpufleet.sim.config import NODES_PER_LEAF, FleetSpec, SimConfig
 from gpufleet.sim.trace import TraceError, TraceLoad
 from gpufleet.timefmt import format_duration, parse_duration
 
-FORMATS = ("gpufleet", "philly", "helios", "alibaba", "sacct")
+FORMATS = ("gpufleet", "philly", "helios", "alibaba", "sacct", "openb")
+"""``gpufleet.sim.loaders.LOADERS``' names (a test keeps them equal; importing the loaders here
+would cost every ``simulate --help``)."""
 console = Console(stderr=True)
 # Tables stay readable when piped or captured (Rich would fall back to 80 columns).
 out = Console() if sys.stdout.isatty() else Console(width=140)

@@ -10,6 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+WHOLE_GPU = 1000
+"""``TraceJob.gpu_milli`` of a job that asks for whole GPUs."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TraceJob:
@@ -29,6 +32,23 @@ class TraceJob:
     gpu_type: str | None = None
     dependency: str | None = None
     """Slurm's ``--dependency`` over this trace's (numeric) job ids: ``afterok:12``..."""
+    gpu_milli: int = WHOLE_GPU
+    """The share of each of its GPUs the job asks for, in thousandths: 1000 = whole GPUs;
+    1..999 = that fraction of ONE GPU (``gpus`` is then 1; see ``gpu_share_problem``).
+    Traces of shared-GPU clusters (Alibaba's 2023 openb pods) are mostly such fractions.
+    Until the scheduling core shares GPUs, the simulator gives a fractional job a whole
+    GPU; the field is kept so a report can still show the share that was allocated."""
+
+
+def gpu_share_problem(gpus: int, gpu_milli: int) -> str | None:
+    """Why ``gpu_milli`` cannot go with ``gpus``, or None when it can: a share is 1..1000
+    thousandths, and a fraction (< 1000) is of one GPU only, as a GPU-sharing scheduler
+    places it (a 2-GPU job at 500 each would need two half-free GPUs: no trace asks that)."""
+    if not 1 <= gpu_milli <= WHOLE_GPU:
+        return f"gpu_milli {gpu_milli} is outside 1..{WHOLE_GPU}"
+    if gpu_milli < WHOLE_GPU and gpus != 1:
+        return f"gpu_milli {gpu_milli} (a fraction of one GPU) needs gpus 1, got {gpus}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

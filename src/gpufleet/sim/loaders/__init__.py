@@ -14,6 +14,7 @@ from pathlib import Path
 from gpufleet.sim.loaders.alibaba import load_alibaba
 from gpufleet.sim.loaders.gpufleet_csv import load_gpufleet_csv, write_gpufleet_csv
 from gpufleet.sim.loaders.helios import load_helios
+from gpufleet.sim.loaders.openb import load_openb
 from gpufleet.sim.loaders.philly import load_philly
 from gpufleet.sim.loaders.sacct import load_sacct
 from gpufleet.sim.trace import Loader, TraceError, TraceLoad
@@ -24,6 +25,7 @@ LOADERS: dict[str, Loader] = {
     "helios": load_helios,
     "alibaba": load_alibaba,
     "sacct": load_sacct,
+    "openb": load_openb,
 }
 
 

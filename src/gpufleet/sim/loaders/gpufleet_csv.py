@@ -1,9 +1,14 @@
 """gpufleet's own trace CSV: one row per job, exactly the fields of ``TraceJob``.
 
 Empty ``time_limit_s`` / ``gpu_type`` mean None; ``gpus_per_node`` 0 lets the scheduler
-decide. Floats are written with ``repr`` so a write/load round trip is exact. An
-optional last column ``dependency`` holds Slurm's ``--dependency`` over the trace's job
-ids (``afterok:12``; empty: none); a trace without one keeps the ten columns.
+decide. Floats are written with ``repr`` so a write/load round trip is exact.
+
+Two optional columns may follow the ten, in this order when written (read in either):
+``dependency`` holds Slurm's ``--dependency`` over the trace's job ids (``afterok:12``;
+empty: none); ``gpu_milli`` the share of each GPU in thousandths (an integer 1..1000,
+empty: 1000; below 1000 only with ``gpus`` 1). The writer adds a column only when some
+job needs it, so a trace without dependencies or GPU fractions keeps the ten columns and
+older files round-trip byte for byte.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from gpufleet.sim.loaders._rows import (
     to_float,
     to_int,
 )
-from gpufleet.sim.trace import TraceError, TraceJob, TraceLoad
+from gpufleet.sim.trace import WHOLE_GPU, TraceError, TraceJob, TraceLoad, gpu_share_problem
 
 HEADER = (
     "job_id",
@@ -35,6 +40,7 @@ HEADER = (
     "priority",
     "gpu_type",
 )
+OPTIONAL = ("dependency", "gpu_milli")
 
 
 def load_gpufleet_csv(path: Path) -> TraceLoad:
@@ -45,9 +51,10 @@ def load_gpufleet_csv(path: Path) -> TraceLoad:
         if first is None:
             raise TraceError(f"{path}: empty file, expected header {','.join(HEADER)}")
         header = tuple(cell.strip() for cell in first[1])
-        if header not in (HEADER, (*HEADER, "dependency")):
+        if not _known_header(header):
             raise TraceError(
-                f"{path}: header must be exactly {','.join(HEADER)}[,dependency]; got {','.join(first[1])}"
+                f"{path}: header must be exactly {','.join(HEADER)}[,dependency][,gpu_milli]; "
+                f"got {','.join(first[1])}"
             )
         for line, record in rows:
             try:
@@ -57,32 +64,45 @@ def load_gpufleet_csv(path: Path) -> TraceLoad:
     return builder.finish()
 
 
+def _known_header(header: tuple[str, ...]) -> bool:
+    """The ten columns, then each optional column at most once."""
+    extra = header[len(HEADER) :]
+    return header[: len(HEADER)] == HEADER and set(extra) <= set(OPTIONAL) and len(set(extra)) == len(extra)
+
+
 def parse_row(record: list[str], header: tuple[str, ...] = HEADER) -> TraceJob:
     if len(record) != len(header):
         raise BadRow(f"expected {len(header)} fields, got {len(record)}")
     row = dict(zip(header, (cell.strip() for cell in record), strict=True))
     limit = row["time_limit_s"]
+    gpus = to_int(text(row, "gpus"), "gpus")
+    milli = row.get("gpu_milli", "")
+    gpu_milli = to_int(milli, "gpu_milli") if milli else WHOLE_GPU
+    if gpus > 0 and (problem := gpu_share_problem(gpus, gpu_milli)) is not None:
+        raise BadRow(problem)  # 0 or negative GPUs: the builder names that problem instead
     return TraceJob(
         job_id=text(row, "job_id"),
         user=text(row, "user"),
         team=text(row, "team"),
         submit_s=to_float(text(row, "submit_s"), "submit_s"),
         duration_s=to_float(text(row, "duration_s"), "duration_s"),
-        gpus=to_int(text(row, "gpus"), "gpus"),
+        gpus=gpus,
         gpus_per_node=to_int(row["gpus_per_node"] or "0", "gpus_per_node"),
         time_limit_s=to_float(limit, "time_limit_s") if limit else None,
         priority=to_int(row["priority"] or "0", "priority"),
         gpu_type=row["gpu_type"] or None,
         dependency=row.get("dependency") or None,
+        gpu_milli=gpu_milli,
     )
 
 
 def write_gpufleet_csv(path: Path, jobs: Iterable[TraceJob]) -> None:
     jobs = list(jobs)
     deps = any(j.dependency for j in jobs)
+    shares = any(j.gpu_milli != WHOLE_GPU for j in jobs)
     with path.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow((*HEADER, "dependency") if deps else HEADER)
+        writer.writerow(HEADER + (("dependency",) if deps else ()) + (("gpu_milli",) if shares else ()))
         for job in jobs:
             writer.writerow(
                 (
@@ -98,4 +118,5 @@ def write_gpufleet_csv(path: Path, jobs: Iterable[TraceJob]) -> None:
                     job.gpu_type or "",
                 )
                 + ((job.dependency or "",) if deps else ())
+                + ((job.gpu_milli,) if shares else ())
             )
