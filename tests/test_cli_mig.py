@@ -129,3 +129,30 @@ def test_the_gpu_lines_show_slices_pending_and_error() -> None:
     assert _mig_text(plain) == ""
     assert _mig_text(sliced) == " mig=[2g.20gb,2g.20gb,3g.40gb]"
     assert _mig_text(asked) == " mig=[] mig-pending=whole mig-error='in use'"
+
+
+@pytest.mark.parametrize(
+    ("mig", "words"),
+    [
+        (["5=7g.80gb"], "expected GPU=PROFILES with GPU 0..1"),
+        (["x"], "expected GPU=PROFILES"),
+        (["0=9g.1gb"], "is not a MIG profile"),
+        (["0=4g.40gb,4g.40gb"], "4g.40gb x2 does not fit"),
+    ],
+)
+def test_agent_simulated_mig_layouts_are_checked_before_it_starts(
+    runner: CliRunner, tmp_path: Any, mig: list[str], words: str
+) -> None:
+    argv = ["agent", "--server", "http://127.0.0.1:9", "--token", "t", "--simulate-gpus", "2"]
+    argv += ["--work-dir", str(tmp_path)]
+    for m in mig:
+        argv += ["--simulate-mig", m]
+    done = runner.invoke(app, argv)
+    assert done.exit_code == 2, done.output
+    assert words in done.output
+
+
+def test_agent_simulated_mig_needs_simulated_gpus(runner: CliRunner, tmp_path: Any) -> None:
+    argv = ["agent", "--server", "http://127.0.0.1:9", "--token", "t", "--simulate-mig", "0=7g.80gb"]
+    done = runner.invoke(app, [*argv, "--work-dir", str(tmp_path)])
+    assert done.exit_code == 2 and "--simulate-mig needs --simulate-gpus" in done.output, done.output

@@ -141,6 +141,8 @@ class FakeNvml:
         """NVML function name -> the error code it raises (e.g. NO_PERMISSION)."""
         self.log: list[tuple[str, ...]] = []
         """MIG changes in order: ("destroy_ci", uuid), ("destroy_gi", gi id), ("create_gi", name, start)."""
+        self.reset_needed = False
+        """``nvmlDeviceSetMigMode`` answers "pending a reset" (as most drivers do) when True."""
 
     def _gpu(self, h: Any, what: str) -> FakeGpu:
         if isinstance(h, MigHandle):
@@ -194,6 +196,15 @@ class FakeNvml:
 
     def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
         return [self._gpu(h, "mig").mig, 0]
+
+    def nvmlDeviceSetMigMode(self, h: int, mode: int) -> int:
+        """The activation status: 0 when the mode took effect, else (``reset_needed``) a
+        non-zero code and the mode stays as it was until a reset."""
+        g = self._gpu(h, "set_mig")
+        if self.reset_needed:
+            return 1
+        g.mig = mode
+        return 0
 
     def nvmlDeviceGetCurrPcieLinkGeneration(self, h: int) -> int:
         return self._gpu(h, "pcie").pcie[0]

@@ -210,3 +210,30 @@ def test_simulated_apply_replaces_and_refuses() -> None:
     with pytest.raises(MigError, match="in use"):
         probe.apply_mig_layout(0, ["7g.80gb"])
     assert probe.inventory().gpus[0].mig_instances == got
+
+
+def test_mig_mode_off_takes_effect_or_says_a_reset_is_pending() -> None:
+    gpus = a100s(1)
+    lib = FakeNvml(gpus)
+    lib.reset_needed = True
+    with pytest.raises(MigError, match="pending a GPU reset: run nvidia-smi -i 0 -r"):
+        NvmlProbe(nvml=lib).set_mig_mode(0, False)
+    assert gpus[0].mig == 1
+    lib.reset_needed = False
+    NvmlProbe(nvml=lib).set_mig_mode(0, False)
+    assert gpus[0].mig == 0
+    with pytest.raises(MigError, match="no GPU 3"):
+        NvmlProbe(nvml=lib).set_mig_mode(3, True)
+
+
+def test_simulated_mig_mode_turns_a_gpu_whole_and_back() -> None:
+    probe = SimulatedProbe(node="n1", spec=SimSpec(gpus=2), mig={1: ["7g.80gb"]})
+    with pytest.raises(MigError, match="destroy its MIG instances"):
+        probe.set_mig_mode(1, False)
+    probe.apply_mig_layout(1, [])
+    probe.set_mig_mode(1, False)
+    g = probe.inventory().gpus[1]
+    assert not g.mig_enabled and g.mig_instances == ()
+    probe.set_mig_mode(1, True)
+    assert probe.inventory().gpus[1].mig_enabled
+    assert shape(probe.apply_mig_layout(1, ["3g.40gb", "3g.40gb"])) == [("3g.40gb", 0, 4), ("3g.40gb", 4, 4)]

@@ -24,15 +24,14 @@ LAYOUT = ["2g.20gb", "2g.20gb", "3g.40gb"]
 
 
 class CountingProbe(SimulatedProbe):
-    """A simulated probe that counts MIG applications and may also switch MIG mode
-    (``modes``: the GPUs it can switch; the simulated probe itself cannot)."""
+    """A simulated probe that counts MIG applications and MIG mode switches; with
+    ``modes=False`` it cannot switch MIG mode (as a driver that needs a reset for it)."""
 
     def __init__(self, *args: Any, modes: bool = False, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.applied: list[tuple[int, list[str]]] = []
         self.switched: list[tuple[int, bool]] = []
-        if modes:
-            self.set_mig_mode = self._set_mig_mode
+        self.__dict__["set_mig_mode"] = self._set_mig_mode if modes else None
 
     def apply_mig_layout(self, gpu_index: int, profiles: Sequence[str]) -> tuple[MigInstance, ...]:
         self.applied.append((gpu_index, list(profiles)))

@@ -319,6 +319,22 @@ class NvmlProbe:
                 raise MigError(f"{exc} (created before it: {done})") from exc
         return self._read_mig(h, name)
 
+    def set_mig_mode(self, gpu_index: int, enabled: bool) -> None:
+        """Turn MIG mode on or off (``nvmlDeviceSetMigMode``). The driver usually applies it
+        only across a GPU reset: then a ``MigError`` says so (the mode is pending), and the
+        GPU stays cordoned until an operator resets it and asks again."""
+        if not 0 <= gpu_index < len(self._handles):
+            raise MigError(f"no GPU {gpu_index} on this node ({len(self._handles)} GPUs)")
+        i, h = gpu_index, self._handles[gpu_index]
+        status = self._mig_call(
+            self.lib.nvmlDeviceSetMigMode, h, 1 if enabled else 0, gpu=i, what="set the MIG mode"
+        )
+        if int(status or 0) != 0:
+            raise MigError(
+                f"GPU {i}: MIG mode {'on' if enabled else 'off'} is pending a GPU reset: "
+                f"run nvidia-smi -i {i} -r with no process on the GPU, then ask again"
+            )
+
     def _busy_mig_devices(self, i: int, h: Any) -> list[str]:
         lib = self.lib
         count = self._mig_try(lib.nvmlDeviceGetMaxMigDeviceCount, h, gpu=i, what="count MIG devices") or 0

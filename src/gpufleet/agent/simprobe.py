@@ -150,6 +150,25 @@ class SimulatedProbe:
             self._mig[gpu_index] = self._instances(gpu_index, placements)
             return self._mig[gpu_index]
 
+    def set_mig_mode(self, gpu_index: int, enabled: bool) -> None:
+        """MIG mode on (no instances yet) or off (a whole GPU again), at once: a simulated
+        GPU needs no reset. Refused while its instances exist (off) or load is placed on it."""
+        with self._lock:
+            if not 0 <= gpu_index < self.spec.gpus:
+                raise MigError(f"no GPU {gpu_index} on this node ({self.spec.gpus} GPUs)")
+            if self._gpus[gpu_index].load > 0:
+                raise MigError(f"GPU {gpu_index}: a job runs there; stop it first")
+            if enabled:
+                if self._mig_model is None:
+                    raise MigError(
+                        f"GPU {gpu_index}: a {self.spec.model} has no MIG profiles in gpufleet's table"
+                    )
+                self._mig.setdefault(gpu_index, ())
+            elif self._mig.get(gpu_index):
+                raise MigError(f"GPU {gpu_index}: destroy its MIG instances before turning MIG mode off")
+            else:
+                self._mig.pop(gpu_index, None)
+
     def _instances(self, index: int, placements: Sequence[migtable.Placement]) -> tuple[MigInstance, ...]:
         """Memory: the GPU's ``memory_mb`` shared by memory slices (what NVML reports is
         also a little under the nominal size of the name)."""

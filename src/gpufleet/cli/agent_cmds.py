@@ -118,6 +118,13 @@ def agent(
         False, "--cpu-only", help="A node without GPUs (a CPU-only pool): no NVML, its CPUs and memory only."
     ),
     gpu_model: str = typer.Option("H100-80GB", "--gpu-model", help="Model of the simulated GPUs."),
+    simulate_mig: list[str] = typer.Option(
+        [],
+        "--simulate-mig",
+        help="A simulated GPU in MIG mode with these instances: GPU=PROFILES, e.g. 1=3g.40gb,3g.40gb "
+        "(repeat for more GPUs; profiles of the --gpu-model in gpufleet's MIG table).",
+        show_default=False,
+    ),
     leaf: str | None = typer.Option(None, "--leaf", help="Leaf switch this node hangs off."),
     rack: str | None = typer.Option(None, "--rack"),
     address: str | None = typer.Option(None, "--address", help="Address peers reach this node at."),
@@ -206,15 +213,23 @@ def agent(
     try:
         if cpu_only and simulate_gpus:
             raise fail("--cpu-only and --simulate-gpus exclude each other")
+        if simulate_mig and not simulate_gpus:
+            raise fail("--simulate-mig needs --simulate-gpus", BAD_INPUT)
         probe = (
             HostProbe()
             if cpu_only
-            else SimulatedProbe(node=node, spec=SimSpec(gpus=simulate_gpus, model=gpu_model))
+            else SimulatedProbe(
+                node=node,
+                spec=SimSpec(gpus=simulate_gpus, model=gpu_model),
+                mig=_mig_layouts(simulate_mig, simulate_gpus),
+            )
             if simulate_gpus
             else NvmlProbe()
         )
     except ProbeError as exc:
         raise fail(str(exc)) from None
+    except ValueError as exc:  # a layout the MIG table refuses for this model
+        raise fail(f"--simulate-mig: {exc}", BAD_INPUT) from None
     config = AgentConfig(
         node=node,
         work_dir=wd,
@@ -277,3 +292,19 @@ def agent(
 
 
 __all__ = ["agent"]
+
+
+def _mig_layouts(specs: list[str], gpus: int) -> dict[int, list[str]]:
+    """``--simulate-mig GPU=PROFILES`` values: GPU index -> profile names."""
+    from gpufleet.mig import parse_layout
+
+    out: dict[int, list[str]] = {}
+    for spec in specs:
+        index, sep, profiles = spec.partition("=")
+        if not sep or not index.strip().isdigit() or not 0 <= int(index) < gpus:
+            raise fail(f"--simulate-mig {spec!r}: expected GPU=PROFILES with GPU 0..{gpus - 1}", BAD_INPUT)
+        try:
+            out[int(index)] = parse_layout(profiles)
+        except ValueError as exc:
+            raise fail(f"--simulate-mig {spec!r}: {exc}", BAD_INPUT) from None
+    return out
