@@ -24,6 +24,18 @@ class SnapshotNode(Reply):
         description="per GPU: [index, util %, temp C, memory used MiB, memory MiB, flags, job id]; "
         "flags: 1 hot, 2 error, 4 cordoned, 8 allocated"
     )
+    mig: dict[int, list[tuple[str, int, int]]] = Field(
+        default_factory=dict,
+        exclude_if=lambda v: not v,
+        description="GPU index -> its MIG instances as [profile, first memory slice 0..7, memory slices "
+        "1..8], by first slice, for each GPU in MIG mode (left out of the JSON on a node with none)",
+    )
+    mig_pending: dict[int, str] = Field(
+        default_factory=dict,
+        exclude_if=lambda v: not v,
+        description='GPU index -> the MIG layout asked for and not yet applied ("2g.20gb,3g.40gb", or '
+        '"whole": MIG off), for each GPU with one (left out of the JSON on a node with none)',
+    )
 
 
 class FleetSnapshot(Reply):

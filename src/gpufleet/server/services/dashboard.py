@@ -64,6 +64,10 @@ class NodeInfo:
     cordon_reason: str | None = None
 
 
+MigSlice = tuple[str, int, int]
+"""A MIG instance on the page: (profile, first memory slice 0..7, memory slices 1..8)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuInfo:
     node: str
@@ -74,6 +78,20 @@ class GpuInfo:
     healthy: bool
     cordoned: bool = False
     cordon_reason: str | None = None
+    mig: tuple[MigSlice, ...] | None = None
+    """In MIG mode: its instances, by first memory slice (None: not in MIG mode)."""
+    mig_pending: tuple[str, ...] | None = None
+    """A MIG layout asked for and not yet applied, by profile (empty: the whole GPU, MIG off)."""
+
+
+def mig_slices(instances: object) -> tuple[MigSlice, ...]:
+    """``GpuRow.mig_instances`` (the agent's report, stored as JSON) as ``MigSlice``s by
+    first memory slice; an entry without a placement (start, size) is left out."""
+    out: list[MigSlice] = []
+    for x in instances if isinstance(instances, list) else ():
+        if isinstance(x, dict) and isinstance(x.get("start"), int) and isinstance(x.get("size"), int):
+            out.append((str(x.get("profile") or "?"), int(x["start"]), int(x["size"])))
+    return tuple(sorted(out, key=lambda m: (m[1], m[2])))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,6 +196,9 @@ def load_view(
             GpuRow.healthy,
             GpuRow.cordoned,
             GpuRow.cordon_reason,
+            GpuRow.mig_enabled,
+            GpuRow.mig_instances,
+            GpuRow.mig_pending,
         ).order_by(GpuRow.node, GpuRow.index)
         gpus = tuple(
             GpuInfo(
@@ -189,8 +210,10 @@ def load_view(
                 healthy=bool(h),
                 cordoned=bool(c),
                 cordon_reason=why if c else None,
+                mig=mig_slices(inst) if mig else None,
+                mig_pending=None if pend is None else tuple(str(p) for p in pend),
             )
-            for n, i, u, m, mb, h, c, why in s.execute(gq)
+            for n, i, u, m, mb, h, c, why, mig, inst, pend in s.execute(gq)
         )
         held = {
             (n, int(i)): j
@@ -375,7 +398,9 @@ def _faulty(t: GpuTelemetry) -> bool:
 def snapshot(view: FleetView, hot: AgentState) -> FleetSnapshot:
     """Per GPU: [index, util %, temp C, memory used MiB, memory MiB, flags, job id]. The
     cordon reasons ride along (the node's, and each GPU cordoned on its own), so the
-    page's node panel explains a hatched tile from the same read as the heatmap."""
+    page's node panel explains a hatched tile from the same read as the heatmap; so do
+    the MIG instances and pending layouts of the GPUs that have them (a node without
+    any carries neither: ``SnapshotNode`` leaves empty ones out of the JSON)."""
     per: dict[str, list[GpuInfo]] = {}
     for g in view.gpus:
         per.setdefault(g.node, []).append(g)
@@ -399,6 +424,12 @@ def snapshot(view: FleetView, hot: AgentState) -> FleetSnapshot:
             )
         model = per[n.name][0].model if per.get(n.name) else ""
         cordons = {g.index: g.cordon_reason or "" for g in per.get(n.name, []) if g.cordoned}
+        mig = {g.index: list(g.mig) for g in per.get(n.name, []) if g.mig is not None}
+        pending = {
+            g.index: ",".join(g.mig_pending) or "whole"
+            for g in per.get(n.name, [])
+            if g.mig_pending is not None
+        }
         out.append(
             SnapshotNode(
                 name=n.name,
@@ -411,6 +442,8 @@ def snapshot(view: FleetView, hot: AgentState) -> FleetSnapshot:
                 cordoned_gpus=cordons,
                 model=model,
                 gpus=rows,
+                mig=mig,
+                mig_pending=pending,
             )
         )
     return FleetSnapshot(at=view.at, hot_c=HOT_C, jobs=view.jobs, nodes=out)

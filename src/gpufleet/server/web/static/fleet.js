@@ -226,8 +226,39 @@
     return right - left;
   }
   function shortName(name) { var m = /(\d+)$/.exec(name); return m ? m[1] : name.slice(-4); }
+  /* A GPU's MIG state from the snapshot (only GPUs that have one are there): its
+     instances [profile, first memory slice, slices] by first slice, the layout pending. */
+  function migOf(node, index) {
+    var m = (node.mig || {})[index], p = (node.mig_pending || {})[index];
+    return m === undefined && p === undefined ? null : { slices: m || null, pending: p === undefined ? null : p };
+  }
+  function migProfiles(mig, sep) { return mig.slices.map(function (x) { return x[0]; }).join(sep); }
+  function migPendingText(mig, sep) { return mig.pending === "whole" ? "whole GPU" : mig.pending.split(",").join(sep); }
+  // "GPU 3: MIG 2g.20gb, 2g.20gb, 3g.40gb · MIG layout 7g.80gb pending"
+  function migText(index, mig) {
+    var parts = [];
+    if (mig.slices) parts.push("GPU " + index + ": MIG " + (mig.slices.length ? migProfiles(mig, ", ") : "(no instances)"));
+    if (mig.pending !== null) parts.push((mig.slices ? "" : "GPU " + index + ": ") + "MIG layout " + migPendingText(mig, ", ") + " pending");
+    return parts.join(" · ");
+  }
+  /* Thin cuts across a MIG GPU's tile at its instances' memory-slice boundaries (of 8),
+     and a segmented bar along its foot, one segment per instance: "cut in 3" at a
+     glance. Rebuilt only when the layout changes. */
+  function drawMig(t, mig) {
+    var slices = mig && mig.slices ? mig.slices : [], key = slices.map(function (x) { return x.join(":"); }).join("|");
+    if ((t.dataset.mig || "") === key) return;
+    if (key) t.dataset.mig = key; else delete t.dataset.mig;
+    var cuts = {}, kids = [];
+    slices.forEach(function (x) {
+      [x[1], x[1] + x[2]].forEach(function (b) { if (b > 0 && b < 8) cuts[b] = true; });
+      kids.push(el("i", { class: "mig-seg", style: "left:" + (x[1] / 8 * 100) + "%;width:" + (x[2] / 8 * 100) + "%" }));
+    });
+    Object.keys(cuts).forEach(function (b) { kids.push(el("i", { class: "mig-cut", style: "left:" + (b / 8 * 100) + "%" })); });
+    t.replaceChildren.apply(t, kids);
+  }
   function describeGpu(node, g) {
-    var parts = [node.name + " GPU " + g[0]];
+    var parts = [node.name + " GPU " + g[0]], mig = migOf(node, g[0]);
+    if (mig) parts[0] = node.name + " " + migText(g[0], mig);
     parts.push(g[1] === null ? "no telemetry" : Math.round(g[1]) + "% util");
     if (g[2] !== null) parts.push(Math.round(g[2]) + " °C");
     if (g[3] !== null) parts.push(Math.round(g[3] / 1024) + " / " + Math.round(g[4] / 1024) + " GiB");
@@ -241,9 +272,12 @@
   }
   function updateNode(n) {
     var ref = S.nodeEls.get(n.name); if (!ref) return;
-    var busy = 0, sum = 0, k = 0, served = 0, att = GF.nodeAttention(n);
+    var busy = 0, sum = 0, k = 0, served = 0, att = GF.nodeAttention(n), migs = [];
     n.gpus.forEach(function (g, i) {
       var t = ref.tiles[i]; if (!t) return;
+      var mig = migOf(n, g[0]);
+      if (mig) migs.push(migText(g[0], mig));
+      if (mig || t.dataset.mig) drawMig(t, mig);
       var c = GF.utilColor(g[1]);
       t.style.background = c || "";
       var cls = "tile";
@@ -252,6 +286,8 @@
       if (g[5] & 2) cls += " err";
       if (g[5] & 4) cls += " cord";
       if (g[6] !== null && S.svcJobs.has(g[6])) { cls += " svc"; served++; }
+      if (mig && mig.slices) cls += " mig";
+      if (mig && mig.pending !== null) cls += " mig-pending";
       if (t.className !== cls) t.className = cls;
       t.title = describeGpu(n, g);
       if (g[5] & 8) busy++;
@@ -262,7 +298,8 @@
     var label = n.name + ", " + state + (n.cordoned ? ", cordoned" : "") + ": " + busy + " of " + n.gpus.length +
       " GPUs allocated" + (served ? " (" + served + " to service replicas)" : "") +
       ", mean utilisation " + (k ? Math.round(sum / k) : 0) + "%" +
-      (att.whole ? ", needs attention" : att.gpus.length ? ", " + GF.plural(att.gpus.length, "GPU") + (att.gpus.length === 1 ? " needs" : " need") + " attention" : "");
+      (att.whole ? ", needs attention" : att.gpus.length ? ", " + GF.plural(att.gpus.length, "GPU") + (att.gpus.length === 1 ? " needs" : " need") + " attention" : "") +
+      (migs.length ? "; " + migs.join("; ") : "");
     ref.btn.setAttribute("aria-label", label);
     ref.btn.title = label;
   }
@@ -372,7 +409,15 @@
     return el("div", { class: "attn", role: "note" }, [el("h3", { class: "sub", text: head }), el("ul", null, items)]);
   }
   function gpuState(node, g) {
-    var out = [];
+    var out = [], mig = migOf(node, g[0]);
+    // a narrow panel may break a long pill after a "·"
+    var breakable = function (text) {
+      return text.split("·").reduce(function (kids, x, i) { return kids.concat(i ? ["·", el("wbr"), x] : [x]); }, []);
+    };
+    if (mig && mig.slices) out.push(el("span", { class: "pill mig", title: migText(g[0], { slices: mig.slices, pending: null }) },
+      breakable("MIG " + (mig.slices.length ? migProfiles(mig, "·") : "(no instances)"))));
+    if (mig && mig.pending !== null) out.push(el("span", { class: "pill mig-pending", title: "asked for, not yet applied; " + cordonWhy(node, g[0]) },
+      breakable("MIG → " + migPendingText(mig, "·") + " pending")));
     if (g[5] & 4) out.push(el("span", { class: "pill cordoned", title: cordonWhy(node, g[0]), text: "cordoned" }));
     if (g[5] & 2) out.push(el("span", { class: "pill error", text: "error" }));
     if (g[5] & 1) out.push(el("span", { class: "pill hot", text: "hot" }));
