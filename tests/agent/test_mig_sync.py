@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from gpufleet import mig
 from gpufleet.agent import Agent, AgentConfig, SimSpec, SimulatedProbe, make_agent
 from gpufleet.agent.agent import NO_MIG_PROBE
-from gpufleet.agent.jobs import SIMULATE_ENV
+from gpufleet.agent.jobs import SIMULATE_ENV, JobSpec, launch_env
 from gpufleet.agent.probe import GpuSample, MigInstance, NodeInventory
 from gpufleet.api.nodes import NodeSync
 from gpufleet.server.clock import FakeClock
@@ -237,3 +238,23 @@ def test_a_probe_that_switches_mig_mode_does_so(tmp_path: Path, start: list[str]
         assert probe.switched == [(0, True)] and gpu(body, 0)["mig_enabled"] is True
         assert [m["profile"] for m in gpu(body, 0)["mig_instances"]] == LAYOUT
     assert body["mig_results"][0]["error"] is None
+
+
+def test_a_job_on_mig_slices_sees_their_uuids(tmp_path: Path) -> None:
+    """The server hands a job slice indices (``mig.slice_index``); the agent names the
+    slices' ``MIG-...`` UUIDs in ``CUDA_VISIBLE_DEVICES``, and a slice that is not on the
+    GPU (the layout changed) keeps the job from starting."""
+    probe = SimulatedProbe(node="n1", spec=SimSpec(gpus=2), mig={1: ["3g.40gb", "3g.40gb"]})
+    agent = new_agent(tmp_path, probe)
+    second = next(m for m in agent.inventory.gpus[1].mig_instances if m.start == 4)
+    assert agent._devices([mig.slice_index(1, 4)]) == (second.uuid,)
+    assert agent._devices([0]) == ()
+    assert agent._devices([mig.slice_index(1, 2)]) is None
+    spec = JobSpec(job_id=7, attempt=1, gpus=(mig.slice_index(1, 4),), devices=(second.uuid,))
+    env = launch_env(spec, node="n1", checkpoint_dir="/c", hostfile="/h", base={})
+    assert env["CUDA_VISIBLE_DEVICES"] == second.uuid == env["NVIDIA_VISIBLE_DEVICES"]
+    sync(agent, [], jobs=[desired(7, [mig.slice_index(1, 4)]), desired(8, [mig.slice_index(1, 2)])])
+    assert set(agent.jobs) == {(7, 1)}
+    body = sync(agent, [{"gpu": 1, "layout": ["7g.80gb"]}], jobs=[desired(7, [mig.slice_index(1, 4)])])
+    assert "mig_results" not in body  # the GPU holds a running slice job: the layout waits
+    assert [m.profile for m in probe.inventory().gpus[1].mig_instances] == ["3g.40gb", "3g.40gb"]

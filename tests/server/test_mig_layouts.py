@@ -7,10 +7,13 @@ keeps it with the reason (failed); every step is a fleet event."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
+from sqlalchemy.orm import Session
 
+from gpufleet.server.services import nodeops
 from server.conftest import Server, make_pool, make_team, make_user, ok, unique, wait_for
 from server.playnode import join_token, placed, submit, sync
 
@@ -191,3 +194,74 @@ def test_users_and_node_credentials_may_not_lay_out_gpus(server: Server, team: s
     assert _shown(server, node, 1)["mig_pending"] is None
     with server.client() as c:
         assert c.put(f"/nodes/{unique('nope')}/gpus/0/mig", json={"whole": True}).status_code == 404
+
+
+def test_jobs_ask_for_slices_and_get_them_on_one_node(server: Server, team: str) -> None:
+    """GPU 1 of the node is cut in 3g.40gb x2: two one-slice jobs get one slice each (by
+    index SLICE_BASE + GPU x 8 + start), a third waits, a whole-GPU job gets GPU 0 and never
+    a slice, and the node's sync hands each job its slice; a layout asked for that GPU
+    waits while a slice is held."""
+    pool = make_pool(server)
+    name = unique("mig")
+    slices = [_instance(name, 1, "3g.40gb", 0, 4, 1), _instance(name, 1, "3g.40gb", 4, 4, 2)]
+    with server.client() as c:
+        ok(c.put(f"/nodes/{name}", json={"pool": pool, "gpus": _gpus(name)}))
+    token = join_token(server, name)
+    sync(server, name, {"gpus": _gpus(name, mig={1: slices}), "jobs": []}, token=token)
+    a, b = (submit(server, gpus=1, gpu_type="MIG 3g.40gb", pool=pool, team=team) for _ in range(2))
+    got = sorted(placed(server, j["id"])[0]["allocation"][0]["gpus"][0] for j in (a, b))
+    assert got == [1024 + 8, 1024 + 12]
+    third = submit(server, gpus=1, gpu_type="MIG 3g.40gb", pool=pool, team=team)
+    whole = submit(server, gpus=1, pool=pool, team=team)
+    assert placed(server, whole["id"])[0]["allocation"] == [{"node": name, "gpus": [0]}]
+    with server.client() as c:
+        assert ok(c.get(f"/jobs/{third['id']}"))["state"] == "PENDING"
+    desired = sync(server, name, {"jobs": []}, token=token)["jobs"]
+    assert sorted(g for d in desired for g in d["gpus"]) == [0, 1032, 1036]
+    assert _put(server, name, 1, {"layout": ["7g.80gb"]}).status_code == 200
+    assert sync(server, name, {"jobs": []}, token=token)["mig"] == []  # its slices are held
+
+
+def test_a_slice_job_is_one_nodes_and_asks_for_what_exists(server: Server, team: str) -> None:
+    pool = make_pool(server)
+    _node(server, pool)
+    with server.client() as c:
+        two_nodes = {
+            "command": ["x"],
+            "gpus": 2,
+            "nodes": 2,
+            "gpu_type": "MIG 7g.80gb",
+            "pool": pool,
+            "team": team,
+        }
+        resp = c.post("/jobs", json=two_nodes)
+        assert resp.status_code == 422 and "one node" in resp.text, resp.text
+        none = {"command": ["x"], "gpus": 1, "gpu_type": "MIG 1g.10gb", "pool": pool, "team": team}
+        resp = c.post("/jobs", json=none)
+        assert resp.status_code == 422 and "MIG 1g.10gb" in resp.text, resp.text
+        fits = {"command": ["x"], "gpus": 1, "gpu_type": "MIG 7g.80gb", "pool": pool, "team": team}
+        job = ok(c.post("/jobs", json=fits), 201)
+    assert job["nodes"] == 1 and job["gpus_per_node"] == 1
+
+
+def test_a_gpu_taken_out_requeues_the_jobs_on_its_slices(server: Server, team: str) -> None:
+    """``requeue_on(gpu=1)`` (what a health rule's GPU cordon does) takes the jobs on GPU 1's
+    MIG slices with it, and leaves the job on GPU 0."""
+    pool = make_pool(server)
+    name = unique("mig")
+    with server.client() as c:
+        ok(c.put(f"/nodes/{name}", json={"pool": pool, "gpus": _gpus(name)}))
+    token = join_token(server, name)
+    gpus = _gpus(name, mig={1: [_instance(name, 1, "7g.80gb", 0, 8, 1)]})
+    sync(server, name, {"gpus": gpus, "jobs": []}, token=token)
+    on_slice = placed(server, submit(server, gpus=1, gpu_type="MIG 7g.80gb", pool=pool, team=team)["id"])[0]
+    on_gpu = placed(server, submit(server, gpus=1, pool=pool, team=team)["id"])[0]
+    with Session(server.engine) as s, s.begin():
+        assert (
+            nodeops.requeue_on(s, node=name, gpu=1, now=time.time(), actor="test", reason="GPU 1 fell off")
+            == 1
+        )
+    with server.client() as c:
+        assert ok(c.get(f"/jobs/{on_slice['id']}"))["state"] in ("PENDING", "SCHEDULED")
+        assert ok(c.get(f"/jobs/{on_slice['id']}"))["attempts"] == 1
+        assert ok(c.get(f"/jobs/{on_gpu['id']}"))["attempts"] == 0

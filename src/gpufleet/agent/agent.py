@@ -64,6 +64,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
+from gpufleet import mig
 from gpufleet.agent.exits import ExitWatch
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.probe import (
@@ -367,8 +368,9 @@ class Agent:
                 busy = self.replicas.util(job.key)
                 if busy is not None:
                     util = busy  # a replica: as busy as its model server says it is
-                for g in job.gpus:
-                    load[g] = util
+                for g in job.gpus:  # a MIG slice loads its GPU
+                    gpu = mig.device_gpu(g)
+                    load[gpu] = max(load.get(gpu, 0.0), util)
         self.probe.set_load(load)
 
     def running(self) -> list[LocalJob]:
@@ -472,6 +474,10 @@ class Agent:
                 spec = JobSpec.from_desired(d)
                 if busy & set(spec.gpus):
                     continue  # an attempt still stopping holds its GPUs: next time
+                devices = self._devices(spec.gpus)
+                if devices is None:
+                    continue  # a MIG slice it was given is not (or no longer) here: logged
+                spec = dataclasses.replace(spec, devices=devices)
                 kind = self.runner_kind(spec)
                 runner = self.runners.get(kind)
                 if runner is None:
@@ -495,6 +501,28 @@ class Agent:
             self._feed_probe()
             self._mig_step(parsed.mig)
 
+    def _devices(self, gpus: Sequence[int]) -> tuple[str, ...] | None:
+        """``JobSpec.devices`` for these indices: () for whole GPUs; for MIG slices their
+        ``MIG-...`` UUIDs from the inventory (the GPU and first memory slice an index
+        names), None when one is not there (the layout changed under the allocation)."""
+        if all(mig.slice_of(i) is None for i in gpus):
+            return ()
+        out: list[str] = []
+        for i in gpus:
+            where = mig.slice_of(i)
+            if where is None:
+                out.append(str(i))
+                continue
+            info = next((g for g in self.inventory.gpus if g.index == where[0]), None)
+            found = (
+                None if info is None else next((m for m in info.mig_instances if m.start == where[1]), None)
+            )
+            if found is None:
+                log.warning("node %s: no MIG instance at GPU %d slice %d", self.config.node, *where)
+                return None
+            out.append(found.uuid)
+        return tuple(out)
+
     # -- MIG layouts ------------------------------------------------------------------------
     def _mig_step(self, changes: Sequence[MigChange]) -> None:
         """Act on the reply's MIG changes (caller holds the lock): forget the results the
@@ -509,7 +537,7 @@ class Agent:
         for gpu, (layout, _) in list(self._mig_results.items()):
             if wanted.get(gpu) != layout:
                 del self._mig_results[gpu]
-        busy = {g for j in self.jobs.values() if j.exit_code is None for g in j.gpus}
+        busy = {mig.device_gpu(g) for j in self.jobs.values() if j.exit_code is None for g in j.gpus}
         todo = [
             (gpu, layout)
             for gpu, layout in sorted(wanted.items())

@@ -80,6 +80,10 @@ class JobSpec:
     ntasks_per_node: int = 0
     cpus_per_node: int = 0
     mem_per_node_mb: int = 0
+    devices: tuple[str, ...] = ()
+    """What ``CUDA_VISIBLE_DEVICES`` names when it is not the GPU indices: the ``MIG-...``
+    UUIDs of the MIG slices ``gpus`` holds (``gpufleet.mig.slice_index``), resolved by the
+    agent from its inventory when it starts the job."""
 
     @classmethod
     def from_desired(cls, d: DesiredJob) -> JobSpec:
@@ -198,7 +202,7 @@ def launch_env(
     ``--chdir``)."""
     env = dict(base)
     env.update({k: v for k, v in spec.env.items() if k not in SECRET_ENV})
-    visible = ",".join(map(str, spec.gpus))
+    visible = ",".join(spec.devices) if spec.devices else ",".join(map(str, spec.gpus))
     peers = spec.peers or (Peer(node=node, address=spec.master_addr, gpus=spec.gpus),)
     env.update(
         {

@@ -62,6 +62,7 @@ JOB_FLAGS: dict[str, JobFlag] = {
     "gres": _opt("gres", "--gres", help="gpu[:TYPE]:N: GPUs on each node, as Slurm's --gres."),
     "nodes": _opt("nodes", "--nodes", "-N", help="Nodes (N, or MIN-MAX: the fewest)."),
     "gpu_type": _opt(None, "--gpu-type", help="A GPU model (H100 matches H100-80GB)."),
+    "mig": _opt(None, "--mig", help="MIG slices instead of GPUs: PROFILE[:N] on one node, e.g. 1g.10gb:2."),
     "constraint": _opt("constraint", "--constraint", "-C", help="A GPU model, as --gpu-type."),
     "ntasks": _opt("ntasks", "--ntasks", "-n", help="Tasks in all (CPUs: tasks x --cpus-per-task)."),
     "ntasks_per_node": _opt("ntasks-per-node", "--ntasks-per-node", help="Tasks on each node."),
@@ -197,6 +198,13 @@ def from_flags(
             origins.append((directive, said))
     if flags.get("gpu_type"):
         opts = replace(opts, gpu_type=flags["gpu_type"])
+    if flags.get("mig"):
+        try:
+            profile, count = slurmflags.mig_slices(flags["mig"])
+        except ValueError as exc:
+            problems.append(sbatch.Problem(where="", text=str(exc), refused=False))
+        else:
+            opts = replace(opts, gpu_type=profile, gpus=count, gpus_per_node=None, nodes=1)
     return replace(opts, problems=tuple(problems), origins=tuple(origins))
 
 

@@ -269,6 +269,24 @@ def _gpu_count(value: str, flag: str) -> tuple[str | None, int]:
     return kind or None, int(count)
 
 
+_MIG_PROFILE = re.compile(r"\d+g\.\d+gb(\+me)?", re.IGNORECASE)
+
+
+def _kind(kind: str | None) -> str | None:
+    """A GPU type as the API takes it: a MIG profile (``gpu:1g.10gb:1``) asks for slices."""
+    return f"MIG {kind.lower()}" if kind is not None and _MIG_PROFILE.fullmatch(kind) else kind
+
+
+def mig_slices(value: str) -> tuple[str, int]:
+    """``--mig PROFILE[:N]``: (the API's GPU type for those slices, N)."""
+    profile, _, count = value.strip().partition(":")
+    if not _MIG_PROFILE.fullmatch(profile):
+        raise ValueError(f"--mig {value}: expected PROFILE[:N], a MIG profile such as 1g.10gb or 3g.40gb:2")
+    if count and (not count.isdigit() or int(count) < 1):
+        raise ValueError(f"--mig {value}: the count after ':' is a number of slices >= 1")
+    return f"MIG {profile.lower()}", int(count or 1)
+
+
 def _gres(value: str) -> tuple[str | None, int]:
     """``gpu``, ``gpu:N``, ``gpu:TYPE`` or ``gpu:TYPE:N`` (per node); other kinds are refused."""
     got: tuple[str | None, int] | None = None
@@ -278,7 +296,9 @@ def _gres(value: str) -> tuple[str | None, int]:
             raise Refused(f"{kind} is not a generic resource here, only gpu; remove it")
         parts = rest.split(":") if rest else []
         count = parts.pop() if parts and parts[-1].isdigit() else "1"
-        if len(parts) > 1 or (parts and not re.fullmatch(r"[A-Za-z][\w.-]*", parts[0])):
+        if len(parts) > 1 or (
+            parts and not (re.fullmatch(r"[A-Za-z][\w.-]*", parts[0]) or _MIG_PROFILE.fullmatch(parts[0]))
+        ):
             raise ValueError(f"--gres={value}: expected gpu[:TYPE]:N, e.g. gpu:4 or gpu:a100:2")
         got = (parts[0] if parts else None, int(count))
     assert got is not None
@@ -446,11 +466,11 @@ def _apply_special(opts: SbatchOptions, name: str, value: str | None, *, now: fl
         case "gres":
             assert value is not None
             kind, n = _gres(value)
-            return replace(opts, gpu_type=kind or opts.gpu_type, gpus_per_node=n)
+            return replace(opts, gpu_type=_kind(kind) or opts.gpu_type, gpus_per_node=n)
         case "gpus" | "gpus-per-node":
             assert value is not None
             kind, n = _gpu_count(value, flag)
-            opts = replace(opts, gpu_type=kind or opts.gpu_type)
+            opts = replace(opts, gpu_type=_kind(kind) or opts.gpu_type)
             return replace(opts, gpus=n) if name == "gpus" else replace(opts, gpus_per_node=n)
         case "nodes":
             assert value is not None

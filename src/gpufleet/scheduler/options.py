@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpufleet.scheduler.capacity import FleetIndex, GroupKey
+from gpufleet.mig import is_slice_model, wants_slices
+from gpufleet.scheduler.capacity import FleetIndex, GroupInfo, GroupKey
 from gpufleet.scheduler.model import JobRequest
 from gpufleet.scheduler.placement import Shape, describe_shape, job_shape
 
@@ -42,6 +43,13 @@ def _some(names: list[str], most: int = 8) -> str:
     return ", ".join(names[:most]) + (f" and {more} more" if more > 0 else "")
 
 
+def same_kind(groups: list[GroupInfo], gpu_type: str | None) -> list[GroupInfo]:
+    """Whole GPUs for a job asking whole GPUs, MIG slices for one asking slices
+    (``gpufleet.mig``): a MIG GPU's slices are never a whole GPU, nor the reverse."""
+    slices = wants_slices(gpu_type)
+    return [g for g in groups if is_slice_model(g.key[1]) == slices]
+
+
 def job_options(index: FleetIndex, job: JobRequest) -> Options | str:
     """The groups (pool, GPU model) where ``job`` could ever run, each with the job's
     per-node shape there; or, if there is none, why (an UnschedulableAndUnresolvable
@@ -51,16 +59,19 @@ def job_options(index: FleetIndex, job: JobRequest) -> Options | str:
         if job.pool in {n.pool for n in index.fleet.nodes}:
             return f"no schedulable node with healthy GPUs in pool {job.pool}"
         return f"unknown pool {job.pool}"
+    groups = same_kind(groups, job.gpu_type)
     if job.gpu_type:
         groups = [g for g in groups if gpu_type_matches(job.gpu_type, g.key[1])]
         if not groups:
             return no_such_model(job.gpu_type, job.pool, models=index.groups)
+    elif not groups:
+        return f"no schedulable node with healthy GPUs in pool {job.pool}"
     out: Options = []
     why = ""
     for g in groups:
         shape = job_shape(job, g.size)
         if isinstance(shape, str):
-            why = shape
+            why = f"{shape} ({g.key[1]} slices)" if is_slice_model(g.key[1]) else shape
         elif all(g.capacity_ge[c] >= i + 1 for i, c in enumerate(shape)):
             out.append((g.key, shape))
         else:

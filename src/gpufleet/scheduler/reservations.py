@@ -229,7 +229,7 @@ def admit_reservation(
     left out. ``node_names`` (operators' maintenance bookings) takes every healthy GPU of
     those nodes.
     """
-    from gpufleet.scheduler.options import gpu_type_matches, no_such_model
+    from gpufleet.scheduler.options import gpu_type_matches, no_such_model, same_kind
 
     index = FleetIndex(fleet)
     overlapping = [r for r in existing if r.start < end and start < r.end]
@@ -256,7 +256,7 @@ def admit_reservation(
     request = JobRequest(
         id="reservation", gpus=gpus, gpus_per_node=gpus_per_node, nodes=nodes, submit_time=start
     )
-    groups = [g for k, g in sorted(index.groups.items()) if k[0] == pool]
+    groups = same_kind([g for k, g in sorted(index.groups.items()) if k[0] == pool], gpu_type)
     if gpu_type:
         groups = [g for g in groups if gpu_type_matches(gpu_type, g.key[1])]
     if not groups:

@@ -48,6 +48,8 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
+from gpufleet import mig
+from gpufleet.mig import SLICE_BASE
 from gpufleet.placefmt import placed_reason
 from gpufleet.scheduler import (
     Blocked,
@@ -321,7 +323,10 @@ class SchedulingPass:
         refs: dict[str, JobRef] = {}
         placements: dict[int, dict[str, list[int]]] = {}
         q = select(Allocation.job_id, Allocation.node, Allocation.gpu_index)
+        slices = self._fleet.slices
         for jid, node, idx in s.execute(q):
+            if idx is not None and idx >= SLICE_BASE:  # a MIG slice: its node, to the core
+                node = slices.get((node, idx), mig.slice_node(node, "?"))
             held_here = placements.setdefault(jid, {}).setdefault(node, [])
             if idx is not None:  # a 0-GPU job's row: its node, no GPU
                 held_here.append(idx)
@@ -435,7 +440,7 @@ class SchedulingPass:
                 values=vals,
             )
             allocs += [
-                {"job_id": jref.id, "node": p.node, "gpu_index": g}
+                {"job_id": jref.id, "node": mig.physical_node(p.node), "gpu_index": g}
                 for p in st.placement
                 for g in (p.gpus or (None,))  # a 0-GPU job: one row for its node
             ]

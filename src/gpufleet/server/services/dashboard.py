@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.api.fleet import FleetSnapshot, NodeHistory, NodeJob, SnapshotNode
 from gpufleet.api.nodes import GpuTelemetry
+from gpufleet.mig import device_gpu
 from gpufleet.scheduler import JobRequest
 from gpufleet.server import ledger
 from gpufleet.server.agentstate import AgentState
@@ -215,8 +216,8 @@ def load_view(
             )
             for n, i, u, m, mb, h, c, why, mig, inst, pend in s.execute(gq)
         )
-        held = {
-            (n, int(i)): j
+        held = {  # a MIG slice's job shows on its GPU
+            (n, device_gpu(int(i))): j
             for n, i, j in s.execute(
                 select(Allocation.node, Allocation.gpu_index, Allocation.job_id).where(
                     Allocation.gpu_index.is_not(None)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import false, func, select
 from sqlalchemy.orm import Session
 
+from gpufleet import mig
 from gpufleet.scheduler import Fleet, Gpu, Node
 from gpufleet.scheduler.capacity import FleetIndex
 from gpufleet.server.models import GpuRow, NodeRow
@@ -48,8 +49,9 @@ def _rows(s: Session, pool: str | None) -> tuple[NodeKey, NodeKey]:
         GpuRow.model,
         GpuRow.memory_mb,
         GpuRow.nvlink_domain,
-        # the agent's verdict, the server's cordon, and MIG: a MIG GPU is never handed out whole
-        GpuRow.healthy & ~GpuRow.cordoned & ~func.coalesce(GpuRow.mig_enabled, false()),
+        GpuRow.healthy & ~GpuRow.cordoned,  # the agent's verdict and the server's cordon
+        func.coalesce(GpuRow.mig_enabled, false()),
+        GpuRow.mig_instances,
     ).order_by(GpuRow.node, GpuRow.index)
     if pool is not None:
         q = q.where(NodeRow.pool == pool)
@@ -62,16 +64,33 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
     validation decides: whatever ``Node`` refuses is skipped, so a rule added there is
     honoured here)."""
     per: dict[object, list[Gpu]] = {}
-    for node, index, model, memory_mb, domain, healthy in gpus:
+    slices: dict[object, dict[str, list[Gpu]]] = {}
+    for node, index, model, memory_mb, domain, healthy, mig_on, instances in gpus:
+        ok = bool(healthy) or live_since is None
         per.setdefault(node, []).append(
             Gpu(
                 index=int(index),  # type: ignore[call-overload]
                 model=str(model),
                 memory_mb=int(memory_mb),  # type: ignore[call-overload]
                 nvlink_domain=int(domain),  # type: ignore[call-overload]
-                healthy=bool(healthy) or live_since is None,
+                # a MIG GPU is never handed out whole; as registered capacity (what a job could
+                # ever get) it counts whole too: an operator may make it whole again
+                healthy=ok and not (mig_on and live_since is not None),
             )
         )
+        if mig_on:
+            for m in instances or ():  # type: ignore[attr-defined]
+                try:
+                    g = Gpu(
+                        index=mig.slice_index(int(index), int(m["start"])),  # type: ignore[call-overload]
+                        model=mig.slice_model(str(model), str(m["profile"])),
+                        memory_mb=int(m.get("memory_mb") or 0),
+                        nvlink_domain=int(index),  # type: ignore[call-overload]
+                        healthy=ok,
+                    )
+                except (KeyError, TypeError, ValueError):  # a row an agent cannot have sent
+                    continue
+                slices.setdefault(node, {}).setdefault(str(m["profile"]), []).append(g)
     out: list[Node] = []
     skipped: dict[str, str] = {}
     for name, pool, leaf, rack, cordoned, last_seen, cpus, memory_mb in nodes:
@@ -89,11 +108,30 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
                 cpus=int(cpus or 0),  # type: ignore[call-overload]
                 mem_mb=int(memory_mb or 0),  # type: ignore[call-overload]
             )
+            parts = [
+                Node(
+                    name=mig.slice_node(str(name), profile),
+                    gpus=tuple(sorted(devices, key=lambda g: g.index)),
+                    leaf=str(leaf),
+                    rack=str(rack),
+                    pool=str(pool),
+                    schedulable=live,
+                )
+                for profile, devices in sorted(slices.get(name, {}).items())
+            ]
         except ValueError as exc:  # one bad node never stops the fleet
             skipped[str(name)] = str(exc)
             continue
         out.append(node)
+        out += parts
     return Fleet(nodes=tuple(out)), skipped
+
+
+def slice_nodes(fleet: Fleet) -> dict[tuple[str, int], str]:
+    """(node, slice index) -> the scheduler's node of that slice (``gpufleet.mig``)."""
+    return {
+        (mig.physical_node(n.name), g.index): n.name for n in fleet.nodes if ":" in n.name for g in n.gpus
+    }
 
 
 @dataclass(slots=True)
@@ -105,6 +143,8 @@ class LiveFleet:
     _fleet: Fleet | None = None
     skipped: dict[str, str] = field(default_factory=dict)
     """Nodes left out of the last fleet (invalid rows), with the reason."""
+    slices: dict[tuple[str, int], str] = field(default_factory=dict)
+    """``slice_nodes`` of the last fleet: where an allocation of a MIG slice is, to the core."""
 
     def load(self, s: Session, *, live_since: float) -> Fleet:
         nodes, gpus = _rows(s, None)
@@ -119,6 +159,7 @@ class LiveFleet:
                 for name, why in sorted(skipped.items()):
                     log.warning("node %s left out of scheduling: %s", name, why)
             self.skipped = skipped
+            self.slices = slice_nodes(self._fleet)
             self._key = key
         return self._fleet
 

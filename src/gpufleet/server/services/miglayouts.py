@@ -103,11 +103,13 @@ def changes(s: Session, node: str) -> list[MigChange]:
     pending = s.execute(_PENDING.where(GpuRow.node == node)).all()
     if not pending:
         return []
-    held = set(
-        s.scalars(
+    held = {  # a job on one of its slices holds the GPU too
+        mig.device_gpu(i)
+        for i in s.scalars(
             select(Allocation.gpu_index).where(Allocation.node == node, Allocation.gpu_index.is_not(None))
         )
-    )
+        if i is not None
+    }
     return [
         MigChange(gpu=int(i), layout=list(layout))
         for i, layout in pending

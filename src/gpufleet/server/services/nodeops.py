@@ -4,9 +4,10 @@ that hold a node's (or one GPU's) GPUs."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from gpufleet import mig
 from gpufleet.server.jobstate.requeue import requeue
 from gpufleet.server.models import Allocation, GpuEvent, Job, NodeRow
 
@@ -40,10 +41,17 @@ def add_event(
 def requeue_on(
     s: Session, *, node: str, now: float, actor: str, reason: str, gpu: int | None = None, lost: bool = False
 ) -> int:
-    """Requeue every job holding a GPU (or, ``gpu`` given, that GPU) on ``node``."""
+    """Requeue every job holding a GPU (or, ``gpu`` given, that GPU or one of its MIG
+    slices) on ``node``."""
     q = select(Allocation.job_id).where(Allocation.node == node)
     if gpu is not None:
-        q = q.where(Allocation.gpu_index == gpu)
+        first = mig.slice_index(gpu, 0)
+        q = q.where(
+            or_(
+                Allocation.gpu_index == gpu,
+                Allocation.gpu_index.between(first, first + mig.MEMORY_SLICES - 1),
+            )
+        )
     ids = sorted(set(s.scalars(q)))
     n = 0
     for job in s.scalars(select(Job).where(Job.id.in_(ids)).order_by(Job.id)) if ids else ():

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.api.base import MAX_GPU_INDEX
 from gpufleet.api.nodes import GpuIn, GpuOut, MigInstanceOut, NodeOut, NodePut
+from gpufleet.mig import device_gpu
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
 from gpufleet.server.models import Allocation, GpuRow, NodeRow, Pool
@@ -28,13 +29,15 @@ Waker = Callable[[], None]
 
 def _node_out(s: Session, n: NodeRow, live_since: float, hot: AgentState | None = None) -> NodeOut:
     gpus = list(s.scalars(select(GpuRow).where(GpuRow.node == n.name).order_by(GpuRow.index)))
-    held = dict(
-        s.execute(
+    held = {  # a MIG slice's job shows on its GPU
+        device_gpu(i): j
+        for i, j in s.execute(
             select(Allocation.gpu_index, Allocation.job_id).where(
                 Allocation.node == n.name, Allocation.gpu_index.is_not(None)
             )
         ).all()
-    )
+        if i is not None
+    }
     ready = n.last_seen is not None and n.last_seen >= live_since
     tel = hot.telemetry.get(n.name) if hot is not None else None
     return NodeOut(

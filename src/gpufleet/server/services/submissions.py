@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from gpufleet import slurmopts
+from gpufleet import mig, slurmopts
 from gpufleet.api.jobs import JobDetail, JobEventOut, JobSubmit
 from gpufleet.arrayspec import ArraySpec, parse_array
 from gpufleet.scheduler import Fleet, JobRequest, deps
@@ -550,6 +550,16 @@ def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event:
     )
 
 
+def one_node_of_slices(spec: JobSubmit) -> JobSubmit | Failure:
+    """A job asking for MIG slices (``gpu_type`` "MIG 1g.10gb", ``gpufleet.mig``) has them
+    on one node, as a Kubernetes pod has its ``nvidia.com/mig-*`` devices: ``nodes`` 1."""
+    if not mig.wants_slices(spec.gpu_type):
+        return spec
+    if spec.nodes > 1 or (spec.gpus_per_node and spec.gpus_per_node != spec.gpus):
+        return invalid(f"gpu_type {spec.gpu_type}: a job's MIG slices are on one node (nodes 1)")
+    return spec.model_copy(update={"nodes": 1, "gpus_per_node": spec.gpus})
+
+
 async def submit(
     *,
     writer: Writer,
@@ -570,6 +580,10 @@ async def submit(
             f"priority {spec.priority}: only operators and admins give a job a priority above 0 "
             "(0 or below is anyone's)"
         )
+    shaped = one_node_of_slices(spec)
+    if isinstance(shaped, Failure):
+        return shaped
+    spec = shaped
     limit = time_limit(spec.time_limit)
     if isinstance(limit, Failure):
         return limit
