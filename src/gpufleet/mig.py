@@ -24,6 +24,22 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
+from gpufleet.migindex import (  # how the scheduler and agents name slices (see __all__)
+    MEMORY_SLICES,
+    SLICE_BASE,
+    SLICE_TAG,
+    device_gpu,
+    device_label,
+    is_slice_model,
+    physical_node,
+    slice_gpu_type,
+    slice_index,
+    slice_model,
+    slice_node,
+    slice_of,
+    wants_slices,
+)
+
 NVML_GPU_INSTANCE_PROFILE_1_SLICE: Final = 0
 NVML_GPU_INSTANCE_PROFILE_2_SLICE: Final = 1
 NVML_GPU_INSTANCE_PROFILE_3_SLICE: Final = 2
@@ -35,7 +51,6 @@ NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: Final = 7
 NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1: Final = 8
 NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: Final = 9
 
-MEMORY_SLICES: Final = 8
 COMPUTE_SLICES: Final = 7
 
 
@@ -419,67 +434,45 @@ def slice_share(profile: Profile) -> float:
     return profile.compute_slices / COMPUTE_SLICES
 
 
-# -- slices as the scheduler sees them ---------------------------------------------------------
-#
-# Kubernetes' "mixed" MIG strategy: each profile is a resource of its own
-# (nvidia.com/mig-1g.10gb), counted like GPUs. gpufleet does the same: the server shows the
-# scheduling core, beside each node's whole GPUs, one node per (node, profile) whose "GPUs"
-# are that profile's MIG instances ("n1:1g.10gb", model "H100-80GB MIG 1g.10gb"); a job
-# asks for them by GPU type ("MIG 1g.10gb"). A slice never splits (it is one device), a job's
-# slices are on one node (a slice request is one node's), and a MIG GPU is never handed out
-# whole. An allocation stores the physical node and the slice's index: SLICE_BASE + GPU x 8
-# + its placement's first memory slice, which never meets a GPU index (< SLICE_BASE).
-
-SLICE_BASE: Final = 1024
-"""Slice indices start here (GPU indices are below: ``api.base.MAX_GPU_INDEX``)."""
-SLICE_TAG: Final = "MIG"
-
-
-def slice_index(gpu: int, start: int) -> int:
-    """The index of the MIG instance of GPU ``gpu`` placed at memory slice ``start``."""
-    if not 0 <= start < MEMORY_SLICES or gpu < 0:
-        raise ValueError(f"no MIG instance at GPU {gpu}, memory slice {start}")
-    return SLICE_BASE + gpu * MEMORY_SLICES + start
-
-
-def slice_of(index: int) -> tuple[int, int] | None:
-    """(GPU, first memory slice) of a slice index; None for a whole GPU's index."""
-    if index < SLICE_BASE:
-        return None
-    gpu, start = divmod(index - SLICE_BASE, MEMORY_SLICES)
-    return gpu, start
-
-
-def slice_node(node: str, profile: str) -> str:
-    """The scheduler's node of ``node``'s ``profile`` slices (":" is in no node's name)."""
-    return f"{node}:{profile}"
-
-
-def physical_node(name: str) -> str:
-    """The node a scheduler node is (itself, or the node of a slice node)."""
-    return name.partition(":")[0]
-
-
-def slice_model(gpu_model: str, profile: str) -> str:
-    """The GPU model the scheduler sees for a profile's slices: "H100-80GB MIG 1g.10gb"."""
-    return f"{gpu_model} {SLICE_TAG} {profile}"
-
-
-def is_slice_model(model: str) -> bool:
-    return f" {SLICE_TAG} " in model
-
-
-def wants_slices(gpu_type: str | None) -> bool:
-    """Whether a job's GPU type asks for MIG slices ("MIG 1g.10gb", "H100 MIG 3g.40gb")."""
-    return gpu_type is not None and SLICE_TAG.lower() in gpu_type.lower().replace("-", " ").split()
-
-
-def slice_gpu_type(profile: str) -> str:
-    """The GPU type a job asks with for ``profile`` slices (``--mig 1g.10gb``)."""
-    return f"{SLICE_TAG} {profile}"
-
-
-def device_gpu(index: int) -> int:
-    """The GPU an allocated index is on: itself, or a slice's GPU."""
-    found = slice_of(index)
-    return index if found is None else found[0]
+__all__ = [
+    "A100_40GB",
+    "A100_80GB",
+    "COMPUTE_SLICES",
+    "H100_80GB",
+    "H100_94GB",
+    "H200",
+    "MEMORY_SLICES",
+    "MODELS",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1",
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_6_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_7_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_8_SLICE",
+    "SLICE_BASE",
+    "SLICE_TAG",
+    "GpuModel",
+    "LayoutError",
+    "Placement",
+    "Profile",
+    "device_gpu",
+    "device_label",
+    "free_starts",
+    "is_slice_model",
+    "model_for",
+    "parse_layout",
+    "physical_node",
+    "place_layout",
+    "slice_gpu_type",
+    "slice_index",
+    "slice_model",
+    "slice_node",
+    "slice_of",
+    "slice_share",
+    "smallest_fitting",
+    "wants_slices",
+]

@@ -23,6 +23,7 @@ from gpufleet.cli._common import (
 from gpufleet.cli.apps import jobs_app
 from gpufleet.cli.options import flag, json_flag
 from gpufleet.client import ClientError, GpufleetClient
+from gpufleet.migindex import device_label
 from gpufleet.timefmt import format_duration, parse_duration
 
 if TYPE_CHECKING:
@@ -88,7 +89,9 @@ def queue_rows(items: Sequence[dict[str, Any]]) -> list[tuple[object, ...]]:
             if tasks is not None
             else slurmnames.job_id(j["id"], array, j.get("array_task_id"))
         )
-        where = " ".join(f"{a['node']}:{','.join(map(str, a['gpus']))}" for a in j.get("allocation") or ())
+        where = " ".join(
+            f"{a['node']}:{','.join(map(device_label, a['gpus']))}" for a in j.get("allocation") or ()
+        )
         eta = _eta(j.get("estimated_start"))
         shown_row = (
             shown,

@@ -435,7 +435,9 @@ class SchedulingPass:
                 jref,
                 JobState.SCHEDULED,
                 actor=ACTOR,
-                reason=placed_reason([(p.node, p.gpus) for p in st.placement], how=result.policy),
+                reason=placed_reason(
+                    [(mig.physical_node(p.node), p.gpus) for p in st.placement], how=result.policy
+                ),
                 now=now,
                 values=vals,
             )
