@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from gpufleet.api.jobs import JobDetail, JobEventOut
 from gpufleet.cli import words
 from gpufleet.cli.sbatch import BatchScript
+from gpufleet.migindex import SLICE_BASE, device_label
 from gpufleet.placefmt import gpu_ranges, parse_placed
 from gpufleet.timefmt import format_duration
 
@@ -41,6 +42,8 @@ def clip(text: str, most: int) -> str:
 
 
 def _where(node: str, gpus: Sequence[int]) -> str:
+    if gpus and max(gpus) >= SLICE_BASE:  # MIG slices: migGPU.START each
+        return f"{node}:{','.join(device_label(g) for g in sorted(gpus))}"
     return f"{node}:{gpu_ranges(gpus)}" if gpus else node
 
 
