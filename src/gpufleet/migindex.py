@@ -77,3 +77,20 @@ def device_label(index: int) -> str:
     of GPU 1 placed at memory slice 4."""
     found = slice_of(index)
     return str(index) if found is None else f"mig{found[0]}.{found[1]}"
+
+
+def slice_parent_model(model: str) -> str:
+    """The GPU model of a slice model ("H100-80GB MIG 1g.10gb" -> "H100-80GB"); a whole
+    GPU's model as it is."""
+    head, sep, _ = model.partition(f" {SLICE_TAG} ")
+    return head if sep else model
+
+
+def slice_share_of(model: str) -> float:
+    """The share of its GPU a slice of this model is billed and charged energy for:
+    compute slices / 7 (a 1g.* slice 1/7, a 7g.* 1); 1.0 for a whole GPU's model."""
+    _, sep, profile = model.partition(f" {SLICE_TAG} ")
+    compute, g, _ = profile.partition("g.")
+    if not sep or not g or not compute.isdigit():
+        return 1.0
+    return min(1.0, int(compute) / 7)

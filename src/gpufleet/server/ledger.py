@@ -39,6 +39,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from gpufleet.migindex import device_gpu, slice_parent_model, slice_share_of
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.clock import Clock
 from gpufleet.server.models import Allocation, Job, PriceScheduleRow, Team, UsageRow
@@ -178,8 +179,12 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Ledger increments (one per UTC hour) for ``[job.accrued_to, end)``."""
     price = price or pricer(schedule)
-    samples = [readings(node, idx) for node, idx in gpus_at]
-    watts = sum(x.power_w for x in samples if x is not None and x.power_w is not None)
+    # a MIG slice costs its share of its GPU (compute slices / 7) at the GPU's price, and
+    # takes that share of the GPU's power; its usage row keeps the slice's model (by profile)
+    share = slice_share_of(job.model)
+    model = slice_parent_model(job.model)
+    samples = [readings(node, device_gpu(idx)) for node, idx in gpus_at]
+    watts = share * sum(x.power_w for x in samples if x is not None and x.power_w is not None)
     seen = [x.util_pct for x in samples if x is not None and x.util_pct is not None]
     idle = sum(1 for u in seen if u < IDLE_PCT)
     util = sum(min(100.0, max(0.0, u)) for u in seen) / 100.0
@@ -187,7 +192,7 @@ def measure(
     factor = schedule.warm if job.warm and schedule is not None else 1.0
     for hour, a, b in hours(job.accrued_to, end):
         dt = b - a
-        cost = job.gpus * price(job.model, a, b, job.priority) * factor
+        cost = job.gpus * share * price(model, a, b, job.priority) * factor
         out.append(
             {
                 "job_id": job.id,
@@ -196,7 +201,7 @@ def measure(
                 "team_id": job.team_id,
                 "pool": job.pool,
                 "gpu_type": job.model,
-                "gpu_s": job.gpus * dt,
+                "gpu_s": job.gpus * share * dt,
                 "cost": cost,
                 "energy_wh": watts * dt / HOUR,
                 "observed_gpu_s": len(seen) * dt,
