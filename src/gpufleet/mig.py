@@ -37,6 +37,8 @@ from gpufleet.migindex import (  # how the scheduler and agents name slices (see
     slice_model,
     slice_node,
     slice_of,
+    slice_parent_model,
+    slice_share_of,
     wants_slices,
 )
 
@@ -472,7 +474,9 @@ __all__ = [
     "slice_model",
     "slice_node",
     "slice_of",
+    "slice_parent_model",
     "slice_share",
+    "slice_share_of",
     "smallest_fitting",
     "wants_slices",
 ]

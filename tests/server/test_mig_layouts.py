@@ -265,3 +265,35 @@ def test_a_gpu_taken_out_requeues_the_jobs_on_its_slices(server: Server, team: s
         assert ok(c.get(f"/jobs/{on_slice['id']}"))["state"] in ("PENDING", "SCHEDULED")
         assert ok(c.get(f"/jobs/{on_slice['id']}"))["attempts"] == 1
         assert ok(c.get(f"/jobs/{on_gpu['id']}"))["attempts"] == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "got"),
+    [
+        ({"gpu_memory": "20G"}, 201, "MIG 3g.40gb"),  # the smallest device with 20 GB: a 3g.40gb slice
+        ({"gpu_memory": 40960}, 201, "MIG 3g.40gb"),
+        ({"gpu_memory": "50G"}, 201, MODEL),  # no slice that large: a whole GPU
+        ({"gpu_memory": "100G"}, 422, "no GPU or MIG slice"),
+        ({"gpu_memory": "banana"}, 422, "gpu_memory=banana"),
+        ({"gpu_memory": "20G", "gpu_type": "H100"}, 422, "not both"),
+    ],
+)
+def test_gpu_memory_asks_for_the_smallest_device_that_has_it(
+    server: Server, team: str, extra: dict[str, Any], status: int, got: str
+) -> None:
+    pool = make_pool(server)
+    name = unique("mig")
+    with server.client() as c:
+        ok(c.put(f"/nodes/{name}", json={"pool": pool, "gpus": _gpus(name)}))
+    token = join_token(server, name)
+    slices = [_instance(name, 1, "3g.40gb", 0, 4, 1), _instance(name, 1, "3g.40gb", 4, 4, 2)]
+    sync(server, name, {"gpus": _gpus(name, mig={1: slices}), "jobs": []}, token=token)
+    with server.client() as c:
+        resp = c.post("/jobs", json={"command": ["x"], "pool": pool, "team": team, **extra})
+    assert resp.status_code == status, resp.text
+    if status == 201:
+        job = resp.json()
+        assert job["gpu_type"] == got
+        assert placed(server, job["id"])[0]["allocation"][0]["node"] == name
+    else:
+        assert got in resp.text

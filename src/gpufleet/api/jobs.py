@@ -85,6 +85,11 @@ class JobSubmit(Request):
         allow_inf_nan=False,
         description="wait until a GPU-hour costs at most this (starting in time for the deadline)",
     )
+    gpu_memory: str | int | None = Field(
+        default=None,
+        description="GPU memory each GPU must have: 10G, 40960 (MB); the job gets the smallest MIG slice "
+        "or GPU of its pool that has it (its gpu_type is set to that; not with gpu_type)",
+    )
 
     @field_validator("gpus", mode="before")
     @classmethod

@@ -63,6 +63,9 @@ JOB_FLAGS: dict[str, JobFlag] = {
     "nodes": _opt("nodes", "--nodes", "-N", help="Nodes (N, or MIN-MAX: the fewest)."),
     "gpu_type": _opt(None, "--gpu-type", help="A GPU model (H100 matches H100-80GB)."),
     "mig": _opt(None, "--mig", help="MIG slices instead of GPUs: PROFILE[:N] on one node, e.g. 1g.10gb:2."),
+    "gpu_memory": _opt(
+        None, "--gpu-memory", help="Memory each GPU needs (10G): the smallest MIG slice or GPU that has it."
+    ),
     "constraint": _opt("constraint", "--constraint", "-C", help="A GPU model, as --gpu-type."),
     "ntasks": _opt("ntasks", "--ntasks", "-n", help="Tasks in all (CPUs: tasks x --cpus-per-task)."),
     "ntasks_per_node": _opt("ntasks-per-node", "--ntasks-per-node", help="Tasks on each node."),
@@ -377,7 +380,7 @@ def job_spec(
     if priority:
         spec["priority"] = priority
     spec |= {k: getattr(opts, k) for k in _SAME if getattr(opts, k) is not None}
-    for key in ("image", "team"):
+    for key in ("image", "team", "gpu_memory"):
         if flags.get(key):
             spec[key] = flags[key]
     if opts.account is not None and "team" not in spec:

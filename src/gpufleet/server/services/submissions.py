@@ -15,6 +15,7 @@ priority and only a reservation's users and accounts run in it:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 from collections.abc import Callable, Sequence
@@ -449,6 +450,12 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
         if isinstance(team, Failure):
             out.append(team)
             continue
+        if new.spec.gpu_memory is not None:
+            fitted = _fit_gpu_memory(ctx, new)
+            if isinstance(fitted, Failure):
+                out.append(fitted)
+                continue
+            new = fitted
         problem = (
             _shape_problem(ctx, new.spec, new.fleets)
             or _reservation_problem(ctx, new)
@@ -548,6 +555,48 @@ def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event:
         cpus_per_task=row["cpus_per_task"],
         ntasks_per_node=row["ntasks_per_node"],
     )
+
+
+def _fit_gpu_memory(ctx: _Ctx, new: NewJob) -> NewJob | Failure:
+    """``gpu_memory``: the job's GPU type becomes the smallest MIG slice (its profile's
+    memory, ``gpufleet.mig``'s table) or whole GPU model of its pool with that much memory
+    (slices before GPUs of the same memory: a slice keeps the rest of a GPU for others)."""
+    spec = new.spec
+    if spec.gpu_type is not None:
+        return invalid("gpu_memory: give gpu_memory or gpu_type, not both")
+    try:
+        mb = slurmopts.parse_mem(str(spec.gpu_memory), flag="gpu_memory")
+    except ValueError as exc:
+        return invalid(str(exc))
+    fleet = ctx.fleets.get(spec.pool)
+    if fleet is None:
+        fleet = ctx.fleets[spec.pool] = new.fleets.registered(ctx.s, spec.pool, stale_ok=True)
+    best = fit_memory(fleet, spec.pool, mb)
+    if best is None:
+        return invalid(f"gpu_memory={spec.gpu_memory}: no GPU or MIG slice in pool {spec.pool} has that much")
+    shaped = one_node_of_slices(spec.model_copy(update={"gpu_type": best}))
+    return shaped if isinstance(shaped, Failure) else dataclasses.replace(new, spec=shaped)
+
+
+def fit_memory(fleet: Fleet, pool: str, mb: int) -> str | None:
+    """The GPU type of the smallest device of ``pool`` with ``mb`` MiB: "MIG <profile>"
+    for a slice, the model for a whole GPU; None when none has that much."""
+    found: list[tuple[int, int, str]] = []  # (memory, compute slices, GPU type)
+    for n in fleet.nodes:
+        if n.pool != pool or not n.gpus:
+            continue
+        model = n.gpus[0].model
+        if mig.is_slice_model(model):
+            parent, profile = mig.slice_parent_model(model), model.rsplit(" ", 1)[-1]
+            table = mig.model_for(parent)
+            known = None if table is None else table.profiles.get(profile)
+            memory = known.memory_mib if known is not None else n.gpus[0].memory_mb
+            compute = known.compute_slices if known is not None else mig.COMPUTE_SLICES
+            found.append((memory, compute, mig.slice_gpu_type(profile)))
+        else:
+            found.append((max(g.memory_mb for g in n.gpus), mig.COMPUTE_SLICES + 1, model))
+    fits = sorted(f for f in found if f[0] >= mb)
+    return fits[0][2] if fits else None
 
 
 def one_node_of_slices(spec: JobSubmit) -> JobSubmit | Failure:
