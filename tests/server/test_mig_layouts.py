@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.server.services import nodeops
 from server.conftest import Server, make_pool, make_team, make_user, ok, unique, wait_for
-from server.playnode import join_token, placed, submit, sync
+from server.playnode import eventually, join_token, metric, placed, submit, sync
 
 MODEL = "NVIDIA H100 80GB HBM3"
 
@@ -218,6 +218,9 @@ def test_jobs_ask_for_slices_and_get_them_on_one_node(server: Server, team: str)
         assert ok(c.get(f"/jobs/{third['id']}"))["state"] == "PENDING"
     desired = sync(server, name, {"jobs": []}, token=token)["jobs"]
     assert sorted(g for d in desired for g in d["gpus"]) == [0, 1032, 1036]
+    labels = {"Hostname": name, "GPU_I_PROFILE": "3g.40gb"}
+    assert eventually(lambda: metric(server, "gpufleet_mig_instance_allocated", **labels) == 2)
+    assert metric(server, "gpufleet_mig_instance", **labels, GPU_I_ID="2") == 1
     assert _put(server, name, 1, {"layout": ["7g.80gb"]}).status_code == 200
     assert sync(server, name, {"jobs": []}, token=token)["mig"] == []  # its slices are held
 

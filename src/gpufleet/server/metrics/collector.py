@@ -150,6 +150,23 @@ class FleetCollector(Collector):
             put("DCGM_FI_DEV_XID_ERRORS", last.code if last else (t.xid_events[-1] if t.xid_events else 0))
             put("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", t.ecc_dbe)
         yield from fams.values()
+        yield from self._mig(view)
+
+    def _mig(self, view: FleetView) -> Iterator[Metric]:
+        """One series per MIG instance, labelled as dcgm-exporter labels MIG devices
+        (``GPU_I_ID``, ``GPU_I_PROFILE`` beside the GPU's own labels)."""
+        labels = [*DCGM_LABELS, "GPU_I_ID", "GPU_I_PROFILE", "mig_uuid"]
+        info = GaugeMetricFamily("gpufleet_mig_instance", "1 per MIG instance of a GPU.", labels=labels)
+        held = GaugeMetricFamily(
+            "gpufleet_mig_instance_allocated", "1 if a job holds the MIG instance, else 0.", labels=labels
+        )
+        for g in view.gpus:
+            for uuid, profile, gi, index in g.mig_devices:
+                lv = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, g.node, str(gi), profile, uuid]
+                info.add_metric(lv, 1.0)
+                held.add_metric(lv, 1.0 if (g.node, index) in view.held_slices else 0.0)
+        yield info
+        yield held
 
     def _fleet(self, view: FleetView) -> Iterator[Metric]:
         nodes = {n.name: n for n in view.nodes}

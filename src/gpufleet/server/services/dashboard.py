@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.api.fleet import FleetSnapshot, NodeHistory, NodeJob, SnapshotNode
 from gpufleet.api.nodes import GpuTelemetry
-from gpufleet.mig import device_gpu
+from gpufleet.migindex import SLICE_BASE, device_gpu, slice_index
 from gpufleet.scheduler import JobRequest
 from gpufleet.server import ledger
 from gpufleet.server.agentstate import AgentState
@@ -83,6 +83,26 @@ class GpuInfo:
     """In MIG mode: its instances, by first memory slice (None: not in MIG mode)."""
     mig_pending: tuple[str, ...] | None = None
     """A MIG layout asked for and not yet applied, by profile (empty: the whole GPU, MIG off)."""
+    mig_devices: tuple[MigDevice, ...] = ()
+    """Its MIG instances as ``/metrics`` labels them: (UUID, profile, GPU instance id, slice index)."""
+
+
+MigDevice = tuple[str, str, int, int]
+
+
+def mig_devices(index: int, instances: object) -> tuple[MigDevice, ...]:
+    """``GpuRow.mig_instances`` of GPU ``index`` as ``MigDevice``s (a malformed entry is
+    left out: it came from an agent, and one bad item never stops the page or /metrics)."""
+    out: list[MigDevice] = []
+    for x in instances if isinstance(instances, list) else ():
+        if not isinstance(x, dict):
+            continue
+        gi, start = x.get("gpu_instance_id"), x.get("start")
+        if isinstance(gi, int) and isinstance(start, int) and 0 <= start < 8:
+            out.append(
+                (str(x.get("uuid") or ""), str(x.get("profile") or "?"), gi, slice_index(index, start))
+            )
+    return tuple(sorted(out, key=lambda d: d[3]))
 
 
 def mig_slices(instances: object) -> tuple[MigSlice, ...]:
@@ -154,6 +174,8 @@ class FleetView:
     """every service, by name (``fleetservices.services_for`` keeps a user to their own)"""
     prices: PriceSchedule | None = None
     """the price schedule in force (None: no prices), refreshed with ``spend``"""
+    held_slices: dict[tuple[str, int], int] = field(default_factory=dict)
+    """(node, MIG slice index) -> job id holding that slice"""
 
 
 def load_view(
@@ -213,18 +235,21 @@ def load_view(
                 cordon_reason=why if c else None,
                 mig=mig_slices(inst) if mig else None,
                 mig_pending=None if pend is None else tuple(str(p) for p in pend),
+                mig_devices=mig_devices(i, inst) if mig else (),
             )
             for n, i, u, m, mb, h, c, why, mig, inst, pend in s.execute(gq)
         )
-        held = {  # a MIG slice's job shows on its GPU
-            (n, device_gpu(int(i))): j
+        allocated = [
+            (n, int(i), j)
             for n, i, j in s.execute(
                 select(Allocation.node, Allocation.gpu_index, Allocation.job_id).where(
                     Allocation.gpu_index.is_not(None)
                 )
             )
             if i is not None
-        }
+        ]
+        held = {(n, device_gpu(i)): j for n, i, j in allocated}  # a MIG slice's job shows on its GPU
+        held_slices = {(n, i): j for n, i, j in allocated if i >= SLICE_BASE}
         jobs: dict[str, int] = {}
         queues: list[QueueStat] = []
         q = select(Job.pool, Job.state, func.count(), func.min(Job.pending_since)).group_by(
@@ -248,6 +273,7 @@ def load_view(
         nodes=nodes,
         gpus=gpus,
         held=held,
+        held_slices=held_slices,
         jobs=dict(sorted(jobs.items())),
         queues=tuple(sorted(queues, key=lambda x: x.pool)),
         team_gpus=team_gpus,
