@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -134,6 +134,34 @@ class TraceBuilder:
         )
         problems = sorted(self.problems, key=lambda problem: problem.line)
         return TraceLoad(jobs=rebased, problems=problems, source=self.source)
+
+
+def load_with_header(
+    path: Path,
+    *,
+    required: Sequence[str],
+    fmt: str,
+    expected: str,
+    parse: Callable[[dict[str, str]], TraceJob],
+) -> TraceLoad:
+    """A CSV trace whose first row names its columns (``required`` among them): each
+    row ``parse``d into a job, or skipped with its line where ``parse`` raises
+    ``BadRow``. ``expected``: what an empty file should have started with."""
+    builder = TraceBuilder(source=str(path))
+    with open_trace(path) as handle:
+        rows = numbered_rows(handle)
+        first = next(rows, None)
+        if first is None:
+            raise TraceError(f"{path}: empty file, expected {expected}")
+        index = column_index(first[1], required=required, fmt=fmt)
+        for line, record in rows:
+            try:
+                job = parse(as_mapping(record, index))
+            except BadRow as exc:
+                builder.skip(line, str(exc))
+            else:
+                builder.add(line, job)
+    return builder.finish()
 
 
 def job_problem(job: TraceJob) -> str | None:

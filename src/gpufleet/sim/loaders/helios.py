@@ -14,38 +14,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpufleet.sim.loaders._rows import (
-    BadRow,
-    TraceBuilder,
-    as_mapping,
-    column_index,
-    numbered_rows,
-    open_trace,
+    load_with_header,
     text,
     to_float,
     to_int,
     to_timestamp,
 )
-from gpufleet.sim.trace import TraceError, TraceJob, TraceLoad
+from gpufleet.sim.trace import TraceJob, TraceLoad
 
 REQUIRED = ("job_id", "user", "gpu_num", "submit_time", "duration")
 
 
 def load_helios(path: Path) -> TraceLoad:
-    builder = TraceBuilder(source=str(path))
-    with open_trace(path) as handle:
-        rows = numbered_rows(handle)
-        first = next(rows, None)
-        if first is None:
-            raise TraceError(f"{path}: empty file, expected a Helios cluster_log header")
-        index = column_index(first[1], required=REQUIRED, fmt="Helios")
-        for line, record in rows:
-            try:
-                job = parse_row(as_mapping(record, index))
-            except BadRow as exc:
-                builder.skip(line, str(exc))
-            else:
-                builder.add(line, job)
-    return builder.finish()
+    return load_with_header(
+        path, required=REQUIRED, fmt="Helios", expected="a Helios cluster_log header", parse=parse_row
+    )
 
 
 def parse_row(row: dict[str, str]) -> TraceJob:

@@ -41,15 +41,11 @@ from pathlib import Path
 
 from gpufleet.sim.loaders._rows import (
     BadRow,
-    TraceBuilder,
-    as_mapping,
-    column_index,
-    numbered_rows,
-    open_trace,
+    load_with_header,
     text,
     to_int,
 )
-from gpufleet.sim.trace import TraceError, TraceJob, TraceLoad, gpu_share_problem
+from gpufleet.sim.trace import TraceJob, TraceLoad, gpu_share_problem
 
 COLUMNS = (
     "name",
@@ -71,19 +67,9 @@ OWNER = "openb"
 
 
 def load_openb(path: Path) -> TraceLoad:
-    builder = TraceBuilder(source=str(path))
-    with open_trace(path) as handle:
-        rows = numbered_rows(handle)
-        first = next(rows, None)
-        if first is None:
-            raise TraceError(f"{path}: empty file, expected header {','.join(COLUMNS)}")
-        index = column_index(first[1], required=REQUIRED, fmt="openb pod list")
-        for line, record in rows:
-            try:
-                builder.add(line, parse_pod(as_mapping(record, index)))
-            except BadRow as exc:
-                builder.skip(line, str(exc))
-    return builder.finish()
+    return load_with_header(
+        path, required=REQUIRED, fmt="openb pod list", expected=f"header {','.join(COLUMNS)}", parse=parse_pod
+    )
 
 
 def parse_pod(row: Mapping[str, str]) -> TraceJob:
