@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpufleet import mig
 from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table
 from gpufleet.cli.apps import node_app
 from gpufleet.cli.options import flag, json_flag
@@ -196,7 +195,9 @@ def mig_layout(
     profiles: list[str] | None = None
     if layout is not None:
         try:
-            profiles = mig.parse_layout(layout)
+            from gpufleet.mig import parse_layout  # the MIG table: only for this command
+
+            profiles = parse_layout(layout)
         except ValueError as exc:
             raise fail(str(exc), BAD_INPUT) from None
     with client() as c:

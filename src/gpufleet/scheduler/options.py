@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpufleet.mig import is_slice_model, wants_slices
+from gpufleet.migindex import is_slice_model, wants_slices
 from gpufleet.scheduler.capacity import FleetIndex, GroupInfo, GroupKey
 from gpufleet.scheduler.model import JobRequest
 from gpufleet.scheduler.placement import Shape, describe_shape, job_shape
