@@ -88,7 +88,7 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
                         nvlink_domain=int(index),  # type: ignore[call-overload]
                         healthy=ok,
                     )
-                except (KeyError, TypeError, ValueError):  # a row an agent cannot have sent
+                except (AttributeError, KeyError, TypeError, ValueError):  # a row no agent sent
                     continue
                 slices.setdefault(node, {}).setdefault(str(m["profile"]), []).append(g)
     out: list[Node] = []
