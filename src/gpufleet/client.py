@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from gpufleet.api.audit import AuditOut
     from gpufleet.api.chargeback import PricesOut, UsageReport
     from gpufleet.api.credentials import NodeCredentialOut
-    from gpufleet.api.jobs import Cancelled, JobDetail, JobOut, JobPage
+    from gpufleet.api.jobs import Cancelled, JobDetail, JobOut
     from gpufleet.api.nodes import NodeOut, SyncReply
     from gpufleet.api.reservations import ReservationOut
     from gpufleet.api.users import PoolOut, TeamOut, TokenCreated, TokenOut, UserCreated, UserOut
@@ -207,31 +207,9 @@ class GpufleetClient:
 
         return self._get(JobDetail, "POST", "/jobs", json=spec)
 
-    def jobs(
-        self,
-        *,
-        states: list[str] | None = None,
-        user: str | None = None,
-        team: str | None = None,
-        pool: str | None = None,
-        array: int | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        limit: int = 1000,
-        cursor: str | None = None,
-    ) -> JobPage:
-        """A page of jobs. ``array``: that array's tasks; ``since``/``until``: jobs that
-        were in the system (submitted, not yet ended) at some time in that window."""
-        from gpufleet.api.jobs import JobPage
-
-        params = _job_filters(
-            states=states, user=user, team=team, pool=pool, array=array, since=since, until=until
-        )
-        params |= {"limit": limit} if cursor is None else {"limit": limit, "cursor": cursor}
-        return self._get(JobPage, "GET", "/jobs", params=params)
-
     def all_jobs(self, **filters: Any) -> list[JobOut]:
-        """Every job the filters of :meth:`jobs` match, every page."""
+        """Every job the filters match (``states``, ``user``, ``team``, ``pool``, ``array``;
+        ``since``/``until``: jobs in the system at some time in that window), every page."""
         from gpufleet.api.jobs import JobOut
 
         return self._list(JobOut, "/jobs", _job_filters(**filters))
