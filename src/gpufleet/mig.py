@@ -26,6 +26,7 @@ from typing import Final
 
 from gpufleet.migindex import (  # how the scheduler and agents name slices (see __all__)
     MEMORY_SLICES,
+    PROFILE_NAME,
     SLICE_BASE,
     SLICE_TAG,
     device_gpu,
@@ -141,7 +142,7 @@ class Placement:
         return range(self.start, self.start + self.size)
 
 
-_NAME = re.compile(r"(?P<g>[1-8])g\.(?P<gb>[1-9][0-9]*)gb(?P<me>\+me)?")
+_NAME = PROFILE_NAME
 
 _EVERY_SLICE = (0, 1, 2, 3, 4, 5, 6)
 _PAIRS = (0, 2, 4, 6)

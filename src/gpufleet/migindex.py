@@ -13,6 +13,7 @@ whole. An allocation stores the physical node and the slice's index: SLICE_BASE 
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 MEMORY_SLICES: Final = 8
@@ -20,6 +21,8 @@ MEMORY_SLICES: Final = 8
 SLICE_BASE: Final = 1024
 """Slice indices start here (GPU indices are below: ``api.base.MAX_GPU_INDEX``)."""
 SLICE_TAG: Final = "MIG"
+PROFILE_NAME: Final = re.compile(r"(?P<g>[1-8])g\.(?P<gb>[1-9][0-9]*)gb(?P<me>\+me)?")
+"""A MIG profile's name as NVIDIA writes it (lower case): ``1g.10gb``, ``3g.40gb``, ``1g.10gb+me``."""
 
 
 def slice_index(gpu: int, start: int) -> int:
@@ -90,7 +93,5 @@ def slice_share_of(model: str) -> float:
     """The share of its GPU a slice of this model is billed and charged energy for:
     compute slices / 7 (a 1g.* slice 1/7, a 7g.* 1); 1.0 for a whole GPU's model."""
     _, sep, profile = model.partition(f" {SLICE_TAG} ")
-    compute, g, _ = profile.partition("g.")
-    if not sep or not g or not compute.isdigit():
-        return 1.0
-    return min(1.0, int(compute) / 7)
+    m = PROFILE_NAME.fullmatch(profile) if sep else None
+    return 1.0 if m is None else min(1.0, int(m["g"]) / 7)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpufleet.arrayspec import parse_array
 from gpufleet.cli.localtime import parse_slurm_time
+from gpufleet.migindex import PROFILE_NAME
 from gpufleet.slurmopts import parse_mem, parse_signal
 from gpufleet.timefmt import parse_duration
 
@@ -269,18 +270,20 @@ def _gpu_count(value: str, flag: str) -> tuple[str | None, int]:
     return kind or None, int(count)
 
 
-_MIG_PROFILE = re.compile(r"\d+g\.\d+gb(\+me)?", re.IGNORECASE)
-
-
 def _kind(kind: str | None) -> str | None:
     """A GPU type as the API takes it: a MIG profile (``gpu:1g.10gb:1``) asks for slices."""
-    return f"MIG {kind.lower()}" if kind is not None and _MIG_PROFILE.fullmatch(kind) else kind
+    return f"MIG {kind.lower()}" if kind is not None and _profile(kind) else kind
+
+
+def _profile(text: str) -> bool:
+    """Whether a GPU type is a MIG profile's name (any case: Slurm's gres types are)."""
+    return PROFILE_NAME.fullmatch(text.lower()) is not None
 
 
 def mig_slices(value: str) -> tuple[str, int]:
     """``--mig PROFILE[:N]``: (the API's GPU type for those slices, N)."""
     profile, _, count = value.strip().partition(":")
-    if not _MIG_PROFILE.fullmatch(profile):
+    if not _profile(profile):
         raise ValueError(f"--mig {value}: expected PROFILE[:N], a MIG profile such as 1g.10gb or 3g.40gb:2")
     if count and (not count.isdigit() or int(count) < 1):
         raise ValueError(f"--mig {value}: the count after ':' is a number of slices >= 1")
@@ -297,7 +300,8 @@ def _gres(value: str) -> tuple[str | None, int]:
         parts = rest.split(":") if rest else []
         count = parts.pop() if parts and parts[-1].isdigit() else "1"
         if len(parts) > 1 or (
-            parts and not (re.fullmatch(r"[A-Za-z][\w.-]*", parts[0]) or _MIG_PROFILE.fullmatch(parts[0]))
+            parts
+            and not (re.fullmatch(r"[A-Za-z][\w.-]*", parts[0]) or PROFILE_NAME.fullmatch(parts[0].lower()))
         ):
             raise ValueError(f"--gres={value}: expected gpu[:TYPE]:N, e.g. gpu:4 or gpu:a100:2")
         got = (parts[0] if parts else None, int(count))
