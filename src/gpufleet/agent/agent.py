@@ -136,6 +136,10 @@ class AgentConfig:
     by all nodes lets a requeued job resume on another node (default: the work dir)."""
     probe_interval_s: float = 1.0
     probe_timeout_s: float = 1.0
+    mps_pipe_dir: str = ""
+    """The MPS control daemon's pipe directory for GPU shares' jobs ("": CUDA's default,
+    /tmp/nvidia-mps). Without a daemon there, shares run time-sliced, their limits not
+    enforced (``jobs.share_env``)."""
 
 
 @dataclass(slots=True)
@@ -477,7 +481,9 @@ class Agent:
                 devices = self._devices(spec.gpus)
                 if devices is None:
                     continue  # a MIG slice it was given is not (or no longer) here: logged
-                spec = dataclasses.replace(spec, devices=devices)
+                spec = dataclasses.replace(
+                    spec, devices=devices, share=self._share(spec.gpus), mps_pipe_dir=self.config.mps_pipe_dir
+                )
                 kind = self.runner_kind(spec)
                 runner = self.runners.get(kind)
                 if runner is None:
@@ -505,10 +511,15 @@ class Agent:
         """``JobSpec.devices`` for these indices: () for whole GPUs; for MIG slices their
         ``MIG-...`` UUIDs from the inventory (the GPU and first memory slice an index
         names), None when one is not there (the layout changed under the allocation)."""
-        if all(mig.slice_of(i) is None for i in gpus):
+        if all(mig.slice_of(i) is None and mig.share_of(i) is None for i in gpus):
             return ()
         out: list[str] = []
         for i in gpus:
+            share = mig.share_of(i)
+            if share is not None:  # a GPU share: its GPU, once
+                if str(share[0]) not in out:
+                    out.append(str(share[0]))
+                continue
             where = mig.slice_of(i)
             if where is None:
                 out.append(str(i))
@@ -522,6 +533,16 @@ class Agent:
                 return None
             out.append(found.uuid)
         return tuple(out)
+
+    def _share(self, gpus: Sequence[int]) -> tuple[int, int] | None:
+        """``JobSpec.share`` for these indices: (percent, MiB) of a GPU share's units, the
+        memory the units' share of the GPU's (None: not a share)."""
+        units = [s for s in map(mig.share_of, gpus) if s is not None]
+        if not units:
+            return None
+        info = next((g for g in self.inventory.gpus if g.index == units[0][0]), None)
+        memory = 0 if info is None else info.memory_mb
+        return len(units), memory * len(units) // mig.SHARE_UNITS
 
     # -- MIG layouts ------------------------------------------------------------------------
     def _mig_step(self, changes: Sequence[MigChange]) -> None:

@@ -29,12 +29,14 @@ import json
 import os
 import re
 import shutil
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpufleet.api.nodes import DesiredJob
+from gpufleet.migindex import device_gpu
 
 SIMULATE_ENV = "GPUFLEET_SIMULATE_S"
 SIMULATE_UTIL_ENV = "GPUFLEET_SIMULATE_UTIL"
@@ -83,7 +85,12 @@ class JobSpec:
     devices: tuple[str, ...] = ()
     """What ``CUDA_VISIBLE_DEVICES`` names when it is not the GPU indices: the ``MIG-...``
     UUIDs of the MIG slices ``gpus`` holds (``gpufleet.mig.slice_index``), resolved by the
-    agent from its inventory when it starts the job."""
+    agent from its inventory when it starts the job; the GPU's index for a GPU share."""
+    share: tuple[int, int] | None = None
+    """A GPU share's limits, (percent of the GPU's compute, MiB of its memory): set by the
+    agent from the units ``gpus`` holds (``migindex.share_of``) and the GPU's memory."""
+    mps_pipe_dir: str = ""
+    """The MPS control daemon's pipe directory a share's job talks to ("": CUDA's default)."""
 
     @classmethod
     def from_desired(cls, d: DesiredJob) -> JobSpec:
@@ -203,6 +210,7 @@ def launch_env(
     env = dict(base)
     env.update({k: v for k, v in spec.env.items() if k not in SECRET_ENV})
     visible = ",".join(spec.devices) if spec.devices else ",".join(map(str, spec.gpus))
+    local = len(spec.devices) if spec.devices else len(spec.gpus)
     peers = spec.peers or (Peer(node=node, address=spec.master_addr, gpus=spec.gpus),)
     env.update(
         {
@@ -221,11 +229,47 @@ def launch_env(
             "MASTER_PORT": str(spec.master_port),
             "WORLD_SIZE": str(spec.world_size),
             "NODE_RANK": str(spec.node_rank),
-            "LOCAL_WORLD_SIZE": str(max(1, len(spec.gpus))),
+            "LOCAL_WORLD_SIZE": str(max(1, local)),
         }
     )
+    env.update(share_env(spec))
     env.update(slurm_env(spec, node=node, peers=peers, submit_dir=submit_dir))
     return env
+
+
+MPS_PIPE_DIR = "/tmp/nvidia-mps"
+"""CUDA's default pipe directory of the MPS control daemon."""
+
+
+def share_env(spec: JobSpec) -> dict[str, str]:
+    """A GPU share's limits, enforced by NVIDIA MPS (``nvidia-cuda-mps-control(1)``,
+    "Client limits"): ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` caps the share of the GPU's
+    multiprocessors its kernels get, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` the device memory
+    it may allocate ("0=10240M": device 0 of those it sees). Where no MPS control daemon
+    runs, CUDA ignores them and the job shares the GPU by time-slicing: the scheduler still
+    admits shares by memory, but nothing stops a job from taking more (the agent warns at
+    start, ``mps_running``). Empty for a job on whole GPUs or MIG slices."""
+    if spec.share is None:
+        return {}
+    percent, memory_mb = spec.share
+    out = {
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent),
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory_mb}M",
+        "GPUFLEET_GPU_FRACTION": f"{percent / 100:g}",
+        "GPUFLEET_GPU_MEMORY_MB": str(memory_mb),
+    }
+    # always named: a job's own CUDA_MPS_PIPE_DIRECTORY pointing nowhere would run it unlimited
+    out["CUDA_MPS_PIPE_DIRECTORY"] = spec.mps_pipe_dir or MPS_PIPE_DIR
+    return out
+
+
+def mps_running(pipe_dir: str = "") -> bool:
+    """Whether an MPS control daemon listens in ``pipe_dir`` (default: CUDA's
+    ``/tmp/nvidia-mps``): its ``control`` socket is there."""
+    try:
+        return stat.S_ISSOCK(os.stat(os.path.join(pipe_dir or MPS_PIPE_DIR, "control")).st_mode)
+    except OSError:
+        return False
 
 
 def slurm_env(
@@ -253,8 +297,8 @@ def slurm_env(
         "SLURM_NODEID": str(spec.node_rank),
         "SLURMD_NODENAME": node,
         "SLURM_NTASKS": str(tasks * nnodes),
-        "SLURM_GPUS_ON_NODE": str(len(spec.gpus)),
-        "SLURM_JOB_GPUS": ",".join(map(str, spec.gpus)),
+        "SLURM_GPUS_ON_NODE": str(len(spec.devices) if spec.devices else len(spec.gpus)),
+        "SLURM_JOB_GPUS": ",".join(map(str, sorted({device_gpu(g) for g in spec.gpus}))),
     }
     where = submit_dir or spec.submit_dir or spec.workdir
     if where:

@@ -88,7 +88,16 @@ class JobSubmit(Request):
     gpu_memory: str | int | None = Field(
         default=None,
         description="GPU memory each GPU must have: 10G, 40960 (MB); the job gets the smallest MIG slice "
-        "or GPU of its pool that has it (its gpu_type is set to that; not with gpu_type)",
+        "that has it, else a share of a shared GPU of that much, else the smallest whole GPU of its pool "
+        "(its gpu_type is set to that; not with gpu_type)",
+    )
+    gpu_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="part of one shared GPU (0.25): that share of its compute and memory, enforced by MPS "
+        "(gpus 1; with gpu_memory the larger of the two)",
     )
 
     @field_validator("gpus", mode="before")

@@ -71,6 +71,14 @@ class FleetEventOut(Reply):
     job_id: int | None
 
 
+class ShareIn(Request):
+    """``PUT /v1/nodes/{name}/gpus/{index}/share``: share a GPU (``shared: true``: it takes
+    jobs asking for part of one, under MPS, and is no longer handed out whole) or make it
+    whole again (``false``)."""
+
+    shared: bool
+
+
 class MigLayoutIn(Request):
     """``PUT /v1/nodes/{name}/gpus/{index}/mig``: slice a GPU with MIG (``layout``, names of
     ``gpufleet.mig``'s table for the GPU's model, e.g. ["2g.20gb", "2g.20gb", "3g.40gb"]) or

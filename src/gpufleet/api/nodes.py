@@ -76,6 +76,16 @@ class ObservedJob(Request):
     ready: bool | None = Field(default=None, description="a service replica: its health path answers 2xx")
 
 
+class MigTelemetry(Request):
+    """Latest memory readings of one MIG instance (its GPU instance's: the compute
+    instances in it share that memory). No utilisation: NVML reports none per instance
+    (dcgm-exporter reads DCGM's profiling counters for it)."""
+
+    gpu_instance_id: int = Field(ge=0, le=INT32)
+    memory_used_mb: int | None = None
+    memory_total_mb: int | None = None
+
+
 class GpuTelemetry(Request):
     """Latest readings of one GPU (hot data: kept in the server's memory, not in SQL).
     Readings of an index no GPU can have are dropped by the sync (like its inventory,
@@ -103,6 +113,11 @@ class GpuTelemetry(Request):
     lost: bool = False
     health: list[Annotated[str, StringConstraints(max_length=128)]] = Field(
         default_factory=list, max_length=32, description="why the agent calls this GPU unhealthy"
+    )
+    mig_instances: list[MigTelemetry] = Field(
+        default_factory=list,
+        max_length=7,
+        description="a GPU in MIG mode: each instance's memory, by GPU instance id (older agents send none)",
     )
 
 
@@ -296,6 +311,7 @@ class GpuOut(Reply):
         default=None, description="a layout asked for and not yet applied ([]: the whole GPU)"
     )
     mig_error: str | None = Field(default=None, description="why the node could not apply the last layout")
+    shared: bool = Field(default=False, description="takes GPU shares (gpufleet node share), not whole jobs")
 
 
 class NodeOut(Reply):

@@ -125,6 +125,14 @@ def agent(
         "(repeat for more GPUs; profiles of the --gpu-model in gpufleet's MIG table).",
         show_default=False,
     ),
+    mps_pipe_dir: str = typer.Option(
+        "",
+        "--mps-pipe-dir",
+        help="Pipe directory of the node's MPS control daemon (nvidia-cuda-mps-control -d), which "
+        "enforces GPU shares' compute and memory limits (default: CUDA's /tmp/nvidia-mps). Without a "
+        "daemon, shares run time-sliced and their limits are not enforced.",
+        show_default=False,
+    ),
     leaf: str | None = typer.Option(None, "--leaf", help="Leaf switch this node hangs off."),
     rack: str | None = typer.Option(None, "--rack"),
     address: str | None = typer.Option(None, "--address", help="Address peers reach this node at."),
@@ -239,7 +247,17 @@ def agent(
         sync_interval_s=_seconds(sync_interval, "--sync-interval"),
         grace_s=_seconds(grace, "--grace"),
         checkpoint_root=checkpoint_root,
+        mps_pipe_dir=mps_pipe_dir,
     )
+    if not simulate_gpus and not cpu_only:
+        from gpufleet.agent.jobs import mps_running
+
+        if not mps_running(mps_pipe_dir):
+            logging.getLogger("gpufleet.agent").warning(
+                "no MPS control daemon in %s: jobs on shared GPUs run time-sliced, their compute "
+                "and memory limits not enforced (start nvidia-cuda-mps-control -d)",
+                mps_pipe_dir or "/tmp/nvidia-mps",
+            )
     transport = HttpTransport(server, secret)
     if tls:
         from gpufleet.agent.enroll import ensure_certificate

@@ -64,7 +64,14 @@ JOB_FLAGS: dict[str, JobFlag] = {
     "gpu_type": _opt(None, "--gpu-type", help="A GPU model (H100 matches H100-80GB)."),
     "mig": _opt(None, "--mig", help="MIG slices instead of GPUs: PROFILE[:N] on one node, e.g. 1g.10gb:2."),
     "gpu_memory": _opt(
-        None, "--gpu-memory", help="Memory each GPU needs (10G): the smallest MIG slice or GPU that has it."
+        None,
+        "--gpu-memory",
+        help="Memory each GPU needs (10G): the smallest MIG slice, GPU share or GPU that has it.",
+    ),
+    "gpu_fraction": _opt(
+        None,
+        "--gpu-fraction",
+        help="Part of one shared GPU (0.25): that share of its compute and memory, enforced by MPS.",
     ),
     "constraint": _opt("constraint", "--constraint", "-C", help="A GPU model, as --gpu-type."),
     "ntasks": _opt("ntasks", "--ntasks", "-n", help="Tasks in all (CPUs: tasks x --cpus-per-task)."),
@@ -208,6 +215,14 @@ def from_flags(
             problems.append(sbatch.Problem(where="", text=str(exc), refused=False))
         else:
             opts = replace(opts, gpu_type=profile, gpus=count, gpus_per_node=None, nodes=1)
+    if flags.get("gpu_fraction"):
+        try:
+            fraction = float(flags["gpu_fraction"])
+            if not 0 < fraction < 1:
+                raise ValueError
+        except ValueError:
+            text = f"--gpu-fraction {flags['gpu_fraction']}: a part of one GPU, above 0 and below 1 (0.25)"
+            problems.append(sbatch.Problem(where="", text=text, refused=False))
     return replace(opts, problems=tuple(problems), origins=tuple(origins))
 
 
@@ -383,6 +398,8 @@ def job_spec(
     for key in ("image", "team", "gpu_memory"):
         if flags.get(key):
             spec[key] = flags[key]
+    if flags.get("gpu_fraction"):
+        spec["gpu_fraction"] = float(flags["gpu_fraction"])
     if opts.account is not None and "team" not in spec:
         with _unless(ignore, warnings):
             spec["team"] = _team_of_account(c, opts)

@@ -23,7 +23,7 @@ from gpufleet.cli._common import (
 from gpufleet.cli.apps import jobs_app
 from gpufleet.cli.options import flag, json_flag
 from gpufleet.client import ClientError, GpufleetClient
-from gpufleet.migindex import device_label
+from gpufleet.migindex import device_labels, gpus_label
 from gpufleet.timefmt import format_duration, parse_duration
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def queue_rows(items: Sequence[dict[str, Any]]) -> list[tuple[object, ...]]:
             else slurmnames.job_id(j["id"], array, j.get("array_task_id"))
         )
         where = " ".join(
-            f"{a['node']}:{','.join(map(device_label, a['gpus']))}" for a in j.get("allocation") or ()
+            f"{a['node']}:{','.join(device_labels(a['gpus']))}" for a in j.get("allocation") or ()
         )
         eta = _eta(j.get("estimated_start"))
         shown_row = (
@@ -98,7 +98,7 @@ def queue_rows(items: Sequence[dict[str, Any]]) -> list[tuple[object, ...]]:
             str(j["name"])[:20],
             j["user"],
             j["state"],
-            j["gpus"],
+            gpus_label(j["gpus"], j.get("gpu_type")),
             j.get("queue_position"),
             eta,
         )

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from gpufleet.api.jobs import JobDetail, JobEventOut
 from gpufleet.cli import words
 from gpufleet.cli.sbatch import BatchScript
-from gpufleet.migindex import SLICE_BASE, device_label
+from gpufleet.migindex import SLICE_BASE, device_labels, gpus_label
 from gpufleet.placefmt import gpu_ranges, parse_placed
 from gpufleet.timefmt import format_duration
 
@@ -42,8 +42,8 @@ def clip(text: str, most: int) -> str:
 
 
 def _where(node: str, gpus: Sequence[int]) -> str:
-    if gpus and max(gpus) >= SLICE_BASE:  # MIG slices: migGPU.START each
-        return f"{node}:{','.join(device_label(g) for g in sorted(gpus))}"
+    if gpus and max(gpus) >= SLICE_BASE:  # MIG slices: migGPU.START each; a share GPU@N%
+        return f"{node}:{','.join(device_labels(list(gpus)))}"
     return f"{node}:{gpu_ranges(gpus)}" if gpus else node
 
 
@@ -121,7 +121,7 @@ def show_lines(job: JobDetail, *, now: float) -> list[str]:
         ("team", job.team),
         ("pool", job.pool),
         ("state", job.state),
-        ("gpus", job.gpus),
+        ("gpus", gpus_label(job.gpus, job.gpu_type)),
         ("gpu type", job.gpu_type),
         ("priority", job.priority),
         ("time limit", None if job.time_limit_s is None else format_duration(job.time_limit_s)),

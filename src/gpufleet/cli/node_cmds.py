@@ -13,6 +13,7 @@ Slicing GPU 3 of n1 with MIG (the agent applies it once no job runs there), and 
 
     gpufleet node mig n1 --gpu 3 --layout 2g.20gb,2g.20gb,3g.40gb
     gpufleet node mig n1 --gpu 3 --whole
+    gpufleet node share n1 --gpu 3          # GPU shares (--gpu-fraction) under MPS
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def _mig_text(g: GpuOut) -> str:
         parts.append(f"mig-pending=[{','.join(g.mig_pending)}]" if g.mig_pending else "mig-pending=whole")
     if g.mig_error:
         parts.append(f"mig-error={g.mig_error!r}")
+    if g.shared:
+        parts.append("shared")
     return "".join(f" {p}" for p in parts)
 
 
@@ -209,6 +212,27 @@ def mig_layout(
     typer.echo(f"node {node} GPU {gpu}: {asked} asked; the GPU is cordoned until its agent applies it")
 
 
+@node_app.command("share")
+def share_gpu(
+    node: str = typer.Argument(...),
+    gpu: list[int] = typer.Option(..., "--gpu", min=0, help="The GPU index (again for several)."),
+    off: bool = flag("--off", help="Make the GPU whole again (no job may hold a share of it)."),
+    json_out: bool = json_flag("the node"),
+) -> None:
+    """Share a GPU: it takes jobs asking for part of one (``--gpu-fraction``,
+    ``--gpu-memory``), run under MPS with their compute and memory limits, and no longer
+    whole-GPU jobs. Refused while a job holds the GPU: cordon it and wait."""
+    n: dict[str, Any] = {}
+    with client() as c:
+        for g in gpu:
+            n = c.request("PUT", f"/nodes/{node}/gpus/{g}/share", json={"shared": not off})
+    if json_out:
+        print_json(n)
+        return
+    what = "whole again" if off else "shared (GPU shares only, no whole-GPU jobs)"
+    typer.echo(f"node {node} GPU {','.join(map(str, gpu))}: {what}")
+
+
 def _rollout_lines(r: dict[str, Any]) -> None:
     counts = r["counts"]
     total = sum(counts.values())
@@ -310,5 +334,6 @@ __all__ = [
     "register",
     "revoke",
     "rollout",
+    "share_gpu",
     "uncordon",
 ]

@@ -224,11 +224,12 @@ class _Pass(Preempting):
         quota = self.ctx.quotas.get(job.team)
         if quota is not None and quota.limit is not None:
             held = self.ctx.team_gpus.get(job.team, 0)
-            if held + job.gpus > quota.limit:
+            if held + job.gpu_weight > quota.limit:
                 self.waits[job.id] = _Wait(
                     Status.UNSCHEDULABLE,
                     "QuotaLimit",
-                    f"team {job.team} holds {held} of its {quota.limit}-GPU limit, job needs {job.gpus}",
+                    f"team {job.team} holds {held:g} of its {quota.limit}-GPU limit, "
+                    f"job needs {job.gpu_weight:g}",
                     opts,
                 )
                 return
@@ -418,7 +419,7 @@ class _Pass(Preempting):
     def record_start(self, job: JobRequest, placement: Placement) -> None:
         self.starts.append(Start(job_id=job.id, placement=placement))
         self.started[job.id] = job
-        self.ctx.add_team_gpus(job.team, job.gpus)
+        self.ctx.add_team_gpus(job.team, job.gpu_weight)
         if job.array is not None:
             self._count_array(job.array)
         if self.res is not None and (job.cpus or job.mem_mb):

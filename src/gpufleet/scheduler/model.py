@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from gpufleet.migindex import SHARE_UNITS, wants_share
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Gpu:
@@ -136,6 +138,19 @@ class JobRequest:
     mem_mb: int = 0
 
     @property
+    def units(self) -> int:
+        """How many of its devices make one GPU: 1 (whole GPUs, and MIG slices, which count
+        as GPUs), or ``migindex.SHARE_UNITS`` for a GPU share (``gpus`` is then its units)."""
+        return SHARE_UNITS if self.gpu_type is not None and wants_share(self.gpu_type) else 1
+
+    @property
+    def gpu_weight(self) -> float:
+        """GPUs it counts as in quotas, fair share and attained service."""
+        if self.gpu_type is None:
+            return self.gpus
+        return self.gpus / self.units
+
+    @property
     def queued_since(self) -> float:
         return self.submit_time if self.pending_since is None else self.pending_since
 
@@ -158,7 +173,7 @@ class RunningJob:
     started_at: float
 
     def attained_service_s(self, now: float) -> float:
-        return self.job.attained_service_s + self.job.gpus * max(0.0, now - self.started_at)
+        return self.job.attained_service_s + self.job.gpu_weight * max(0.0, now - self.started_at)
 
     def executed_s(self, now: float) -> float:
         return self.job.executed_s + max(0.0, now - self.started_at)

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpufleet.migindex import is_slice_model, wants_slices
+from gpufleet.migindex import (
+    SHARE_TAG,
+    SHARE_UNITS,
+    SLICE_TAG,
+    device_kind,
+    is_share_model,
+    is_slice_model,
+    wanted_kind,
+)
 from gpufleet.scheduler.capacity import FleetIndex, GroupInfo, GroupKey
 from gpufleet.scheduler.model import JobRequest
 from gpufleet.scheduler.placement import Shape, describe_shape, job_shape
@@ -17,9 +25,24 @@ Options = list[tuple[GroupKey, Shape]]
 
 
 def gpu_type_matches(wanted: str, model: str) -> bool:
-    """``--gpu-type H100`` matches "H100", "H100-80GB" and "NVIDIA H100 80GB HBM3"."""
+    """``--gpu-type H100`` matches "H100", "H100-80GB" and "NVIDIA H100 80GB HBM3"; a slice
+    or share type matches on both sides of its tag: "H100 MIG 1g.10gb" matches
+    "H100-80GB MIG 1g.10gb", "H100 SHARED" and "SHARED" match "H100-80GB SHARED"."""
     w = wanted.lower().replace("-", " ").split()
     m = model.lower().replace("-", " ").split()
+    for tag in _TAGS:
+        if tag in w:
+            if tag not in m:
+                return False
+            wi, mi = w.index(tag), m.index(tag)
+            return w[wi:] == m[mi:] and _contains(m[:mi], w[:wi])
+    return _contains(m, w)
+
+
+_TAGS = (SLICE_TAG.lower(), SHARE_TAG.lower())
+
+
+def _contains(m: list[str], w: list[str]) -> bool:
     return any(m[i : i + len(w)] == w for i in range(len(m) - len(w) + 1))
 
 
@@ -44,10 +67,11 @@ def _some(names: list[str], most: int = 8) -> str:
 
 
 def same_kind(groups: list[GroupInfo], gpu_type: str | None) -> list[GroupInfo]:
-    """Whole GPUs for a job asking whole GPUs, MIG slices for one asking slices
-    (``gpufleet.mig``): a MIG GPU's slices are never a whole GPU, nor the reverse."""
-    slices = wants_slices(gpu_type)
-    return [g for g in groups if is_slice_model(g.key[1]) == slices]
+    """Whole GPUs for a job asking whole GPUs, MIG slices for one asking slices, a shared
+    GPU's units for one asking a share (``gpufleet.migindex``): a MIG GPU's slices are never
+    a whole GPU, nor a shared GPU, nor the reverse."""
+    kind = wanted_kind(gpu_type)
+    return [g for g in groups if device_kind(g.key[1]) == kind]
 
 
 def job_options(index: FleetIndex, job: JobRequest) -> Options | str:
@@ -70,7 +94,9 @@ def job_options(index: FleetIndex, job: JobRequest) -> Options | str:
     why = ""
     for g in groups:
         shape = job_shape(job, g.size)
-        if isinstance(shape, str):
+        if is_share_model(g.key[1]) and job.gpus > SHARE_UNITS:
+            why = f"needs {job.gpus} % of one GPU, more than a {g.key[1]} GPU has ({SHARE_UNITS} %)"
+        elif isinstance(shape, str):
             why = f"{shape} ({g.key[1]} slices)" if is_slice_model(g.key[1]) else shape
         elif all(g.capacity_ge[c] >= i + 1 for i, c in enumerate(shape)):
             out.append((g.key, shape))

@@ -321,5 +321,5 @@ class Preempting:
                 if self.completions:
                     self.changed.append(nid)
         self.preempted.add(rj.job.id)
-        self.ctx.add_team_gpus(rj.job.team, -rj.job.gpus)
+        self.ctx.add_team_gpus(rj.job.team, -rj.job.gpu_weight)
         self.preemptions.append(Preemption(job_id=rj.job.id, by=by, reason=reason))

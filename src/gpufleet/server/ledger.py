@@ -180,7 +180,8 @@ def measure(
     """Ledger increments (one per UTC hour) for ``[job.accrued_to, end)``."""
     price = price or pricer(schedule)
     # a MIG slice costs its share of its GPU (compute slices / 7) at the GPU's price, and
-    # takes that share of the GPU's power; its usage row keeps the slice's model (by profile)
+    # takes that share of the GPU's power, a GPU share's unit 1 % of both; its usage row
+    # keeps the slice's model (by profile); observed and idle GPU-seconds scale alike
     share = slice_share_of(job.model)
     model = slice_parent_model(job.model)
     samples = [readings(node, device_gpu(idx)) for node, idx in gpus_at]
@@ -204,9 +205,9 @@ def measure(
                 "gpu_s": job.gpus * share * dt,
                 "cost": cost,
                 "energy_wh": watts * dt / HOUR,
-                "observed_gpu_s": len(seen) * dt,
-                "util_gpu_s": util * dt,
-                "idle_gpu_s": idle * dt,
+                "observed_gpu_s": len(seen) * share * dt,
+                "util_gpu_s": util * share * dt,
+                "idle_gpu_s": idle * share * dt,
             }
         )
     return out

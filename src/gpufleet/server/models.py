@@ -136,6 +136,9 @@ class GpuRow(Base):
     """The layout an operator asked for, until the agent answers ([]: the whole GPU)."""
     mig_error: Mapped[str | None] = mapped_column(String(512), nullable=True)
     """Why the node could not apply the last layout asked for."""
+    shared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """An operator marked it shared (``gpufleet node share``): it takes GPU shares
+    (``migindex.SHARE_UNITS`` units) and is never handed out whole."""
 
 
 class Job(Base):

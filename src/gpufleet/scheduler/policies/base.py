@@ -48,7 +48,7 @@ class Context:
         self.now = now
         self.quotas = quotas
         self._running = running
-        self._team_gpus: dict[str, int] | None = None
+        self._team_gpus: dict[str, float] | None = None
         self.memo: dict[str, dict[int, Any]] = {} if memo is None else memo
 
     @classmethod
@@ -65,15 +65,15 @@ class Context:
         return hit
 
     @property
-    def team_gpus(self) -> dict[str, int]:
+    def team_gpus(self) -> dict[str, float]:
         if self._team_gpus is None:
-            held: dict[str, int] = {}
+            held: dict[str, float] = {}
             for rj in self._running:
-                held[rj.job.team] = held.get(rj.job.team, 0) + rj.job.gpus
+                held[rj.job.team] = held.get(rj.job.team, 0) + rj.job.gpu_weight
             self._team_gpus = held
         return self._team_gpus
 
-    def add_team_gpus(self, team: str, delta: int) -> None:
+    def add_team_gpus(self, team: str, delta: float) -> None:
         """Keep the per-team totals current during a pass (no-op until first used)."""
         if self._team_gpus is not None:
             self._team_gpus[team] = self._team_gpus.get(team, 0) + delta

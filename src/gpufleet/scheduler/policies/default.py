@@ -75,7 +75,7 @@ class DefaultPolicy(Policy):
         self, job: JobRequest, running: RunningJob | None, now: float
     ) -> tuple[float, float, float]:
         """(value, rate of change per second while running, time the formula changes)."""
-        g = job.gpus
+        g = job.gpu_weight
         if self.use_limits and job.time_limit_s is not None:
             left = max(0.0, job.time_limit_s - executed(job, running, now)) * g
             return left, (-g if running is not None and left > 0 else 0.0), math.inf
@@ -161,7 +161,7 @@ class DefaultPolicy(Policy):
         for j in pending:
             hit = memo.get(id(j))
             if hit is None or hit[1] is not j:
-                g = j.gpus
+                g = j.gpu_weight
                 ran = j.executed_s
                 since = j.submit_time if j.pending_since is None else j.pending_since
                 due = since + min(starve_max, max(starve_min, factor * ran))

@@ -48,18 +48,18 @@ class FairSharePolicy(Policy):
         heap: list[tuple[int, float, str, int]] = []
         for team, jobs in queues.items():
             first = jobs[0]
-            heap.append((-first.priority, (held[team] + first.gpus) / self.weight(team, ctx), team, 0))
+            heap.append((-first.priority, (held[team] + first.gpu_weight) / self.weight(team, ctx), team, 0))
         heapq.heapify(heap)
         out: list[tuple[Key, JobRequest]] = []
         while heap:
             neg_prio, share, team, i = heapq.heappop(heap)
             job = queues[team][i]
             out.append(((neg_prio, share, job.submit_time, job.id), job))
-            held[team] += job.gpus
+            held[team] += job.gpu_weight
             if i + 1 < len(queues[team]):
                 nxt = queues[team][i + 1]
                 heapq.heappush(
-                    heap, (-nxt.priority, (held[team] + nxt.gpus) / self.weight(team, ctx), team, i + 1)
+                    heap, (-nxt.priority, (held[team] + nxt.gpu_weight) / self.weight(team, ctx), team, i + 1)
                 )
         return out
 
@@ -71,7 +71,7 @@ class FairSharePolicy(Policy):
         if mine is None or victim.job.team == job.team:
             return False
         nominal_theirs = theirs.gpus if theirs is not None else 0
-        within = ctx.team_gpus.get(job.team, 0) + job.gpus <= mine.gpus
+        within = ctx.team_gpus.get(job.team, 0) + job.gpu_weight <= mine.gpus
         borrowing = ctx.team_gpus.get(victim.job.team, 0) > nominal_theirs
         return within and borrowing
 

@@ -66,7 +66,7 @@ class LasPolicy(Policy):
         if type(self).key is not LasPolicy.key:
             return key, -math.inf  # a subclass keys on something else
         queue = key[1] - 1
-        gpus = running.job.gpus
+        gpus = running.job.gpu_weight
         if queue >= len(self.thresholds_gpu_s) or gpus <= 0:
             return key, math.inf
         crossing = running.started_at + (self.thresholds_gpu_s[queue] - running.job.attained_service_s) / gpus

@@ -325,8 +325,12 @@ class SchedulingPass:
         q = select(Allocation.job_id, Allocation.node, Allocation.gpu_index)
         slices = self._fleet.slices
         for jid, node, idx in s.execute(q):
-            if idx is not None and idx >= SLICE_BASE:  # a MIG slice: its node, to the core
-                node = slices.get((node, idx), mig.slice_node(node, "?"))
+            if idx is not None and idx >= SLICE_BASE:  # a MIG slice or GPU share: its node, to the core
+                share = mig.share_of(idx)
+                if share is not None:
+                    node = mig.share_node(node, share[0])
+                else:
+                    node = slices.get((node, idx), mig.slice_node(node, "?"))
             held_here = placements.setdefault(jid, {}).setdefault(node, [])
             if idx is not None:  # a 0-GPU job's row: its node, no GPU
                 held_here.append(idx)

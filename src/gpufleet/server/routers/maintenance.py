@@ -15,6 +15,7 @@ from gpufleet.api.maintenance import (
     MigLayoutIn,
     RolloutIn,
     RolloutOut,
+    ShareIn,
     UncordonIn,
 )
 from gpufleet.api.nodes import NodeOut
@@ -72,6 +73,23 @@ def set_mig_layout(
     its node applies the layout once no job holds it (``gpufleet node mig``)."""
     done = miglayouts.set_layout(db=parts.db, actor=me, name=name, index=index, spec=spec, now=parts.now())
     parts.fleets.invalidate()
+    return _node(parts, me, hot, name, done)
+
+
+@router.put("/nodes/{name}/gpus/{index}/share", response_model=NodeOut)
+def set_gpu_shared(
+    name: NodeNameIn,
+    index: Annotated[int, Path(ge=0, le=MAX_GPU_INDEX)],
+    spec: ShareIn,
+    parts: PartsDep,
+    me: Me,
+    hot: HotDep,
+) -> NodeOut:
+    """Share GPU ``index`` (jobs asking ``--gpu-fraction`` / ``--gpu-memory`` run on it under
+    MPS) or make it whole again; refused while a job holds it (``gpufleet node share``)."""
+    done = miglayouts.set_shared(db=parts.db, actor=me, name=name, index=index, spec=spec, now=parts.now())
+    parts.fleets.invalidate()
+    parts.scheduler.wake()
     return _node(parts, me, hot, name, done)
 
 

@@ -52,6 +52,7 @@ def _rows(s: Session, pool: str | None) -> tuple[NodeKey, NodeKey]:
         GpuRow.healthy & ~GpuRow.cordoned,  # the agent's verdict and the server's cordon
         func.coalesce(GpuRow.mig_enabled, false()),
         GpuRow.mig_instances,
+        GpuRow.shared,
     ).order_by(GpuRow.node, GpuRow.index)
     if pool is not None:
         q = q.where(NodeRow.pool == pool)
@@ -65,19 +66,23 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
     honoured here)."""
     per: dict[object, list[Gpu]] = {}
     slices: dict[object, dict[str, list[Gpu]]] = {}
-    for node, index, model, memory_mb, domain, healthy, mig_on, instances in gpus:
+    shares: dict[object, list[tuple[int, str, int]]] = {}  # node -> (GPU, model, memory)
+    for node, index, model, memory_mb, domain, healthy, mig_on, instances, shared in gpus:
         ok = bool(healthy) or live_since is None
+        shared = bool(shared) and not mig_on  # MIG mode wins: its slices are the devices
         per.setdefault(node, []).append(
             Gpu(
                 index=int(index),  # type: ignore[call-overload]
                 model=str(model),
                 memory_mb=int(memory_mb),  # type: ignore[call-overload]
                 nvlink_domain=int(domain),  # type: ignore[call-overload]
-                # a MIG GPU is never handed out whole; as registered capacity (what a job could
-                # ever get) it counts whole too: an operator may make it whole again
-                healthy=ok and not (mig_on and live_since is not None),
+                # a MIG or shared GPU is never handed out whole; as registered capacity (what
+                # a job could ever get) it counts whole too: an operator may make it whole again
+                healthy=ok and not ((mig_on or shared) and live_since is not None),
             )
         )
+        if shared and ok:
+            shares.setdefault(node, []).append((int(index), str(model), int(memory_mb)))  # type: ignore[call-overload]
         if mig_on:
             for m in instances or ():  # type: ignore[attr-defined]
                 try:
@@ -119,6 +124,25 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
                 )
                 for profile, devices in sorted(slices.get(name, {}).items())
             ]
+            parts += [
+                Node(
+                    name=mig.share_node(str(name), gpu),
+                    gpus=tuple(
+                        Gpu(
+                            index=mig.share_index(gpu, u),
+                            model=mig.share_model(model),
+                            memory_mb=memory_mb,  # the GPU's: a share is sized by units
+                            nvlink_domain=gpu,
+                        )
+                        for u in range(mig.SHARE_UNITS)
+                    ),
+                    leaf=str(leaf),
+                    rack=str(rack),
+                    pool=str(pool),
+                    schedulable=live,
+                )
+                for gpu, model, memory_mb in shares.get(name, ())
+            ]
         except ValueError as exc:  # one bad node never stops the fleet
             skipped[str(name)] = str(exc)
             continue
@@ -128,9 +152,13 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
 
 
 def slice_nodes(fleet: Fleet) -> dict[tuple[str, int], str]:
-    """(node, slice index) -> the scheduler's node of that slice (``gpufleet.mig``)."""
+    """(node, slice index) -> the scheduler's node of that slice (``gpufleet.mig``); a
+    shared GPU's units are found by ``mig.share_node`` alone."""
     return {
-        (mig.physical_node(n.name), g.index): n.name for n in fleet.nodes if ":" in n.name for g in n.gpus
+        (mig.physical_node(n.name), g.index): n.name
+        for n in fleet.nodes
+        if ":" in n.name and n.gpus and mig.is_slice_model(n.gpus[0].model)
+        for g in n.gpus
     }
 
 

@@ -41,15 +41,17 @@ def add_event(
 def requeue_on(
     s: Session, *, node: str, now: float, actor: str, reason: str, gpu: int | None = None, lost: bool = False
 ) -> int:
-    """Requeue every job holding a GPU (or, ``gpu`` given, that GPU or one of its MIG
-    slices) on ``node``."""
+    """Requeue every job holding a GPU (or, ``gpu`` given, that GPU, one of its MIG
+    slices or a share of it) on ``node``."""
     q = select(Allocation.job_id).where(Allocation.node == node)
     if gpu is not None:
         first = mig.slice_index(gpu, 0)
+        unit = mig.share_index(gpu, 0)
         q = q.where(
             or_(
                 Allocation.gpu_index == gpu,
                 Allocation.gpu_index.between(first, first + mig.MEMORY_SLICES - 1),
+                Allocation.gpu_index.between(unit, unit + mig.SHARE_UNITS - 1),
             )
         )
     ids = sorted(set(s.scalars(q)))

@@ -70,6 +70,7 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: AgentState | None 
                 mig_instances=[MigInstanceOut(**m) for m in g.mig_instances or ()],
                 mig_pending=g.mig_pending,
                 mig_error=g.mig_error,
+                shared=bool(g.shared),
             )
             for g in gpus
         ],
@@ -174,11 +175,13 @@ def inventory_problem(s: Session, node: str, gpus: Sequence[GpuIn]) -> Contradic
 
 def set_gpus(s: Session, node: str, gpus: Sequence[GpuIn]) -> None:
     """Replace the inventory; a GPU that disappeared while allocated stays, unhealthy."""
-    held = set(
-        s.scalars(
+    held = {  # a job on a slice or share of a GPU holds the GPU
+        device_gpu(i)
+        for i in s.scalars(
             select(Allocation.gpu_index).where(Allocation.node == node, Allocation.gpu_index.is_not(None))
         )
-    )
+        if i is not None
+    }
     existing = {g.index: g for g in s.scalars(select(GpuRow).where(GpuRow.node == node))}
     wanted = {g.index: g for g in gpus}
     for idx, row in existing.items():

@@ -450,7 +450,7 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
         if isinstance(team, Failure):
             out.append(team)
             continue
-        if new.spec.gpu_memory is not None:
+        if new.spec.gpu_memory is not None or new.spec.gpu_fraction is not None:
             fitted = _fit_gpu_memory(ctx, new)
             if isinstance(fitted, Failure):
                 out.append(fitted)
@@ -558,24 +558,68 @@ def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event:
 
 
 def _fit_gpu_memory(ctx: _Ctx, new: NewJob) -> NewJob | Failure:
-    """``gpu_memory``: the job's GPU type becomes the smallest MIG slice (its profile's
-    memory, ``gpufleet.mig``'s table) or whole GPU model of its pool with that much memory
-    (slices before GPUs of the same memory: a slice keeps the rest of a GPU for others)."""
+    """``gpu_memory`` / ``gpu_fraction``: what device the job gets. ``gpu_memory`` alone:
+    the smallest MIG slice with that much (its profile's memory, ``gpufleet.mig``'s table:
+    isolation in hardware), else a share of a shared GPU with that much (its units:
+    the memory's share of the GPU, rounded up), else the smallest whole GPU model of its
+    pool with that much. ``gpu_fraction``: a share, of at least that much memory when
+    ``gpu_memory`` is given too (the larger of the two shares)."""
     spec = new.spec
-    if spec.gpu_type is not None:
-        return invalid("gpu_memory: give gpu_memory or gpu_type, not both")
-    try:
-        mb = slurmopts.parse_mem(str(spec.gpu_memory), flag="gpu_memory")
-    except ValueError as exc:
-        return invalid(str(exc))
+    mb = 0
+    if spec.gpu_memory is not None:
+        if spec.gpu_type is not None:
+            return invalid("gpu_memory: give gpu_memory or gpu_type, not both")
+        try:
+            mb = slurmopts.parse_mem(str(spec.gpu_memory), flag="gpu_memory")
+        except ValueError as exc:
+            return invalid(str(exc))
     fleet = ctx.fleets.get(spec.pool)
     if fleet is None:
         fleet = ctx.fleets[spec.pool] = new.fleets.registered(ctx.s, spec.pool, stale_ok=True)
+    if spec.gpu_fraction is not None:
+        return _share(new, fleet, mb)
     best = fit_memory(fleet, spec.pool, mb)
     if best is None:
         return invalid(f"gpu_memory={spec.gpu_memory}: no GPU or MIG slice in pool {spec.pool} has that much")
+    if not mig.wants_slices(best) and any(m >= mb for m, _ in shared_models(fleet, spec.pool, spec.gpu_type)):
+        return _share(new, fleet, mb)
     shaped = one_node_of_slices(spec.model_copy(update={"gpu_type": best}))
     return shaped if isinstance(shaped, Failure) else dataclasses.replace(new, spec=shaped)
+
+
+def shared_models(fleet: Fleet, pool: str, gpu_type: str | None) -> list[tuple[int, str]]:
+    """(memory MiB, model) of ``pool``'s shared GPUs (of ``gpu_type``), smallest first."""
+    found = {
+        (n.gpus[0].memory_mb, mig.slice_parent_model(n.gpus[0].model))
+        for n in fleet.nodes
+        if n.pool == pool and n.gpus and mig.is_share_model(n.gpus[0].model)
+    }
+    return sorted(f for f in found if gpu_type is None or gpu_type_matches(gpu_type, f[1]))
+
+
+def _share(new: NewJob, fleet: Fleet, mb: int) -> NewJob | Failure:
+    """The job as a share of one shared GPU: ``gpus`` its units (``migindex``), on one node."""
+    spec = new.spec
+    if spec.gpus != 1 or spec.nodes > 1:
+        return invalid("gpu_fraction: a GPU share is part of one GPU (gpus 1, nodes 1)")
+    models = shared_models(fleet, spec.pool, spec.gpu_type)
+    if not models:
+        of = "" if spec.gpu_type is None else f" {spec.gpu_type}"
+        return invalid(
+            f"pool {spec.pool} has no shared{of} GPUs (an operator shares one with gpufleet node share)"
+        )
+    fits = [(m, model) for m, model in models if m >= mb]
+    if not fits:
+        return invalid(f"gpu_memory={spec.gpu_memory}: no shared GPU in pool {spec.pool} has that much")
+    memory, model = fits[0]
+    units = max(
+        math.ceil((spec.gpu_fraction or 0) * mig.SHARE_UNITS), math.ceil(mb * mig.SHARE_UNITS / memory), 1
+    )
+    if units > mig.SHARE_UNITS:
+        return invalid(f"gpu_memory={spec.gpu_memory}: more than a {model} has")
+    gpu_type = mig.share_gpu_type(model if mb else spec.gpu_type)
+    shaped = spec.model_copy(update={"gpus": units, "gpus_per_node": units, "nodes": 1, "gpu_type": gpu_type})
+    return dataclasses.replace(new, spec=shaped)
 
 
 def fit_memory(fleet: Fleet, pool: str, mb: int) -> str | None:
@@ -583,8 +627,8 @@ def fit_memory(fleet: Fleet, pool: str, mb: int) -> str | None:
     for a slice, the model for a whole GPU; None when none has that much."""
     found: list[tuple[int, int, str]] = []  # (memory, compute slices, GPU type)
     for n in fleet.nodes:
-        if n.pool != pool or not n.gpus:
-            continue
+        if n.pool != pool or not n.gpus or mig.is_share_model(n.gpus[0].model):
+            continue  # a share is sized to the memory asked: ``shared_models``
         model = n.gpus[0].model
         if mig.is_slice_model(model):
             parent, profile = mig.slice_parent_model(model), model.rsplit(" ", 1)[-1]
@@ -601,7 +645,15 @@ def fit_memory(fleet: Fleet, pool: str, mb: int) -> str | None:
 
 def one_node_of_slices(spec: JobSubmit) -> JobSubmit | Failure:
     """A job asking for MIG slices (``gpu_type`` "MIG 1g.10gb", ``gpufleet.mig``) has them
-    on one node, as a Kubernetes pod has its ``nvidia.com/mig-*`` devices: ``nodes`` 1."""
+    on one node, as a Kubernetes pod has its ``nvidia.com/mig-*`` devices: ``nodes`` 1. A
+    GPU share's units (``gpu_type`` "SHARED") are on one GPU: at most ``SHARE_UNITS``."""
+    if mig.wants_share(spec.gpu_type):
+        if spec.gpus > mig.SHARE_UNITS or spec.nodes > 1:
+            return invalid(
+                f"gpu_type {spec.gpu_type}: a GPU share is part of one GPU "
+                f"(gpus: its percent, 1..{mig.SHARE_UNITS}; ask gpu_fraction instead)"
+            )
+        return spec.model_copy(update={"nodes": 1, "gpus_per_node": spec.gpus})
     if not mig.wants_slices(spec.gpu_type):
         return spec
     if spec.nodes > 1 or (spec.gpus_per_node and spec.gpus_per_node != spec.gpus):
