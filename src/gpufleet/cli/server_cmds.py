@@ -64,6 +64,20 @@ def server(
         "--service-drain",
         help="Stop a service replica this long after the gateways stopped sending it requests.",
     ),
+    auto_mig: bool = flag(
+        "--auto-mig",
+        help="The MIG planner: lay out idle MIG-mode GPUs anew when MIG slice jobs wait and "
+        "whole-GPU jobs do not (and back to whole in the reverse case), as an operator would "
+        "(gpufleet node mig). Off: layouts are the operators' alone.",
+    ),
+    auto_mig_interval: str = typer.Option(
+        "30s", "--auto-mig-interval", help="How often the MIG planner looks (with --auto-mig)."
+    ),
+    auto_mig_cooldown: str = typer.Option(
+        "10m",
+        "--auto-mig-cooldown",
+        help="The MIG planner leaves alone a GPU laid out (by anyone) less than this long ago.",
+    ),
     scheduler_thread: bool = flag(
         "--scheduler-thread",
         help="Run scheduling passes in a thread of the API process (default: a child process).",
@@ -168,9 +182,13 @@ def server(
         queue_wait_s = parse_duration(queue_wait_alert)
         idle_release_s = parse_duration(idle_release)
         service_drain_s = parse_duration(service_drain)
+        auto_mig_interval_s = parse_duration(auto_mig_interval)
+        auto_mig_cooldown_s = parse_duration(auto_mig_cooldown)
         schedule = None if prices is None else load_prices(prices)
     except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         raise fail(f"--prices {prices}: {exc}" if isinstance(exc, OSError) else str(exc), BAD_INPUT) from None
+    if auto_mig_interval_s <= 0:
+        raise fail("--auto-mig-interval must be longer than 0", BAD_INPUT)
     try:
         token_ttl_s, session_ttl_s = parse_duration(token_ttl), parse_duration(session_ttl)
     except ValueError as exc:
@@ -199,6 +217,9 @@ def server(
         queue_wait_alert_s=queue_wait_s,
         reservation_idle_release_s=idle_release_s,
         service_drain_s=service_drain_s,
+        auto_mig=auto_mig,
+        auto_mig_interval_s=auto_mig_interval_s,
+        auto_mig_cooldown_s=auto_mig_cooldown_s,
         prices=schedule,
         scheduler_process=not scheduler_thread,
         tls_cert=tls_cert,

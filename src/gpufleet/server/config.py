@@ -66,6 +66,7 @@ class ServerConfig:
     queue_wait_alert_s: float = 1800.0
     """QueueWaitHigh fires when a pool's oldest pending job has waited this long."""
     reservation_idle_release_s: float = 900.0
+    """A started reservation no owner job used for this long is released (``--idle-release``)."""
     prices: PriceSchedule | None = None
     """``--prices FILE``: put this schedule in force at start unless it already is."""
     accrual_interval_s: float = 15.0
@@ -75,7 +76,16 @@ class ServerConfig:
     gateways poll every second, and requests sent before then finish meanwhile."""
     service_interval_s: float = 1.0
     """The replica controller's period (it is also woken by every service change)."""
-    """A started reservation no owner job used for this long is released (``--idle-release``)."""
+    auto_mig: bool = False
+    """``--auto-mig``: the MIG planner (``loops/automig.py``, ``scheduler/migplan.py``) lays
+    out idle MIG GPUs anew for waiting slice jobs, and makes them whole again for waiting
+    whole-GPU jobs, through the operator's path. Off: layouts are the operators' alone."""
+    auto_mig_interval_s: float = 30.0
+    """How often the MIG planner looks (``--auto-mig-interval``)."""
+    auto_mig_cooldown_s: float = 600.0
+    """A GPU laid out (by anyone) less than this long ago is left alone (``--auto-mig-cooldown``)."""
+    auto_mig_max_changes: int = 2
+    """GPUs the MIG planner lays out per look, at most."""
 
     @property
     def node_certs_required(self) -> bool:

@@ -15,6 +15,7 @@ from gpufleet.server.db import Database
 from gpufleet.server.loops.accrual import accrual_loop
 from gpufleet.server.loops.alerts import alert_loop
 from gpufleet.server.loops.audit import retention_loop
+from gpufleet.server.loops.automig import AutoMigConfig, automig_loop
 from gpufleet.server.loops.child import ChildLoop, LoopSpec
 from gpufleet.server.loops.lifecycle import LifecycleConfig, LifecyclePass, lifecycle_loop
 from gpufleet.server.loops.replicas import replica_loop
@@ -98,6 +99,14 @@ def build(
         )
     )
     loops.add(retention_loop(db=db, clock=clock, keep_s=config.audit_days * 86400))
+    if config.auto_mig:
+        planner = AutoMigConfig(
+            interval_s=config.auto_mig_interval_s,
+            cooldown_s=config.auto_mig_cooldown_s,
+            max_changes=config.auto_mig_max_changes,
+            node_timeout_s=config.node_timeout_s,
+        )
+        loops.add(automig_loop(db=db, clock=clock, config=planner))
     if config.alert_webhook:
         loops.add(
             alert_loop(

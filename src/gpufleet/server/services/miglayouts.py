@@ -16,8 +16,14 @@ The order of things, as for a drain (``maintenance.py``):
    stays cordoned with the reason, for an operator to look at.
 
 A GPU whose agent reports MIG mode on is never handed to a job whole
-(``inventory.py``); its slices become schedulable resources in a later step.
+(``inventory.py``); its slices are schedulable resources of their own.
 Every step is a ``gpu_events`` row (``gpufleet node events``).
+
+Shares (``set_shared``, ``gpufleet node share``): a GPU marked shared is never handed out
+whole either; it takes jobs asking for part of one (``migindex``'s units). The switch is
+the server's alone (no agent step: the agent runs a share's job on its GPU with the MPS
+limits), so it is refused while any job holds the GPU, whole or a share of it: cordon the
+GPU and wait, as for removing a node.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet import mig
-from gpufleet.api.maintenance import MigLayoutIn
+from gpufleet.api.maintenance import MigLayoutIn, ShareIn
 from gpufleet.api.nodes import MigChange, MigResult
 from gpufleet.server import dispatch
 from gpufleet.server.db import Database
@@ -46,9 +52,21 @@ def _words(layout: Sequence[str]) -> str:
 
 
 def set_layout(
-    *, db: Database, actor: Principal, name: str, index: int, spec: MigLayoutIn, now: float
+    *,
+    db: Database,
+    actor: Principal,
+    name: str,
+    index: int,
+    spec: MigLayoutIn,
+    now: float,
+    reason: str | None = None,
+    idle_only: bool = False,
 ) -> Failure | None:
-    """Ask node ``name`` to lay out GPU ``index`` as ``spec`` says (operators only)."""
+    """Ask node ``name`` to lay out GPU ``index`` as ``spec`` says (operators only).
+    ``reason``: why, for the event and the cordon (the auto-MIG loop's "auto-mig: 3
+    1g.10gb slices waiting"). ``idle_only``: a conflict, in this transaction, if a job
+    holds the GPU (or one of its slices) or a layout is pending, so a loop never drains
+    a GPU nor replaces a layout asked since it looked."""
     if not actor.is_operator:
         return forbidden("only operators and admins change MIG layouts")
     layout = [] if spec.whole else list(spec.layout or ())
@@ -76,11 +94,14 @@ def set_layout(
                 )
         elif not gpu.mig_enabled and gpu.mig_pending is None:
             return conflict(f"GPU {index} of node {name} is already whole (MIG mode is not on)")
+        if idle_only and (gpu.mig_pending is not None or index in _held(s, name)):
+            return conflict(f"GPU {index} of node {name} is in use or has a MIG layout pending")
         gpu.mig_pending, gpu.mig_error = layout, None
         if not gpu.cordoned:
             gpu.cordoned, gpu.cordon_rule, gpu.cordoned_at = True, RULE, now
+        why = f"asked by {actor.name}" if reason is None else f"({reason})"
         if gpu.cordon_rule == RULE:
-            gpu.cordon_reason = f"MIG layout {_words(layout)} asked by {actor.name}"[:256]
+            gpu.cordon_reason = f"MIG layout {_words(layout)} {why}"[:256]
         add_event(
             s,
             at=now,
@@ -89,9 +110,62 @@ def set_layout(
             kind="mig-asked",
             severity="info",
             actor=actor.name,
-            reason=f"MIG layout {_words(layout)}: the GPU takes no new job until its node applies it",
+            reason=f"MIG layout {_words(layout)}{'' if reason is None else f' ({reason})'}: "
+            "the GPU takes no new job until its node applies it",
         )
         dispatch.touch(s, [name])  # an idle GPU's node hears of it at once
+    return None
+
+
+def set_shared(
+    *, db: Database, actor: Principal, name: str, index: int, spec: ShareIn, now: float
+) -> Failure | None:
+    """Mark GPU ``index`` of node ``name`` shared, or whole again (operators only);
+    the same state again changes nothing."""
+    if not actor.is_operator:
+        return forbidden("only operators and admins share GPUs")
+    with db.write() as s:
+        if s.get(NodeRow, name) is None:
+            return not_found(f"no node {name}")
+        gpu = s.get(GpuRow, (name, index))
+        if gpu is None:
+            return not_found(f"node {name} has no GPU {index}")
+        if bool(gpu.shared) == spec.shared:
+            return None
+        if spec.shared and (gpu.mig_enabled or gpu.mig_pending):
+            return conflict(
+                f"GPU {index} of node {name} is in MIG mode: its slices are already shared; "
+                f"make it whole first (gpufleet node mig {name} --gpu {index} --whole)"
+            )
+        jobs = sorted(
+            {
+                j
+                for j, i in s.execute(
+                    select(Allocation.job_id, Allocation.gpu_index).where(
+                        Allocation.node == name, Allocation.gpu_index.is_not(None)
+                    )
+                )
+                if i is not None and mig.device_gpu(i) == index
+            }
+        )
+        if jobs:
+            held = ", ".join(map(str, jobs[:5])) + (" ..." if len(jobs) > 5 else "")
+            return conflict(
+                f"GPU {index} of node {name} runs job(s) {held}: cordon it "
+                f"(gpufleet node cordon {name} --gpu {index}) and wait for them to end"
+            )
+        gpu.shared = spec.shared
+        what = "shared: takes GPU shares, no whole-GPU job" if spec.shared else "whole again: no shares"
+        add_event(
+            s,
+            at=now,
+            node=name,
+            gpu=index,
+            kind="share-on" if spec.shared else "share-off",
+            severity="info",
+            actor=actor.name,
+            reason=f"GPU {what}",
+        )
     return None
 
 
@@ -103,18 +177,18 @@ def changes(s: Session, node: str) -> list[MigChange]:
     pending = s.execute(_PENDING.where(GpuRow.node == node)).all()
     if not pending:
         return []
-    held = {  # a job on one of its slices holds the GPU too
-        mig.device_gpu(i)
-        for i in s.scalars(
-            select(Allocation.gpu_index).where(Allocation.node == node, Allocation.gpu_index.is_not(None))
-        )
-        if i is not None
-    }
+    held = _held(s, node)
     return [
         MigChange(gpu=int(i), layout=list(layout))
         for i, layout in pending
         if i not in held and layout is not None
     ]
+
+
+def _held(s: Session, node: str) -> set[int]:
+    """The GPUs of ``node`` a job holds (a job on one of its slices holds the GPU too)."""
+    q = select(Allocation.gpu_index).where(Allocation.node == node, Allocation.gpu_index.is_not(None))
+    return {mig.device_gpu(i) for i in s.scalars(q) if i is not None}
 
 
 def record(s: Session, node: str, results: Sequence[MigResult], *, actor: str, now: float) -> bool:
