@@ -60,6 +60,20 @@ def test_shares_go_to_the_fullest_shared_gpu_that_fits(held: dict[str, int], uni
     assert _units(p, "j") == (node, units)
 
 
+def test_shares_keep_room_the_waiting_mix_can_use() -> None:
+    """FGD's rule, not plain best fit: a 20-unit share goes to the GPU with 60 free rather
+    than the one with 25 (which would strand 5 units no waiting share can use), and the
+    25-unit share waiting behind it then fills that GPU exactly."""
+    busy = (
+        running("r1", {"n1:share1": tuple(mig.share_index(1, u) for u in range(40))}, gpu_type=S),
+        running("r2", {"n1:share2": tuple(mig.share_index(2, u) for u in range(75))}, gpu_type=S),
+    )
+    pending = (job("a", 20, gpu_type=S, nodes=1, submit=1.0), job("b", 25, gpu_type=S, nodes=1, submit=2.0))
+    p = plan(snapshot(_fleet(), running_jobs=busy, pending=pending), "fifo")
+    assert _units(p, "a") == ("n1:share1", 20)
+    assert _units(p, "b") == ("n1:share2", 25)
+
+
 def test_whole_jobs_never_get_a_shared_gpu_and_shares_never_a_whole_one() -> None:
     p = plan(
         snapshot(_fleet(), pending=(job("w", 2), job("one", 1), job("s", 100, gpu_type=S, nodes=1))),

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
 
+from gpufleet.migindex import is_share_model, wants_share
 from gpufleet.scheduler.cache import PlanCache
 from gpufleet.scheduler.capacity import Capacity, FleetIndex
 from gpufleet.scheduler.cpu import CpuPlacer
@@ -49,7 +50,9 @@ from gpufleet.scheduler.model import (
 from gpufleet.scheduler.options import Options, gpu_type_matches, job_options, shared_options
 from gpufleet.scheduler.placement import (
     NodeCounts,
+    ShareMix,
     choose_nodes,
+    choose_share,
     choose_spread,
     commit,
     describe_shape,
@@ -162,6 +165,7 @@ class _Pass(Preempting):
         self.res = NodeResources.build(snapshot.fleet, snapshot.running, snapshot.pending)
         self.pool_nodes: dict[str, list[str]] = {}
         self.masked = False  # the last placement hid nodes lacking CPUs or memory
+        self._share_mix: ShareMix | None = None
 
     def split_pending(self) -> None:
         """Held teams' jobs, 0-GPU jobs and GPU jobs (most passes have only the last:
@@ -500,11 +504,24 @@ class _Pass(Preempting):
             if spread is not None and len(shape) == 1:
                 nodes, leaves = self.spread_of(spread)
                 counts = choose_spread(view, gk, shape[0], nodes=nodes, leaves=leaves)
+            elif len(shape) == 1 and is_share_model(gk[1]):
+                counts = choose_share(view, gk, shape[0], self.share_mix())
             else:
                 counts = choose_nodes(view, gk, shape)
             if counts is not None:
                 return self._take(counts, own=own, long=long)
         return None
+
+    def share_mix(self) -> ShareMix:
+        """The waiting GPU shares' sizes, weighted by how many wait (built once a pass)."""
+        if self._share_mix is None:
+            sizes: dict[int, int] = {}
+            for j in self.snap.pending:
+                if j.gpu_type is not None and wants_share(j.gpu_type):
+                    sizes[j.gpus] = sizes.get(j.gpus, 0) + 1
+            n = sum(sizes.values()) or 1
+            self._share_mix = tuple((size, k / n) for size, k in sorted(sizes.items()))
+        return self._share_mix
 
     def spread_of(self, group: str) -> tuple[set[int], set[str]]:
         """The nodes and leaves holding a job of spread group ``group``: running and not

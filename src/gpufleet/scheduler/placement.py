@@ -69,6 +69,40 @@ def choose_nodes(cap: Capacity, key: GroupKey, shape: Shape) -> NodeCounts | Non
     return _choose_multi(cap, group, shape)
 
 
+ShareMix = tuple[tuple[int, float], ...]
+"""The waiting GPU shares' sizes (units) and their weights: what room on a shared GPU is
+worth keeping (``choose_share``)."""
+
+
+def choose_share(cap: Capacity, key: GroupKey, count: int, mix: ShareMix) -> NodeCounts | None:
+    """One shared GPU (a share node of group ``key``) for ``count`` units. A GPU already
+    in use before an untouched one (an untouched GPU stays whole for the big shares); among
+    those in use, the way FGD (Weng et al., "Beware of Fragmentation", USENIX ATC'23)
+    places a GPU fraction: the GPU whose *stranded* room for the waiting mix grows least. A
+    GPU's room ``f`` is stranded for an ask larger than ``f``; its expected stranding is
+    ``f x P(ask > f)`` over ``mix``. Taking ``count`` of ``f`` changes it by
+    ``stranded(f - count) - stranded(f)``: filling a GPU's room exactly, or down to a size
+    the waiting shares still use, scores best. Ties go to best fit (the fullest GPU),
+    which is also the choice without a mix."""
+    group = cap.groups[key]
+    size = group.info.size
+    in_use_fits = count < size and group.count_ge[count] > group.count_ge[size]
+    top = size - 1 if in_use_fits else size
+    best: tuple[float, int] | None = None
+    for f in range(count, top + 1):
+        bucket = group.by_free[f]
+        if not bucket:
+            continue
+        score = _stranded(f - count, mix) - _stranded(f, mix)
+        if best is None or score < best[0] - 1e-9:
+            best = (score, next(iter(bucket)))
+    return None if best is None else [(best[1], count)]
+
+
+def _stranded(free: int, mix: ShareMix) -> float:
+    return free * sum(p for size, p in mix if size > free)
+
+
 def choose_spread(
     cap: Capacity, key: GroupKey, count: int, *, nodes: set[int], leaves: set[str]
 ) -> NodeCounts | None:

@@ -16,6 +16,9 @@ loop               what a step does                                      when
                    soft-budget warnings (``accrual.py``)
 ``alerts``         built-in alert rules -> webhook (``alerts.py``)        ``--alert-interval``
 ``audit-retention``  audit rows past ``--audit-days`` deleted             hourly
+``auto-mig``       idle MIG GPUs re-laid out for the waiting slice or       ``--auto-mig-interval``
+                   whole-GPU jobs (``automig.py``, ``scheduler/migplan``;
+                   only with ``--auto-mig``)
 =================  ====================================================  ===============
 
 Layers: routers -> services -> job state machine (``jobstate``) -> models; loops ->
