@@ -61,6 +61,7 @@ def test_shares_pack_onto_a_shared_gpu_and_never_make_it_whole(server: Server, t
     assert one["allocation"] == [{"node": node, "gpus": [0]}]
     with server.client() as c:
         assert ok(c.get(f"/jobs/{whole['id']}"))["state"] == "PENDING"
+        assert ok(c.get(f"/nodes/{node}"))["gpus_free"] == 0  # a shared GPU is never free whole
     desired = sync(server, node, {"jobs": []}, token=token)["jobs"]
     assert sorted(len(d["gpus"]) for d in desired) == [1, 25, 30, 50]
     # memory: 20G of an 80 GB GPU (81,920 MiB) is 25 units: exactly what the fuller GPU has left

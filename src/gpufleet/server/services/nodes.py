@@ -29,7 +29,7 @@ Waker = Callable[[], None]
 
 def _node_out(s: Session, n: NodeRow, live_since: float, hot: AgentState | None = None) -> NodeOut:
     gpus = list(s.scalars(select(GpuRow).where(GpuRow.node == n.name).order_by(GpuRow.index)))
-    held = {  # a MIG slice's job shows on its GPU
+    held = {  # a MIG slice's or a share's job shows on its GPU
         device_gpu(i): j
         for i, j in s.execute(
             select(Allocation.gpu_index, Allocation.job_id).where(
@@ -52,8 +52,10 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: AgentState | None 
         gpus_total=len(gpus),
         gpus_used=len(held),
         gpus_free=sum(
-            1 for g in gpus if g.healthy and not g.cordoned and not g.mig_enabled and g.index not in held
-        ),
+            1
+            for g in gpus
+            if g.healthy and not g.cordoned and not g.mig_enabled and not g.shared and g.index not in held
+        ),  # a MIG or shared GPU is never free whole
         gpus=[
             GpuOut(
                 index=g.index,
