@@ -1,4 +1,15 @@
-"""``gpufleet simulate`` and ``gpufleet trace synth``."""
+"""``gpufleet simulate`` and ``gpufleet trace synth``.
+
+``simulate --shared-gpus N|all|auto`` shares the fleet's last GPUs (the last node's
+first) among the trace's fractional jobs (``gpu_milli`` < 1000: the openb pod lists, the
+gpufleet CSV's optional column), which then ask for shares of them through the
+scheduling core as the server's ``--gpu-fraction`` jobs do (``gpufleet.sim.shares``).
+``auto`` (the default) shares what those jobs would hold at their peak if none waited,
+rounded up to whole nodes, leaving the widest whole-GPU job its GPUs; a trace without
+fractions shares none and runs as it always did. Besides the policy table, it prints
+per policy the allocated GPU share, the fragmentation of free capacity on partly held
+shared GPUs and FGD's unallocated share at the first failure (``SimResult.capacity``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +17,7 @@ import json
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -131,6 +143,15 @@ def simulate(
         help="A team's quota, TEAM=GPUS (fair share's weight) or TEAM=GPUS:LIMIT (LIMIT: a hard cap); "
         "repeat for each team.",
     ),
+    shared_gpus: str = typer.Option(
+        "auto",
+        "--shared-gpus",
+        help="GPUs shared among fractional jobs (gpu_milli < 1000), taken from the end of the fleet "
+        "(the last node's first); a fractional job asks for ceil(gpu_milli/10) % of one of them. "
+        "N: that many (0: none, a fractional job takes a whole GPU); all: every GPU; auto: what the "
+        "fractional jobs would hold at their peak if none waited, rounded up to whole nodes, leaving "
+        "the widest whole-GPU job its GPUs (none when the trace has no fractions).",
+    ),
 ) -> None:
     """Replay a job trace through the scheduling core under each policy and compare them."""
     if fmt not in FORMATS:
@@ -158,7 +179,6 @@ def simulate(
         seed=seed,
         quotas=parse_quotas(quota),
     )
-    fleet = FleetSpec(nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=nodes_per_leaf)
     loaded = load(trace, fmt)
     for problem in loaded.problems[:10]:
         console.print(f"[yellow]skipped[/yellow] {trace}:{problem}")
@@ -168,6 +188,15 @@ def simulate(
     if not jobs:
         console.print("[red]error:[/red] the trace has no usable jobs")
         raise typer.Exit(2)
+    from gpufleet.sim.shares import shared_gpu_count
+
+    try:
+        shared = shared_gpu_count(shared_gpus, jobs, nodes=nodes, gpus_per_node=gpus_per_node)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--shared-gpus") from None
+    fleet = FleetSpec(
+        nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=nodes_per_leaf, shared_gpus=shared
+    )
 
     from gpufleet.sim.loaders.reservations import ReservationRequest, load_reservations
     from gpufleet.sim.runner import compare_policies
@@ -240,6 +269,7 @@ def simulate(
         )
         for refusal in booked["refused"]:
             out.print(f"  refused {refusal['id']}: {refusal['why']}")
+    _print_capacity(summary)
     bound = summary["bounds"]
     out.print(
         f"bounds: avg JCT >= {format_duration(bound['avg_jct_lower_s'])}, "
@@ -254,6 +284,18 @@ def simulate(
 
         path = write_report(comparison, report, title=f"gpufleet simulation of {trace.name}")
         out.print(f"report: {path}")
+
+
+def _print_capacity(summary: dict[str, Any]) -> None:
+    """The GPU capacity figures per policy (``SimResult.capacity``); n/a where there is none."""
+    from gpufleet.sim.runner import capacity_cells, capacity_title
+
+    table = Table(title=capacity_title(summary))
+    for col in ("policy", "allocated", "shared frag", "unallocated at 1st failure", "1st failure at"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, c in summary["capacity"].items():
+        table.add_row(name, *capacity_cells(c))
+    out.print(table)
 
 
 trace_app = typer.Typer(help="Make and inspect job traces.", no_args_is_help=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpufleet.scheduler import Fleet, Gpu, Hold, Node, Quota
+from gpufleet.sim.shares import share_gpus
 
 NODES_PER_LEAF = 10
 """Servers under one leaf switch in a made-up fleet: ``gpufleet simulate``'s and
@@ -23,6 +24,9 @@ class FleetSpec:
     leaves_per_rack: int = 1
     gpu_model: str = "H100-80GB"
     nvlink_domains: int = 1
+    shared_gpus: int = 0
+    """GPUs shared (the fleet's last ones, ``shares.share_gpus``): fractional jobs get
+    shares of them; 0: none, a fractional job takes a whole GPU."""
 
     def build(self) -> Fleet:
         per_domain = max(1, self.gpus_per_node // max(1, self.nvlink_domains))
@@ -30,7 +34,7 @@ class FleetSpec:
             Gpu(index=i, model=self.gpu_model, nvlink_domain=i // per_domain)
             for i in range(self.gpus_per_node)
         )
-        return Fleet(
+        fleet = Fleet(
             nodes=tuple(
                 Node(
                     name=f"node-{i:04d}",
@@ -41,6 +45,7 @@ class FleetSpec:
                 for i in range(self.nodes)
             )
         )
+        return share_gpus(fleet, self.shared_gpus) if self.shared_gpus else fleet
 
     def describe(self) -> dict[str, object]:
         return {
@@ -49,6 +54,7 @@ class FleetSpec:
             "gpus": self.nodes * self.gpus_per_node,
             "nodes_per_leaf": self.nodes_per_leaf,
             "gpu_model": self.gpu_model,
+            "shared_gpus": self.shared_gpus,
         }
 
 
@@ -104,18 +110,33 @@ class SimResult:
     preemptions: int
     failures_injected: int
     busy_gpu_s: float
+    """GPU-seconds occupied (a shared GPU counts whole while any unit of it is held)."""
     fleet_gpus: int
     fragmentation: float
     wall_s: float
     passes: int
     timeline: dict[str, list[float]] = field(default_factory=dict)
+    shared_gpus: int = 0
+    allocated_gpu_s: float = 0.0
+    """GPU-seconds allocated: whole GPUs, and a share's units at 1 / SHARE_UNITS each."""
+    free_gpu_s: float = 0.0
+    """GPU-seconds in service and not allocated, first submit to the end of the run."""
+    stranded_gpu_s: float = 0.0
+    """The part of ``free_gpu_s`` on shared GPUs that were partly held."""
+    first_failure: tuple[float, float] | None = None
+    """(time, unallocated share of the fleet's GPUs) after the first pass that left a newly
+    arrived job waiting; None if every job started in the pass after it arrived."""
+
+    def makespan(self) -> float:
+        """First submit to last finish of the jobs that finished."""
+        start = min((o.submit_s for o in self.outcomes), default=0.0)
+        end = max((o.finish_s for o in self.outcomes), default=0.0)
+        return max(0.0, end - start)
 
     def metrics(self) -> dict[str, float]:
         jct = np.array([o.jct_s for o in self.outcomes]) if self.outcomes else np.zeros(1)
         queue = np.array([o.queue_s for o in self.outcomes]) if self.outcomes else np.zeros(1)
-        start = min((o.submit_s for o in self.outcomes), default=0.0)
-        end = max((o.finish_s for o in self.outcomes), default=0.0)
-        makespan = max(0.0, end - start)
+        makespan = self.makespan()
         return {
             "avg_jct_s": float(jct.mean()),
             "p50_jct_s": float(np.percentile(jct, 50)),
@@ -127,4 +148,36 @@ class SimResult:
             "fragmentation": self.fragmentation,
             "preemptions": float(self.preemptions),
             "sim_wall_s": self.wall_s,
+        }
+
+    def capacity(self) -> dict[str, float | None]:
+        """What the run allocated of the fleet's GPU capacity (``sim/shares.py``):
+
+        - ``allocated_share``: GPU-hours allocated (a share's units at 1 / SHARE_UNITS of
+          a GPU each) / the fleet's GPU-hours over the makespan: ``utilization``'s window.
+          Equal to ``utilization`` when no GPU is shared.
+        - ``shared_fragmentation``: of the free GPU-hours (GPUs in service, not
+          allocated; first submit to the end of the run), the share that lay on shared
+          GPUs partly held: units too few for a bigger share and never usable whole.
+          None when the fleet has no shared GPU.
+        - ``unallocated_at_first_failure`` (FGD's measure, Weng et al., ATC'23): the share
+          of the fleet's GPUs not allocated right after the first scheduling pass that
+          left a job waiting that had arrived and never run (not held, not waiting for a
+          dependency; a preempted or requeued job does not count) - what the fleet still
+          had free when it first could not place a new job; ``first_failure_s`` is when
+          (trace time). Both None when every job started in the pass after it arrived:
+          under a preemptive policy (las) a new job that starts by preempting another
+          was placed, so the figure may be None although preempted jobs waited.
+        """
+        makespan = self.makespan()
+        fleet_s = self.fleet_gpus * makespan
+        frag: float | None = None
+        if self.shared_gpus:
+            frag = self.stranded_gpu_s / self.free_gpu_s if self.free_gpu_s > 0 else 0.0
+        failed = self.first_failure
+        return {
+            "allocated_share": self.allocated_gpu_s / fleet_s if fleet_s > 0 else 0.0,
+            "shared_fragmentation": frag,
+            "unallocated_at_first_failure": None if failed is None else failed[1],
+            "first_failure_s": None if failed is None else failed[0],
         }

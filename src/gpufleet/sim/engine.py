@@ -12,6 +12,11 @@ Job model: a job needs ``duration_s`` of run time on its GPUs. Preemption is gra
 again). A failure is not: the job keeps only the progress up to its last periodic
 checkpoint (every ``checkpoint_interval_s`` of run time) and also pays the restart
 overhead. A job whose run time would pass its time limit is stopped there (TIMEOUT).
+
+GPU shares: when the fleet has shared GPUs (``shares.share_gpus``), a fractional trace
+job (``gpu_milli`` < 1000) asks for a share of one (``shares.request_shape``) and the
+core places it; ``shares.CapacityMeter`` keeps what is allocated, for the report's
+allocated share, fragmentation and unallocated share at the first failure.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from gpufleet.scheduler.deps import Dependency, DependencyError, Phase, Ref, jud
 from gpufleet.scheduler.deps import parse as parse_dependency
 from gpufleet.scheduler.model import Blocked
 from gpufleet.sim.config import JobOutcome, SimConfig, SimResult
+from gpufleet.sim.shares import CapacityMeter, physical_nodes, request_shape, shared_nodes, unit_keys
 from gpufleet.sim.trace import TraceJob
 
 FINISH, FAIL, REPAIR, WINDOW, PASS, REQUEUE = 0, 1, 2, 3, 4, 5
@@ -85,6 +91,10 @@ class Simulator:
         self.reservations = tuple(reservations)  # admitted already (see runner.admit_reservations)
         self.fleet = fleet
         self.healthy_fleet = fleet  # without outages: decides what can ever run
+        self.servers = physical_nodes(fleet)  # failures hit these (and their shared GPUs)
+        self.shared = shared_nodes(fleet)
+        self.meter = CapacityMeter(gpus=sum(len(n.gpus) for n in self.servers), shared=self.shared)
+        self.first_failure: tuple[float, float] | None = None
         self.policy = policy
         self.cfg = config
         # One cache for the whole run: the same Fleet, RunningJob and JobRequest objects
@@ -111,7 +121,7 @@ class Simulator:
         self.next_pass: float | None = None
         self.preemptions = 0
         self.failures = 0
-        self.busy = 0  # GPUs allocated now
+        self.busy = 0  # GPUs occupied now (a shared GPU while any unit of it is held)
         # Dependencies (``scheduler/deps.py``), judged each pass as the server does.
         self.deps: dict[str, Dependency] = {}  # pending jobs that have one
         self.arrived: set[str] = set()
@@ -119,7 +129,7 @@ class Simulator:
         self.busy_gpu_s = 0.0
         self.frag_area = 0.0
         self.last_frag = 0.0
-        self.last_t = 0.0
+        self.last_t = self.trace[0].submit_s if self.trace else 0.0  # nothing held before
         self.passes = 0
         self.timeline: dict[str, list[float]] = {"t": [], "busy_gpus": [], "pending_jobs": []}
         self.next_sample = self.trace[0].submit_s if self.trace else 0.0
@@ -148,6 +158,7 @@ class Simulator:
         if dt > 0:
             self.busy_gpu_s += self.busy * dt
             self.frag_area += self.last_frag * dt
+            self.meter.advance(dt)
             self.last_t = t
         self.now = t
 
@@ -220,13 +231,15 @@ class Simulator:
             except DependencyError as exc:
                 self.reject(tj.job_id, str(exc))
                 return
+        gpus, per_node, nodes, gpu_type = request_shape(tj, shares=bool(self.shared))
         req = JobRequest(
             id=tj.job_id,
             user=tj.user,
             team=tj.team,
-            gpus=tj.gpus,
-            gpus_per_node=tj.gpus_per_node,
-            gpu_type=tj.gpu_type,
+            gpus=gpus,
+            gpus_per_node=per_node,
+            nodes=nodes,
+            gpu_type=gpu_type,
             priority=tj.priority,
             time_limit_s=tj.time_limit_s,
             submit_time=tj.submit_s,
@@ -239,8 +252,8 @@ class Simulator:
         else:
             why = shared_options(self.cache.index(self.healthy_fleet), req)
         limit = self.limits.get(req.team)
-        if limit is not None and req.gpus > limit:  # it would wait for ever (QuotaLimit)
-            why = f"needs {req.gpus} GPUs, over team {req.team}'s hard limit of {limit}"
+        if limit is not None and req.gpu_weight > limit:  # it would wait for ever (QuotaLimit)
+            why = f"needs {req.gpu_weight:g} GPUs, over team {req.team}'s hard limit of {limit}"
         if isinstance(why, str):
             self.reject(tj.job_id, why)
             return
@@ -277,8 +290,21 @@ class Simulator:
             self.stop(self.running[pre.job_id], preempted=True)
         for start in result.starts:
             self.start(self.dequeue(start.job_id), start.placement)
+        if self.first_failure is None and self.pending:
+            self.note_failure(pending)
         if self.policy.preemptive and self.waiting():
             self.want_pass(self.now + self.cfg.preempt_interval_s)
+
+    def note_failure(self, asked: tuple[JobRequest, ...]) -> None:
+        """FGD's moment: a job that arrived and never ran (not held, not waiting for a
+        dependency; a requeued one has run) is still waiting after a pass that saw it;
+        the fleet's unallocated share then is the report's."""
+        for req in asked:
+            job = self.pending.get(req.id)
+            new = job is not None and job.first_start is None
+            if new and req.blocked is None and req.team not in self.held_teams:
+                self.first_failure = (self.now, self.meter.unallocated_share())
+                return
 
     def judge_dependencies(self) -> tuple[JobRequest, ...]:
         """The pending requests, those whose dependency does not hold marked blocked;
@@ -362,7 +388,7 @@ class Simulator:
         self.dirty = True
         self.running[job.trace.job_id] = job
         self.running_jobs[job.trace.job_id] = job.running
-        self.busy += job.trace.gpus
+        self.busy += self.meter.hold(placement, 1)
         self.push(self.now + job.overhead_s + run_for, FINISH, (job.trace.job_id, job.version))
 
     def release(self, job: _Job) -> None:
@@ -372,13 +398,13 @@ class Simulator:
         for part in job.running.placement:
             for g in part.gpus:
                 del self.gpu_owner[(part.node, g)]
-        self.busy -= job.trace.gpus
+        self.busy += self.meter.hold(job.running.placement, -1)
         self.dirty = True
         del self.running[job.trace.job_id]
         del self.running_jobs[job.trace.job_id]
         ran = self.now - job.started_at
         job.executed_s += max(0.0, ran - job.overhead_s)
-        job.attained_gpu_s += ran * job.trace.gpus
+        job.attained_gpu_s += ran * job.request.gpu_weight
         job.running = None
         job.version += 1
 
@@ -432,19 +458,20 @@ class Simulator:
 
     def next_failure(self, what: str) -> None:
         if what == "gpu":
-            rate = self.cfg.gpu_failures_per_gpu_day * self.fleet.gpu_count / 86_400.0
+            rate = self.cfg.gpu_failures_per_gpu_day * self.meter.gpus / 86_400.0
         else:
-            rate = self.cfg.node_failures_per_node_day * len(self.fleet.nodes) / 86_400.0
+            rate = self.cfg.node_failures_per_node_day * len(self.servers) / 86_400.0
         self.push(self.now + float(self.rng.exponential(1.0 / rate)), FAIL, what)
 
     def fail(self, what: str) -> None:
         if not self.waiting() and not self.running:
             return  # the trace is over: stop injecting
-        node = self.fleet.nodes[int(self.rng.integers(len(self.fleet.nodes)))]
+        node = self.servers[int(self.rng.integers(len(self.servers)))]
         if what == "gpu":
             hit = [(node.name, int(self.rng.integers(len(node.gpus))))]
         else:
             hit = [(node.name, g.index) for g in node.gpus]
+        hit += [k for name, g in hit for k in unit_keys(name, g, self.shared)]  # a shared GPU's units
         self.failures += 1
         victims = {self.gpu_owner[k] for k in hit if k in self.gpu_owner}
         delay = self.cfg.requeue_after_s if what == "node" else 0.0
@@ -467,9 +494,15 @@ class Simulator:
 
     def rebuild_fleet(self) -> None:
         down = self.down_gpus
+        self.meter.down = sum(1 for name, _ in down if name not in self.shared)
         self.fleet = Fleet(
             nodes=tuple(
-                replace(n, gpus=tuple(replace(g, healthy=(n.name, g.index) not in down) for g in n.gpus))
+                replace(
+                    n,
+                    gpus=tuple(
+                        replace(g, healthy=g.healthy and (n.name, g.index) not in down) for g in n.gpus
+                    ),
+                )
                 if any((n.name, g.index) in down for g in n.gpus)
                 else n
                 for n in self.healthy_fleet.nodes
@@ -502,9 +535,14 @@ class Simulator:
             preemptions=self.preemptions,
             failures_injected=self.failures,
             busy_gpu_s=self.busy_gpu_s,
-            fleet_gpus=self.healthy_fleet.gpu_count,
+            fleet_gpus=self.meter.gpus,
             fragmentation=self.frag_area / makespan,
             wall_s=wall_s,
             passes=self.passes,
             timeline=self.timeline,
+            shared_gpus=len(self.shared),
+            allocated_gpu_s=self.meter.allocated_gpu_s,
+            free_gpu_s=self.meter.free_gpu_s,
+            stranded_gpu_s=self.meter.stranded_gpu_s,
+            first_failure=self.first_failure,
         )

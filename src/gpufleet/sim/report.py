@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from gpufleet.sim.runner import Comparison
+from gpufleet.sim.runner import Comparison, capacity_cells, capacity_title
 from gpufleet.timefmt import format_duration
 
 STYLES = ("-", "--", "-.", ":")
@@ -61,6 +61,7 @@ def write_report(comparison: Comparison, out_dir: Path, *, title: str = "gpuflee
             f"{m['utilization']:.1%} | {m['fragmentation']:.2f} | {int(m['preemptions'])} | "
             f"{m['sim_wall_s']:.1f} |"
         )
+    lines += _capacity_lines(s)
     lines += [
         "",
         "How to read the figures:",
@@ -74,6 +75,16 @@ def write_report(comparison: Comparison, out_dir: Path, *, title: str = "gpuflee
         "  is dominated by the few jobs that waited longest; when fewer than 1 % of the jobs wait long, the",
         "  mean can exceed the p99.",
         "- *frag*: time-averaged share of free GPUs that cannot host the head waiting job's per-node part.",
+        "- *allocated*: GPU-hours allocated / GPU-hours the fleet has over the makespan, a GPU share's",
+        "  units counted as their part of a GPU (1 % each); *util* counts a shared GPU whole while any",
+        "  share of it is held, so the two differ only on shared GPUs.",
+        "- *shared frag*: of the free GPU-hours (GPUs in service, not allocated), the share that lay on",
+        "  shared GPUs partly held: too little for a bigger share and never usable whole (n/a: no GPU",
+        "  is shared).",
+        "- *unallocated at 1st failure* (FGD's measure, Weng et al., ATC'23): the share of the fleet's",
+        "  GPUs not allocated right after the first scheduling pass that left a newly arrived job",
+        "  waiting (not a preempted or requeued one), and when (n/a: every job started in the pass",
+        "  after it arrived).",
         "",
         "![JCT CDF](jct_cdf.png)",
         "",
@@ -85,6 +96,19 @@ def write_report(comparison: Comparison, out_dir: Path, *, title: str = "gpuflee
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _capacity_lines(s: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        capacity_title(s),
+        "",
+        "| policy | allocated | shared frag | unallocated at 1st failure | 1st failure at |",
+        "| --- " + "| ---: " * 4 + "|",
+    ]
+    for name, c in s["capacity"].items():
+        lines.append(f"| {name} | " + " | ".join(capacity_cells(c)) + " |")
+    return lines
 
 
 def _plot_jct_cdf(comparison: Comparison, path: Path) -> None:

@@ -10,7 +10,8 @@ from gpufleet.scheduler import Fleet, Reservation, admit_reservation, make_polic
 from gpufleet.sim.config import FleetSpec, SimConfig, SimResult
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.loaders.reservations import ReservationRequest
-from gpufleet.sim.trace import TraceJob, offered_load
+from gpufleet.sim.trace import TraceJob, is_fractional, offered_load
+from gpufleet.timefmt import format_duration
 
 
 def admit_reservations(
@@ -38,7 +39,8 @@ def admit_reservations(
 def bounds(jobs: Sequence[TraceJob], fleet_gpus: int) -> dict[str, float]:
     """What no policy can beat: every job starting on arrival (mean JCT = mean
     duration), and utilisation if the fleet were busy from first submit to the later
-    of the last possible finish and the time to do all the work."""
+    of the last possible finish and the time to do all the work. A fractional job counts
+    a whole GPU: on shared GPUs it occupies at most one, so the bound holds there too."""
     if not jobs:
         return {"avg_jct_lower_s": 0.0, "utilization_upper": 0.0}
     first = min(j.submit_s for j in jobs)
@@ -56,6 +58,32 @@ def _bind(progress: Callable[[str, int], None] | None, name: str) -> Callable[[i
         return None
     report = progress
     return lambda n: report(name, n)
+
+
+def capacity_title(summary: dict[str, Any]) -> str:
+    """One line on the fleet's shared GPUs and the trace's fractional jobs."""
+    fleet = summary["fleet"]
+    how = "ask for shares" if fleet["shared_gpus"] else "take whole GPUs"
+    return (
+        f"GPU capacity: {fleet['shared_gpus']} of {fleet['gpus']} GPUs shared; "
+        f"{summary['fractional_jobs']} fractional jobs {how}"
+    )
+
+
+def capacity_cells(c: dict[str, float | None]) -> tuple[str, str, str, str]:
+    """``SimResult.capacity`` as the report and the CLI show it: allocated, shared frag,
+    unallocated at the first failure, its time; "n/a" for a figure that has no value."""
+
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.1%}"
+
+    at = c["first_failure_s"]
+    return (
+        pct(c["allocated_share"]),
+        pct(c["shared_fragmentation"]),
+        pct(c["unallocated_at_first_failure"]),
+        "n/a" if at is None else format_duration(at),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,12 +109,14 @@ def compare_policies(
         policy = make_policy(name, **(policy_params or {}))
         sim = Simulator(jobs, built, policy, config, reservations=booked)
         results[name] = sim.run(_bind(progress, name))
-    gpus = built.gpu_count
+    gpus = fleet.nodes * fleet.gpus_per_node
+    shares = fleet.shared_gpus > 0
     first = next(iter(results.values()), None)
     summary: dict[str, Any] = {
         "jobs": len(jobs),
         "fleet": fleet.describe(),
-        "offered_load": round(offered_load(jobs, gpus), 4),
+        "fractional_jobs": sum(1 for j in jobs if is_fractional(j)),
+        "offered_load": round(offered_load(jobs, gpus, shares=shares), 4),
         "rejected": len(first.rejected) if first else 0,
         "reservations": {
             "accepted": len(booked),
@@ -105,5 +135,6 @@ def compare_policies(
             "holds": {h.team: h.reason for h in config.holds},
         },
         "policies": {name: r.metrics() for name, r in results.items()},
+        "capacity": {name: r.capacity() for name, r in results.items()},
     }
     return Comparison(summary=summary, results=results)

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet.migindex import SHARE_UNITS
+
 WHOLE_GPU = 1000
 """``TraceJob.gpu_milli`` of a job that asks for whole GPUs."""
 
@@ -36,8 +38,8 @@ class TraceJob:
     """The share of each of its GPUs the job asks for, in thousandths: 1000 = whole GPUs;
     1..999 = that fraction of ONE GPU (``gpus`` is then 1; see ``gpu_share_problem``).
     Traces of shared-GPU clusters (Alibaba's 2023 openb pods) are mostly such fractions.
-    Until the scheduling core shares GPUs, the simulator gives a fractional job a whole
-    GPU; the field is kept so a report can still show the share that was allocated."""
+    On a fleet with shared GPUs the simulator asks for a share of one
+    (``ceil(gpu_milli / 10)`` of its 100 units, ``sim/shares.py``); without, a whole GPU."""
 
 
 def gpu_share_problem(gpus: int, gpu_milli: int) -> str | None:
@@ -76,11 +78,31 @@ class TraceError(Exception):
 Loader = Callable[[Path], TraceLoad]
 
 
-def offered_load(jobs: Sequence[TraceJob], fleet_gpus: int) -> float:
+def share_units(gpu_milli: int) -> int:
+    """The units (``migindex.SHARE_UNITS`` to a GPU) a ``gpu_milli`` share of one GPU asks
+    for, rounded up: at least what it asked."""
+    return math.ceil(gpu_milli * SHARE_UNITS / WHOLE_GPU)
+
+
+def is_fractional(job: TraceJob) -> bool:
+    """Whether ``job`` asks for part of one GPU."""
+    return job.gpu_milli < WHOLE_GPU and job.gpus > 0
+
+
+def gpu_weight(job: TraceJob, *, shares: bool = False) -> float:
+    """GPUs ``job`` holds while it runs: its ``gpus``; with ``shares`` (a fleet with shared
+    GPUs) a fractional job's units, in GPUs (``share_units`` / ``SHARE_UNITS``)."""
+    if shares and is_fractional(job):
+        return share_units(job.gpu_milli) / SHARE_UNITS
+    return job.gpus
+
+
+def offered_load(jobs: Sequence[TraceJob], fleet_gpus: int, *, shares: bool = False) -> float:
     """GPU-seconds asked for, over the GPU-seconds the fleet has between the first and the
-    last submit. 0.0 for no jobs or no fleet; infinite when all jobs arrive at once."""
+    last submit. 0.0 for no jobs or no fleet; infinite when all jobs arrive at once.
+    ``shares``: fractional jobs count as their share of a GPU (``gpu_weight``)."""
     if not jobs or fleet_gpus <= 0:
         return 0.0
-    work = sum(job.gpus * job.duration_s for job in jobs)
+    work = sum(gpu_weight(job, shares=shares) * job.duration_s for job in jobs)
     span = max(job.submit_s for job in jobs) - min(job.submit_s for job in jobs)
     return work / (fleet_gpus * span) if span > 0 else math.inf

@@ -11,7 +11,8 @@ One pod is one job, named by ``name``:
 - GPUs: ``num_gpu`` per pod; 0 is a CPU-only pod, skipped as "no GPUs requested" like a
   0-GPU job of every other format. ``gpu_milli`` is the share of each GPU in thousandths:
   1000 for whole GPUs, 1..999 only with ``num_gpu`` 1 (else the row is a problem). It is
-  kept on ``TraceJob.gpu_milli``; the simulator still gives such a pod a whole GPU.
+  kept on ``TraceJob.gpu_milli``; on a fleet with shared GPUs the simulator asks for a
+  share of one (``sim/shares.py``; ``gpufleet simulate --shared-gpus``), else a whole GPU.
 - Times: submit = ``creation_time``; duration = ``deletion_time - scheduled_time`` when
   the pod was scheduled, else ``deletion_time - creation_time`` (the published lists give
   every pod that ran a ``scheduled_time``; without one the pod's whole life is the best
