@@ -65,6 +65,8 @@ class FakeGi:
     name: str = ""
     """The profile's name in the MIG device name ("1g.10gb")."""
     cis: list[FakeCi] = field(default_factory=list)
+    used_mb: int = 0
+    """Memory in use on the instance (what ``nvmlDeviceGetMemoryInfo`` on its MIG device says)."""
 
 
 class c_nvmlGpuInstancePlacement_t(ctypes.Structure):  # pynvml's name and fields
@@ -147,7 +149,7 @@ class FakeNvml:
     def _gpu(self, h: Any, what: str) -> FakeGpu:
         if isinstance(h, MigHandle):
             h = h.gpu
-        g = self.gpus[h]
+        g: FakeGpu = self.gpus[h]
         if g.lost:
             raise self.NVMLError(GPU_IS_LOST)
         if what in g.unsupported:
@@ -191,8 +193,10 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
         g = self._gpu(h, "memory")
-        total = self._mig(h)[0].memory_mb if isinstance(h, MigHandle) else g.total_mb
-        return SimpleNamespace(total=total * 1024 * 1024, used=g.used_mb * 1024 * 1024)
+        if isinstance(h, MigHandle):  # the GPU instance's memory, shared by its compute instances
+            gi = self._mig(h)[0]
+            return SimpleNamespace(total=gi.memory_mb * 1024 * 1024, used=gi.used_mb * 1024 * 1024)
+        return SimpleNamespace(total=g.total_mb * 1024 * 1024, used=g.used_mb * 1024 * 1024)
 
     def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
         return [self._gpu(h, "mig").mig, 0]

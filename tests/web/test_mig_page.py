@@ -1,9 +1,11 @@
-"""MIG on the fleet page, against a server of its own (SQLite) and its agent played
-through the sync endpoint: a node whose GPU 1 is cut in three MIG instances, GPU 2 in
-MIG mode with a new layout asked for (7g.80gb) and GPU 3 asked back whole, and a plain
+"""MIG and GPU shares on the fleet page, against a server of its own (SQLite) and its
+agents played through the sync endpoint: a node whose GPU 1 is cut in three MIG
+instances, GPU 2 in MIG mode with a new layout asked for (7g.80gb) and GPU 3 asked back
+whole; a node whose GPU 1 is shared, 75 % of it held by two share jobs; and a plain
 node. The snapshot the page polls carries the instances and the pending layouts of those
-GPUs only; in Chromium GPU 1's tile shows the cuts and its title names the instances,
-and the node panel shows the MIG pills next to the cordon. Saves /tmp/mig_page.png."""
+GPUs only, and the held % of the shared one; in Chromium GPU 1's tile shows the cuts and
+its title names the instances, the node panel shows the MIG pills next to the cordon,
+and the shared GPU's tile and pill say "shared 75 %". Saves /tmp/mig_page.png."""
 
 from __future__ import annotations
 
@@ -14,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from server.conftest import ADMIN_TOKEN, Server, make_pool, ok, start_server, stop_server
-from server.playnode import join_token, sync
+from server.conftest import ADMIN_TOKEN, Server, make_pool, make_team, ok, start_server, stop_server
+from server.playnode import join_token, placed, submit, sync
 from web.conftest import sign_in
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (Python package) not installed")
 
 MODEL = "NVIDIA H100 80GB HBM3"
-NODE, PLAIN = "mig-node-001", "plain-node-002"
+NODE, PLAIN, SHARE = "mig-node-001", "plain-node-002", "share-node-003"
 # GPU index -> its instances as the agent reports them: (profile, first memory slice, slices)
 LAYOUTS: dict[int, list[tuple[str, int, int]]] = {
     1: [("3g.40gb", 4, 4), ("2g.20gb", 0, 2), ("2g.20gb", 2, 2)],  # reported out of order
@@ -74,28 +76,36 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     srv = start_server(f"sqlite:///{tmp_path_factory.mktemp('mig') / 'gpufleet.db'}")
     try:
         pool = make_pool(srv)
-        for name, mig in ((NODE, True), (PLAIN, False)):
+        for name, mig in ((NODE, True), (PLAIN, False), (SHARE, False)):
             with srv.client() as c:
                 ok(c.put(f"/nodes/{name}", json={"pool": pool, "gpus": _gpus(name, mig=False)}))
             body = {"gpus": _gpus(name, mig=mig), "telemetry": _telemetry(25.0), "jobs": []}
             sync(srv, name, body, token=join_token(srv, name))
         with srv.client() as c:
+            ok(c.put(f"/nodes/{SHARE}/gpus/1/share", json={"shared": True}))
+        team = make_team(srv)
+        jobs = [submit(srv, gpu_fraction=part, pool=pool, team=team) for part in (0.5, 0.25)]
+        with srv.client() as c:
             ok(c.put(f"/nodes/{NODE}/gpus/2/mig", json={"layout": ["7g.80gb"]}))
             ok(c.put(f"/nodes/{NODE}/gpus/3/mig", json={"whole": True}))
             gpus = ok(c.get(f"/nodes/{NODE}"))["gpus"]
         assert [g["cordoned"] for g in gpus] == [False, False, True, True], gpus
+        for job in jobs:
+            placed(srv, job["id"])
         yield Fleet(server=srv, cordon={i: gpus[i]["cordon_reason"] for i in (2, 3)})
     finally:
         stop_server(srv)
 
 
 def _snapshot(srv: Server) -> dict[str, dict[str, Any]]:
-    """The page's snapshot by node, once it shows the pending layouts (cached a second)."""
+    """The page's snapshot by node, once it shows the pending layouts and the shares
+    (cached a second)."""
     deadline = time.monotonic() + 10
     with srv.client() as c:
         while True:
             by = {n["name"]: n for n in ok(c.get("/fleet/snapshot"))["nodes"]}
-            if by[NODE].get("mig_pending") or time.monotonic() > deadline:
+            shown = by[NODE].get("mig_pending") and by[SHARE]["gpus"][1][7:] == [75]
+            if shown or time.monotonic() > deadline:
                 return by
 
 
@@ -111,6 +121,12 @@ def test_the_snapshot_carries_mig_of_the_gpus_that_have_it(fleet: Fleet) -> None
     assert node["cordoned_gpus"] == {"2": fleet.cordon[2], "3": fleet.cordon[3]}
     assert "mig" not in plain and "mig_pending" not in plain  # nothing for a node without MIG
     assert [g[0] for g in plain["gpus"]] == [0, 1, 2, 3]
+    # a shared GPU: flag 16 and an eighth number, the % its jobs hold; no other GPU has either
+    rows = [g for n in by.values() for g in n["gpus"]]
+    shared = by[SHARE]["gpus"][1]
+    assert shared[5] & (16 | 8) == 16 | 8 and shared[7] == 75, shared
+    assert [len(g) for g in rows if g is not shared] == [7] * (len(rows) - 1)
+    assert not any(g[5] & 16 for g in rows if g is not shared)
 
 
 def test_tiles_and_node_panel_show_the_slices(page: Any, fleet: Fleet) -> None:
@@ -155,6 +171,20 @@ def test_tiles_and_node_panel_show_the_slices(page: Any, fleet: Fleet) -> None:
     sync_api.expect(rows.nth(3).locator(".pill.mig-pending")).to_have_text("MIG → whole GPU pending")
     assert rows.nth(0).locator(".pill").count() == 0
     sync_api.expect(page.locator("#node-body .attn")).to_contain_text(f"GPU 2 cordoned: {fleet.cordon[2]}")
+
+    # the shared GPU: a foot bar filled to 75 %, the title and the node's label say so
+    share_node = page.locator(f"#heatmap .node[data-node='{SHARE}']")
+    shared = share_node.locator(".tile").nth(1)
+    sync_api.expect(shared).to_have_class("tile shared")
+    assert shared.locator(".share-fill").get_attribute("style") == "width:75%"
+    assert (shared.get_attribute("title") or "").startswith(f"{SHARE} GPU 1: shared, 75 % held · ")
+    assert "GPU 1: shared, 75 % held" in (share_node.get_attribute("aria-label") or "")
+    assert share_node.locator(".tile").nth(0).locator("i").count() == 0
+    share_node.click()
+    sync_api.expect(page.locator("#node-title")).to_have_text(SHARE)
+    rows = page.locator("#node-body table").first.locator("tbody tr")
+    sync_api.expect(rows.nth(1).locator(".pill.shared")).to_have_text("shared 75 %")
+    assert rows.nth(0).locator(".pill").count() == 0
 
     page.wait_for_timeout(300)
     page.screenshot(path="/tmp/mig_page.png")

@@ -180,7 +180,7 @@ def read_chunk(path: Path, offset: int, limit: int) -> tuple[int, str] | None:
 
 def telemetry_row(s: GpuSample, reasons: tuple[str, ...], inv: NodeInventory) -> dict[str, Any]:
     info = next((g for g in inv.gpus if g.index == s.index), None)
-    return {
+    row: dict[str, Any] = {
         "index": s.index,
         "utilization_pct": s.utilization_pct,
         "memory_used_mb": s.memory_used_mb,
@@ -201,6 +201,9 @@ def telemetry_row(s: GpuSample, reasons: tuple[str, ...], inv: NodeInventory) ->
         "lost": s.lost,
         "health": list(reasons),
     }
+    if s.mig_instances:  # only then: an older server refuses the key (extra="forbid")
+        row["mig_instances"] = [dataclasses.asdict(m) for m in s.mig_instances[:7]]
+    return row
 
 
 def mig_instance_row(m: MigInstance) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from gpufleet.agent.probe import (
     GpuSample,
     MigError,
     MigInstance,
+    MigSample,
     NodeInventory,
     ProbeError,
     host_resources,
@@ -99,6 +100,7 @@ class NvmlProbe:
         self._call(self.lib.nvmlInit, what="initialise NVML (is the NVIDIA driver installed?)")
         self._handles: list[Any] = []
         self._events: Any = None
+        self._mig_sample_warned: set[int] = set()
         try:
             count = int(self._call(self.lib.nvmlDeviceGetCount, what="count GPUs"))
             self._handles = [
@@ -500,7 +502,39 @@ class NvmlProbe:
             xid_events=xids,
             pcie_replay=self._field(lib.nvmlDeviceGetPcieReplayCounter, h),
             retired_pages=self._retired_pages(h),
+            mig_instances=self._mig_samples(i, h),
         )
+
+    def _mig_samples(self, i: int, h: Any) -> tuple[MigSample, ...]:
+        """Memory used and total of each MIG instance of a GPU in MIG mode, one per GPU
+        instance (its compute instances share its memory), by GPU instance id; () when MIG
+        is off or the driver cannot tell: the GPU's own sample never fails over its
+        instances. No utilisation: see ``MigSample``. A GPU that fell off the bus is still
+        ``_Lost``."""
+        lib = self.lib
+        mode = self._field(lib.nvmlDeviceGetMigMode, h)
+        if mode is None or not mode[0]:
+            return ()
+        out: dict[int, MigSample] = {}
+        try:
+            count = self._field(lib.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+            for k in range(int(count)):
+                m = self._field(lib.nvmlDeviceGetMigDeviceHandleByIndex, h, k, missing=NOT_FOUND)
+                gi = None if m is None else self._field(lib.nvmlDeviceGetGpuInstanceId, m)
+                if gi is None or int(gi) in out:
+                    continue
+                mem = self._field(lib.nvmlDeviceGetMemoryInfo, m)
+                out[int(gi)] = MigSample(
+                    gpu_instance_id=int(gi),
+                    memory_used_mb=None if mem is None else int(mem.used) // (1024 * 1024),
+                    memory_total_mb=None if mem is None else int(mem.total) // (1024 * 1024),
+                )
+        except ProbeError as exc:
+            if i not in self._mig_sample_warned:  # once per GPU: samples come every few seconds
+                self._mig_sample_warned.add(i)
+                log.warning("GPU %d: no MIG instance telemetry: %s", i, exc)
+            return ()
+        return tuple(out[gi] for gi in sorted(out))
 
     def _retired_pages(self, h: Any) -> int | None:
         """Pages retired for multiple single-bit and for double-bit ECC errors (None where

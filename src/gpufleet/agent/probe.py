@@ -105,6 +105,21 @@ class HostProbe:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MigSample:
+    """One MIG instance's memory at one moment (NVML's memory info on the MIG device's
+    handle: its GPU instance's memory, which the instance's compute instances share).
+
+    No utilisation: NVML reports none per MIG instance (``nvmlDeviceGetUtilizationRates``
+    is not supported on a MIG device, nor on its parent in MIG mode); dcgm-exporter gets
+    it from DCGM's profiling counters (``DCGM_FI_PROF_GR_ENGINE_ACTIVE``), which gpufleet
+    does not read. A reading the device does not give is None, never an estimate."""
+
+    gpu_instance_id: int
+    memory_used_mb: int | None = None
+    memory_total_mb: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuSample:
     """One GPU's telemetry at one moment. ``xid_events`` are the XID codes seen since
     the previous sample; the ECC and PCIe replay counters are cumulative."""
@@ -124,6 +139,8 @@ class GpuSample:
     retired_pages: int | None = None
     """Pages retired for ECC errors (single- plus double-bit), cumulative."""
     lost: bool = False
+    mig_instances: tuple[MigSample, ...] = ()
+    """Per MIG instance of a GPU in MIG mode, by GPU instance id (empty otherwise)."""
 
 
 @runtime_checkable

@@ -10,7 +10,10 @@ removes them (and lets the temperature fall back).
 MIG: ``mig`` gives GPU index -> a layout (``gpufleet.mig`` profile names; empty: MIG
 mode on, no instances). Those GPUs report MIG mode on and their instances, placed as
 ``mig.place_layout`` places them, with UUIDs derived from node, GPU and placement;
-``apply_mig_layout`` replaces a layout as ``NvmlProbe.apply_mig_layout`` does.
+``apply_mig_layout`` replaces a layout as ``NvmlProbe.apply_mig_layout`` does. Their
+samples carry each instance's memory, used in the share the whole GPU's memory is (so it
+follows the GPU's load: the load is per GPU, a held slice loads its GPU); no utilisation
+per instance, as NVML gives none (``probe.MigSample``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpufleet import mig as migtable
-from gpufleet.agent.probe import GpuInfo, GpuSample, MigError, MigInstance, NodeInventory
+from gpufleet.agent.probe import GpuInfo, GpuSample, MigError, MigInstance, MigSample, NodeInventory
 from gpufleet.server.clock import Clock, SystemClock
 
 IDLE_C = 32.0
@@ -257,4 +260,12 @@ class SimulatedProbe:
             xid_events=xids,
             pcie_replay=g.replay,
             retired_pages=g.retired,
+            mig_instances=tuple(
+                MigSample(
+                    gpu_instance_id=m.gpu_instance_id,
+                    memory_used_mb=m.memory_mb * mem // self.spec.memory_mb if self.spec.memory_mb else 0,
+                    memory_total_mb=m.memory_mb,
+                )
+                for m in self._mig.get(index, ())
+            ),
         )

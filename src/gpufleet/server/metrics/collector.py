@@ -16,6 +16,28 @@ DCGM names, units and meaning (``dcgm-exporter``'s default counters):
 Labels: ``gpu`` (index), ``UUID``, ``device`` (``nvidiaN``), ``modelName``, ``Hostname``
 (the node name). A GPU without telemetry yet has no DCGM series.
 
+MIG instances (``FleetView.gpus``' ``mig_devices``, as the node's inventory reports them),
+with the GPU's labels and, as dcgm-exporter labels a MIG device, ``GPU_I_ID`` and
+``GPU_I_PROFILE`` (and ``mig_uuid``):
+
+=============================================  =============================================
+``gpufleet_mig_instance``                      1 per instance
+``gpufleet_mig_instance_allocated``            1 while a job holds it, else 0
+``gpufleet_mig_instance_memory_used_bytes``    its memory in use (its agent's telemetry; an
+                                               older agent sends none: no series)
+``gpufleet_mig_instance_memory_total_bytes``   its memory (the same telemetry)
+``gpufleet_mig_instance_power_watts``          an estimate: the GPU's power x compute slices
+                                               / 7 (NVML measures no power per instance; the
+                                               ledger charges a slice's energy by this rule)
+=============================================  =============================================
+
+No utilisation per instance: NVML has none (dcgm-exporter reads DCGM's profiling
+counters, ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``; gpufleet does not).
+
+GPU shares, per GPU an operator marked shared, with the GPU's DCGM labels:
+``gpufleet_gpu_shared`` (1) and ``gpufleet_gpu_share_allocated_ratio`` (share units its
+jobs hold / ``migindex.SHARE_UNITS``: 0.75 when jobs hold 75 % of it).
+
 Usage and cost (``FleetView.spend``: the ledger, refreshed every ``ViewCache.spend_ttl_s``)
 are this calendar month's, in the finance time zone (the price schedule's; UTC without
 one), so they fall back to 0 when a month begins; every team has them:
@@ -71,6 +93,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from gpufleet.migindex import SHARE_UNITS, slice_model, slice_share_of
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.dispatch import NodeBell
 from gpufleet.server.loops.runner import Runner
@@ -82,6 +105,7 @@ from gpufleet.server.services.dashboard import FleetView
 from gpufleet.server.services.fleetservices import ServiceInfo
 
 DCGM_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
+MIB = 1024 * 1024
 DCGM = (
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
     ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
@@ -151,22 +175,66 @@ class FleetCollector(Collector):
             put("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", t.ecc_dbe)
         yield from fams.values()
         yield from self._mig(view)
+        yield from self._shares(view)
 
     def _mig(self, view: FleetView) -> Iterator[Metric]:
         """One series per MIG instance, labelled as dcgm-exporter labels MIG devices
-        (``GPU_I_ID``, ``GPU_I_PROFILE`` beside the GPU's own labels)."""
+        (``GPU_I_ID``, ``GPU_I_PROFILE`` beside the GPU's own labels); the readings join
+        the agent's telemetry to the inventory by GPU instance id."""
         labels = [*DCGM_LABELS, "GPU_I_ID", "GPU_I_PROFILE", "mig_uuid"]
-        info = GaugeMetricFamily("gpufleet_mig_instance", "1 per MIG instance of a GPU.", labels=labels)
-        held = GaugeMetricFamily(
-            "gpufleet_mig_instance_allocated", "1 if a job holds the MIG instance, else 0.", labels=labels
+
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        info = gauge("gpufleet_mig_instance", "1 per MIG instance of a GPU.")
+        held = gauge("gpufleet_mig_instance_allocated", "1 if a job holds the MIG instance, else 0.")
+        used = gauge("gpufleet_mig_instance_memory_used_bytes", "Memory in use on the MIG instance (bytes).")
+        total = gauge("gpufleet_mig_instance_memory_total_bytes", "Memory of the MIG instance (bytes).")
+        power = gauge(
+            "gpufleet_mig_instance_power_watts",
+            "Estimated power of the MIG instance (W): its GPU's power draw x its compute slices / 7, "
+            "as the ledger charges its energy (NVML measures no power per instance).",
         )
+        store = self.hot.telemetry
         for g in view.gpus:
+            if not g.mig_devices:
+                continue
+            tel = store.get(g.node)
+            t = tel.gpus.get(g.index) if tel is not None else None
+            t = None if t is None or t.lost else t
+            mem = {m.gpu_instance_id: m for m in t.mig_instances} if t is not None else {}
             for uuid, profile, gi, index in g.mig_devices:
                 lv = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, g.node, str(gi), profile, uuid]
                 info.add_metric(lv, 1.0)
                 held.add_metric(lv, 1.0 if (g.node, index) in view.held_slices else 0.0)
-        yield info
-        yield held
+                m = mem.get(gi)
+                if m is not None and m.memory_used_mb is not None:
+                    used.add_metric(lv, m.memory_used_mb * MIB)
+                if m is not None and m.memory_total_mb is not None:
+                    total.add_metric(lv, m.memory_total_mb * MIB)
+                if t is not None and t.power_w is not None:
+                    power.add_metric(lv, t.power_w * slice_share_of(slice_model(g.model, profile)))
+        yield from (info, held, used, total, power)
+
+    def _shares(self, view: FleetView) -> Iterator[Metric]:
+        """Per shared GPU: that it is shared, and how much of it its jobs hold."""
+        shared = GaugeMetricFamily(
+            "gpufleet_gpu_shared",
+            "1 per GPU an operator marked shared (it takes GPU shares, never a whole-GPU job).",
+            labels=DCGM_LABELS,
+        )
+        ratio = GaugeMetricFamily(
+            "gpufleet_gpu_share_allocated_ratio",
+            f"Share of a shared GPU its jobs hold: their units / {SHARE_UNITS} (a unit is 1 % of its "
+            "compute and memory).",
+            labels=DCGM_LABELS,
+        )
+        for g in view.gpus:
+            if g.shared:
+                lv = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, g.node]
+                shared.add_metric(lv, 1.0)
+                ratio.add_metric(lv, view.held_units.get((g.node, g.index), 0) / SHARE_UNITS)
+        yield from (shared, ratio)
 
     def _fleet(self, view: FleetView) -> Iterator[Metric]:
         nodes = {n.name: n for n in view.nodes}

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.api.fleet import FleetSnapshot, NodeHistory, NodeJob, SnapshotNode
 from gpufleet.api.nodes import GpuTelemetry
-from gpufleet.migindex import SLICE_BASE, device_gpu, slice_index
+from gpufleet.migindex import SHARE_UNITS, device_gpu, share_of, slice_index, slice_of, wants_share
 from gpufleet.scheduler import JobRequest
 from gpufleet.server import ledger
 from gpufleet.server.agentstate import AgentState
@@ -51,7 +51,7 @@ HOT_C = 85.0
 """A GPU at or above this temperature is *hot* (page marker and the GpuHot alert)."""
 
 # Bits of a GPU's flags in the snapshot (the page's tile markers).
-HOT, ERROR, CORDONED, BUSY = 1, 2, 4, 8
+HOT, ERROR, CORDONED, BUSY, SHARED = 1, 2, 4, 8, 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +85,8 @@ class GpuInfo:
     """A MIG layout asked for and not yet applied, by profile (empty: the whole GPU, MIG off)."""
     mig_devices: tuple[MigDevice, ...] = ()
     """Its MIG instances as ``/metrics`` labels them: (UUID, profile, GPU instance id, slice index)."""
+    shared: bool = False
+    """An operator marked it shared: it takes GPU shares (``migindex.SHARE_UNITS`` units)."""
 
 
 MigDevice = tuple[str, str, int, int]
@@ -165,8 +167,9 @@ class FleetView:
     jobs: dict[str, int]
     """jobs by state"""
     queues: tuple[QueueStat, ...]
-    team_gpus: dict[str, int] = field(default_factory=dict)
-    """GPUs held by each team's running jobs"""
+    team_gpus: dict[str, float] = field(default_factory=dict)
+    """GPUs held by each team's running jobs (a GPU share as its part of a GPU, as quotas
+    count it: units / ``SHARE_UNITS``)"""
     reservations: tuple[ReservationUse, ...] = ()
     spend: tuple[TeamSpend, ...] = ()
     """every team, by name"""
@@ -176,6 +179,8 @@ class FleetView:
     """the price schedule in force (None: no prices), refreshed with ``spend``"""
     held_slices: dict[tuple[str, int], int] = field(default_factory=dict)
     """(node, MIG slice index) -> job id holding that slice"""
+    held_units: dict[tuple[str, int], int] = field(default_factory=dict)
+    """(node, shared GPU index) -> share units its jobs hold (a GPU without any: absent)"""
 
 
 def load_view(
@@ -222,6 +227,7 @@ def load_view(
             GpuRow.mig_enabled,
             GpuRow.mig_instances,
             GpuRow.mig_pending,
+            GpuRow.shared,
         ).order_by(GpuRow.node, GpuRow.index)
         gpus = tuple(
             GpuInfo(
@@ -236,8 +242,9 @@ def load_view(
                 mig=mig_slices(inst) if mig else None,
                 mig_pending=None if pend is None else tuple(str(p) for p in pend),
                 mig_devices=mig_devices(i, inst) if mig else (),
+                shared=bool(shared),
             )
-            for n, i, u, m, mb, h, c, why, mig, inst, pend in s.execute(gq)
+            for n, i, u, m, mb, h, c, why, mig, inst, pend, shared in s.execute(gq)
         )
         allocated = [
             (n, int(i), j)
@@ -248,8 +255,13 @@ def load_view(
             )
             if i is not None
         ]
-        held = {(n, device_gpu(i)): j for n, i, j in allocated}  # a MIG slice's job shows on its GPU
-        held_slices = {(n, i): j for n, i, j in allocated if i >= SLICE_BASE}
+        held = {(n, device_gpu(i)): j for n, i, j in allocated}  # a slice's or share's job shows on its GPU
+        held_slices = {(n, i): j for n, i, j in allocated if slice_of(i) is not None}
+        held_units: dict[tuple[str, int], int] = {}
+        for node, i, _ in allocated:
+            unit = share_of(i)
+            if unit is not None:
+                held_units[(node, unit[0])] = held_units.get((node, unit[0]), 0) + 1
         jobs: dict[str, int] = {}
         queues: list[QueueStat] = []
         q = select(Job.pool, Job.state, func.count(), func.min(Job.pending_since)).group_by(
@@ -260,12 +272,15 @@ def load_view(
             if state == JobState.PENDING:
                 queues.append(QueueStat(pool=pool, pending=int(n), oldest_since=oldest))
         tq = (
-            select(Team.name, func.sum(Job.gpus))
+            select(Team.name, Job.gpu_type, func.sum(Job.gpus))
             .join(Job, Job.team_id == Team.id)
             .where(Job.state.in_([str(JobState.SCHEDULED), str(JobState.RUNNING)]))
-            .group_by(Team.name)
+            .group_by(Team.name, Job.gpu_type)
         )
-        team_gpus = {t: int(n or 0) for t, n in s.execute(tq)}
+        team_gpus: dict[str, float] = {}
+        for t, gpu_type, n in s.execute(tq):  # a share job's ``gpus`` are its units
+            per_gpu = SHARE_UNITS if wants_share(gpu_type) else 1
+            team_gpus[t] = team_gpus.get(t, 0.0) + int(n or 0) / per_gpu
         reservations = load_reservations(s, now=now, held=held)
         services = load_services(s)
     return FleetView(
@@ -274,6 +289,7 @@ def load_view(
         gpus=gpus,
         held=held,
         held_slices=held_slices,
+        held_units=held_units,
         jobs=dict(sorted(jobs.items())),
         queues=tuple(sorted(queues, key=lambda x: x.pool)),
         team_gpus=team_gpus,
@@ -406,7 +422,7 @@ class ViewCache:
 def gpu_flags(*, gpu: GpuInfo, node: NodeInfo, hot: AgentState, busy: bool) -> int:
     tel = hot.telemetry.get(gpu.node)
     t = tel.gpus.get(gpu.index) if tel is not None else None
-    flags = BUSY if busy else 0
+    flags = (BUSY if busy else 0) | (SHARED if gpu.shared else 0)
     if node.cordoned or gpu.cordoned:
         flags |= CORDONED
     if t is not None and t.temperature_c is not None and t.temperature_c >= HOT_C:
@@ -423,11 +439,13 @@ def _faulty(t: GpuTelemetry) -> bool:
 
 
 def snapshot(view: FleetView, hot: AgentState) -> FleetSnapshot:
-    """Per GPU: [index, util %, temp C, memory used MiB, memory MiB, flags, job id]. The
-    cordon reasons ride along (the node's, and each GPU cordoned on its own), so the
-    page's node panel explains a hatched tile from the same read as the heatmap; so do
-    the MIG instances and pending layouts of the GPUs that have them (a node without
-    any carries neither: ``SnapshotNode`` leaves empty ones out of the JSON)."""
+    """Per GPU: [index, util %, temp C, memory used MiB, memory MiB, flags, job id], and
+    for a shared GPU (flag ``SHARED``) an eighth number: the % of it its jobs hold (the
+    job id is then one of them). The cordon reasons ride along (the node's, and each GPU
+    cordoned on its own), so the page's node panel explains a hatched tile from the same
+    read as the heatmap; so do the MIG instances and pending layouts of the GPUs that
+    have them (a node without any carries neither: ``SnapshotNode`` leaves empty ones out
+    of the JSON)."""
     per: dict[str, list[GpuInfo]] = {}
     for g in view.gpus:
         per.setdefault(g.node, []).append(g)
@@ -438,17 +456,18 @@ def snapshot(view: FleetView, hot: AgentState) -> FleetSnapshot:
         for g in per.get(n.name, []):
             t = tel.gpus.get(g.index) if tel is not None else None
             job = view.held.get((n.name, g.index))
-            rows.append(
-                [
-                    g.index,
-                    None if t is None else t.utilization_pct,
-                    None if t is None else t.temperature_c,
-                    None if t is None else t.memory_used_mb,
-                    g.memory_mb,
-                    gpu_flags(gpu=g, node=n, hot=hot, busy=job is not None),
-                    job,
-                ]
-            )
+            row: list[float | int | None] = [
+                g.index,
+                None if t is None else t.utilization_pct,
+                None if t is None else t.temperature_c,
+                None if t is None else t.memory_used_mb,
+                g.memory_mb,
+                gpu_flags(gpu=g, node=n, hot=hot, busy=job is not None),
+                job,
+            ]
+            if g.shared:
+                row.append(round(100 * view.held_units.get((n.name, g.index), 0) / SHARE_UNITS))
+            rows.append(row)
         model = per[n.name][0].model if per.get(n.name) else ""
         cordons = {g.index: g.cordon_reason or "" for g in per.get(n.name, []) if g.cordoned}
         mig = {g.index: list(g.mig) for g in per.get(n.name, []) if g.mig is not None}

@@ -256,13 +256,29 @@
     Object.keys(cuts).forEach(function (b) { kids.push(el("i", { class: "mig-cut", style: "left:" + (b / 8 * 100) + "%" })); });
     t.replaceChildren.apply(t, kids);
   }
+  /* A shared GPU (flag 16: it takes GPU shares, 1 % units, never a whole-GPU job): the %
+     of it its jobs hold, the snapshot row's eighth number; null for any other GPU. */
+  function shareOf(g) { return g[5] & 16 ? g[7] || 0 : null; }
+  function shareText(index, held) { return "GPU " + index + ": shared, " + held + " % held"; }
+  /* A bar along a shared GPU's foot, filled as far as its jobs hold it (a track shows the
+     rest), so "shared, three quarters taken" reads at a glance. Rebuilt only on change;
+     held null removes it (and nothing else: the GPU may be in MIG mode now). */
+  function drawShare(t, held) {
+    var key = held === null ? "" : String(held);
+    if ((t.dataset.share || "") === key) return;
+    t.querySelectorAll(".share-track, .share-fill").forEach(function (x) { x.remove(); });
+    if (!key) { delete t.dataset.share; return; }
+    t.dataset.share = key;
+    t.append(el("i", { class: "share-track" }), el("i", { class: "share-fill", style: "width:" + held + "%" }));
+  }
   function describeGpu(node, g) {
-    var parts = [node.name + " GPU " + g[0]], mig = migOf(node, g[0]);
+    var parts = [node.name + " GPU " + g[0]], mig = migOf(node, g[0]), share = shareOf(g);
     if (mig) parts[0] = node.name + " " + migText(g[0], mig);
+    if (share !== null) parts[0] = node.name + " " + shareText(g[0], share);
     parts.push(g[1] === null ? "no telemetry" : Math.round(g[1]) + "% util");
     if (g[2] !== null) parts.push(Math.round(g[2]) + " °C");
     if (g[3] !== null) parts.push(Math.round(g[3] / 1024) + " / " + Math.round(g[4] / 1024) + " GiB");
-    if (g[6] !== null) parts.push("job " + g[6]);
+    if (g[6] !== null) parts.push((share !== null ? "jobs incl. " : "job ") + g[6]);
     var svc = g[6] !== null ? S.svcJobs.get(g[6]) : undefined;
     if (svc) parts.push(svcText(svc));
     if (g[5] & 1) parts.push("HOT");
@@ -275,9 +291,11 @@
     var busy = 0, sum = 0, k = 0, served = 0, att = GF.nodeAttention(n), migs = [];
     n.gpus.forEach(function (g, i) {
       var t = ref.tiles[i]; if (!t) return;
-      var mig = migOf(n, g[0]);
+      var mig = migOf(n, g[0]), share = shareOf(g);
       if (mig) migs.push(migText(g[0], mig));
+      if (share !== null) migs.push(shareText(g[0], share));
       if (mig || t.dataset.mig) drawMig(t, mig);
+      if (share !== null || t.dataset.share) drawShare(t, share);
       var c = GF.utilColor(g[1]);
       t.style.background = c || "";
       var cls = "tile";
@@ -288,6 +306,7 @@
       if (g[6] !== null && S.svcJobs.has(g[6])) { cls += " svc"; served++; }
       if (mig && mig.slices) cls += " mig";
       if (mig && mig.pending !== null) cls += " mig-pending";
+      if (share !== null) cls += " shared";
       if (t.className !== cls) t.className = cls;
       t.title = describeGpu(n, g);
       if (g[5] & 8) busy++;
@@ -418,6 +437,9 @@
       breakable("MIG " + (mig.slices.length ? migProfiles(mig, "·") : "(no instances)"))));
     if (mig && mig.pending !== null) out.push(el("span", { class: "pill mig-pending", title: "asked for, not yet applied; " + cordonWhy(node, g[0]) },
       breakable("MIG → " + migPendingText(mig, "·") + " pending")));
+    var share = shareOf(g);
+    if (share !== null) out.push(el("span", { class: "pill shared", text: "shared " + share + " %",
+      title: "takes GPU shares (1 % units of its compute and memory), never a whole-GPU job; its jobs hold " + share + " %" }));
     if (g[5] & 4) out.push(el("span", { class: "pill cordoned", title: cordonWhy(node, g[0]), text: "cordoned" }));
     if (g[5] & 2) out.push(el("span", { class: "pill error", text: "error" }));
     if (g[5] & 1) out.push(el("span", { class: "pill hot", text: "hot" }));
