@@ -7,6 +7,12 @@ cluster CA, for an https:// server whose certificate gpufleet's CA signed), else
 written by ``gpufleet login`` (``<user config dir>/gpufleet/config.json``, mode 0600).
 Pass ``transport=`` (e.g. ``httpx.MockTransport``) to test without a server.
 
+Several servers (``GPUFLEET_URL=http://a:8080,http://b:8080``: one cluster's servers,
+any of which answers any call): a request goes to the one that answered last, and moves
+on to the next when it never reached it; one that may have reached it moves on only if
+it is repeatable (GET, PUT, DELETE; ``failover.py`` has the rule), so a ``POST /v1/jobs``
+that timed out is an error naming the servers tried, never a second job.
+
 A 429 (rate limit, busy lane) is waited out and retried, ``Retry-After`` seconds at a
 time, for up to ``max_wait_s`` in all: the server refuses a request with 429 before it
 does anything, so a retry never repeats a write. List methods follow ``next_cursor`` to
@@ -20,12 +26,23 @@ import json
 import os
 import ssl
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import platformdirs
+
+from gpufleet.failover import (
+    CONNECT_TIMEOUT_S,
+    PROXY_DOWN,
+    Servers,
+    failure_of,
+    parse_urls,
+    proxy_failure,
+)
+from gpufleet.failover import repeatable as method_repeatable
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -57,6 +74,7 @@ def config_path() -> Path:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Connection:
     url: str
+    """One server URL, or several comma-separated (``parse_urls``)."""
     token: str | None
     ca_file: str | None = None
 
@@ -107,9 +125,12 @@ def _job_filters(
 
 
 class GpufleetClient:
+    """``url``: one server URL, or several (a sequence, or comma-separated) of one
+    cluster, failed over between as ``failover.py`` says."""
+
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         token: str | None,
         *,
         timeout: float = 30.0,
@@ -117,16 +138,25 @@ class GpufleetClient:
         max_wait_s: float = 60.0,
         ca_file: str | None = None,
     ) -> None:
+        try:
+            urls = parse_urls(url)
+        except ValueError as exc:
+            raise ClientError(f"server URL: {exc}") from exc
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.url = url.rstrip("/")
+        self.servers = Servers(urls)
         self.max_wait_s = max_wait_s
+        connect = min(timeout, CONNECT_TIMEOUT_S) if len(urls) > 1 else timeout
         self._http = httpx.Client(
-            base_url=self.url + "/v1",
             headers=headers,
-            timeout=timeout,
+            timeout=httpx.Timeout(timeout, connect=connect),
             transport=transport,
             verify=tls_verify(ca_file),
         )
+
+    @property
+    def url(self) -> str:
+        """The server that answered last (before any did, the first given)."""
+        return self.servers.current
 
     @classmethod
     def from_env(cls) -> GpufleetClient:
@@ -143,10 +173,13 @@ class GpufleetClient:
         self.close()
 
     # -- transport --------------------------------------------------------------------------
-    def request(self, method: str, path: str, **kw: Any) -> Any:
+    def request(self, method: str, path: str, *, repeatable: bool | None = None, **kw: Any) -> Any:
+        """``repeatable``: whether the request may be sent to another server after it may
+        have reached one (default: by its method, ``failover.repeatable``)."""
+        again = method_repeatable(method) if repeatable is None else repeatable
         waited = 0.0
         while True:
-            resp = self._send(method, path, **kw)
+            resp = self._send(method, path, repeatable=again, **kw)
             pause = _retry_after(resp)
             if pause is None or waited + pause > self.max_wait_s:
                 break
@@ -159,13 +192,26 @@ class GpufleetClient:
         except ValueError as exc:
             raise ClientError(f"server {self.url} sent a non-JSON answer ({resp.status_code})") from exc
 
-    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            return self._http.request(method, path, **kw)
-        except httpx.TimeoutException as exc:
-            raise ClientError(f"server {self.url} did not answer in time") from exc
-        except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach server {self.url} ({exc.__class__.__name__}: {exc})") from exc
+    def _send(self, method: str, path: str, *, repeatable: bool, **kw: Any) -> httpx.Response:
+        """The first answer from the servers in turn. A proxy's 502/503/504 after which
+        the walk ends is an error naming the servers tried; with one server, the answer
+        (as it always was)."""
+        walk = self.servers.walk(repeatable=repeatable)
+        error: httpx.HTTPError | None = None
+        for url in walk:
+            try:
+                resp = self._http.request(method, f"{url}/v1{path}", **kw)
+            except httpx.HTTPError as exc:
+                error = exc
+                walk.failed(url, failure_of(exc))
+                continue
+            if resp.status_code in PROXY_DOWN and len(self.servers.urls) > 1:
+                if walk.failed(url, proxy_failure(resp.status_code)):
+                    continue
+                raise ClientError(walk.message(), status=resp.status_code, detail=_detail(resp))
+            walk.answered(url)
+            return resp
+        raise ClientError(walk.message()) from error
 
     def _get(self, model: type[M], method: str, path: str, **kw: Any) -> M:
         from pydantic import ValidationError
@@ -306,7 +352,8 @@ class GpufleetClient:
     def sync_node(self, name: str, body: dict[str, Any]) -> SyncReply:
         from gpufleet.api.nodes import SyncReply
 
-        return self._get(SyncReply, "POST", f"/nodes/{name}/sync", json=body)
+        # a sync is idempotent (server/services/sync.py): safe to send again elsewhere
+        return self._get(SyncReply, "POST", f"/nodes/{name}/sync", repeatable=True, json=body)
 
     # -- accounts and pools -------------------------------------------------------------------
     def whoami(self) -> UserOut:

@@ -5,12 +5,20 @@
 for more than ``RENEW_BEFORE_S`` is used as it is; one close to its end is renewed with
 itself as the credential; otherwise (first start, another node's certificate, expired)
 the join token buys a new one. Errors are ``AgentTransportError`` with the reason.
+
+Several servers: nothing here is bound to one. The certificate is signed by the cluster
+CA, which every server trusts, so it is asked of the first server that answers. The
+request is not idempotent (each one issues and records a certificate), so like any post
+it moves on to the next server only when it never reached one (``failover.py``); after
+a timeout the agent stops with the error, and its next start asks again (a certificate
+whose answer was lost is never used; ``gpufleet node revoke`` ends it with the rest).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -31,7 +39,7 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 
 def ensure_certificate(
     *,
-    url: str,
+    url: str | Sequence[str],
     node: str,
     directory: Path,
     token: str | None,
@@ -39,7 +47,8 @@ def ensure_certificate(
     now: float | None = None,
     transport: httpx.BaseTransport | None = None,
 ) -> tuple[str, str]:
-    """(certificate file, key file) for ``node``, requesting one when needed."""
+    """(certificate file, key file) for ``node``, requesting one when needed; ``url``: the
+    server, or several of one cluster (the first that answers issues it)."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     directory.chmod(0o700)
     crt, key_file = directory / "node.crt", directory / "node.key"

@@ -6,14 +6,38 @@ the agent to sync now (``server/dispatch.py``).
 or an operator token); ``AgentTransportError`` carries the HTTP status when there was
 one, so the agent can tell "retry later" from "my credential is refused". Tests pass an
 ``httpx.MockTransport`` or any object with the same ``sync`` method.
+
+Several servers (one cluster's, ``--server http://a:8080,http://b:8080``): each request
+goes to the server that answered last and moves on as ``failover.py`` says. A sync is
+idempotent by design (``server/services/sync.py``: replaying one, or losing its answer,
+leaves the same state and gets the same answer), so it is sent again to the next server
+even after a reset or a timeout, and so is the long-poll (a GET). A long-poll cut by
+its server's death therefore resumes on the next server at once, which answers at once
+(its version is from another boot) and the agent syncs there without waiting for its
+interval. Other posts (a certificate request) move on only when they never reached a
+server. One log line per switch of server.
 """
 
 from __future__ import annotations
 
+import logging
 import ssl
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
+
+from gpufleet.failover import (
+    CONNECT_TIMEOUT_S,
+    PROXY_DOWN,
+    Servers,
+    Switch,
+    failure_of,
+    parse_urls,
+    proxy_failure,
+)
+
+log = logging.getLogger("gpufleet.agent")
 
 
 class AgentTransportError(Exception):
@@ -37,14 +61,15 @@ class WaitTransport(Protocol):
 
 
 class HttpTransport:
-    """``token``: a node credential or operator token (plain HTTP, or TLS without client
+    """``url``: the server, or several of one cluster (a sequence, or comma-separated).
+    ``token``: a node credential or operator token (plain HTTP, or TLS without client
     certificates); ``cert``: the node's certificate and key files (mTLS, ``enroll.py``),
-    sent instead of any token. ``ca_file``: the cluster CA the server's certificate must
-    chain to (default: the system's trust store)."""
+    sent instead of any token: the cluster CA's, good for every server. ``ca_file``: the
+    cluster CA the servers' certificates must chain to (default: the system's trust store)."""
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         token: str | None = None,
         *,
         timeout: float = 30.0,
@@ -52,32 +77,64 @@ class HttpTransport:
         ca_file: str | None = None,
         cert: tuple[str, str] | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        try:
+            self.servers = Servers(parse_urls(url))
+        except ValueError as exc:
+            raise AgentTransportError(f"server URL: {exc}") from exc
         verify: ssl.SSLContext | bool = True
         if ca_file or cert:
             verify = ssl.create_default_context(cafile=ca_file)
             if cert:
                 verify.load_cert_chain(*cert)
-        options: dict[str, Any] = {
-            "base_url": self.url + "/v1",
+        self._options: dict[str, Any] = {
             "headers": {"Authorization": f"Bearer {token}"} if token and not cert else {},
             "transport": transport,
             "verify": verify,
         }
-        self._http = httpx.Client(timeout=timeout, **options)
-        self._options = options
+        self._http = httpx.Client(timeout=self._timeout(timeout), **self._options)
         self._poll: httpx.Client | None = None  # the long-poll's own connection, made on first use
 
+    @property
+    def url(self) -> str:
+        """The server that answered last (before any did, the first given)."""
+        return self.servers.current
+
+    def _timeout(self, seconds: float) -> httpx.Timeout:
+        several = len(self.servers.urls) > 1
+        return httpx.Timeout(seconds, connect=min(seconds, CONNECT_TIMEOUT_S) if several else seconds)
+
+    def _send(self, send: Callable[[str], httpx.Response], *, repeatable: bool) -> httpx.Response:
+        """``send(server URL)``'s first answer from the servers in turn."""
+        walk = self.servers.walk(repeatable=repeatable)
+        error: httpx.HTTPError | None = None
+        for url in walk:
+            try:
+                resp = send(url)
+            except httpx.HTTPError as exc:
+                error = exc
+                walk.failed(url, failure_of(exc))
+                continue
+            if resp.status_code in PROXY_DOWN and len(self.servers.urls) > 1:
+                if walk.failed(url, proxy_failure(resp.status_code)):
+                    continue
+                raise AgentTransportError(walk.message(), status=resp.status_code)
+            _log_switch(walk.answered(url))
+            return resp
+        raise AgentTransportError(walk.message()) from error
+
     def wait(self, node: str, seen: str | None, timeout_s: float) -> str:
+        limit = self._timeout(timeout_s + 10.0)
         if self._poll is None:
-            self._poll = httpx.Client(timeout=timeout_s + 10.0, **self._options)
+            self._poll = httpx.Client(timeout=limit, **self._options)
+        poll = self._poll
         params: dict[str, str | float] = {"timeout": timeout_s}
         if seen is not None:
             params["seen"] = seen
-        try:
-            resp = self._poll.get(f"/nodes/{node}/wait", params=params, timeout=timeout_s + 10.0)
-        except httpx.HTTPError as exc:
-            raise AgentTransportError(f"cannot reach {self.url}: {exc.__class__.__name__}: {exc}") from exc
+
+        def get(url: str) -> httpx.Response:
+            return poll.get(f"{url}/v1/nodes/{node}/wait", params=params, timeout=limit)
+
+        resp = self._send(get, repeatable=True)
         if resp.status_code >= 400:
             raise AgentTransportError(f"long-poll refused ({resp.status_code})", status=resp.status_code)
         try:
@@ -86,13 +143,13 @@ class HttpTransport:
             raise AgentTransportError(f"{self.url} sent a bad long-poll answer") from exc
 
     def sync(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.post(f"/nodes/{node}/sync", body)
+        # idempotent by design (server/services/sync.py): safe to send again to another server
+        return self.post(f"/nodes/{node}/sync", body, repeatable=True)
 
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            resp = self._http.post(path, json=body)
-        except httpx.HTTPError as exc:
-            raise AgentTransportError(f"cannot reach {self.url}: {exc.__class__.__name__}: {exc}") from exc
+    def post(self, path: str, body: dict[str, Any], *, repeatable: bool = False) -> dict[str, Any]:
+        """``POST /v1{path}``; ``repeatable``: it may be sent again to another server
+        after it may have reached one (only what is idempotent)."""
+        resp = self._send(lambda url: self._http.post(f"{url}/v1{path}", json=body), repeatable=repeatable)
         if resp.status_code >= 400:
             detail = ""
             try:
@@ -112,3 +169,8 @@ class HttpTransport:
         self._http.close()
         if self._poll is not None:
             self._poll.close()
+
+
+def _log_switch(switch: Switch | None) -> None:
+    if switch is not None:
+        log.warning("server %s failed (%s): now using %s", switch.old, switch.why, switch.new)

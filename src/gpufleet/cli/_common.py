@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
+    import httpx
+
     from gpufleet.client import ClientError, GpufleetClient
 
 FAILED = 1
@@ -56,12 +58,18 @@ def client() -> Iterator[GpufleetClient]:
     import httpx
 
     from gpufleet.client import ClientError, GpufleetClient, load_connection
+    from gpufleet.failover import parse_urls
 
     try:
         conn = load_connection()
-        # http:// never does TLS: no trust store to load (httpx's default, ~20 ms a command)
-        plain = httpx.HTTPTransport(verify=False) if conn.url.startswith("http://") else None
-        with GpufleetClient(conn.url, conn.token, ca_file=conn.ca_file, transport=plain) as c:
+        try:
+            urls = parse_urls(conn.url)
+        except ValueError as exc:
+            raise ClientError(f"server URL: {exc}") from None
+        # http:// never does TLS: no trust store to load (httpx's default, ~20 ms a command);
+        # one transport serves every server of a list, so only for a list of http:// ones
+        plain = httpx.HTTPTransport(verify=False) if all(u.startswith("http://") for u in urls) else None
+        with GpufleetClient(urls, conn.token, ca_file=conn.ca_file, transport=plain) as c:
             yield c
     except ClientError as exc:
         raise fail(exc.message, exit_code(exc)) from None
@@ -82,36 +90,58 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
 
 
 def stream_logs(job_id: int, *, follow: bool) -> None:
-    """Print a job's output as it arrives (``gpufleet logs``, ``gpufleet service logs``)."""
+    """Print a job's output as it arrives (``gpufleet logs``, ``gpufleet service logs``).
+    Several servers: the first that answers (a GET); a stream cut once output was printed
+    is an error, not a second copy of the output from another server."""
     import httpx
 
     from gpufleet.client import load_connection, tls_verify
+    from gpufleet.failover import PROXY_DOWN, Servers, failure_of, parse_urls, proxy_failure
 
     conn = load_connection()
-    headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else {}
-    url = f"{conn.url.rstrip('/')}/v1/jobs/{job_id}/logs"
     try:
-        with (
-            httpx.Client(
-                headers=headers, timeout=httpx.Timeout(30.0, read=None), verify=tls_verify(conn.ca_file)
-            ) as http,
-            http.stream("GET", url, params={"follow": "true"} if follow else {}) as resp,
-        ):
-            if resp.status_code >= 400:
-                resp.read()
-                detail = ""
+        walk = Servers(parse_urls(conn.url)).walk(repeatable=True)
+    except ValueError as exc:
+        raise fail(f"server URL: {exc}") from None
+    headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else {}
+    params = {"follow": "true"} if follow else {}
+    printed: list[bool] = []
+    try:
+        with httpx.Client(
+            headers=headers, timeout=httpx.Timeout(30.0, read=None), verify=tls_verify(conn.ca_file)
+        ) as http:
+            for server in walk:
                 try:
-                    detail = str(resp.json().get("detail", ""))
-                except ValueError:
-                    detail = resp.text[:200]
-                raise fail(f"{resp.status_code}: {detail}")
-            for text in resp.iter_text():
-                sys.stdout.write(text)
-                sys.stdout.flush()
-    except httpx.HTTPError as exc:
-        raise fail(f"cannot reach server {conn.url} ({exc.__class__.__name__})") from None
+                    with http.stream("GET", f"{server}/v1/jobs/{job_id}/logs", params=params) as resp:
+                        down = resp.status_code in PROXY_DOWN
+                        if down and walk.failed(server, proxy_failure(resp.status_code)):
+                            continue
+                        _print_stream(resp, printed)
+                        return
+                except httpx.HTTPError as exc:
+                    if printed:
+                        raise fail(f"lost server {server} ({exc.__class__.__name__})") from None
+                    walk.failed(server, failure_of(exc))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    raise fail(walk.message())
+
+
+def _print_stream(resp: httpx.Response, printed: list[bool]) -> None:
+    """A log stream's text to stdout (``printed`` gets an item once some was), or its error."""
+    if resp.status_code >= 400:
+        resp.read()
+        detail = ""
+        try:
+            detail = str(resp.json().get("detail", ""))
+        except ValueError:
+            detail = resp.text[:200]
+        raise fail(f"{resp.status_code}: {detail}")
+    for text in resp.iter_text():
+        if not printed:
+            printed.append(True)
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 __all__ = ["BAD_INPUT", "FAILED", "client", "error", "exit_code", "fail", "print_json", "print_table", "warn"]

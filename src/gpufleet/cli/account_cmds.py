@@ -4,33 +4,63 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table
+from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table, warn
 from gpufleet.cli.apps import tokens_app
 from gpufleet.cli.options import json_flag
 from gpufleet.client import ClientError, Connection, GpufleetClient, save_connection
 from gpufleet.timefmt import format_duration
 
+if TYPE_CHECKING:
+    from gpufleet.api.users import UserOut
+
 
 def login(
-    url: str = typer.Argument(..., help="Server URL, e.g. http://127.0.0.1:8080"),
+    urls: list[str] = typer.Argument(
+        ...,
+        help="Server URL, e.g. http://127.0.0.1:8080; several (one cluster's servers, space- or "
+        "comma-separated) to fail over between.",
+        metavar="URL...",
+        show_default=False,
+    ),
     token: str = typer.Option(..., "--token", help="Your API token."),
     ca_file: Path | None = typer.Option(
         None, "--ca-file", help="The cluster CA (ca.crt) for an https:// server gpufleet's CA signed."
     ),
 ) -> None:
-    """Check the token against the server and save url, token and CA file (mode 0600)."""
+    """Check the token against the server and save url, token and CA file (mode 0600).
+
+    Several servers: the token is checked against each (one that cannot be reached now
+    is saved with a warning, one that refuses the token is an error), and commands then
+    use whichever answers (see GPUFLEET_URL)."""
+    from gpufleet.failover import PROXY_DOWN, parse_urls
+
     ca = str(ca_file.resolve()) if ca_file is not None else None
     try:
-        with GpufleetClient(url, token, ca_file=ca) as c:
-            me = c.whoami()
-    except ClientError as exc:
-        raise fail(exc.message) from None
-    except OSError as exc:  # an unreadable or malformed --ca-file
-        raise fail(f"--ca-file: {exc}", BAD_INPUT) from None
-    path = save_connection(Connection(url=url, token=token, ca_file=ca))
+        servers = parse_urls(urls)
+    except ValueError as exc:
+        raise fail(f"server URL: {exc}", BAD_INPUT) from None
+    me: UserOut | None = None
+    for url in servers:
+        try:
+            with GpufleetClient(url, token, ca_file=ca) as c:
+                answer = c.whoami()
+        except ClientError as exc:
+            if len(servers) == 1 or (exc.status is not None and exc.status not in PROXY_DOWN):
+                raise fail(f"{url}: {exc.message}" if len(servers) > 1 else exc.message) from None
+            warn(f"{exc.message}: saved all the same")
+            continue
+        except OSError as exc:  # an unreadable or malformed --ca-file
+            raise fail(f"--ca-file: {exc}", BAD_INPUT) from None
+        if me is not None and answer.name != me.name:
+            raise fail(f"{url} knows this token as {answer.name}, not {me.name}: not one cluster's servers")
+        me = answer
+    if me is None:
+        raise fail("no server answered: nothing saved")
+    path = save_connection(Connection(url=",".join(servers), token=token, ca_file=ca))
     typer.echo(f"logged in as {me.name} ({me.role}); saved to {path}")
 
 

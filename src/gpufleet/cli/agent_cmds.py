@@ -42,6 +42,20 @@ def _local_address(server_url: str) -> str:
         return socket.gethostname()
 
 
+def _servers(given: str) -> tuple[str, ...]:
+    """``--server``'s URLs: one, or a comma list of one cluster's servers, all http:// or
+    all https:// (the agent's credential is a token, or a certificate, for all of them)."""
+    from gpufleet.failover import parse_urls
+
+    try:
+        urls = parse_urls(given)
+    except ValueError as exc:
+        raise fail(f"--server: {exc}", BAD_INPUT) from None
+    if len({u.split("://")[0] for u in urls}) > 1:
+        raise fail("--server: give all http:// or all https:// URLs, not both", BAD_INPUT)
+    return urls
+
+
 def _credential(token_file: Path | None, token: str | None, *, required: bool = True) -> str | None:
     """The node credential, from the file, the flag or the environment, in that order;
     the environment variable is removed so that nothing the agent starts inherits it.
@@ -93,7 +107,13 @@ def _bytes(value: str, what: str) -> int:
 
 
 def agent(
-    server: str = typer.Option(..., "--server", help="Server URL, e.g. http://10.0.0.1:8080"),
+    server: str = typer.Option(
+        ...,
+        "--server",
+        help="Server URL, e.g. http://10.0.0.1:8080; several (one cluster's servers) as a comma "
+        "list, http://a:8080,http://b:8080: the agent uses the one that answered last and moves "
+        "to the next when it fails.",
+    ),
     token_file: Path | None = typer.Option(
         None,
         "--token-file",
@@ -197,9 +217,10 @@ def agent(
     from gpufleet.agent.probe import GpuProbe, HostProbe
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+    servers = _servers(server)
     node = name or socket.gethostname().split(".")[0]
     wd = work_dir or _default_work_dir(node)
-    tls = server.startswith("https://")
+    tls = servers[0].startswith("https://")
     pki = cert_dir or wd / "pki"
     held = tls and (pki / "node.crt").exists()
     secret = _credential(token_file, token, required=not held)
@@ -243,7 +264,7 @@ def agent(
         work_dir=wd,
         leaf=leaf,
         rack=rack,
-        address=address or _local_address(server),
+        address=address or _local_address(servers[0]),
         sync_interval_s=_seconds(sync_interval, "--sync-interval"),
         grace_s=_seconds(grace, "--grace"),
         checkpoint_root=checkpoint_root,
@@ -258,16 +279,16 @@ def agent(
                 "and memory limits not enforced (start nvidia-cuda-mps-control -d)",
                 mps_pipe_dir or "/tmp/nvidia-mps",
             )
-    transport = HttpTransport(server, secret)
+    transport = HttpTransport(servers, secret)
     if tls:
         from gpufleet.agent.enroll import ensure_certificate
 
         ca = str(ca_file) if ca_file else None
         try:
-            cert = ensure_certificate(url=server, node=node, directory=pki, token=secret, ca_file=ca)
+            cert = ensure_certificate(url=servers, node=node, directory=pki, token=secret, ca_file=ca)
         except AgentTransportError as exc:
             raise fail(str(exc)) from None
-        transport = HttpTransport(server, ca_file=ca, cert=cert)
+        transport = HttpTransport(servers, ca_file=ca, cert=cert)
     bot = make_agent(
         config=config,
         probe=probe,
@@ -295,7 +316,7 @@ def agent(
     signal.signal(signal.SIGINT, _stop)
     typer.echo(
         f"gpufleet agent: node {node}, {len(bot.inventory.gpus)} GPU(s), work dir {wd}, "
-        f"re-adopted {adopted} job(s); server {server}",
+        f"re-adopted {adopted} job(s); server {', '.join(servers)}",
         err=True,
     )
     if not bot.sync_once() and bot.stats.last_status in (401, 403):

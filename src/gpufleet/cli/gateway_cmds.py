@@ -16,7 +16,12 @@ from gpufleet.cli._common import BAD_INPUT, fail
 
 def gateway(
     server: str | None = typer.Option(
-        None, "--server", envvar="GPUFLEET_SERVER", help="Server whose endpoint feed to follow."
+        None,
+        "--server",
+        envvar="GPUFLEET_SERVER",
+        help="Server whose endpoint feed to follow; several (one cluster's servers) as a comma "
+        "list, http://a:8080,http://b:8080: read from the one that answered last, the next when "
+        "it fails.",
     ),
     token: str | None = typer.Option(
         None,
@@ -55,6 +60,14 @@ def gateway(
     for f in (ca_file, endpoints_file, tls_cert, tls_key):
         if f is not None and not f.is_file():
             raise fail(f"{f}: no such file", BAD_INPUT)
+    servers: tuple[str, ...] = ()
+    if endpoints_file is None and server is not None:
+        from gpufleet.failover import parse_urls
+
+        try:
+            servers = parse_urls(server)
+        except ValueError as exc:
+            raise fail(f"--server: {exc}", BAD_INPUT) from None
 
     import logging
 
@@ -68,8 +81,8 @@ def gateway(
     if endpoints_file is not None:
         source = FileSource(endpoints_file)
     else:
-        assert server is not None and token is not None
-        source = ServerSource(server, token, ca_file=ca_file)
+        assert servers and token is not None
+        source = ServerSource(servers, token, ca_file=ca_file)
     app = create_app(source, config=GatewayConfig(refresh_s=refresh))
     options: dict[str, object] = {}
     if tls_cert is not None:

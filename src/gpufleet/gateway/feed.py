@@ -13,10 +13,18 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from gpufleet.failover import (
+    CONNECT_TIMEOUT_S,
+    PROXY_DOWN,
+    Servers,
+    failure_of,
+    parse_urls,
+    proxy_failure,
+)
 from gpufleet.gateway.balancer import Feed, parse_feed
 
 if TYPE_CHECKING:
@@ -46,17 +54,24 @@ class EndpointSource(Protocol):
 
 class ServerSource:
     """``GET {server}/v1/gateway/endpoints`` with the gateway's own token, over one
-    keep-alive client. ``ca_file``: verify the server's certificate against this CA."""
+    keep-alive client. ``ca_file``: verify the server's certificate against this CA.
+
+    ``server``: one URL, or several of one cluster (a sequence, or comma-separated). The
+    feed is read from the server that answered last and moves to the next as
+    ``failover.py`` says (a GET: after any failure that got no answer); the report goes
+    to the same server, and to the next only if it never reached one (it needs no
+    retry: the next, with the same cumulative counters, follows a refresh later). One
+    log line per switch of server."""
 
     def __init__(
         self,
-        server: str,
+        server: str | Sequence[str],
         token: str,
         *,
         ca_file: str | os.PathLike[str] | None = None,
         timeout_s: float = 5.0,
     ) -> None:
-        self._url = server.rstrip("/") + FEED_PATH
+        self._servers = Servers(parse_urls(server))
         self._token = token
         self._ca_file = ca_file
         self._timeout_s = timeout_s
@@ -64,40 +79,64 @@ class ServerSource:
 
     @property
     def name(self) -> str:
-        return self._url
+        return self._servers.current + FEED_PATH
 
     async def load(self) -> Feed:
-        import httpx
-
-        if self._client is None:
-            verify: object = True
-            if self._ca_file is not None:
-                import ssl
-
-                verify = ssl.create_default_context(cafile=os.fspath(self._ca_file))
-            self._client = httpx.AsyncClient(
-                headers={"Authorization": f"Bearer {self._token}"},
-                verify=verify,  # type: ignore[arg-type]
-                timeout=self._timeout_s,
-            )
-        try:
-            resp = await self._client.get(self._url)
-        except httpx.HTTPError as exc:
-            raise FeedError(f"{self._url}: {exc!r}") from exc
+        resp = await self._send("GET", FEED_PATH, repeatable=True)
         if resp.status_code != 200:
-            raise FeedError(f"{self._url}: HTTP {resp.status_code}: {resp.text[:200]}")
+            raise FeedError(f"{self.name}: HTTP {resp.status_code}: {resp.text[:200]}")
         try:
             return parse_feed(resp.json())
         except ValueError as exc:  # JSONDecodeError is one
-            raise FeedError(f"{self._url}: {exc}") from exc
+            raise FeedError(f"{self.name}: {exc}") from exc
 
     async def report(self, body: dict[str, object]) -> None:
         """Send this gateway's counters (``POST /v1/gateway/report``); raises on failure."""
         if self._client is None:
             return
-        resp = await self._client.post(self._url.replace(FEED_PATH, REPORT_PATH), json=body)
+        resp = await self._send("POST", REPORT_PATH, repeatable=False, json=body)
         if resp.status_code >= 400:
             raise FeedError(f"report: HTTP {resp.status_code}: {resp.text[:200]}")
+
+    async def _send(self, method: str, path: str, *, repeatable: bool, **kw: Any) -> httpx.Response:
+        """The first answer from the servers in turn (``failover.Walk``), else FeedError."""
+        import httpx
+
+        client = self._http()
+        walk = self._servers.walk(repeatable=repeatable)
+        for url in walk:
+            try:
+                resp = await client.request(method, url + path, **kw)
+            except httpx.HTTPError as exc:
+                walk.failed(url, failure_of(exc))
+                continue
+            if resp.status_code in PROXY_DOWN and len(self._servers.urls) > 1:
+                if walk.failed(url, proxy_failure(resp.status_code)):
+                    continue
+                raise FeedError(walk.message())
+            switch = walk.answered(url)
+            if switch is not None:
+                log.warning("server %s failed (%s): now using %s", switch.old, switch.why, switch.new)
+            return resp
+        raise FeedError(walk.message())
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            import httpx
+
+            verify: object = True
+            if self._ca_file is not None:
+                import ssl
+
+                verify = ssl.create_default_context(cafile=os.fspath(self._ca_file))
+            several = len(self._servers.urls) > 1
+            connect = min(self._timeout_s, CONNECT_TIMEOUT_S) if several else self._timeout_s
+            self._client = httpx.AsyncClient(
+                headers={"Authorization": f"Bearer {self._token}"},
+                verify=verify,  # type: ignore[arg-type]
+                timeout=httpx.Timeout(self._timeout_s, connect=connect),
+            )
+        return self._client
 
     async def aclose(self) -> None:
         if self._client is not None:
