@@ -64,3 +64,26 @@ class NodeHistory(Reply):
         description="[at, [[value of each series] per GPU]] oldest first"
     )
     jobs: list[NodeJob]
+
+
+class ServerOut(Reply):
+    id: str = Field(description="host:pid:random, one per server process")
+    url: str
+    version: str
+    started_at: float
+    seen_s_ago: float = Field(description="since its last heartbeat (every third of the lease TTL)")
+    up: bool = Field(description="heartbeat within the lease TTL")
+    leader: bool
+
+
+class ServersOut(Reply):
+    """``GET /v1/fleet/servers`` (``gpufleet status``): the servers of this database and the
+    leader's lease (PostgreSQL); one server, its own leader, on SQLite."""
+
+    mode: str = Field(description="'single' (SQLite: one server) or 'ha' (PostgreSQL: one leader)")
+    me: str = Field(description="the server that answered")
+    leader: str | None = Field(description="the server holding the lease (None: no leader now)")
+    epoch: int = Field(description="the fencing token: raised at every change of leader")
+    lease_age_s: float | None = Field(description="since the leader last renewed its lease")
+    lease_expires_in_s: float | None = None
+    servers: list[ServerOut]

@@ -106,6 +106,12 @@ COMMANDS: dict[str, Lazy] = {
         quick=True,
     ),
     "nodes": Lazy("node_cmds:nodes", "Nodes and their GPUs, like sinfo.", quick=True),
+    "status": Lazy(
+        "node_cmds:status",
+        "The servers and their leader: which server runs the loops, its epoch (the fencing token, "
+        "raised at every change of leader) and the age of its lease.",
+        quick=True,
+    ),
     "default-team": Lazy(
         "account_cmds:default_team",
         "Your default team: where a job goes when `submit` names no --team (Slurm's default account). "

@@ -89,6 +89,39 @@ def nodes(
             )
 
 
+def status(json_out: bool = json_flag()) -> None:
+    """The servers and their leader: which server runs the loops, its epoch (the fencing
+    token, raised at every change of leader) and the age of its lease."""
+    with client() as c:
+        got = c.request("GET", "/fleet/servers")
+    if json_out:
+        print_json(got)
+        return
+    if got["mode"] == "single":
+        typer.echo(f"one server (SQLite): {got['me']}, it runs the loops")
+        return
+    leader = got["leader"] or "NONE (no server holds the lease: the loops are stopped)"
+    age = got["lease_age_s"]
+    typer.echo(
+        f"leader: {leader}  epoch {got['epoch']}"
+        + ("" if age is None else f"  lease renewed {age:.1f}s ago")
+        + f"  (answered by {got['me']})"
+    )
+    print_table(
+        ("SERVER", "STATE", "ROLE", "SEEN", "VERSION"),
+        [
+            (
+                s["id"],
+                "up" if s["up"] else "down",
+                "leader" if s["leader"] else "-",
+                f"{s['seen_s_ago']:.1f}s ago",
+                s["version"],
+            )
+            for s in got["servers"]
+        ],
+    )
+
+
 @node_app.command("register")
 def register(
     node: str = typer.Argument(..., help="The node's name (its agent's --name)."),
@@ -335,5 +368,6 @@ __all__ = [
     "revoke",
     "rollout",
     "share_gpu",
+    "status",
     "uncordon",
 ]

@@ -78,6 +78,14 @@ def server(
         "--auto-mig-cooldown",
         help="The MIG planner leaves alone a GPU laid out (by anyone) less than this long ago.",
     ),
+    leader_ttl: str = typer.Option(
+        "6s",
+        "--leader-ttl",
+        help="PostgreSQL: several servers may share the database; every one serves the API, and "
+        "the one holding the leader's lease (renewed every third of this) runs the loops. A dead "
+        "leader is replaced once its lease expires; a clean stop hands over at once. SQLite is "
+        "for one server: a second one on the same file refuses to start.",
+    ),
     scheduler_thread: bool = flag(
         "--scheduler-thread",
         help="Run scheduling passes in a thread of the API process (default: a child process).",
@@ -184,11 +192,14 @@ def server(
         service_drain_s = parse_duration(service_drain)
         auto_mig_interval_s = parse_duration(auto_mig_interval)
         auto_mig_cooldown_s = parse_duration(auto_mig_cooldown)
+        leader_ttl_s = parse_duration(leader_ttl)
         schedule = None if prices is None else load_prices(prices)
     except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         raise fail(f"--prices {prices}: {exc}" if isinstance(exc, OSError) else str(exc), BAD_INPUT) from None
     if auto_mig_interval_s <= 0:
         raise fail("--auto-mig-interval must be longer than 0", BAD_INPUT)
+    if not 1 <= leader_ttl_s <= 600:
+        raise fail("--leader-ttl must be between 1s and 10m", BAD_INPUT)
     try:
         token_ttl_s, session_ttl_s = parse_duration(token_ttl), parse_duration(session_ttl)
     except ValueError as exc:
@@ -220,6 +231,7 @@ def server(
         auto_mig=auto_mig,
         auto_mig_interval_s=auto_mig_interval_s,
         auto_mig_cooldown_s=auto_mig_cooldown_s,
+        leader_ttl_s=leader_ttl_s,
         prices=schedule,
         scheduler_process=not scheduler_thread,
         tls_cert=tls_cert,

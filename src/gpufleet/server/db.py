@@ -19,6 +19,7 @@ mode), and an existing one is tightened to 0600.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -118,6 +119,9 @@ class Database:
     _read: sessionmaker[Session]
     _write: sessionmaker[Session]
     _bells: list[Callable[[set[str]], None]] = field(default_factory=list)
+    fence: Callable[[Session], None] | None = None
+    """Run first in every ``write`` transaction (a leader's loops: ``leader.PgFence``); it
+    raises to refuse the transaction before anything is written."""
 
     @classmethod
     def connect(cls, url: str) -> Database:
@@ -141,6 +145,14 @@ class Database:
         with self._read() as s, s.begin():
             yield s
 
+    def fenced(self, fence: Callable[[Session], None]) -> Database:
+        """This database (the same engines and bells) with every write fenced."""
+        return dataclasses.replace(self, fence=fence)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return _is_sqlite(self.url)
+
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One transaction: committed on normal exit, rolled back on any exception.
@@ -148,6 +160,8 @@ class Database:
         with self._write() as s:
             try:
                 with s.begin():
+                    if self.fence is not None:
+                        self.fence(s)
                     yield s
             except BaseException:
                 s.info.pop(TOUCHED, None)

@@ -331,6 +331,40 @@ class JobEvent(Base):
     from_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
     to_state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(String(512), default="")
+    epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """The leader's epoch when a loop of a leader wrote it (``leader.py``); None for an API
+    request or a single server."""
+
+
+class LeaderLease(Base):
+    """Who leads the servers of one PostgreSQL (``leader.py``): one row, ``name`` "leader"."""
+
+    __tablename__ = "leader_lease"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(160))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    """The fencing token: raised by every change of holder."""
+    expires_at: Mapped[float] = mapped_column(Float)
+    """The database's clock (seconds since the epoch)."""
+    renewed_at: Mapped[float] = mapped_column(Float)
+
+
+class LeaderTerm(Base):
+    __tablename__ = "leader_terms"
+    epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    holder: Mapped[str] = mapped_column(String(160))
+    acquired_at: Mapped[float] = mapped_column(Float)
+
+
+class ServerRow(Base):
+    """A server process's heartbeat (``gpufleet status``)."""
+
+    __tablename__ = "servers"
+    id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    url: Mapped[str] = mapped_column(String(512), default="", server_default="")
+    version: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    started_at: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
 
 
 class NodeCredential(Base):

@@ -23,6 +23,7 @@ from gpufleet.server import ledger
 from gpufleet.server.dispatch import touch
 from gpufleet.server.errors import Conflict, IllegalTransition
 from gpufleet.server.jobstate.states import ACTIVE, JobState, allowed
+from gpufleet.server.leader import EPOCH
 from gpufleet.server.models import Allocation, Job, JobEvent
 
 
@@ -84,8 +85,9 @@ def move(
     )
     if res.rowcount != 1:  # type: ignore[attr-defined]
         raise Conflict(f"job {job.id} changed meanwhile", job_id=job.id)
+    epoch = s.info.get(EPOCH)  # a leader's loop: its term's epoch (``leader.py``)
     rows = [
-        event_row(job_id=job.id, at=now, actor=actor, src=a, dst=b, reason=reason)
+        event_row(job_id=job.id, at=now, actor=actor, src=a, dst=b, reason=reason) | {"epoch": epoch}
         for a, b in itertools.pairwise(steps)
     ]
     s.execute(insert(JobEvent), rows)

@@ -12,6 +12,7 @@ from gpufleet.server.alerts import AlertRules, WebhookSender
 from gpufleet.server.clock import Clock
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.db import Database
+from gpufleet.server.leader import PgFence
 from gpufleet.server.loops.accrual import accrual_loop
 from gpufleet.server.loops.alerts import alert_loop
 from gpufleet.server.loops.audit import retention_loop
@@ -34,17 +35,22 @@ class Scheduling:
     observer: PassObserver
 
 
-def scheduling(config: ServerConfig, db: Database, clock: Clock) -> Scheduling:
+def scheduling(
+    config: ServerConfig, db: Database, clock: Clock, observer: PassObserver | None = None
+) -> Scheduling:
     """The scheduling loop: in a child process with ``config.scheduler_process``, else
-    in a thread of this process."""
+    in a thread of this process. A leader's term (``db`` fenced) fences the child too."""
+    fence = db.fence if isinstance(db.fence, PgFence) else None
     spec = LoopSpec(
         database_url=db.url,
         policy=config.policy,
         node_timeout_s=config.node_timeout_s,
         interval_s=config.schedule_interval_s,
         reservation_idle_release_s=config.reservation_idle_release_s,
+        fence_holder=None if fence is None else fence.holder,
+        fence_epoch=None if fence is None else fence.epoch,
     )
-    observer = PassObserver()
+    observer = observer or PassObserver()
     runner: Runner
     if config.scheduler_process:
         runner = ChildLoop(spec=spec, observer=observer, on_ring=db.ring)
@@ -62,6 +68,35 @@ def replicas(config: ServerConfig, db: Database, clock: Clock, sched: Scheduling
         drain_s=config.service_drain_s,
         wake_scheduler=sched.runner.wake,
         autoscaler=Autoscaler(hot=hot),
+    )
+
+
+def term(
+    config: ServerConfig,
+    *,
+    db: Database,
+    clock: Clock,
+    hot: AgentState,
+    observer: PassObserver,
+    readings: ledger.Readings,
+    after_accrual: Callable[[float], None],
+    fleets_invalidate: Callable[[], None],
+    view: Callable[[], FleetView],
+) -> Loops:
+    """Every loop of the server on ``db`` (a leader's term: fenced), not started; the
+    scheduling loop is ``loops["scheduling"]``, the replica controller ``loops["replicas"]``."""
+    sched = scheduling(config, db, clock, observer)
+    return build(
+        config,
+        db=db,
+        clock=clock,
+        hot=hot,
+        sched=sched,
+        replica_runner=replicas(config, db, clock, sched, hot),
+        readings=readings,
+        after_accrual=after_accrual,
+        fleets_invalidate=fleets_invalidate,
+        view=view,
     )
 
 

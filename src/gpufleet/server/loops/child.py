@@ -48,6 +48,7 @@ from typing import IO, Any
 from gpufleet.scheduler import Fleet, JobRequest, NodeGpus, Plan, Snapshot, Start, make_policy
 from gpufleet.server.clock import Clock, SystemClock
 from gpufleet.server.db import Database
+from gpufleet.server.leader import PgFence
 from gpufleet.server.loops.runner import Loop
 from gpufleet.server.loops.scheduling import PassObserver, SchedulingPass, scheduling_loop
 
@@ -63,6 +64,9 @@ class LoopSpec:
     node_timeout_s: float
     interval_s: float
     reservation_idle_release_s: float
+    fence_holder: str | None = None
+    """A leader's term (``leader.PgFence``): the child's writes are fenced with it."""
+    fence_epoch: int | None = None
 
     def step(self, db: Database, clock: Clock, observer: PassObserver) -> SchedulingPass:
         """The pass this spec describes (a thread's, or the child's own)."""
@@ -319,6 +323,8 @@ def main(argv: list[str]) -> None:
         line += got
     spec = LoopSpec(**json.loads(line))
     db = Database.connect(spec.database_url)
+    if spec.fence_holder is not None and spec.fence_epoch is not None:
+        db = db.fenced(PgFence(spec.fence_holder, spec.fence_epoch))
     observer = PassObserver()
     loop = spec.loop(db, SystemClock(), observer)
     reporter = _Reporter(os.fdopen(int(argv[0]), "wb"), loop, observer)

@@ -30,9 +30,12 @@ log = logging.getLogger("gpufleet.loops")
 class Runner(Protocol):
     """What the server needs of a running loop: start, stop, wake, its counters."""
 
-    name: str
-    passes: int
-    failures: int
+    @property
+    def name(self) -> str: ...
+    @property
+    def passes(self) -> int: ...
+    @property
+    def failures(self) -> int: ...
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -129,6 +132,53 @@ class Loop:
                 if rest > 0:
                     self._stop.wait(rest)
                     self.pacer.rested(woken=self._wake.is_set())
+
+
+class Relay:
+    """Stands for the runner of this name in the current term (HA: loops run on the
+    leader only, and a new term builds new ones), so routers and ``/metrics`` hold one
+    object. ``wake`` also calls ``notify`` (the other servers: ``pgnotify.py``)."""
+
+    def __init__(self, name: str, notify: Callable[[], None] | None = None) -> None:
+        self.name = name
+        self.target: Runner | None = None
+        self.notify = notify
+        self._passes = 0
+        self._failures = 0
+
+    @property
+    def passes(self) -> int:
+        t = self.target
+        return self._passes + (t.passes if t is not None else 0)
+
+    @property
+    def failures(self) -> int:
+        t = self.target
+        return self._failures + (t.failures if t is not None else 0)
+
+    def follow(self, target: Runner | None) -> None:
+        """The current term's runner (None: no term); counters keep counting across terms."""
+        old = self.target
+        if old is not None:
+            self._passes += old.passes
+            self._failures += old.failures
+        self.target = target
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        self.wake_here()
+        if self.notify is not None:
+            self.notify()
+
+    def wake_here(self) -> None:
+        t = self.target
+        if t is not None:
+            t.wake()
 
 
 class Loops:

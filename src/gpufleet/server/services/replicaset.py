@@ -23,6 +23,7 @@ from gpufleet.server.db import Database
 from gpufleet.server.errors import Conflict
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import event_row, move, ref, release_attempt
+from gpufleet.server.leader import EPOCH
 from gpufleet.server.models import Job, JobEvent, ServiceRow
 from gpufleet.server.replicas import Create, Demote, Drain, Promote, Replica, Stop, Wish, decide
 from gpufleet.server.services.autoscaling import Autoscaler
@@ -112,6 +113,7 @@ def _create(
                 dst=JobState.PENDING,
                 reason=f"replica {slot} of service {spec.name} (generation {row.generation}): {reason}",
             )
+            | {"epoch": s.info.get(EPOCH)}
         ],
     )
     add_event(

@@ -1,0 +1,172 @@
+"""Wake-ups and node touches between the servers of one PostgreSQL (``LISTEN``/``NOTIFY``).
+
+Every server serves the API; the leader runs the loops (``leader.py``). What one server
+learns must reach the others at once, not at their next poll:
+
+- *wake*: a submit, a finished job or a service change on any server wakes the leader's
+  scheduling loop (or its replica controller): ``wake("scheduling")``;
+- *touch*: a commit that changed what some nodes should run (``dispatch.touch``: the
+  leader placed a job, an API request cancelled one) rings those nodes' long-polls, which
+  may wait on any server: ``touch(nodes)``.
+
+One channel (``gpufleet``); a payload is ``<sender>|w|<loop>`` or ``<sender>|t|<n1,n2,...>``
+(a long list is sent in pieces under PostgreSQL's 8,000-byte payload limit). A server
+skips its own notifications. Sending is one background thread, so a request never waits
+on it and a storm of wake-ups is one notification per ``gap_s``; listening is another
+thread with a connection of its own, which reconnects after a failure. Notifications are
+a shortcut, never the only path: a missed one costs what it cost before HA (the loop's
+interval, the agent's next sync).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+
+log = logging.getLogger("gpufleet.notify")
+
+CHANNEL = "gpufleet"
+MAX_PAYLOAD = 7000
+
+
+def conninfo(url: str) -> str:
+    """A libpq URL for ``psycopg.connect`` from a SQLAlchemy one."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def pieces(sender: str, nodes: set[str]) -> list[str]:
+    """Touch payloads for ``nodes``, each under ``MAX_PAYLOAD`` bytes."""
+    out: list[str] = []
+    head = f"{sender}|t|"
+    cur: list[str] = []
+    size = len(head)
+    for n in sorted(nodes):
+        if cur and size + len(n) + 1 > MAX_PAYLOAD:
+            out.append(head + ",".join(cur))
+            cur, size = [], len(head)
+        cur.append(n)
+        size += len(n) + 1
+    if cur:
+        out.append(head + ",".join(cur))
+    return out
+
+
+def parse(payload: str, me: str) -> tuple[str, str] | None:
+    """(kind, body) of another server's payload; None for ours or a garbled one."""
+    sender, sep, rest = payload.partition("|")
+    kind, sep2, body = rest.partition("|")
+    if not sep or not sep2 or sender == me or kind not in ("w", "t"):
+        return None
+    return kind, body
+
+
+class PgNotify:
+    def __init__(
+        self,
+        engine: Engine,
+        url: str,
+        *,
+        me: str,
+        on_wake: Callable[[str], None],
+        on_touch: Callable[[set[str]], None],
+        gap_s: float = 0.01,
+    ) -> None:
+        self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.url = url
+        self.me = me
+        self.on_wake = on_wake
+        self.on_touch = on_touch
+        self.gap_s = gap_s
+        self.sent = 0
+        self.received = 0
+        self._wakes: set[str] = set()
+        self._touched: set[str] = set()
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- sending ------------------------------------------------------------------------------
+    def wake(self, loop: str = "scheduling") -> None:
+        with self._lock:
+            self._wakes.add(loop)
+        self._ready.set()
+
+    def touch(self, nodes: set[str]) -> None:
+        if not nodes:
+            return
+        with self._lock:
+            self._touched |= nodes
+        self._ready.set()
+
+    def _send_loop(self) -> None:
+        while not self._stop.is_set():
+            self._ready.wait(1.0)
+            if self._stop.is_set():
+                return
+            self._ready.clear()
+            with self._lock:
+                wakes, self._wakes = self._wakes, set()
+                touched, self._touched = self._touched, set()
+            payloads = [f"{self.me}|w|{w}" for w in sorted(wakes)] + pieces(self.me, touched)
+            if payloads:
+                try:
+                    with self.engine.connect() as c:
+                        for p in payloads:
+                            c.execute(text("SELECT pg_notify(:c, :p)"), {"c": CHANNEL, "p": p})
+                    self.sent += len(payloads)
+                except Exception as exc:  # never die: the next wake-up tries again
+                    log.warning("NOTIFY failed: %s", str(exc).splitlines()[0])
+            self._stop.wait(self.gap_s)
+
+    # -- listening ----------------------------------------------------------------------------
+    def _listen_loop(self) -> None:
+        import psycopg
+
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(conninfo(self.url), autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    while not self._stop.is_set():
+                        for n in conn.notifies(timeout=0.5):
+                            self._deliver(n.payload)
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("LISTEN failed (again in 1 s): %s", str(exc).splitlines()[0])
+                self._stop.wait(1.0)
+
+    def _deliver(self, payload: str) -> None:
+        got = parse(payload, self.me)
+        if got is None:
+            return
+        self.received += 1
+        kind, body = got
+        try:
+            if kind == "w":
+                self.on_wake(body)
+            else:
+                self.on_touch({n for n in body.split(",") if n})
+        except Exception:
+            log.exception("handling a notification failed")
+
+    # -- lifetime -----------------------------------------------------------------------------
+    def start(self) -> None:
+        for target, name in ((self._send_loop, "notify"), (self._listen_loop, "listen")):
+            t = threading.Thread(target=target, name=f"gpufleet-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._ready.set()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def stats(self) -> dict[str, Any]:
+        return {"sent": self.sent, "received": self.received}

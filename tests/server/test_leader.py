@@ -1,0 +1,237 @@
+"""Several servers on one PostgreSQL (``gpufleet.server.leader``): one leader, fenced writes.
+
+On a PostgreSQL database of their own (skipped without one):
+
+- the lease's SQL: one holder at a time, renewal keeps the epoch, expiry or a release lets
+  another take it with the next epoch, every term recorded;
+- the fence: a write under an old epoch is refused and leaves nothing; a takeover waits for
+  a fenced write in flight, so that write lands before the new epoch begins;
+- real server processes: every server answers, one leads; SIGKILL the leader and another
+  takes over; SIGSTOP the next leader past its lease and resume it: it stops its loops and
+  writes nothing after the new epoch began (job events carry their leader's epoch and never
+  go back), and every job submitted through any server is placed once, on GPUs no other
+  job holds.
+
+SQLite stays single-server: a second server on the same file refuses to start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from gpufleet.server import db as dbmod
+from gpufleet.server.leader import EPOCH, Fenced, Lease, PgFence
+from server.conftest import ADMIN_TOKEN, Server, ok, scratch_postgres, start_server, stop_server
+
+
+def _terms(url: str) -> list[tuple[int, str]]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as c:
+            return [
+                (int(e), str(h))
+                for e, h in c.execute(text("SELECT epoch, holder FROM leader_terms ORDER BY epoch"))
+            ]
+    finally:
+        engine.dispose()
+
+
+def test_the_lease_has_one_holder_and_the_fence_refuses_old_epochs() -> None:
+    with scratch_postgres("lease") as url:
+        dbmod.upgrade(url)
+        db = dbmod.Database.connect(url)
+        try:
+            a, b = (Lease(db.engine, holder=h, ttl_s=1.0) for h in ("a", "b"))
+            first = a.acquire()
+            assert first == 1 and b.acquire() is None
+            assert a.acquire() == first  # a renewal keeps the epoch
+            with db.fenced(PgFence("a", first)).write() as s:
+                assert s.info[EPOCH] == first
+            time.sleep(1.2)  # a's lease expires: b takes it with the next epoch
+            second = b.acquire()
+            assert second == first + 1
+            with pytest.raises(Fenced), db.fenced(PgFence("a", first)).write() as s:
+                s.execute(text("INSERT INTO servers (id, started_at, last_seen) VALUES ('stale', 0, 0)"))
+            with db.read() as s:  # refused before anything was written
+                assert s.execute(text("SELECT count(*) FROM servers WHERE id = 'stale'")).scalar_one() == 0
+            assert a.acquire() is None
+            b.release(second)  # a clean stop: the next holder need not wait for the expiry
+            assert a.acquire() == second + 1
+            assert _terms(url) == [(1, "a"), (2, "b"), (3, "a")]
+        finally:
+            db.dispose()
+
+
+def test_a_takeover_waits_for_the_fenced_write_in_flight() -> None:
+    with scratch_postgres("fence") as url:
+        dbmod.upgrade(url)
+        db = dbmod.Database.connect(url)
+        try:
+            a, b = (Lease(db.engine, holder=h, ttl_s=0.5) for h in ("a", "b"))
+            epoch = a.acquire()
+            assert epoch is not None
+            inside = threading.Event()
+            done: list[float] = []
+
+            def slow_write() -> None:
+                with db.fenced(PgFence("a", epoch)).write() as s:
+                    inside.set()
+                    time.sleep(1.0)  # the lease expires meanwhile
+                    s.execute(text("INSERT INTO servers (id, started_at, last_seen) VALUES ('late', 0, 0)"))
+                done.append(time.monotonic())
+
+            t = threading.Thread(target=slow_write)
+            t.start()
+            assert inside.wait(5)
+            time.sleep(0.6)
+            assert b.acquire() == epoch + 1  # blocked on the lease row until a's commit
+            took = time.monotonic()
+            t.join()
+            assert done and done[0] <= took  # a's write landed under its epoch, before b's
+        finally:
+            db.dispose()
+
+
+def test_a_second_server_on_one_sqlite_file_refuses_to_start(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'one.db'}"
+    first = start_server(url)
+    try:
+        second = subprocess.run(
+            [sys.executable, "-m", "gpufleet", "server", "--port", "1", "--database-url", url],
+            env={**os.environ, "GPUFLEET_ADMIN_TOKEN": ADMIN_TOKEN},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode != 0
+        assert "another gpufleet server" in second.stderr and "PostgreSQL" in second.stderr, second.stderr
+        with first.client() as c:
+            status = ok(c.get("/fleet/servers"))
+        assert status["mode"] == "single" and status["leader"] == status["me"]
+    finally:
+        stop_server(first)
+
+
+# -- three real servers -------------------------------------------------------------------------
+
+
+def _status(srv: Server) -> dict[str, Any]:
+    with httpx.Client(
+        base_url=srv.url + "/v1", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=3
+    ) as c:
+        return ok(c.get("/fleet/servers"))  # type: ignore[no-any-return]
+
+
+def _leader(ask: list[Server], *, not_in: set[str] = frozenset(), timeout: float = 15.0) -> dict[str, Any]:
+    """The servers' status once one of ``ask`` names a leader that is none of ``not_in``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for srv in ask:
+            try:
+                st = _status(srv)
+            except httpx.HTTPError:
+                continue
+            if st["leader"] is not None and st["leader"] not in not_in:
+                return st
+        assert time.monotonic() < deadline, "no new leader"
+        time.sleep(0.1)
+
+
+def test_servers_share_the_work_and_a_stale_leader_writes_nothing() -> None:
+    with scratch_postgres("ha") as url:
+        args = ("--leader-ttl", "2s", "--scheduler-thread")
+        servers = [start_server(url, extra=args)]
+        servers += [start_server(url, extra=args) for _ in range(2)]
+        try:
+            ids = {_status(srv)["me"]: srv for srv in servers}
+            st = _leader(servers)
+            first = ids[st["leader"]]
+            assert {s["id"] for s in st["servers"] if s["up"]} == set(ids)
+            with servers[1].client() as c:  # a pool and a node, through a follower
+                ok(c.post("/pools", json={"name": "p", "gpu": True}), 201)
+                gpus = [{"index": i, "model": "H100", "uuid": f"GPU-n{i}"} for i in range(8)]
+                for n in range(4):
+                    ok(c.put(f"/nodes/n{n}", json={"pool": "p", "gpus": gpus}))
+            made: list[int] = []
+            dead: list[Server] = []  # killed or paused: not asked
+            turn = itertools.cycle(range(3))
+
+            def storm(k: int) -> None:
+                for _ in range(k):
+                    srv = servers[next(turn)]
+                    while srv in dead:
+                        srv = servers[next(turn)]
+                    with srv.client() as c:
+                        r = c.post(
+                            "/jobs", json={"command": ["x"], "gpus": 1, "pool": "p", "time_limit": "1h"}
+                        )
+                    if r.status_code == 201:
+                        made.append(r.json()["id"])
+
+            storm(6)
+            first.proc.send_signal(signal.SIGKILL)  # the leader dies
+            first.proc.wait()
+            dead.append(first)
+            st2 = _leader([s for s in servers if s is not first], not_in={st["leader"]})
+            second = ids[st2["leader"]]
+            assert st2["epoch"] > st["epoch"]
+            storm(6)
+            second.proc.send_signal(signal.SIGSTOP)  # the next leader pauses past its lease
+            dead.append(second)
+            try:
+                st3 = _leader(
+                    [ids[i] for i in ids if i not in (st["leader"], st2["leader"])], not_in={st2["leader"]}
+                )
+                assert st3["epoch"] > st2["epoch"]
+                storm(6)
+            finally:
+                second.proc.send_signal(signal.SIGCONT)
+                dead.remove(second)
+            time.sleep(3)  # it wakes: its keeper sees the newer holder and stops its loops
+            assert _status(second)["leader"] == st3["leader"]
+            storm(6)
+            deadline = time.monotonic() + 15
+            engine = create_engine(url)
+            try:
+                while True:
+                    with engine.connect() as c:
+                        states = dict(c.execute(text("SELECT id, state FROM jobs")).all())
+                    if all(states.get(j) == "SCHEDULED" for j in made) or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)
+                assert set(made) <= set(states) and len(made) == 24
+                assert all(states[j] == "SCHEDULED" for j in made), states
+                with engine.connect() as c:
+                    held = c.execute(
+                        text("SELECT node, gpu_index, count(*) FROM allocations GROUP BY 1, 2")
+                    ).all()
+                    events = c.execute(
+                        text("SELECT id, epoch FROM job_events WHERE epoch IS NOT NULL ORDER BY id")
+                    ).all()
+                    placed = c.execute(
+                        text(
+                            "SELECT job_id, count(*) FROM job_events WHERE to_state = 'SCHEDULED' GROUP BY 1"
+                        )
+                    ).all()
+            finally:
+                engine.dispose()
+            assert all(n == 1 for _, _, n in held)  # no GPU given twice
+            assert all(n == 1 for _, n in placed)  # no job placed twice
+            epochs = [e for _, e in events]
+            assert epochs == sorted(epochs) and epochs[-1] == st3["epoch"]  # no write under a stale epoch
+        finally:
+            for srv in servers:
+                if srv.proc.poll() is None:
+                    stop_server(srv)
