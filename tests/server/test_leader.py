@@ -9,8 +9,8 @@ On a PostgreSQL database of their own (skipped without one):
 - real server processes: every server answers, one leads; SIGKILL the leader and another
   takes over; SIGSTOP the next leader past its lease and resume it: it stops its loops and
   writes nothing after the new epoch began (job events carry their leader's epoch and never
-  go back), and every job submitted through any server is placed once, on GPUs no other
-  job holds.
+  go back), every job submitted through any server is placed once, on GPUs no other job
+  holds, and a GPU reading that reached a follower fires the leader's health rule.
 
 SQLite stays single-server: a second server on the same file refuses to start.
 """
@@ -231,6 +231,18 @@ def test_servers_share_the_work_and_a_stale_leader_writes_nothing() -> None:
             assert all(n == 1 for _, n in placed)  # no job placed twice
             epochs = [e for _, e in events]
             assert epochs == sorted(epochs) and epochs[-1] == st3["epoch"]  # no write under a stale epoch
+            # a reading that reaches a follower reaches the leader's health rules (pgnotify)
+            fatal = {"index": 0, "temperature_c": 40.0, "xid_events": [79]}
+            with second.client() as c:
+                ok(c.post("/nodes/n3/sync", json={"jobs": [], "telemetry": [fatal]}))
+            deadline = time.monotonic() + 10
+            while True:
+                with ids[st3["leader"]].client() as c:
+                    gpu0 = ok(c.get("/nodes/n3"))["gpus"][0]
+                if gpu0["cordoned"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert gpu0["cordoned"] and "79" in (gpu0["cordon_reason"] or ""), gpu0
         finally:
             for srv in servers:
                 if srv.proc.poll() is None:

@@ -24,13 +24,25 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from gpufleet.api.nodes import GpuTelemetry, SyncStats
+from gpufleet.api.services import ServiceCounters
 from gpufleet.server.health import HealthMonitor
 from gpufleet.server.traffic import TrafficStore
 from gpufleet.server.writer import BulkOp, Writer
 
 log = logging.getLogger("gpufleet.server")
+
+
+class Relayer(Protocol):
+    """Passes what one server learnt to the other servers (``pgnotify.PgNotify``)."""
+
+    def telemetry(
+        self, node: str, at: float, gpus: Sequence[GpuTelemetry], driver: str | None, cuda: str | None
+    ) -> None: ...
+
+    def traffic(self, gateway: str, at: float, services: Mapping[str, ServiceCounters]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,3 +270,29 @@ class AgentState:
     rejected: Rejections = field(default_factory=Rejections)
     traffic: TrafficStore = field(default_factory=TrafficStore)
     """What the inference gateways report per service (``traffic.py``)."""
+    relay: Relayer | None = None
+    """Several servers on PostgreSQL (``pgnotify.py``): what this server learns of GPUs and
+    gateways also goes to the others, so the leader's health rules, energy accounting and
+    autoscaler see every agent and gateway, whichever server they talk to."""
+
+    def telemetry_seen(
+        self, node: str, *, at: float, gpus: Sequence[GpuTelemetry], driver: str | None, cuda: str | None
+    ) -> None:
+        """Readings of ``node`` (a sync here, or relayed from another server)."""
+        self.telemetry.put(node, at=at, gpus=gpus, driver_version=driver, cuda_version=cuda)
+        self.health.observe(node, gpus, at)  # a fired rule wakes the lifecycle loop
+
+    def relayed_telemetry(self, d: Mapping[str, Any]) -> None:
+        """Readings another server relayed (``pgnotify``'s ``m``): taken unless this server
+        holds newer ones of that node. Raises on a malformed payload (the listener logs it)."""
+        node, at = str(d["n"]), float(d["at"])
+        have = self.telemetry.get(node)
+        if have is not None and have.at >= at:
+            return
+        gpus = [GpuTelemetry.model_validate(g) for g in d.get("g") or ()]
+        self.telemetry_seen(node, at=at, gpus=gpus, driver=d.get("d"), cuda=d.get("c"))
+
+    def relayed_traffic(self, d: Mapping[str, Any]) -> None:
+        """A gateway's report another server relayed (``pgnotify``'s ``r``)."""
+        services = {str(k): ServiceCounters.model_validate(v) for k, v in (d.get("s") or {}).items()}
+        self.traffic.put(str(d["gw"]), float(d["at"]), services)

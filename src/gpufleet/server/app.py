@@ -118,14 +118,19 @@ def _health_router() -> APIRouter:
 class _Term:
     """One leader's term (or a single server's life): its loops, followed by the relays."""
 
-    def __init__(self, everything: Relays, term_loops: Loops) -> None:
+    def __init__(self, everything: Relays, term_loops: Loops, leading: list[bool] | None = None) -> None:
         self.everything = everything
         self.loops = term_loops
+        self.leading = leading
         everything.sched.follow(term_loops["scheduling"])
         everything.replicas.follow(term_loops["replicas"])
+        if leading is not None:
+            leading[0] = True
         term_loops.start()
 
     def stop(self) -> None:
+        if self.leading is not None:
+            self.leading[0] = False
         self.everything.sched.follow(None)
         self.everything.replicas.follow(None)
         self.loops.stop()
@@ -178,19 +183,24 @@ def create_app(
     writer = GroupCommitWriter(database)
     bell = NodeBell()  # agents' long-polls (``dispatch.py``): rung after commits that touch nodes
     database.on_ring(bell.ring)
+    hot = AgentState(health=HealthMonitor(config.health))
     notify: PgNotify | None = None
     relays = Relays(None)
-    if not database.is_sqlite:  # several servers may share it: wake-ups and rings cross over
+    leading = [False]  # set by the terms (PostgreSQL): only a leader takes relayed readings
+    if not database.is_sqlite:  # several servers may share it: wake-ups, rings and readings cross
         notify = PgNotify(
             database.engine,
             database.url,
             me=me,
             on_wake=lambda loop: relays.wake_here(loop),
             on_touch=bell.ring,
+            on_telemetry=hot.relayed_telemetry,
+            on_traffic=hot.relayed_traffic,
+            wants_observations=lambda: leading[0],
         )
         relays = Relays(notify)
         database.on_ring(notify.touch)
-    hot = AgentState(health=HealthMonitor(config.health))
+        hot.relay = notify
     readings = ledger.telemetry_readings(
         hot, clock, max_age_s=max(config.node_timeout_s, 2 * config.accrual_interval_s)
     )
@@ -300,7 +310,8 @@ def create_app(
     if not database.is_sqlite:
         lease = Lease(database.engine, holder=me, ttl_s=config.leader_ttl_s, version=__version__)
         leadership = Leadership(
-            lease, start_term=lambda epoch: _Term(relays, make_loops(database.fenced(PgFence(me, epoch))))
+            lease,
+            start_term=lambda epoch: _Term(relays, make_loops(database.fenced(PgFence(me, epoch))), leading),
         )
     app.state.metrics.registry.register(
         LeaderCollector(

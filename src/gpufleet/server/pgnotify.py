@@ -7,22 +7,32 @@ learns must reach the others at once, not at their next poll:
   scheduling loop (or its replica controller): ``wake("scheduling")``;
 - *touch*: a commit that changed what some nodes should run (``dispatch.touch``: the
   leader placed a job, an API request cancelled one) rings those nodes' long-polls, which
-  may wait on any server: ``touch(nodes)``.
+  may wait on any server: ``touch(nodes)``;
+- *observations* kept in memory (DESIGN.md's hot data): an agent's GPU readings
+  (``telemetry``) and a gateway's traffic report (``traffic``) reach the other servers, so
+  the leader's GPU health rules, energy accounting and autoscaler see every agent and
+  gateway whichever server they talk to. Only a leader reads them (``wants_observations``).
 
-One channel (``gpufleet``); a payload is ``<sender>|w|<loop>`` or ``<sender>|t|<n1,n2,...>``
-(a long list is sent in pieces under PostgreSQL's 8,000-byte payload limit). A server
-skips its own notifications. Sending is one background thread, so a request never waits
-on it and a storm of wake-ups is one notification per ``gap_s``; listening is another
-thread with a connection of its own, which reconnects after a failure. Notifications are
-a shortcut, never the only path: a missed one costs what it cost before HA (the loop's
-interval, the agent's next sync).
+One channel (``gpufleet``); a payload is ``<sender>|w|<loop>``, ``<sender>|t|<n1,n2,...>``
+(a long list is sent in pieces under PostgreSQL's 8,000-byte payload limit),
+``<sender>|m|<json>`` (a node's readings: ``{"n", "at", "g", "d", "c"}``) or
+``<sender>|r|<json>`` (a gateway's report: ``{"gw", "at", "s"}``); readings too large for
+one payload are not relayed (counted in ``dropped``). A server skips its own
+notifications. Readings of one node waiting to be sent are replaced by newer ones.
+
+Sending is one background thread, so a request never waits on it and a storm of
+wake-ups is one notification per ``gap_s``; listening is another thread with a connection
+of its own, which reconnects after a failure. Wake-ups and rings are a shortcut, never the
+only path: a missed one costs what it cost before HA (the loop's interval, the agent's
+next sync); a missed reading is replaced by the node's next one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, text
@@ -60,9 +70,15 @@ def parse(payload: str, me: str) -> tuple[str, str] | None:
     """(kind, body) of another server's payload; None for ours or a garbled one."""
     sender, sep, rest = payload.partition("|")
     kind, sep2, body = rest.partition("|")
-    if not sep or not sep2 or sender == me or kind not in ("w", "t"):
+    if not sep or not sep2 or sender == me or kind not in ("w", "t", "m", "r"):
         return None
     return kind, body
+
+
+def _dump(obj: Any) -> Any:
+    """A pydantic model without its unset/None fields (a smaller payload), or ``obj``."""
+    dump = getattr(obj, "model_dump", None)
+    return obj if dump is None else dump(mode="json", exclude_none=True, exclude_defaults=True)
 
 
 class PgNotify:
@@ -74,6 +90,9 @@ class PgNotify:
         me: str,
         on_wake: Callable[[str], None],
         on_touch: Callable[[set[str]], None],
+        on_telemetry: Callable[[dict[str, Any]], None] | None = None,
+        on_traffic: Callable[[dict[str, Any]], None] | None = None,
+        wants_observations: Callable[[], bool] = lambda: True,
         gap_s: float = 0.01,
     ) -> None:
         self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -81,11 +100,16 @@ class PgNotify:
         self.me = me
         self.on_wake = on_wake
         self.on_touch = on_touch
+        self.on_telemetry = on_telemetry
+        self.on_traffic = on_traffic
+        self.wants_observations = wants_observations
         self.gap_s = gap_s
         self.sent = 0
         self.received = 0
+        self.dropped = 0
         self._wakes: set[str] = set()
         self._touched: set[str] = set()
+        self._observed: dict[tuple[str, str], str] = {}  # (kind, node or gateway) -> payload
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._stop = threading.Event()
@@ -104,6 +128,25 @@ class PgNotify:
             self._touched |= nodes
         self._ready.set()
 
+    def telemetry(
+        self, node: str, at: float, gpus: Sequence[Any], driver: str | None, cuda: str | None
+    ) -> None:
+        body = json.dumps({"n": node, "at": at, "g": [_dump(g) for g in gpus], "d": driver, "c": cuda})
+        self._observe("m", node, body)
+
+    def traffic(self, gateway: str, at: float, services: Mapping[str, Any]) -> None:
+        body = json.dumps({"gw": gateway, "at": at, "s": {k: _dump(v) for k, v in services.items()}})
+        self._observe("r", gateway, body)
+
+    def _observe(self, kind: str, key: str, body: str) -> None:
+        payload = f"{self.me}|{kind}|{body}"
+        if len(payload.encode()) > MAX_PAYLOAD:
+            self.dropped += 1
+            return
+        with self._lock:
+            self._observed[(kind, key)] = payload
+        self._ready.set()
+
     def _send_loop(self) -> None:
         while not self._stop.is_set():
             self._ready.wait(1.0)
@@ -113,7 +156,9 @@ class PgNotify:
             with self._lock:
                 wakes, self._wakes = self._wakes, set()
                 touched, self._touched = self._touched, set()
+                observed, self._observed = self._observed, {}
             payloads = [f"{self.me}|w|{w}" for w in sorted(wakes)] + pieces(self.me, touched)
+            payloads += list(observed.values())
             if payloads:
                 try:
                     with self.engine.connect() as c:
@@ -150,8 +195,12 @@ class PgNotify:
         try:
             if kind == "w":
                 self.on_wake(body)
-            else:
+            elif kind == "t":
                 self.on_touch({n for n in body.split(",") if n})
+            elif self.wants_observations():
+                handler = self.on_telemetry if kind == "m" else self.on_traffic
+                if handler is not None:
+                    handler(json.loads(body))
         except Exception:
             log.exception("handling a notification failed")
 
@@ -169,4 +218,4 @@ class PgNotify:
             t.join(timeout=5)
 
     def stats(self) -> dict[str, Any]:
-        return {"sent": self.sent, "received": self.received}
+        return {"sent": self.sent, "received": self.received, "dropped": self.dropped}

@@ -107,7 +107,10 @@ def report(body: GatewayReport, request: Request, parts: PartsDep, me: Me) -> Re
     QPS, latency, errors and in-flight requests come from these (``traffic.py``)."""
     if not me.is_operator:
         raise ProblemError(403, "gateway reports are for gateways (an operator or admin token)")
-    request.app.state.hot.traffic.put(body.gateway, parts.now(), body.services)
+    hot = request.app.state.hot
+    hot.traffic.put(body.gateway, parts.now(), body.services)
+    if hot.relay is not None:  # several servers: the leader's autoscaler sees it too
+        hot.relay.traffic(body.gateway, parts.now(), body.services)
     return Response(status_code=204)
 
 

@@ -272,14 +272,11 @@ def sync_node(
         return forbidden(f"this node credential belongs to node {actor.node}, not {name}")
     if body.telemetry is not None:
         readings_now = [t for t in body.telemetry if 0 <= t.index <= MAX_GPU_INDEX]
-        hot.telemetry.put(
-            name,
-            at=now,
-            gpus=readings_now,
-            driver_version=body.driver_version,
-            cuda_version=body.cuda_version,
+        hot.telemetry_seen(
+            name, at=now, gpus=readings_now, driver=body.driver_version, cuda=body.cuda_version
         )
-        hot.health.observe(name, readings_now, now)  # a fired rule wakes the lifecycle loop
+        if hot.relay is not None:  # several servers: the leader's health rules see it too
+            hot.relay.telemetry(name, now, readings_now, body.driver_version, body.cuda_version)
     fast = _fast_reply(db, name, body)
     if fast is not None:
         hot.heartbeats.note(name, now)
