@@ -154,7 +154,13 @@ def server(
     Tokens are stored as HMAC-SHA256 under a secret (--token-secret-file; servers sharing
     one database need the same one) and expire (--token-ttl; the fleet page's sign-in
     after --session-ttl). Mutating requests are audited (gpufleet admin audit), kept
-    --audit-days. /metrics takes an operator's or admin's token unless --metrics-public."""
+    --audit-days. /metrics takes an operator's or admin's token unless --metrics-public.
+
+    One server or several: on SQLite (the default) one server serves the database; a second
+    one on the same file refuses to start. On PostgreSQL (--database-url
+    postgresql+psycopg://...) start as many as you like: every one serves the API, and the
+    one holding the leader's lease (--leader-ttl) runs the loops, with every loop write
+    fenced by the lease's epoch; gpufleet status shows who leads (README, Production)."""
     from gpufleet.scheduler import POLICIES
     from gpufleet.server import ServerConfig, StartupError, run
     from gpufleet.server.db import default_database_url
