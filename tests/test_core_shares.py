@@ -1,8 +1,9 @@
 """GPU shares in the scheduling core (``gpufleet.migindex``'s scheme, table-driven): a
 shared GPU is a node of its own whose "GPUs" are its 100 units; a job asks for units by GPU
-type "SHARED" on one node. Shares pack onto the fullest GPU that fits (best fit: untouched
-shared GPUs stay whole for big shares), never split across GPUs, never reach whole GPUs,
-and count in quotas and fair share as their part of a GPU."""
+type "SHARED" on one node. A share goes where ``sharing.place``'s FGD rule puts it for the
+waiting mix (best fit on ties: here, with one kind waiting, the fullest GPU that fits), is
+never split across GPUs, never reaches a whole GPU, and counts in quotas and fair share as
+its part of a GPU."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from factories import job, placed, running, snapshot
 from gpufleet import mig
-from gpufleet.scheduler import Fleet, Gpu, Node, Quota, plan
+from gpufleet.scheduler import Fleet, Gpu, Node, Quota, plan, sharing
+from gpufleet.scheduler.placement import share_ask
 
 S = mig.SHARE_TAG
 
@@ -60,18 +62,30 @@ def test_shares_go_to_the_fullest_shared_gpu_that_fits(held: dict[str, int], uni
     assert _units(p, "j") == (node, units)
 
 
-def test_shares_keep_room_the_waiting_mix_can_use() -> None:
-    """FGD's rule, not plain best fit: a 20-unit share goes to the GPU with 60 free rather
-    than the one with 25 (which would strand 5 units no waiting share can use), and the
-    25-unit share waiting behind it then fills that GPU exactly."""
-    busy = (
-        running("r1", {"n1:share1": tuple(mig.share_index(1, u) for u in range(40))}, gpu_type=S),
-        running("r2", {"n1:share2": tuple(mig.share_index(2, u) for u in range(75))}, gpu_type=S),
+@pytest.mark.parametrize(
+    ("held", "pending"),
+    [
+        ({"n1:share1": 40, "n1:share2": 75}, (20, 25)),
+        ({"n1:share1": 70, "n1:share2": 10}, (30, 60, 90)),
+        ({"n1:share2": 50}, (50, 50, 100)),
+        ({"n1:share1": 95, "n1:share2": 95}, (5, 10)),
+    ],
+)
+def test_the_core_places_a_share_where_fgd_does(held: dict[str, int], pending: tuple[int, ...]) -> None:
+    """The core's choice for the first waiting share is ``sharing.place``'s ``fgd`` choice
+    over the same shared GPUs for the same waiting mix: one rule, the one
+    ``bench/bench_sharing.py`` measures (its own table tests: ``tests/test_sharing.py``)."""
+    busy = tuple(
+        running(f"r{n}", {n: tuple(mig.share_index(int(n[-1]), u) for u in range(k))}, gpu_type=S)
+        for n, k in held.items()
     )
-    pending = (job("a", 20, gpu_type=S, nodes=1, submit=1.0), job("b", 25, gpu_type=S, nodes=1, submit=2.0))
-    p = plan(snapshot(_fleet(), running_jobs=busy, pending=pending), "fifo")
-    assert _units(p, "a") == ("n1:share1", 20)
-    assert _units(p, "b") == ("n1:share2", 25)
+    jobs = tuple(job(f"j{i}", u, gpu_type=S, nodes=1, submit=float(i)) for i, u in enumerate(pending))
+    p = plan(snapshot(_fleet(), running_jobs=busy, pending=jobs), "fifo")
+    free = [[(100 - held.get(f"n1:share{g}", 0)) * 10 for g in (1, 2)]]
+    frag = sharing.Fragmentation(sharing.mix_of(share_ask(u) for u in pending))
+    want = sharing.place(sharing.Shares(names=["n1"], free=free), share_ask(pending[0]), "fgd", frag)
+    assert want is not None
+    assert _units(p, "j0") == (f"n1:share{want.gpus[0] + 1}", pending[0])
 
 
 def test_whole_jobs_never_get_a_shared_gpu_and_shares_never_a_whole_one() -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from gpufleet.migindex import is_share_model, wants_share
+from gpufleet.scheduler import sharing
 from gpufleet.scheduler.cache import PlanCache
 from gpufleet.scheduler.capacity import Capacity, FleetIndex
 from gpufleet.scheduler.cpu import CpuPlacer
@@ -50,12 +51,12 @@ from gpufleet.scheduler.model import (
 from gpufleet.scheduler.options import Options, gpu_type_matches, job_options, shared_options
 from gpufleet.scheduler.placement import (
     NodeCounts,
-    ShareMix,
     choose_nodes,
     choose_share,
     choose_spread,
     commit,
     describe_shape,
+    share_ask,
 )
 from gpufleet.scheduler.policies import Policy, make_policy
 from gpufleet.scheduler.policies.base import Context, Key
@@ -165,7 +166,7 @@ class _Pass(Preempting):
         self.res = NodeResources.build(snapshot.fleet, snapshot.running, snapshot.pending)
         self.pool_nodes: dict[str, list[str]] = {}
         self.masked = False  # the last placement hid nodes lacking CPUs or memory
-        self._share_mix: ShareMix | None = None
+        self._share_mix: sharing.Fragmentation | None = None
 
     def split_pending(self) -> None:
         """Held teams' jobs, 0-GPU jobs and GPU jobs (most passes have only the last:
@@ -512,15 +513,15 @@ class _Pass(Preempting):
                 return self._take(counts, own=own, long=long)
         return None
 
-    def share_mix(self) -> ShareMix:
-        """The waiting GPU shares' sizes, weighted by how many wait (built once a pass)."""
+    def share_mix(self) -> sharing.Fragmentation:
+        """The waiting GPU shares' mix (sizes weighted by how many wait), built once a pass."""
         if self._share_mix is None:
-            sizes: dict[int, int] = {}
-            for j in self.snap.pending:
-                if j.gpu_type is not None and wants_share(j.gpu_type):
-                    sizes[j.gpus] = sizes.get(j.gpus, 0) + 1
-            n = sum(sizes.values()) or 1
-            self._share_mix = tuple((size, k / n) for size, k in sorted(sizes.items()))
+            asks = [
+                share_ask(j.gpus)
+                for j in self.snap.pending
+                if j.gpu_type is not None and wants_share(j.gpu_type)
+            ]
+            self._share_mix = sharing.Fragmentation(sharing.mix_of(asks))
         return self._share_mix
 
     def spread_of(self, group: str) -> tuple[set[int], set[str]]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gpufleet.migindex import SHARE_UNITS, physical_node
+from gpufleet.scheduler import sharing
 from gpufleet.scheduler.capacity import Capacity, GroupFree, GroupKey
 from gpufleet.scheduler.model import JobRequest, NodeGpus, Placement
 
@@ -69,38 +71,39 @@ def choose_nodes(cap: Capacity, key: GroupKey, shape: Shape) -> NodeCounts | Non
     return _choose_multi(cap, group, shape)
 
 
-ShareMix = tuple[tuple[int, float], ...]
-"""The waiting GPU shares' sizes (units) and their weights: what room on a shared GPU is
-worth keeping (``choose_share``)."""
+def share_ask(units: int) -> sharing.Ask:
+    """A share of ``units`` (``migindex.SHARE_UNITS`` make a GPU) as ``sharing``'s ask."""
+    milli = units * (sharing.WHOLE // SHARE_UNITS)
+    return sharing.Ask() if milli >= sharing.WHOLE else sharing.Ask(milli=milli)
 
 
-def choose_share(cap: Capacity, key: GroupKey, count: int, mix: ShareMix) -> NodeCounts | None:
-    """One shared GPU (a share node of group ``key``) for ``count`` units. A GPU already
-    in use before an untouched one (an untouched GPU stays whole for the big shares); among
-    those in use, the way FGD (Weng et al., "Beware of Fragmentation", USENIX ATC'23)
-    places a GPU fraction: the GPU whose *stranded* room for the waiting mix grows least. A
-    GPU's room ``f`` is stranded for an ask larger than ``f``; its expected stranding is
-    ``f x P(ask > f)`` over ``mix``. Taking ``count`` of ``f`` changes it by
-    ``stranded(f - count) - stranded(f)``: filling a GPU's room exactly, or down to a size
-    the waiting shares still use, scores best. Ties go to best fit (the fullest GPU),
-    which is also the choice without a mix."""
+def choose_share(cap: Capacity, key: GroupKey, count: int, frag: sharing.Fragmentation) -> NodeCounts | None:
+    """One shared GPU (a share node of group ``key``) for ``count`` units, chosen by
+    ``sharing.place``'s ``fgd`` rule over the group's shared GPUs, grouped by the node they
+    are on, for the waiting shares' mix (``frag``): the place that least increases the
+    expected fragmentation (FGD, Weng et al., USENIX ATC'23), best fit on ties. The rule
+    the simulator and ``bench/bench_sharing.py`` measure is this one; here it sees the
+    shared GPUs' room only (a share node holds no CPUs: the CPUs a share's job asks are
+    not part of its ask, as the bench's ``gpu-only`` mix)."""
     group = cap.groups[key]
-    size = group.info.size
-    in_use_fits = count < size and group.count_ge[count] > group.count_ge[size]
-    top = size - 1 if in_use_fits else size
-    best: tuple[float, int] | None = None
-    for f in range(count, top + 1):
-        bucket = group.by_free[f]
-        if not bucket:
-            continue
-        score = _stranded(f - count, mix) - _stranded(f, mix)
-        if best is None or score < best[0] - 1e-9:
-            best = (score, next(iter(bucket)))
-    return None if best is None else [(best[1], count)]
-
-
-def _stranded(free: int, mix: ShareMix) -> float:
-    return free * sum(p for size, p in mix if size > free)
+    info = cap.index.nodes
+    at: dict[str, int] = {}
+    names: list[str] = []
+    free: list[list[int]] = []
+    nids: list[list[int]] = []
+    step = sharing.WHOLE // SHARE_UNITS
+    for nid in group.info.nodes:
+        node = physical_node(info[nid].name)
+        i = at.get(node)
+        if i is None:
+            i = at[node] = len(names)
+            names.append(node)
+            free.append([])
+            nids.append([])
+        free[i].append(cap.free[nid] * step)
+        nids[i].append(nid)
+    choice = sharing.place(sharing.Shares(names=names, free=free), share_ask(count), "fgd", frag)
+    return None if choice is None else [(nids[choice.node][choice.gpus[0]], count)]
 
 
 def choose_spread(
