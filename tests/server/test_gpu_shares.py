@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet import mig
 from gpufleet.server.services import nodeops
-from server.conftest import Server, make_pool, make_team, make_user, ok, unique
+from server.conftest import Server, every, make_pool, make_team, make_user, ok, unique
 from server.playnode import placed, register, sync
 from server.playnode import submit as submit_job
 
@@ -154,3 +154,26 @@ def test_a_pool_without_shared_gpus_says_so(server: Server, team: str) -> None:
     with server.client() as c:
         resp = c.post("/jobs", json={"command": ["x"], "gpu_fraction": 0.5, "pool": pool, "team": team})
     assert resp.status_code == 422 and "gpufleet node share" in resp.text, resp.text
+
+
+def test_a_service_runs_its_replicas_on_shares(server: Server, team: str) -> None:
+    """``gpu_fraction`` on a service: each replica is a share of a shared GPU (two quarter
+    replicas on one GPU), shown as such; a fraction with several GPUs per replica is refused."""
+    pool = make_pool(server)
+    node, _ = register(server, pool=pool, gpus=2)
+    assert _share(server, node, 1).status_code == 200
+    name = unique("svc")
+    spec = {"name": name, "command": ["x"], "replicas": 2, "gpu_fraction": 0.25, "pool": pool, "team": team}
+    with server.client() as c:
+        bad = c.put(f"/services/{name}", json={**spec, "gpus_per_replica": 2})
+        assert bad.status_code == 422 and "gpus_per_replica 1" in bad.text, bad.text
+        ok(c.put(f"/services/{name}", json=spec))
+        deadline = time.monotonic() + 10
+        while True:
+            jobs = [j for j in every(c, "/jobs", pool=pool) if j["name"].startswith(name)]
+            if (len(jobs) == 2 and all(j["allocation"] for j in jobs)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        MADE.extend(j["id"] for j in jobs)
+        ok(c.delete(f"/services/{name}"), 202)
+    assert sorted(_units(j) for j in jobs) == [(node, 1, 25), (node, 1, 25)]

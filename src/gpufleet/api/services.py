@@ -53,7 +53,16 @@ class ServiceSpec(Request):
     min_replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
     max_replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
     gpus_per_replica: int = Field(default=1, ge=0, le=1024)
-    gpu_type: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    gpu_type: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
+        default=None, description="a GPU model, or MIG slices: 'MIG 1g.10gb'"
+    )
+    gpu_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="each replica on part of one shared GPU (0.25), under MPS limits (gpus_per_replica 1)",
+    )
     pool: Name = "default"
     health_path: Annotated[str, StringConstraints(pattern=r"^/[!-~]{0,255}$")] | None = Field(
         default=None, description="readiness probe path; default by protocol (kserve-v2: /v2/health/ready)"
@@ -141,6 +150,7 @@ class ServicePatch(Request):
     max_replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
     gpus_per_replica: int | None = Field(default=None, ge=0, le=1024)
     gpu_type: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    gpu_fraction: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     health_path: Annotated[str, StringConstraints(pattern=r"^/[!-~]{0,255}$")] | None = None
     readiness_timeout: float | None = Field(default=None, gt=0, le=86_400)
     env: (

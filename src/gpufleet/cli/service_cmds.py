@@ -109,6 +109,8 @@ def summary_lines(svc: ServiceOut, *, now: float) -> list[str]:
     """``service show``'s head: what the service runs and how it stands."""
     spec = svc.spec
     gpus = words.count(spec.gpus_per_replica, "GPU") + " per replica"
+    if spec.gpu_fraction is not None:
+        gpus = f"{spec.gpu_fraction:g} of a shared GPU per replica"
     fields: list[tuple[str, object]] = [
         ("name", svc.name),
         ("owner", svc.owner),
@@ -199,7 +201,12 @@ def deploy(
     gpus_per_replica: int | None = typer.Option(
         None, "--gpus-per-replica", help=_HELP["gpus"] + " Default 1."
     ),
-    gpu_type: str | None = typer.Option(None, "--gpu-type"),
+    gpu_type: str | None = typer.Option(
+        None, "--gpu-type", help="A GPU model, or MIG slices: 'MIG 1g.10gb'."
+    ),
+    gpu_fraction: float | None = typer.Option(
+        None, "--gpu-fraction", help="Each replica on part of one shared GPU (0.25), under MPS limits."
+    ),
     pool: str | None = typer.Option(None, "--pool", "-p", help="The pool to run in (default: default)."),
     team: str | None = typer.Option(
         None, "--team", help="The team it counts against (default: your default team)."
@@ -237,6 +244,7 @@ def deploy(
             "replicas": replicas,
             "gpus_per_replica": gpus_per_replica,
             "gpu_type": gpu_type,
+            "gpu_fraction": gpu_fraction,
             "port": port,
             "health_path": health_path,
             "readiness_timeout": readiness_timeout,

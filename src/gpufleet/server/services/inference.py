@@ -67,6 +67,7 @@ ROLLING = (
     "protocol",
     "gpus_per_replica",
     "gpu_type",
+    "gpu_fraction",
     "pool",
 )
 
@@ -247,6 +248,8 @@ def _pool_problem(s: Session, spec: ServiceSpec) -> Failure | None:
         )
     if not gpu and spec.gpus_per_replica:
         return invalid(f"pool {spec.pool} is CPU-only: gpus_per_replica must be 0")
+    if spec.gpu_fraction is not None and spec.gpus_per_replica != 1:
+        return invalid("gpu_fraction: a replica's share is part of one GPU (gpus_per_replica 1)")
     return None
 
 

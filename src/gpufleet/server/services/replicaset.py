@@ -13,12 +13,14 @@ CrashLoopBackOff).
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.services import ServiceSpec
+from gpufleet.migindex import SHARE_UNITS, share_gpu_type
 from gpufleet.server.db import Database
 from gpufleet.server.errors import Conflict
 from gpufleet.server.jobstate.states import JobState
@@ -67,6 +69,15 @@ def _backoff(s: Session, row: ServiceRow, now: float) -> float | None:
     return now + min(300.0, 5.0 * 2.0 ** min(exits - 1, 10))
 
 
+def share_of(spec: ServiceSpec) -> dict[str, Any]:
+    """A replica on part of a shared GPU (``gpu_fraction``): its units, on one node
+    (``migindex``, as ``gpufleet submit --gpu-fraction``); {} otherwise."""
+    if spec.gpu_fraction is None:
+        return {}
+    units = max(1, math.ceil(spec.gpu_fraction * SHARE_UNITS))
+    return {"gpus": units, "gpus_per_node": units, "nodes": 1, "gpu_type": share_gpu_type(spec.gpu_type)}
+
+
 def _create(
     s: Session, row: ServiceRow, spec: ServiceSpec, slot: int, *, now: float, reason: str, warm: bool = False
 ) -> int:
@@ -79,6 +90,7 @@ def _create(
         "gpus_per_node": 0,
         "nodes": 0,
         "gpu_type": spec.gpu_type,
+        **share_of(spec),
         "priority": spec.priority,
         "time_limit_s": None,
         "command": list(spec.command or []),
