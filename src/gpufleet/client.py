@@ -34,14 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 import platformdirs
 
-from gpufleet.failover import (
-    CONNECT_TIMEOUT_S,
-    PROXY_DOWN,
-    Servers,
-    failure_of,
-    parse_urls,
-    proxy_failure,
-)
+from gpufleet.failover import CONNECT_TIMEOUT_S, NoAnswer, Servers, first_answer, parse_urls
 from gpufleet.failover import repeatable as method_repeatable
 
 if TYPE_CHECKING:
@@ -193,25 +186,19 @@ class GpufleetClient:
             raise ClientError(f"server {self.url} sent a non-JSON answer ({resp.status_code})") from exc
 
     def _send(self, method: str, path: str, *, repeatable: bool, **kw: Any) -> httpx.Response:
-        """The first answer from the servers in turn. A proxy's 502/503/504 after which
-        the walk ends is an error naming the servers tried; with one server, the answer
-        (as it always was)."""
-        walk = self.servers.walk(repeatable=repeatable)
-        error: httpx.HTTPError | None = None
-        for url in walk:
-            try:
-                resp = self._http.request(method, f"{url}/v1{path}", **kw)
-            except httpx.HTTPError as exc:
-                error = exc
-                walk.failed(url, failure_of(exc))
-                continue
-            if resp.status_code in PROXY_DOWN and len(self.servers.urls) > 1:
-                if walk.failed(url, proxy_failure(resp.status_code)):
-                    continue
-                raise ClientError(walk.message(), status=resp.status_code, detail=_detail(resp))
-            walk.answered(url)
-            return resp
-        raise ClientError(walk.message()) from error
+        """The first answer from the servers in turn (``failover.first_answer``). A proxy's
+        502/503/504 after which the walk ends is an error naming the servers tried; with
+        one server, the answer (as it always was)."""
+        try:
+            resp, _ = first_answer(
+                self.servers,
+                lambda url: self._http.request(method, f"{url}/v1{path}", **kw),
+                repeatable=repeatable,
+            )
+        except NoAnswer as exc:
+            detail = None if exc.response is None else _detail(exc.response)
+            raise ClientError(str(exc), status=exc.status, detail=detail) from exc.__cause__
+        return resp
 
     def _get(self, model: type[M], method: str, path: str, **kw: Any) -> M:
         from pydantic import ValidationError

@@ -33,7 +33,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
+
+R = TypeVar("R")
 
 REPEATABLE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 """RFC 9110's idempotent methods: sending one twice leaves what sending it once does."""
@@ -227,16 +229,56 @@ class Walk:
         )
 
 
+class NoAnswer(Exception):
+    """``first_answer`` got none: ``str()`` names every server tried and why; ``response``:
+    the proxy's 502/503/504 that ended the walk, if one did (its ``status_code``)."""
+
+    def __init__(self, message: str, response: Any = None) -> None:
+        super().__init__(message)
+        self.response = response
+
+    @property
+    def status(self) -> int | None:
+        return None if self.response is None else int(self.response.status_code)
+
+
+def first_answer(servers: Servers, send: Callable[[str], R], *, repeatable: bool) -> tuple[R, Switch | None]:
+    """``send(url)``'s first answer (an httpx response) from ``servers`` in turn, by the
+    rule above, and the switch of current server it made; ``NoAnswer`` when the walk
+    ends without one (chained to the last httpx error). A proxy's 502/503/504 moves on
+    only with several servers; with one, it is the answer (as it always was)."""
+    import httpx
+
+    walk = servers.walk(repeatable=repeatable)
+    error: httpx.HTTPError | None = None
+    for url in walk:
+        try:
+            resp = send(url)
+        except httpx.HTTPError as exc:
+            error = exc
+            walk.failed(url, failure_of(exc))
+            continue
+        status = int(getattr(resp, "status_code", 0))
+        if status in PROXY_DOWN and len(servers.urls) > 1:
+            if walk.failed(url, proxy_failure(status)):
+                continue
+            raise NoAnswer(walk.message(), resp)
+        return resp, walk.answered(url)
+    raise NoAnswer(walk.message()) from error
+
+
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "COOL_DOWN_S",
     "PROXY_DOWN",
     "REPEATABLE_METHODS",
     "Failure",
+    "NoAnswer",
     "Servers",
     "Switch",
     "Walk",
     "failure_of",
+    "first_answer",
     "parse_urls",
     "proxy_failure",
     "repeatable",

@@ -27,15 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from gpufleet.failover import (
-    CONNECT_TIMEOUT_S,
-    PROXY_DOWN,
-    Servers,
-    Switch,
-    failure_of,
-    parse_urls,
-    proxy_failure,
-)
+from gpufleet.failover import CONNECT_TIMEOUT_S, NoAnswer, Servers, Switch, first_answer, parse_urls
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -105,22 +97,12 @@ class HttpTransport:
 
     def _send(self, send: Callable[[str], httpx.Response], *, repeatable: bool) -> httpx.Response:
         """``send(server URL)``'s first answer from the servers in turn."""
-        walk = self.servers.walk(repeatable=repeatable)
-        error: httpx.HTTPError | None = None
-        for url in walk:
-            try:
-                resp = send(url)
-            except httpx.HTTPError as exc:
-                error = exc
-                walk.failed(url, failure_of(exc))
-                continue
-            if resp.status_code in PROXY_DOWN and len(self.servers.urls) > 1:
-                if walk.failed(url, proxy_failure(resp.status_code)):
-                    continue
-                raise AgentTransportError(walk.message(), status=resp.status_code)
-            _log_switch(walk.answered(url))
-            return resp
-        raise AgentTransportError(walk.message()) from error
+        try:
+            resp, switch = first_answer(self.servers, send, repeatable=repeatable)
+        except NoAnswer as exc:
+            raise AgentTransportError(str(exc), status=exc.status) from exc.__cause__
+        _log_switch(switch)
+        return resp
 
     def wait(self, node: str, seen: str | None, timeout_s: float) -> str:
         limit = self._timeout(timeout_s + 10.0)

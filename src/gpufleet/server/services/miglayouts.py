@@ -51,6 +51,14 @@ def _words(layout: Sequence[str]) -> str:
     return ",".join(layout) if layout else "whole GPU"
 
 
+def _gpu(s: Session, name: str, index: int) -> GpuRow | Failure:
+    """GPU ``index`` of node ``name``, or the 404 saying which is missing."""
+    if s.get(NodeRow, name) is None:
+        return not_found(f"no node {name}")
+    gpu = s.get(GpuRow, (name, index))
+    return not_found(f"node {name} has no GPU {index}") if gpu is None else gpu
+
+
 def set_layout(
     *,
     db: Database,
@@ -71,11 +79,9 @@ def set_layout(
         return forbidden("only operators and admins change MIG layouts")
     layout = [] if spec.whole else list(spec.layout or ())
     with db.write() as s:
-        if s.get(NodeRow, name) is None:
-            return not_found(f"no node {name}")
-        gpu = s.get(GpuRow, (name, index))
-        if gpu is None:
-            return not_found(f"node {name} has no GPU {index}")
+        gpu = _gpu(s, name, index)
+        if isinstance(gpu, Failure):
+            return gpu
         if layout:
             model = mig.model_for(gpu.model)
             if model is None:
@@ -125,11 +131,9 @@ def set_shared(
     if not actor.is_operator:
         return forbidden("only operators and admins share GPUs")
     with db.write() as s:
-        if s.get(NodeRow, name) is None:
-            return not_found(f"no node {name}")
-        gpu = s.get(GpuRow, (name, index))
-        if gpu is None:
-            return not_found(f"node {name} has no GPU {index}")
+        gpu = _gpu(s, name, index)
+        if isinstance(gpu, Failure):
+            return gpu
         if bool(gpu.shared) == spec.shared:
             return None
         if spec.shared and (gpu.mig_enabled or gpu.mig_pending):
