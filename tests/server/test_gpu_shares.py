@@ -174,6 +174,9 @@ def test_a_service_runs_its_replicas_on_shares(server: Server, team: str) -> Non
             if (len(jobs) == 2 and all(j["allocation"] for j in jobs)) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        MADE.extend(j["id"] for j in jobs)
         ok(c.delete(f"/services/{name}"), 202)
+        deadline = time.monotonic() + 20  # gone before the next module: its drain moves no job there
+        while c.get(f"/services/{name}").status_code != 404:
+            assert time.monotonic() < deadline, "the service was not deleted"
+            time.sleep(0.1)
     assert sorted(_units(j) for j in jobs) == [(node, 1, 25), (node, 1, 25)]

@@ -15,10 +15,12 @@ which ends its session and releases the lock; its writes then never land.
 ``Lease`` is the SQL (the database's clock decides expiry, so servers' clocks may differ);
 ``Leadership`` is the keeper thread: it renews the lease every ``ttl_s / 3``, starts a
 *term* (the server's loops, their writes fenced with the term's epoch) when it gains the
-lease, and ends the term at once when it learns of a newer holder, or when its own last
-renewal is older than ``0.8 x ttl_s`` by its monotonic clock (a database it cannot reach,
-or a pause: the keeper checks that before it renews). ``release`` (a clean stop) lets the
-next server take over at once instead of after ``ttl_s``.
+lease, and ends the term as soon as it learns of a newer holder, or when it cannot reach
+the database and its own last renewal is older than ``0.8 x ttl_s`` by its monotonic clock.
+A keeper that was late (a pause, a starved CPU) but renews under the same epoch keeps its
+term: nobody led in between, and had someone, the fence would have refused its writes
+meanwhile; restarting every loop on a busy machine would only make it busier.
+``release`` (a clean stop) lets the next server take over at once instead of after ``ttl_s``.
 
 SQLite stays single-server: ``SqliteLock`` holds an exclusive lock on a file beside the
 database, and a second server on it refuses to start, naming the first.
@@ -226,14 +228,14 @@ class Leadership:
     def look(self) -> None:
         """One renewal: the keeper's step (tests call it directly)."""
         with self._lock:
-            if self.term is not None and self.monotonic() > self.valid_until:
-                self._end("the lease was not renewed in time (paused, or no database)")
             asked = self.monotonic()
             try:
                 epoch = self.lease.acquire()
             except SQLAlchemyError as exc:
                 self.failures += 1
                 log.warning("leader lease: %s", str(exc).splitlines()[0])
+                if self.term is not None and self.monotonic() > self.valid_until:
+                    self._end("the lease could not be renewed in time (no database)")
                 return
             if epoch is None:
                 if self.term is not None:
