@@ -105,23 +105,46 @@ def test_a_takeover_waits_for_the_fenced_write_in_flight() -> None:
 
 
 def test_a_second_server_on_one_sqlite_file_refuses_to_start(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'one.db'}"
-    first = start_server(url)
+    """A first server holds the file's lock (here a process that takes it as the server
+    does, ``leader.SqliteLock``): ``gpufleet server`` on the same file refuses before it
+    touches the database, naming the holder and PostgreSQL."""
+    db = tmp_path / "one.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(db)], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
     try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         second = subprocess.run(
-            [sys.executable, "-m", "gpufleet", "server", "--port", "1", "--database-url", url],
+            [sys.executable, "-m", "gpufleet", "server", "--port", "1", "--database-url", f"sqlite:///{db}"],
             env={**os.environ, "GPUFLEET_ADMIN_TOKEN": ADMIN_TOKEN},
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=30,
         )
         assert second.returncode != 0
-        assert "another gpufleet server" in second.stderr and "PostgreSQL" in second.stderr, second.stderr
-        with first.client() as c:
-            status = ok(c.get("/fleet/servers"))
-        assert status["mode"] == "single" and status["leader"] == status["me"]
+        assert f"another gpufleet server (pid {holder.pid}" in second.stderr, second.stderr
+        assert "PostgreSQL" in second.stderr and not db.exists()  # refused before touching it
     finally:
-        stop_server(first)
+        holder.kill()
+        holder.wait()
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from gpufleet.server.leader import SqliteLock
+lock = SqliteLock(Path(sys.argv[1]))  # held while the object lives
+assert lock.acquire() is None
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_one_sqlite_server_says_it_is_alone(server: Server) -> None:
+    if not server.db_url.startswith("sqlite"):
+        pytest.skip("the single-server answer is SQLite's")
+    status = _status(server)
+    assert status["mode"] == "single" and status["leader"] == status["me"] and len(status["servers"]) == 1
 
 
 # -- three real servers -------------------------------------------------------------------------
@@ -151,7 +174,7 @@ def _leader(ask: list[Server], *, not_in: set[str] = frozenset(), timeout: float
 
 def test_servers_share_the_work_and_a_stale_leader_writes_nothing() -> None:
     with scratch_postgres("ha") as url:
-        args = ("--leader-ttl", "2s", "--scheduler-thread")
+        args = ("--leader-ttl", "1s", "--scheduler-thread")
         servers = [start_server(url, extra=args)]
         servers += [start_server(url, extra=args) for _ in range(2)]
         try:
@@ -199,8 +222,11 @@ def test_servers_share_the_work_and_a_stale_leader_writes_nothing() -> None:
             finally:
                 second.proc.send_signal(signal.SIGCONT)
                 dead.remove(second)
-            time.sleep(3)  # it wakes: its keeper sees the newer holder and stops its loops
-            assert _status(second)["leader"] == st3["leader"]
+            deadline = time.monotonic() + 10  # it wakes: its keeper sees the newer holder
+            while _status(second)["leader"] != st3["leader"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            time.sleep(1.0)  # a keeper's look (a third of the TTL) and then some: its loops stopped
             storm(6)
             deadline = time.monotonic() + 15
             engine = create_engine(url)
