@@ -31,6 +31,10 @@ from gpufleet.failover import CONNECT_TIMEOUT_S, NoAnswer, Servers, Switch, firs
 
 log = logging.getLogger("gpufleet.agent")
 
+SYNC_READ_S = 10.0
+"""With several servers, a sync that got no answer in this long goes to the next one (a
+stopped server would otherwise hold the node for the whole read timeout, 30 s)."""
+
 
 class AgentTransportError(Exception):
     def __init__(self, message: str, *, status: int | None = None) -> None:
@@ -125,13 +129,26 @@ class HttpTransport:
             raise AgentTransportError(f"{self.url} sent a bad long-poll answer") from exc
 
     def sync(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
-        # idempotent by design (server/services/sync.py): safe to send again to another server
-        return self.post(f"/nodes/{node}/sync", body, repeatable=True)
+        # idempotent by design (server/services/sync.py): safe to send again to another
+        # server, so with several a stopped one costs SYNC_READ_S, not the full read timeout
+        several = len(self.servers.urls) > 1
+        limit = self._timeout(SYNC_READ_S) if several else None
+        return self.post(f"/nodes/{node}/sync", body, repeatable=True, timeout=limit)
 
-    def post(self, path: str, body: dict[str, Any], *, repeatable: bool = False) -> dict[str, Any]:
+    def post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        repeatable: bool = False,
+        timeout: httpx.Timeout | None = None,
+    ) -> dict[str, Any]:
         """``POST /v1{path}``; ``repeatable``: it may be sent again to another server
         after it may have reached one (only what is idempotent)."""
-        resp = self._send(lambda url: self._http.post(f"{url}/v1{path}", json=body), repeatable=repeatable)
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        resp = self._send(
+            lambda url: self._http.post(f"{url}/v1{path}", json=body, **extra), repeatable=repeatable
+        )
         if resp.status_code >= 400:
             detail = ""
             try:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from gpufleet.server.errors import Conflict
+from gpufleet.server.leader import Fenced
 
 log = logging.getLogger("gpufleet.loops")
 
@@ -90,7 +91,7 @@ class Loop:
         """One step; True if it returned. Never raises."""
         try:
             self.step()
-        except Conflict as exc:  # expected under contention: no traceback
+        except (Conflict, Fenced) as exc:  # expected (contention; a newer leader): no traceback
             self.failures += 1
             log.warning("%s: %s", self.name, exc)
             return False
