@@ -146,12 +146,9 @@ def device_gpu(index: int) -> int:
 
 def device_label(index: int) -> str:
     """How the CLI shows an allocated index: ``3`` for GPU 3, ``mig1.4`` for the MIG slice
-    of GPU 1 placed at memory slice 4 (a share's units: ``device_labels``)."""
+    of GPU 1 placed at memory slice 4 (a share's units, together: ``device_labels``)."""
     found = slice_of(index)
-    if found is not None:
-        return f"mig{found[0]}.{found[1]}"
-    share = share_of(index)
-    return str(index) if share is None else f"{share[0]}@1%"
+    return str(index) if found is None else f"mig{found[0]}.{found[1]}"
 
 
 def device_labels(indices: list[int] | tuple[int, ...]) -> list[str]:

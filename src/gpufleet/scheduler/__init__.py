@@ -25,6 +25,7 @@ from gpufleet.scheduler.model import (
     Snapshot,
     Start,
     Status,
+    shared_gpu_node,
 )
 from gpufleet.scheduler.policies import POLICIES, Policy, make_policy
 from gpufleet.scheduler.reservations import admit_reservation
@@ -55,4 +56,5 @@ __all__ = [
     "gpu_type_matches",
     "make_policy",
     "plan",
+    "shared_gpu_node",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from gpufleet.migindex import SHARE_UNITS, wants_share
+from gpufleet.migindex import SHARE_UNITS, share_index, share_model, share_node, wants_share
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +54,27 @@ class Node:
     @property
     def model(self) -> str:
         return self.gpus[0].model if self.gpus else ""
+
+
+def shared_gpu_node(node: Node, gpu: Gpu) -> Node:
+    """The core's node of ``node``'s shared GPU ``gpu``: its ``SHARE_UNITS`` units
+    (``gpufleet.migindex``), as the server's inventory and the simulator build it."""
+    return Node(
+        name=share_node(node.name, gpu.index),
+        gpus=tuple(
+            Gpu(
+                index=share_index(gpu.index, u),
+                model=share_model(gpu.model),
+                memory_mb=gpu.memory_mb,  # the GPU's: a share is sized by units
+                nvlink_domain=gpu.index,
+            )
+            for u in range(SHARE_UNITS)
+        ),
+        leaf=node.leaf,
+        rack=node.rack,
+        pool=node.pool,
+        schedulable=node.schedulable,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -144,9 +144,6 @@ class Lease:
                 {"name": LEASE, "me": self.holder, "e": epoch},
             )
 
-    def state(self) -> LeaseState | None:
-        return read_state(self.engine)
-
 
 def read_state(engine: Engine) -> LeaseState | None:
     """The lease row (None: no server ever led; SQLite has none)."""

@@ -216,6 +216,3 @@ class PgNotify:
         self._ready.set()
         for t in self._threads:
             t.join(timeout=5)
-
-    def stats(self) -> dict[str, Any]:
-        return {"sent": self.sent, "received": self.received, "dropped": self.dropped}

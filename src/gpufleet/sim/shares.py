@@ -45,10 +45,9 @@ from gpufleet.migindex import (
     physical_node,
     share_gpu_type,
     share_index,
-    share_model,
     share_node,
 )
-from gpufleet.scheduler import Fleet, Gpu, Node, Placement
+from gpufleet.scheduler import Fleet, Node, Placement, shared_gpu_node
 from gpufleet.sim.trace import TraceJob, is_fractional, share_units
 
 SHARED_CHOICES = ("auto", "all")
@@ -121,27 +120,6 @@ def share_gpus(fleet: Fleet, count: int) -> Fleet:
         out.append(replace(node, gpus=gpus))
         out += [shared_gpu_node(node, g) for g in mine]
     return Fleet(nodes=tuple(out))
-
-
-def shared_gpu_node(node: Node, gpu: Gpu) -> Node:
-    """The core's node of ``node``'s shared GPU ``gpu``: its ``SHARE_UNITS`` units (the
-    server's ``inventory._build`` builds the same from its rows)."""
-    return Node(
-        name=share_node(node.name, gpu.index),
-        gpus=tuple(
-            Gpu(
-                index=share_index(gpu.index, u),
-                model=share_model(gpu.model),
-                memory_mb=gpu.memory_mb,  # the GPU's: a share is sized by units
-                nvlink_domain=gpu.index,
-            )
-            for u in range(SHARE_UNITS)
-        ),
-        leaf=node.leaf,
-        rack=node.rack,
-        pool=node.pool,
-        schedulable=node.schedulable,
-    )
 
 
 def physical_nodes(fleet: Fleet) -> tuple[Node, ...]:

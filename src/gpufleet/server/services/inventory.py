@@ -23,7 +23,7 @@ from sqlalchemy import false, func, select
 from sqlalchemy.orm import Session
 
 from gpufleet import mig
-from gpufleet.scheduler import Fleet, Gpu, Node
+from gpufleet.scheduler import Fleet, Gpu, Node, shared_gpu_node
 from gpufleet.scheduler.capacity import FleetIndex
 from gpufleet.server.models import GpuRow, NodeRow
 
@@ -66,7 +66,7 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
     honoured here)."""
     per: dict[object, list[Gpu]] = {}
     slices: dict[object, dict[str, list[Gpu]]] = {}
-    shares: dict[object, list[tuple[int, str, int]]] = {}  # node -> (GPU, model, memory)
+    shares: dict[object, set[int]] = {}  # node -> its shared GPUs that may take work
     for node, index, model, memory_mb, domain, healthy, mig_on, instances, shared in gpus:
         ok = bool(healthy) or live_since is None
         shared = bool(shared) and not mig_on  # MIG mode wins: its slices are the devices
@@ -82,7 +82,7 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
             )
         )
         if shared and ok:
-            shares.setdefault(node, []).append((int(index), str(model), int(memory_mb)))  # type: ignore[call-overload]
+            shares.setdefault(node, set()).add(int(index))  # type: ignore[call-overload]
         if mig_on:
             for m in instances or ():  # type: ignore[attr-defined]
                 try:
@@ -124,25 +124,8 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
                 )
                 for profile, devices in sorted(slices.get(name, {}).items())
             ]
-            parts += [
-                Node(
-                    name=mig.share_node(str(name), gpu),
-                    gpus=tuple(
-                        Gpu(
-                            index=mig.share_index(gpu, u),
-                            model=mig.share_model(model),
-                            memory_mb=memory_mb,  # the GPU's: a share is sized by units
-                            nvlink_domain=gpu,
-                        )
-                        for u in range(mig.SHARE_UNITS)
-                    ),
-                    leaf=str(leaf),
-                    rack=str(rack),
-                    pool=str(pool),
-                    schedulable=live,
-                )
-                for gpu, model, memory_mb in shares.get(name, ())
-            ]
+            shared = shares.get(name, set())
+            parts += [shared_gpu_node(node, g) for g in node.gpus if g.index in shared]
         except ValueError as exc:  # one bad node never stops the fleet
             skipped[str(name)] = str(exc)
             continue
