@@ -87,8 +87,8 @@ class ServerConfig:
     auto_mig_max_changes: int = 2
     """GPUs the MIG planner lays out per look, at most."""
     leader_ttl_s: float = 6.0
-    """PostgreSQL: the leader's lease (``leader.py``, ``--leader-ttl``). A leader that cannot
-    renew it for 0.8 x this stops its loops; another server takes over once it has expired
+    """PostgreSQL: the leader's lease (``leader.py``, ``--leader-ttl``). A leader stops its
+    loops once it learns another server holds it; another server takes over once it has expired
     (at most this plus a third of it after the leader died; at once after a clean stop)."""
 
     @property

@@ -15,11 +15,13 @@ which ends its session and releases the lock; its writes then never land.
 ``Lease`` is the SQL (the database's clock decides expiry, so servers' clocks may differ);
 ``Leadership`` is the keeper thread: it renews the lease every ``ttl_s / 3``, starts a
 *term* (the server's loops, their writes fenced with the term's epoch) when it gains the
-lease, and ends the term as soon as it learns of a newer holder, or when it cannot reach
-the database and its own last renewal is older than ``0.8 x ttl_s`` by its monotonic clock.
-A keeper that was late (a pause, a starved CPU) but renews under the same epoch keeps its
-term: nobody led in between, and had someone, the fence would have refused its writes
-meanwhile; restarting every loop on a busy machine would only make it busier.
+lease, and ends the term as soon as it learns of a newer holder. A keeper that could not
+ask (no database, or the lease row locked past ``lock_timeout`` by one of its own fenced
+writes on a busy machine) learns nothing and keeps its term: while the database does not
+answer no loop can write either, and once another server leads, the fence refuses every
+write of this term until the keeper's next look ends it. A keeper that was late (a pause,
+a starved CPU) but renews under the same epoch keeps its term too: nobody led in between.
+Restarting every loop on a busy machine would only make it busier.
 ``release`` (a clean stop) lets the next server take over at once instead of after ``ttl_s``.
 
 SQLite stays single-server: ``SqliteLock`` holds an exclusive lock on a file beside the
@@ -200,14 +202,11 @@ class Leadership:
         lease: Lease,
         *,
         start_term: Callable[[int], Term],
-        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.lease = lease
         self.start_term = start_term
-        self.monotonic = monotonic
         self.term: Term | None = None
         self.epoch: int | None = None
-        self.valid_until = 0.0
         self.changes = 0
         self.failures = 0
         self._lock = threading.Lock()
@@ -225,21 +224,18 @@ class Leadership:
     def look(self) -> None:
         """One renewal: the keeper's step (tests call it directly)."""
         with self._lock:
-            asked = self.monotonic()
             try:
                 epoch = self.lease.acquire()
-            except SQLAlchemyError as exc:
+            except SQLAlchemyError as exc:  # no answer (or the lease row busy with a fenced
+                # write of ours): nothing learnt; the fence refuses our writes if it moved
                 self.failures += 1
                 log.warning("leader lease: %s", str(exc).splitlines()[0])
-                if self.term is not None and self.monotonic() > self.valid_until:
-                    self._end("the lease could not be renewed in time (no database)")
                 return
             if epoch is None:
                 if self.term is not None:
                     self._end("another server holds the lease")
                 self.epoch = None
                 return
-            self.valid_until = asked + 0.8 * self.lease.ttl_s
             if self.term is not None and self.epoch == epoch:
                 return
             if self.term is not None:
