@@ -8,7 +8,16 @@ COMMAND with exactly these ids; an unprivileged agent passes none), ``--workdir 
 was submitted), ``--output FILE`` / ``--error FILE`` / ``--input FILE`` (sbatch's, their
 patterns already expanded by the agent; a relative name is relative to the working
 directory), ``--pid-file FILE`` (where the pid of COMMAND, "the batch shell", is written,
-0600, for the agent's ``--signal=B:...``).
+0600, for the agent's ``--signal=B:...``), ``--env-file FILE`` (the job's environment,
+``KEY=VALUE`` entries separated by NUL bytes, 0600 in the agent's attempt dir).
+
+The wrapper itself runs as root with an environment the agent built from scratch (a
+fixed PATH and ``LANG=C``): the job's environment (``LD_PRELOAD``, ``LD_LIBRARY_PATH``,
+``GCONV_PATH``, ``PYTHON*``, ... whatever its owner put there) never reaches a process
+running as root, whose dynamic loader would honour it. The wrapper reads the file as
+data only, removes it, and hands its entries to ``execve`` in the forked child, after
+that child dropped to the job's ids; the command is looked up in the job's PATH. Without
+``--env-file`` (an unprivileged agent's tests) the child gets the wrapper's environment.
 
 Runs COMMAND as its child, waits for it, and writes its exit code (128+N when killed by
 signal N, 127 when it cannot be started) to EXIT_FILE atomically, so an agent that was
@@ -66,6 +75,7 @@ OPTIONS = frozenset(
         "--error",
         "--input",
         "--pid-file",
+        "--env-file",
     }
 )
 _UNNOTED = ("SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGABRT")
@@ -247,11 +257,40 @@ def _copy(pid: int, routes: dict[int, list[object]], wake: int) -> int:
     return status
 
 
-def _exec(command: list[str], opts: dict[str, str], path: list[str], stdio: dict[int, int]) -> None:
+def _job_env(opts: dict[str, str]) -> dict[bytes, bytes] | None:
+    """The job's environment from ``--env-file`` (read as bytes, never applied here: see
+    the module's docstring), the file removed; None without the option. A file that
+    cannot be read gives an empty environment and a line, not the wrapper's own."""
+    name = opts.get("--env-file")
+    if name is None:
+        return None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            raw = b""
+            while chunk := os.read(fd, 1 << 20):
+                raw += chunk
+        finally:
+            os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        _say(f"cannot read the job's environment: {exc.strerror or exc}")
+        return {}
+    env: dict[bytes, bytes] = {}
+    for entry in raw.split(b"\0"):
+        key, eq, value = entry.partition(b"=")
+        if key and eq:
+            env[key] = value
+    return env
+
+
+def _exec(
+    command: list[str], opts: dict[str, str], env: dict[bytes, bytes] | None, stdio: dict[int, int]
+) -> None:
     """In the forked child: its stdin/stdout/stderr (``stdio``: target -> descriptor),
-    become the job's account, then run COMMAND, looked up in ``path`` (the PATH, read
-    before the fork: ``os.execvp`` imports modules, which the job's account may not be
-    able to read). Never returns."""
+    become the job's account, then run COMMAND with the job's environment ``env`` (None:
+    the wrapper's), looked up in that environment's PATH (``os.execvp`` imports modules,
+    which the job's account may not be able to read). Never returns."""
     err: OSError | None = None
     try:
         for target, fd in stdio.items():
@@ -262,9 +301,14 @@ def _exec(command: list[str], opts: dict[str, str], path: list[str], stdio: dict
             os.setuid(int(opts["--uid"]))
         for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):  # as subprocess's restore_signals
             _signal.signal(sig, _signal.SIG_DFL)
+        if env is None:
+            path = os.environ.get("PATH", os.defpath).split(os.pathsep)
+        else:
+            path = os.fsdecode(env.get(b"PATH", os.defpath.encode())).split(os.pathsep)
+        environ = os.environ if env is None else env
         for exe in [command[0]] if "/" in command[0] else [os.path.join(d or ".", command[0]) for d in path]:
             try:
-                os.execv(exe, command)
+                os.execve(exe, command, environ)
             except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
                 err = err if isinstance(err, PermissionError) else exc  # EACCES wins, as in execvp
         raise err or FileNotFoundError(2, "No such file or directory")
@@ -280,7 +324,7 @@ def main(argv: list[str]) -> int:
         print(
             "usage: _wrapper.py EXIT_FILE [--cgroup DIR] [--uid N --gid N --groups A,B] "
             "[--workdir DIR | --submit-dir DIR] [--output F] [--error F] [--input F] "
-            "[--pid-file F] -- COMMAND...",
+            "[--pid-file F] [--env-file F] -- COMMAND...",
             file=sys.stderr,
         )
         return 2
@@ -308,7 +352,7 @@ def main(argv: list[str]) -> int:
                 pass
     sys.stdout.flush()
     sys.stderr.flush()
-    path = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    env = _job_env(opts)
     try:
         saved = _become(opts)
     except OSError as exc:  # then the child cannot switch either: it says so and exits 127
@@ -340,7 +384,7 @@ def main(argv: list[str]) -> int:
         _signal.signal(_signal.SIGCHLD, note)
     pid = os.fork()
     if pid == 0:
-        _exec(command, opts, path, stdio)
+        _exec(command, opts, env, stdio)
     for fd in (*ends.values(), *([] if stdin is None else [stdin])):
         os.close(fd)
     if pid_file is not None:

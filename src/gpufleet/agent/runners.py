@@ -35,6 +35,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -51,6 +52,32 @@ KILLED = 128 + int(signal.SIGKILL)
 VANISHED = -1
 """``poll``'s code for a process gone without an exit code (its node rebooted): the
 agent reports the attempt ``lost`` and the server requeues the job."""
+
+
+ROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+"""The whole environment of what the agent runs as root for a job (the wrapper): fixed,
+nothing of the job's nor of the agent's own (see ``write_env``)."""
+
+
+def write_env(path: Path, env: Mapping[str, str]) -> Path:
+    """The job's environment for the wrapper (``--env-file``): ``KEY=VALUE`` entries
+    separated by NUL bytes, a new 0600 file of the agent's. It is the only way the job's
+    environment reaches the wrapper, which applies it only in the child that has
+    dropped to the job's account, right before ``execve``: the root side (whose dynamic
+    loader honours ``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``GCONV_PATH``, ...) never runs
+    with it. Raises ValueError for what ``execve`` cannot carry (a NUL anywhere, "=" or
+    nothing in a key), as ``subprocess`` did."""
+    parts: list[bytes] = []
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise ValueError(f"unusable environment variable {key[:64]!r}")
+        parts.append(os.fsencode(key) + b"=" + os.fsencode(value))
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with open(fd, "wb") as f:
+        f.write(b"\0".join(parts))
+    return path
 
 
 class JobRunner(Protocol):
@@ -175,7 +202,9 @@ class ProcessRunner:
     """Runs the command under the wrapper as the job's owner (``users.RunAs``), in a new
     session (its own process group), its own cgroup where the node has cgroup v2
     (``cgroups.Cgroups``), its own working dir, stdout+stderr to ``output.log``, with
-    exactly its GPUs visible and an environment built from scratch (``launch_env``).
+    exactly its GPUs visible and an environment built from scratch (``launch_env``),
+    which only the job's own process gets (``write_env``; the root wrapper runs with
+    ``ROOT_ENV``).
 
     Liveness: the child we started is polled directly; a job re-adopted after an agent
     restart is alive while its pid exists with the recorded create time (a reused pid
@@ -232,6 +261,12 @@ class ProcessRunner:
             **paths,
         )
         argv = [sys.executable, "-I", "-S", str(self.wrapper), str(d / "exit_code")]
+        try:
+            argv += ["--env-file", str(write_env(d / "env", env))]
+        except (OSError, ValueError) as exc:  # ValueError: a NUL or "=" where it cannot be
+            with open(job.log_path, "ab") as log:
+                log.write(f"gpufleet: cannot start the job: {exc}\n".encode())
+            return _replace(job, exit_code=127)
         cgroup = self.cgroups.create(spec.job_id, spec.attempt, self.limits) if self.cgroups else None
         if cgroup is not None:
             argv += ["--cgroup", str(cgroup)]
@@ -247,7 +282,7 @@ class ProcessRunner:
                 proc = subprocess.Popen(
                     argv,
                     cwd=d / "run",
-                    env=env,
+                    env=dict(ROOT_ENV),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
