@@ -108,6 +108,27 @@ def server(
     auth_failures: str = typer.Option(
         "20/1m", "--auth-failures", help="Failed authentications per address: N/WINDOW, then 429; or off."
     ),
+    trusted_proxy: list[str] = typer.Option(
+        [],
+        "--trusted-proxy",
+        help="An address (or CIDR) of a reverse proxy whose X-Forwarded-For names the client (repeat). "
+        "Default: none; FORWARDED_ALLOW_IPS is not read.",
+    ),
+    header_timeout: float = typer.Option(
+        10.0, "--header-timeout", min=0.1, help="Seconds a request head may take, then 408."
+    ),
+    body_timeout: float = typer.Option(
+        10.0, "--body-timeout", min=0.1, help="Seconds without a byte of a request body, then 408."
+    ),
+    min_body_rate: float = typer.Option(
+        1024.0, "--min-body-rate", min=0.0, help="Bytes a second a body must average after 5 s (0: none)."
+    ),
+    idle_timeout: float = typer.Option(
+        5.0, "--idle-timeout", min=0.1, help="Seconds a connection may wait idle for a request."
+    ),
+    max_conns_per_address: int = typer.Option(
+        256, "--max-conns-per-address", min=0, help="Connections open at once from one address (0: no cap)."
+    ),
     node_lane: int = typer.Option(16, "--node-lane", min=1, help="Agent requests served at once."),
     admin_lane: int = typer.Option(8, "--admin-lane", min=1, help="Operator and admin requests at once."),
     user_lane: int = typer.Option(4, "--user-lane", min=1, help="User requests served at once."),
@@ -161,6 +182,7 @@ def server(
     postgresql+psycopg://...) start as many as you like: every one serves the API, and the
     one holding the leader's lease (--leader-ttl) runs the loops, with every loop write
     fenced by the lease's epoch; gpufleet status shows who leads (README, Production)."""
+    from gpufleet.netguard import GuardLimits
     from gpufleet.scheduler import POLICIES
     from gpufleet.server import ServerConfig, StartupError, run
     from gpufleet.server.db import default_database_url
@@ -250,6 +272,14 @@ def server(
             auth_failures=rates["auth-failures"],
         ),
         lanes=LaneSizes(node=node_lane, admin=admin_lane, user=user_lane),
+        guard=GuardLimits(
+            header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
+            min_body_rate=min_body_rate,
+            idle_timeout_s=idle_timeout,
+            max_per_address=max_conns_per_address,
+        ),
+        trusted_proxies=tuple(trusted_proxy),
         caps=Caps(pending_jobs=max_pending_jobs, reservations=max_reservations, tokens=max_tokens),
         token_secret_file=token_secret_file,
         token_ttl_s=token_ttl_s,

@@ -274,7 +274,13 @@ def create_app(
     app.add_middleware(audit.AuditMiddleware, audit=audit_log, now=clock.now)  # inside admission
     app.add_middleware(UrlGuardMiddleware)
     app.add_middleware(  # lanes and rate limits: before the body is read or a route is found
-        Admission, db=database, tokens=parts.tokens, creds=hot.creds, rates=config.rates, sizes=config.lanes
+        Admission,
+        db=database,
+        tokens=parts.tokens,
+        creds=hot.creds,
+        rates=config.rates,
+        sizes=config.lanes,
+        max_body_bytes=config.max_body_bytes,
     )
     v1 = APIRouter(prefix="/v1")
     v1.include_router(_health_router())

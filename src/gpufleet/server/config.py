@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet.netguard import GuardLimits
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.server.health import HealthRules
 from gpufleet.server.pricing import PriceSchedule
@@ -38,6 +39,12 @@ class ServerConfig:
     TLS on, node syncs must come with a node certificate (mTLS); a join token then only
     buys the certificate."""
     max_body_bytes: int = MIB
+    guard: GuardLimits = field(default_factory=GuardLimits)
+    """Every connection's header, body and idle timeouts, body-rate floor and cap per
+    client address (``gpufleet.netguard``: ``--header-timeout``, ``--body-timeout``...)."""
+    trusted_proxies: tuple[str, ...] = ()
+    """``--trusted-proxy``: addresses whose ``X-Forwarded-For`` names the client (default:
+    none; ``server.forwarding``)."""
     rates: RateLimits = field(default_factory=RateLimits)
     """Per-user request buckets by role and the failed-authentication throttle
     (``ratelimit.py``: ``--rate-user``, ``--rate-operator``, ``--rate-admin``, ``--auth-failures``)."""

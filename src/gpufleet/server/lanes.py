@@ -49,6 +49,19 @@ The caller is resolved once here (token cache; on a miss one database lookup, in
 small limiter of its own, so unknown tokens cannot take the pool's threads), and
 ``deps.get_principal`` then finds it in the cache. Failed authentications are counted
 from the responses (any 401) per source address (``ratelimit.AuthThrottle``).
+
+Verify first, throttle failures only (issue 29): a credential is checked before the
+throttle is asked, so a valid one is never refused because its address is failing (a
+shared NAT, an agent next to a flood). Once an address is throttled, a token the cache
+does not hold is first looked up in memory (``ratelimit.KnownDigests``: the digests of
+every live token and node credential, re-read at most every few seconds) and only one
+found there costs a database look-up; the rest are refused (429, paced) without one.
+
+The order of a request: its ticket (who, which lane; rate limits), then its body,
+read in full (up to ``max_body_bytes``, 413 above) with no seat held, then its seats. A
+body that stalls is the connection's business (``gpufleet.netguard`` closes it: 408), so
+it never holds a seat; a request with no valid credential queues in the user lane as a
+flow of its address, behind nobody's turn but its own.
 """
 
 from __future__ import annotations
@@ -66,12 +79,21 @@ from urllib.parse import parse_qs
 
 import anyio
 import anyio.to_thread
+from sqlalchemy import select, union_all
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpufleet.server.problems import problem_response
-from gpufleet.server.ratelimit import AuthThrottle, Buckets, LaneSizes, RateLimits, retry_after_header
-from gpufleet.server.services.auth import Principal, TokenCache, authenticate, hash_token
+from gpufleet.server.models import NodeCredential, Token
+from gpufleet.server.problems import body_too_large, problem_response
+from gpufleet.server.ratelimit import (
+    AuthThrottle,
+    Buckets,
+    KnownDigests,
+    LaneSizes,
+    RateLimits,
+    retry_after_header,
+)
+from gpufleet.server.services.auth import Principal, TokenCache, authenticate, hash_token, hasher_for
 
 if TYPE_CHECKING:
     from gpufleet.server.agentstate import CredCache
@@ -227,6 +249,7 @@ class Admission:
         creds: CredCache,
         rates: RateLimits,
         sizes: LaneSizes,
+        max_body_bytes: int,
         buckets: Buckets | None = None,
         throttle: AuthThrottle | None = None,
     ) -> None:
@@ -238,6 +261,8 @@ class Admission:
         self.sizes = sizes
         self.buckets = buckets or Buckets()
         self.throttle = throttle or AuthThrottle(rates.auth_failures)
+        self.max_body_bytes = max_body_bytes
+        self.known = KnownDigests(load=partial(live_digests, db))
         seats = {LaneName.NODE: sizes.node, LaneName.ADMIN: sizes.admin, LaneName.USER: sizes.user}
         self.lanes = {
             name: Lane(name, seats=n, queue=sizes.queue_per_seat * n, wait_s=sizes.wait_s)
@@ -259,6 +284,13 @@ class Admission:
         if isinstance(ticket, Refusal):
             await ticket.send(scope, receive, send)
             return
+        arrived = await self._body(scope, receive)
+        if arrived is None:
+            return  # the client went (or the connection guard closed it) before its body arrived
+        if arrived is Arrival.TOO_LARGE:
+            await body_too_large(self.max_body_bytes, path)(scope, receive, send)
+            return
+        receive = arrived
         if ticket.lane is LaneName.NODE and WAIT_PATH.fullmatch(path):
             await self.app(scope, receive, send)  # an agent's long-poll: no seat (``dispatch.py``)
             return
@@ -295,20 +327,22 @@ class Admission:
         digest = hash_token(token) if token else None
         if token and token.startswith(NODE_TOKEN_PREFIX):
             known = digest is not None and self.creds.get(digest) is not None
-            if not known and (wait := self._auth_wait(scope, address)):
+            if not known and (wait := await self._unknown_wait(token, address)):
                 return wait
-            return Ticket(lane=LaneName.NODE)
+            return Ticket(lane=LaneName.NODE)  # the route checks it (a 401 is counted)
         who = self.tokens.get(digest) if digest is not None else None
-        if who is None:
-            if wait := self._auth_wait(scope, address):
+        if who is None and token:
+            if wait := await self._unknown_wait(token, address):
                 return wait
-            if token:
-                assert self._lookups is not None
-                who = await anyio.to_thread.run_sync(
-                    partial(authenticate, db=self.db, token=token, cache=self.tokens), limiter=self._lookups
-                )
+            assert self._lookups is not None
+            who = await anyio.to_thread.run_sync(
+                partial(authenticate, db=self.db, token=token, cache=self.tokens), limiter=self._lookups
+            )
         if who is None:
-            return Ticket(lane=LaneName.USER)  # the app answers 401 (and it is counted)
+            if not token and (wait := self._auth_wait(address)):
+                return wait  # no credential at all: nothing valid to refuse
+            # the app answers 401 (and it is counted); its own flow: it waits behind no user
+            return Ticket(lane=LaneName.USER, flow=("address", address))
         if who.is_operator and _agent_call(scope):
             return Ticket(lane=LaneName.NODE)
         width = _width(scope)
@@ -332,7 +366,43 @@ class Admission:
         )
         return Refusal(detail=detail, wait_s=wait)
 
-    def _auth_wait(self, scope: Scope, address: str) -> Refusal | None:
+    async def _unknown_wait(self, token: str, address: str) -> Refusal | None:
+        """None: look the token up (its address is not throttled, or the token is among
+        the live credentials); else the refusal, decided without the database."""
+        if self.throttle.retry_after(address) <= 0:
+            return None
+        hasher = hasher_for(self.db, self.tokens.hasher)
+        digests = (hasher.digest(token), hasher.legacy(token))
+        if self.known.holds(digests):
+            return None
+        if self.known.stale():
+            assert self._lookups is not None
+            await anyio.to_thread.run_sync(self.known.reload, limiter=self._lookups)
+            if self.known.holds(digests):
+                return None
+        return self._auth_wait(address)
+
+    async def _body(self, scope: Scope, receive: Receive) -> Receive | Arrival | None:
+        """The request's body, read in full before any seat is taken: a receive that
+        replays it; TOO_LARGE above ``max_body_bytes``; None when the client went first."""
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                return Arrival.TOO_LARGE
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return Arrival.TOO_LARGE
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return _replay(b"".join(chunks), receive)
+
+    def _auth_wait(self, address: str) -> Refusal | None:
         wait = self.throttle.retry_after(address)
         if wait <= 0:
             return None
@@ -353,6 +423,36 @@ class Refusal:
         title = "Too Many Requests"
         answer = problem_response(Request(scope), 429, self.detail, title=title, headers=headers)
         await answer(scope, receive, send)
+
+
+class Arrival(enum.Enum):
+    TOO_LARGE = "too large"
+    """``Admission._body``: the body is larger than the server takes (413)."""
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the body read by admission, then the connection's own (a
+    disconnect, for a handler that waits for one)."""
+    given = False
+
+    async def again() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return again
+
+
+def live_digests(db: Database) -> frozenset[str]:
+    """The stored digests of every token and node credential not revoked
+    (``ratelimit.KnownDigests``'s load). Expired ones are in too: they cost a look-up,
+    which answers 401 saying so."""
+    tokens = select(Token.token_hash).where(Token.revoked_at.is_(None))
+    nodes = select(NodeCredential.token_hash).where(NodeCredential.revoked_at.is_(None))
+    with db.read() as s:
+        return frozenset(s.scalars(union_all(tokens, nodes)))
 
 
 def _agent_call(scope: Scope) -> bool:

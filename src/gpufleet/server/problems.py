@@ -174,10 +174,14 @@ class BodyLimitMiddleware:
             await self._reject(scope, receive, send)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        detail = f"request body larger than {self.max_bytes} bytes"
-        body = {"type": "about:blank", "title": "Content Too Large", "status": 413}
-        body |= {"detail": detail, "instance": scope.get("path")}
-        await JSONResponse(body, status_code=413, media_type=PROBLEM_JSON)(scope, receive, send)
+        await body_too_large(self.max_bytes, scope.get("path"))(scope, receive, send)
+
+
+def body_too_large(max_bytes: int, path: str | None = None) -> JSONResponse:
+    """The 413 of a body above the server's limit (here and in ``lanes.Admission``)."""
+    body = {"type": "about:blank", "title": "Content Too Large", "status": 413}
+    body |= {"detail": f"request body larger than {max_bytes} bytes", "instance": path}
+    return JSONResponse(body, status_code=413, media_type=PROBLEM_JSON)
 
 
 class _TooLarge(Exception):

@@ -26,10 +26,13 @@ Failed authentication (any 401) is counted per source address in a bucket of its
 ``--auth-failures N/WINDOW`` lets N failures through per WINDOW (refilled evenly);
 once it is empty, a request from that address whose credential the server does not
 already know (its token cache) is answered 429 without a database lookup, until a
-failure's worth has refilled. Credentials the server knows keep working, so one
-mistyped token behind a shared NAT address does not lock out everyone behind it. The
-address is the one uvicorn reports: the peer's, or ``X-Forwarded-For`` when the peer is
-a proxy it trusts (loopback, unless ``FORWARDED_ALLOW_IPS`` names others).
+failure's worth has refilled. Valid credentials keep working whatever their address
+did (verify first, throttle failures only: ``lanes.py``): a credential the server does
+not hold in its cache is looked up when ``KnownDigests`` holds its digest, and refused
+without the database when it does not. So one mistyped token, or a flood, behind a shared
+address does not lock out anyone with a valid credential behind it. The address is the
+one uvicorn reports: the peer's, or ``X-Forwarded-For`` only when the peer is a proxy
+named by ``--trusted-proxy`` (default none: ``gpufleet.server.forwarding``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 Now = Callable[[], float]
@@ -208,6 +211,34 @@ class AuthThrottle:
     def retry_after(self, address: str) -> float:
         """0.0: this address may try an unknown credential; else seconds to wait."""
         return 0.0 if self.rate is None else self.buckets.wait(address)
+
+
+@dataclass(slots=True)
+class KnownDigests:
+    """The digests of every live credential, in memory: what a throttled address's
+    unknown token is checked against before it may cost a database look-up. Re-read
+    (``load``, in a worker thread) at most every ``refresh_s``, when a token is not found:
+    a token made on another server in the last ``refresh_s`` may be refused (429) for that
+    long to a throttled address, never to another one. Memory: one digest (64 characters)
+    per live token and node credential."""
+
+    load: Callable[[], frozenset[str]]
+    refresh_s: float = 5.0
+    now: Now = time.monotonic
+    _digests: frozenset[str] = frozenset()
+    _loaded_at: float = float("-inf")
+
+    def holds(self, digests: Iterable[str]) -> bool:
+        return any(d in self._digests for d in digests)
+
+    def stale(self) -> bool:
+        return self.now() - self._loaded_at >= self.refresh_s
+
+    def reload(self) -> None:
+        if not self.stale():  # another request reloaded it meanwhile
+            return
+        self._loaded_at = self.now()
+        self._digests = self.load()
 
 
 def retry_after_header(seconds: float) -> str:

@@ -1,0 +1,136 @@
+"""Strangers on the network against a running server (issue 29, finding 3): stalled
+request bodies, stalled request heads and idle connections hold no lane seat and are
+closed after their timeout (``gpufleet.netguard``, ``lanes.Admission``), while a valid
+user's requests all succeed promptly."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from server.conftest import Server, make_pool, make_team, make_user, ok, start_server, stop_server
+from server.playnode import metric
+
+TIMEOUT_S = 1.5
+"""The server's header, body and idle timeouts here (``--header-timeout``...)."""
+STALLED = 8
+"""Twice the user lane's seats (``--user-lane 4``, the default)."""
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('edge') / 'gpufleet.db'}"
+    timeouts = ("--header-timeout", str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S))
+    srv = start_server(url, extra=(*timeouts, "--idle-timeout", str(TIMEOUT_S)))
+    yield srv
+    stop_server(srv)
+
+
+@contextlib.contextmanager
+def stalled(srv: Server, first: bytes, n: int = STALLED) -> Iterator[list[socket.socket]]:
+    """``n`` connections that sent ``first`` and then nothing more."""
+    where = urlsplit(srv.url)
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.create_connection((where.hostname, where.port), timeout=10)
+            if first:
+                s.sendall(first)
+            socks.append(s)
+        yield socks
+    finally:
+        for s in socks:
+            s.close()
+
+
+def closed_with(s: socket.socket, within_s: float) -> bytes:
+    """What the server sent before it closed ``s`` (fails if it stays open)."""
+    s.settimeout(within_s)
+    got = b""
+    while chunk := s.recv(4096):
+        got += chunk
+    return got
+
+
+def user_requests(srv: Server, token: str, pool: str, team: str) -> list[float]:
+    """A valid user's reads and submissions, each's seconds."""
+    took = []
+    with srv.client(token) as c:
+        for i in range(6):
+            start = time.monotonic()
+            if i % 2:
+                ok(c.post("/jobs", json={"command": ["true"], "pool": pool, "team": team}), 201)
+            else:
+                ok(c.get("/jobs"))
+            took.append(time.monotonic() - start)
+    return took
+
+
+def _user(srv: Server) -> tuple[str, str, str]:
+    team = make_team(srv)
+    return make_user(srv, team=team), make_pool(srv), team
+
+
+BODY_HEAD = (
+    b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+)
+"""The issue's attack: a submission's head promising 100,000 bytes, and one byte."""
+
+
+def test_stalled_bodies_hold_no_seat_and_are_closed(guarded: Server) -> None:
+    token, pool, team = _user(guarded)
+    before = metric(guarded, "gpufleet_http_connections_timed_out_total", reason="body")
+    with stalled(guarded, BODY_HEAD) as socks:
+        time.sleep(0.3)  # they are in: with the old admission each held a user-lane seat
+        took = user_requests(guarded, token, pool, team)
+        answers = [closed_with(s, TIMEOUT_S + 3) for s in socks]
+    assert max(took) < 1.0, took
+    assert all(a.startswith(b"HTTP/1.1 408 ") for a in answers), answers
+    after = metric(guarded, "gpufleet_http_connections_timed_out_total", reason="body")
+    assert after - before >= STALLED
+
+
+def test_slow_bodies_are_cut_at_the_rate_floor(guarded: Server) -> None:
+    """A byte a second never lets the body timeout run out; the rate floor (1 KiB/s on
+    average once 5 s have passed) ends it."""
+    got = b""
+    with stalled(guarded, BODY_HEAD, n=1) as (s,):
+        s.settimeout(1.0)  # the body's pace: a byte, then up to a second for an answer
+        start = time.monotonic()
+        while time.monotonic() - start < 15:
+            try:
+                s.sendall(b" ")
+                got = s.recv(4096)
+                break
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        took = time.monotonic() - start
+    assert got.startswith(b"HTTP/1.1 408 "), got
+    assert 5 <= took < 8, took
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        pytest.param(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\n", id="head-never-ends"),
+        pytest.param(b"GET /v1/jo", id="request-line-never-ends"),
+        pytest.param(b"", id="idle-connection"),
+    ],
+)
+def test_stalled_heads_and_idle_connections_are_closed(guarded: Server, first: bytes) -> None:
+    token, pool, team = _user(guarded)
+    with stalled(guarded, first) as socks:
+        time.sleep(0.3)
+        took = user_requests(guarded, token, pool, team)
+        start = time.monotonic()
+        answers = [closed_with(s, TIMEOUT_S + 3) for s in socks]
+    assert max(took) < 1.0, took
+    assert time.monotonic() - start < TIMEOUT_S + 3
+    assert all(a == b"" if not first else a.startswith(b"HTTP/1.1 408 ") for a in answers), answers
