@@ -262,18 +262,76 @@ def test_a_job_cgroup_gets_its_limits_and_is_removed(
 ) -> None:
     mount = _cgroupfs(tmp_path)
     groups = Cgroups(mount / "gpufleet", mount=mount)
-    path = groups.create(7, 3, limits)
-    assert path == mount / "gpufleet" / "job-7-3"
+    assert groups.mode == "v2"
+    made = groups.create(7, 3, limits, node="n1")
+    path = mount / "gpufleet" / "n1-job-7-3"
+    assert made == str(path)
     assert {f.name: f.read_text().strip() for f in path.iterdir()} == files
     assert "+memory" in (mount / "gpufleet" / "cgroup.subtree_control").read_text()
-    groups.remove(path)
+    groups.remove(made)
     assert not path.exists()
 
 
-def test_no_cgroup_v2_means_no_cgroup_and_a_reason(tmp_path: Path) -> None:
+def test_no_cgroup_hierarchy_means_no_cgroup_and_a_reason(tmp_path: Path) -> None:
     groups = Cgroups(tmp_path / "gpufleet", mount=tmp_path)
+    assert groups.mode == "none"
     assert groups.create(1, 1, Limits()) is None
-    assert groups.disabled_reason is not None and "no cgroup v2" in groups.disabled_reason
+    assert groups.disabled_reason is not None and "no cgroup hierarchy" in groups.disabled_reason
+
+
+def _cgroupfs_v1(tmp_path: Path, controllers: tuple[str, ...] = ("memory", "pids", "freezer")) -> Path:
+    """A directory laid out like a cgroup v1 mount: one directory per controller."""
+    mount = tmp_path / "cgroup"
+    for c in controllers:
+        (mount / c).mkdir(parents=True)
+        (mount / c / "cgroup.procs").write_text("")
+    return mount
+
+
+@pytest.mark.parametrize(
+    ("controllers", "limits", "want", "reason"),
+    [
+        (
+            ("memory", "pids", "freezer"),
+            Limits(memory_max_bytes=1 << 28, pids_max=64),
+            {"memory": {"memory.limit_in_bytes": "268435456"}, "pids": {"pids.max": "64"}, "freezer": {}},
+            None,
+        ),
+        (
+            ("memory", "pids", "freezer"),
+            Limits(),
+            {"memory": {}, "pids": {"pids.max": "4096"}, "freezer": {}},
+            None,
+        ),
+        (
+            ("pids", "freezer"),
+            Limits(memory_max_bytes=1 << 28),
+            {"pids": {"pids.max": "4096"}, "freezer": {}},
+            "memory",
+        ),
+    ],
+    ids=["v1-memory-and-pids", "v1-default-pids-only", "v1-without-memory-says-so"],
+)
+def test_a_v1_job_cgroup_has_one_directory_per_controller(
+    tmp_path: Path,
+    controllers: tuple[str, ...],
+    limits: Limits,
+    want: dict[str, dict[str, str]],
+    reason: str | None,
+) -> None:
+    mount = _cgroupfs_v1(tmp_path, controllers)
+    groups = Cgroups(mount / "gpufleet", mount=mount)
+    assert groups.mode == "v1"
+    made = groups.create(7, 3, limits, node="n1")
+    dirs = {c: mount / c / "gpufleet" / "n1-job-7-3" for c in want}
+    assert made == os.pathsep.join(str(d) for d in dirs.values())
+    assert {c: {f.name: f.read_text().strip() for f in d.iterdir()} for c, d in dirs.items()} == want
+    if reason is None:
+        assert groups.disabled_reason is None
+    else:
+        assert groups.disabled_reason is not None and reason in groups.disabled_reason
+    groups.remove(made)
+    assert not any(d.exists() for d in dirs.values())
 
 
 def test_the_wrapper_puts_the_job_in_its_cgroup(tmp_path: Path) -> None:
@@ -284,7 +342,7 @@ def test_the_wrapper_puts_the_job_in_its_cgroup(tmp_path: Path) -> None:
         store, node="n1", run_as=run_as(), cgroups=Cgroups(mount / "gpufleet", mount=mount)
     )
     job = runner.start(JobSpec(job_id=4, attempt=2, command=("true",), user="someone"), now=0.0)
-    assert job.cgroup == str(mount / "gpufleet" / "job-4-2")
+    assert job.cgroup == str(mount / "gpufleet" / "n1-job-4-2")
     deadline = time.monotonic() + 10
     while runner.poll(job, now=0.0) is None:
         assert time.monotonic() < deadline

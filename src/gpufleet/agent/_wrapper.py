@@ -1,9 +1,10 @@
 """The job wrapper: ``python -I -S _wrapper.py EXIT_FILE [OPTIONS] -- COMMAND...``.
 
-Options: ``--cgroup DIR`` (join that cgroup v2 directory first, so every process of the
-job is in it), ``--uid N --gid N [--groups A,B]`` (the job's account: the wrapper, started
-by a root agent, stays root to write EXIT_FILE where the job cannot forge it, and starts
-COMMAND with exactly these ids; an unprivileged agent passes none), ``--workdir DIR`` or
+Options: ``--cgroup DIR[:DIR...]`` (join these cgroup directories first, one for v2,
+one per controller for v1, so every process of the job is in them), ``--uid N --gid N
+[--groups A,B]`` (the job's account: the wrapper, started by a root agent, stays root to
+write EXIT_FILE where the job cannot forge it, and starts COMMAND with exactly these ids;
+an unprivileged agent passes none), ``--workdir DIR`` or
 ``--submit-dir DIR`` (the job's working directory: sbatch's ``--chdir``, else where it
 was submitted), ``--output FILE`` / ``--error FILE`` / ``--input FILE`` (sbatch's, their
 patterns already expanded by the agent; a relative name is relative to the working
@@ -322,7 +323,7 @@ def main(argv: list[str]) -> int:
     parsed = _options(argv)
     if parsed is None:
         print(
-            "usage: _wrapper.py EXIT_FILE [--cgroup DIR] [--uid N --gid N --groups A,B] "
+            "usage: _wrapper.py EXIT_FILE [--cgroup DIR[:DIR...]] [--uid N --gid N --groups A,B] "
             "[--workdir DIR | --submit-dir DIR] [--output F] [--error F] [--input F] "
             "[--pid-file F] [--env-file F] -- COMMAND...",
             file=sys.stderr,
@@ -331,13 +332,14 @@ def main(argv: list[str]) -> int:
     exit_file, opts, command = parsed
     exit_file = os.path.abspath(exit_file)  # before any chdir
     pid_file = os.path.abspath(opts["--pid-file"]) if "--pid-file" in opts else None
-    if "--cgroup" in opts:
+    for group in opts.get("--cgroup", "").split(os.pathsep):
+        if not group:
+            continue
         try:
-            with open(os.path.join(opts["--cgroup"], "cgroup.procs"), "w") as f:
+            with open(os.path.join(group, "cgroup.procs"), "w") as f:
                 f.write(f"{os.getpid()}\n")
         except OSError as exc:
-            why = f"gpufleet: cannot join cgroup {opts['--cgroup']}: {exc.strerror}"
-            print(why, file=sys.stderr, flush=True)
+            print(f"gpufleet: cannot join cgroup {group}: {exc.strerror}", file=sys.stderr, flush=True)
 
     def note(_signum: int, _frame: object) -> None:
         """A handler, not SIG_IGN: an ignored signal would be inherited by the child

@@ -41,7 +41,7 @@ from typing import Protocol
 
 import psutil
 
-from gpufleet.agent.cgroups import Cgroups, Limits
+from gpufleet.agent.cgroups import Cgroups, Limits, kill_all, marked, members, signal_all
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob, hostfile_text, launch_env, slurm_path
 from gpufleet.agent.users import REFUSED, PosixAccount, Refusal, RunAs, base_env
 
@@ -200,8 +200,9 @@ def _replace(job: LocalJob, **changes: object) -> LocalJob:
 
 class ProcessRunner:
     """Runs the command under the wrapper as the job's owner (``users.RunAs``), in a new
-    session (its own process group), its own cgroup where the node has cgroup v2
-    (``cgroups.Cgroups``), its own working dir, stdout+stderr to ``output.log``, with
+    session (its own process group), its own cgroup where the node has cgroups (v2 or v1,
+    ``cgroups.Cgroups``: the limits, and every process it starts), its own working dir,
+    stdout+stderr to ``output.log``, with
     exactly its GPUs visible and an environment built from scratch (``launch_env``),
     which only the job's own process gets (``write_env``; the root wrapper runs with
     ``ROOT_ENV``).
@@ -267,9 +268,13 @@ class ProcessRunner:
             with open(job.log_path, "ab") as log:
                 log.write(f"gpufleet: cannot start the job: {exc}\n".encode())
             return _replace(job, exit_code=127)
-        cgroup = self.cgroups.create(spec.job_id, spec.attempt, self.limits) if self.cgroups else None
+        cgroup = (
+            self.cgroups.create(spec.job_id, spec.attempt, self.limits, node=self.node)
+            if self.cgroups
+            else None
+        )
         if cgroup is not None:
-            argv += ["--cgroup", str(cgroup)]
+            argv += ["--cgroup", cgroup]
         if switch is not None:
             argv += ["--uid", str(switch.uid), "--gid", str(switch.gid)]
             argv += ["--groups", ",".join(map(str, switch.groups))]
@@ -296,7 +301,7 @@ class ProcessRunner:
             created = psutil.Process(proc.pid).create_time()
         except psutil.Error:
             created = None
-        return _replace(job, pid=proc.pid, create_time=created, cgroup=str(cgroup) if cgroup else None)
+        return _replace(job, pid=proc.pid, create_time=created, cgroup=cgroup)
 
     def recover(self, job: LocalJob) -> LocalJob:
         if job.pid is not None or job.exit_code is not None:
@@ -323,9 +328,13 @@ class ProcessRunner:
             return False
 
     def poll(self, job: LocalJob, *, now: float) -> int | None:
+        """The exit code once the wrapper is over *and* nothing the job started is left:
+        leftovers (a ``setsid`` daemon, a double fork) are killed here, and the attempt
+        is over only at a later poll that finds none, so its GPUs are offered again only
+        then."""
         if job.exit_code is not None:
             return job.exit_code
-        if self._alive(job):
+        if self._alive(job) or self._leftovers(job):
             return None
         code = _read_int(job.path / "exit_code")
         if code is not None:
@@ -340,16 +349,38 @@ class ProcessRunner:
         if job.pid is None or not self._alive(job):
             return job
         if job.stop_requested_at is None:
-            self._signal(job.pid, signal.SIGTERM)
+            self._signal(job, signal.SIGTERM)
             return _replace(job, stop_requested_at=now)
         if now - job.stop_requested_at >= grace_s:
-            self._signal(job.pid, signal.SIGKILL)
+            self._signal(job, signal.SIGKILL)
             return _replace(job, killed=True)
         return job
 
-    def _signal(self, pgid: int, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
+    def _signal(self, job: LocalJob, sig: signal.Signals) -> None:
+        """``sig`` to the job's process group and to every other process of it (its
+        cgroup, else its marked processes): a detached one gets the same grace."""
+        if job.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(job.pid, sig)
+        if sig == signal.SIGKILL and job.cgroup:
+            kill_all(job.cgroup)
+        elif job.cgroup:
+            signal_all(job.cgroup, sig)
+        else:
+            for pid in marked(str(job.path / "hostfile")):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+
+    def _leftovers(self, job: LocalJob) -> bool:
+        """The wrapper is gone: kill what the job left behind (SIGKILL, as Slurm ends a
+        job's processes at its end); True while any was found."""
+        if job.cgroup:
+            return bool(members(job.cgroup)) and bool(kill_all(job.cgroup))
+        found = marked(str(job.path / "hostfile"))
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return bool(found)
 
     def send_signal(self, job: LocalJob, *, signum: int, batch_only: bool) -> str | None:
         """To the process group (the wrapper leads it and survives such signals), or to
@@ -382,7 +413,7 @@ class ProcessRunner:
         if child is not None:
             child.poll()
         if self.cgroups is not None and job.cgroup:
-            self.cgroups.remove(Path(job.cgroup))
+            self.cgroups.remove(job.cgroup)
 
 
 def compiled_wrapper(where: Path) -> Path:

@@ -1,0 +1,119 @@
+"""Issue 29, findings 5 and 10: a job is all its processes, and its limits hold on the
+cgroup hierarchy the node has (this suite's machine may be v1, v2 or have none usable).
+
+A job that leaves a ``setsid`` process and a double-forked daemon behind, cancelled or
+ending by itself: the runner reports it over only once none of them is left (before the
+fix its process group alone was signalled and the leftovers kept running, with the
+job's GPUs in their environment). With a cgroup (v1 here: memory, pids, freezer) a job
+over its memory limit is killed and a thread bomb stops at its pids limit."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufleet.agent import Cgroups, JobSpec, JobStore, Limits, LocalJob, ProcessRunner
+from gpufleet.agent.cgroups import marked, members
+from jobaccounts import PYTHON, ROOT, passable, run_as
+from server.conftest import unique
+
+root_only = pytest.mark.skipif(not ROOT, reason="cgroups and other accounts need root")
+LEAVE_BEHIND = (
+    "setsid sh -c 'exec sleep 300' & "  # a new session: out of the job's process group
+    "sh -c 'sleep 301 & exit 0' & "  # a double fork: its parent gone, reparented to init
+    "sleep 0.3; echo started; "
+)
+
+
+def _cgroups() -> Cgroups | None:
+    groups = Cgroups(Path("/sys/fs/cgroup/gpufleet-test"))
+    return None if groups.mode == "none" else groups
+
+
+def _runner(tmp_path: Path, *, cgroups: bool, limits: Limits = Limits()) -> ProcessRunner:
+    passable(tmp_path)
+    groups = _cgroups() if cgroups else None
+    if cgroups and groups is None:
+        pytest.skip("no usable cgroup hierarchy on this machine")
+    return ProcessRunner(
+        JobStore(tmp_path / "work"), node=unique("np"), run_as=run_as(), cgroups=groups, limits=limits
+    )
+
+
+def _left(job: LocalJob) -> set[int]:
+    return marked(str(job.path / "hostfile")) | members(job.cgroup)
+
+
+def _end(runner: ProcessRunner, job: LocalJob, *, stop: bool, timeout: float = 15) -> int:
+    """Poll (stopping with a short grace when asked) until the runner reports the end;
+    at that moment nothing of the job may be left."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if stop:
+            job = runner.stop(job, now=time.monotonic(), grace_s=0.5)
+        code = runner.poll(job, now=time.monotonic())
+        if code is not None:
+            assert _left(job) == set(), "reported over while processes of the job still run"
+            return code
+        time.sleep(0.05)
+    raise AssertionError("the job was never reported over")
+
+
+def _started(job: LocalJob, word: str = "started") -> None:
+    deadline = time.monotonic() + 10
+    while word not in job.log_path.read_text():
+        assert time.monotonic() < deadline, job.log_path.read_text()
+        time.sleep(0.05)
+
+
+@root_only
+@pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup", "no-cgroup-marked-sweep"])
+def test_a_cancelled_job_leaves_no_process_behind(tmp_path: Path, cgroups: bool) -> None:
+    runner = _runner(tmp_path, cgroups=cgroups)
+    job = runner.start(JobSpec(job_id=5, attempt=1, command=("sh", "-c", LEAVE_BEHIND + "sleep 300")), now=0)
+    _started(job)
+    assert len(_left(job)) >= 3  # the shell, the setsid sleep, the orphaned sleep (at least)
+    _end(runner, job, stop=True)
+    runner.release(job)
+
+
+@root_only
+@pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup", "no-cgroup-marked-sweep"])
+def test_a_job_that_ends_leaves_no_process_behind(tmp_path: Path, cgroups: bool) -> None:
+    runner = _runner(tmp_path, cgroups=cgroups)
+    job = runner.start(JobSpec(job_id=6, attempt=1, command=("sh", "-c", LEAVE_BEHIND + "exit 0")), now=0)
+    assert _end(runner, job, stop=False) == 0
+    assert "started" in job.log_path.read_text()
+    runner.release(job)
+
+
+@root_only
+def test_a_job_over_its_memory_limit_is_killed(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, cgroups=True, limits=Limits(memory_max_bytes=256 << 20))
+    grab = "b = b'x' * (600 << 20); print('allocated', len(b), flush=True)"
+    job = runner.start(JobSpec(job_id=7, attempt=1, command=(PYTHON, "-c", grab)), now=0)
+    code = _end(runner, job, stop=False, timeout=60)
+    assert code == 137 and "allocated" not in job.log_path.read_text()
+    runner.release(job)
+
+
+@root_only
+def test_a_thread_bomb_stops_at_the_pids_limit(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, cgroups=True, limits=Limits(pids_max=64))
+    bomb = (
+        "import threading, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    for _ in range(300):\n"
+        "        threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); n += 1\n"
+        "except RuntimeError:\n"
+        "    pass\n"
+        "print('threads', n, flush=True)\n"
+    )
+    job = runner.start(JobSpec(job_id=8, attempt=1, command=(PYTHON, "-c", bomb)), now=0)
+    _end(runner, job, stop=False, timeout=30)
+    (line,) = [ln for ln in job.log_path.read_text().splitlines() if ln.startswith("threads")]
+    assert int(line.split()[1]) < 64
+    runner.release(job)
