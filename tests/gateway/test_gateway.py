@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import httpx
@@ -28,6 +28,8 @@ T = TypeVar("T")
 TOKEN = "gf_svc_test_token_0123456789abcdef"
 DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SCRAPE = {"Authorization": "Bearer gf_gateway_metrics_test_token"}
+SCRAPE_DIGEST = hashlib.sha256(b"gf_gateway_metrics_test_token").hexdigest()
 
 
 class Background:
@@ -177,7 +179,7 @@ class Running:
             time.sleep(0.02)
 
     def metric(self, line_start: str) -> float:
-        for line in self.client.get("/metrics").text.splitlines():
+        for line in self.client.get("/metrics", headers=SCRAPE).text.splitlines():
             if line.startswith(line_start):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
@@ -186,7 +188,8 @@ class Running:
 @contextmanager
 def gateway(bg: Background, first: Feed, config: GatewayConfig | None = None) -> Iterator[Running]:
     source = StaticSource(first)
-    app = create_app(source, config=config or GatewayConfig(refresh_s=0.02))
+    config = replace(config or GatewayConfig(refresh_s=0.02), metrics_tokens=frozenset({SCRAPE_DIGEST}))
+    app = create_app(source, config=config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", http="httptools"))

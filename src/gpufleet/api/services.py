@@ -10,9 +10,10 @@ then the port inside the container, published on ``$PORT`` of the node).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, RootModel, StringConstraints, ValidationError, model_validator
 
 from gpufleet.api.base import Name, Reply, Request
 
@@ -276,9 +277,45 @@ class ServiceCounters(Request):
     latency: LatencyIn | None = None
 
 
+class ReportEntries(RootModel[dict[Annotated[str, StringConstraints(max_length=256)], Any]]):
+    """A report's entries as they came, each ``ServiceCounters`` under a service's name:
+    checked one by one (``GatewayReport.entries``), so that one bad entry is skipped
+    and counted instead of refusing the report (a Pydantic model, so the report's own
+    storability pass leaves them to that check)."""
+
+    root: dict[Annotated[str, StringConstraints(max_length=256)], Any] = Field(
+        default_factory=dict, max_length=10_000
+    )
+
+
+SkipReason = Literal["name", "counters"]
+"""Why a report's entry was skipped: not a service's name, or its counters malformed."""
+
+
 class GatewayReport(Request):
     """What one gateway process counted per service since it started (cumulative, like
-    Prometheus counters); sent after every feed read."""
+    Prometheus counters); sent after every feed read. A bad envelope (no gateway id) is
+    a 422; a bad entry is skipped (``entries``) and the others are taken."""
 
     gateway: Annotated[str, StringConstraints(min_length=1, max_length=128)]
-    services: dict[ServiceName, ServiceCounters] = Field(default_factory=dict, max_length=10_000)
+    services: ReportEntries = Field(
+        default_factory=ReportEntries,
+        description="per service name, a ServiceCounters object (codes, inflight, latency)",
+    )
+
+    def entries(self) -> tuple[dict[str, ServiceCounters], dict[str, SkipReason]]:
+        """The valid entries, and the reason each other one was skipped."""
+        good: dict[str, ServiceCounters] = {}
+        skipped: dict[str, SkipReason] = {}
+        for name, raw in self.services.root.items():
+            if _SERVICE_NAME.fullmatch(name) is None:
+                skipped[name] = "name"
+                continue
+            try:
+                good[name] = ServiceCounters.model_validate(raw)
+            except ValidationError:
+                skipped[name] = "counters"
+        return good, skipped
+
+
+_SERVICE_NAME = re.compile(SERVICE_NAME)

@@ -60,28 +60,10 @@ def _credential(token_file: Path | None, token: str | None, *, required: bool = 
     """The node credential, from the file, the flag or the environment, in that order;
     the environment variable is removed so that nothing the agent starts inherits it.
     Not ``required`` when the agent already holds its certificate (mTLS)."""
-    from_env = os.environ.pop("GPUFLEET_AGENT_TOKEN", None)
-    if token_file is not None:
-        try:
-            st = token_file.stat()
-            secret = token_file.read_text().strip()
-        except OSError as exc:
-            raise fail(f"--token-file: cannot read {token_file}: {exc.strerror}", BAD_INPUT) from None
-        if st.st_mode & 0o077:
-            raise fail(f"--token-file: {token_file} is readable by others: chmod 600 {token_file}", BAD_INPUT)
-        if not secret:
-            raise fail(f"--token-file: {token_file} is empty", BAD_INPUT)
-        return secret
-    if token:
-        typer.echo(
-            "gpufleet agent: warning: --token puts the credential on the command line, where every "
-            "process on this node can read it; use --token-file",
-            err=True,
-        )
-        return token
-    if from_env or not required:
-        return from_env
-    raise fail("--token-file (or GPUFLEET_AGENT_TOKEN) is required", BAD_INPUT)
+    from gpufleet.cli.credfile import SecretFlags, secret
+
+    flags = SecretFlags(command="gpufleet agent", env="GPUFLEET_AGENT_TOKEN", what="the node credential")
+    return secret(flags, path=token_file, given=token, required=required)
 
 
 def _default_work_dir(node: str) -> Path:

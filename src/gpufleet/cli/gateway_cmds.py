@@ -1,17 +1,28 @@
 """``gpufleet gateway``: the inference gateway (``gpufleet.gateway``), one process.
 
 It imports uvicorn, aiohttp and the gateway when it runs, not when the CLI starts. Its
-own credential for the server's endpoint feed is ``--token`` (``GPUFLEET_TOKEN``);
-clients bring their service tokens with each request.
+own credential for the server's endpoint feed (an operator's token) comes from
+``--token-file`` (mode 0600 or stricter) or ``GPUFLEET_TOKEN`` (removed from the
+environment once read), never from the command line a local user could read
+(``--token`` still works, with a warning; ``cli/credfile.py``). Clients bring their
+service tokens with each request.
+
+``/metrics`` takes a bearer token by default: the gateway's own token, or the one in
+``--metrics-token-file`` (a scraper's, so Prometheus needs no operator token);
+``--metrics-public`` opens it, as the server's ``--metrics-public`` does.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import typer
 
 from gpufleet.cli._common import BAD_INPUT, fail
+from gpufleet.cli.credfile import SecretFlags, read_secret_file, secret
+
+FLAGS = SecretFlags(command="gpufleet gateway", env="GPUFLEET_TOKEN", what="the gateway's token")
 
 
 def gateway(
@@ -23,12 +34,28 @@ def gateway(
         "list, http://a:8080,http://b:8080: read from the one that answered last, the next when "
         "it fails.",
     ),
+    token_file: Path | None = typer.Option(
+        None,
+        "--token-file",
+        help="File holding the gateway's credential for the feed (an operator's token); mode 0600 "
+        "or stricter. Else GPUFLEET_TOKEN.",
+        show_default=False,
+    ),
     token: str | None = typer.Option(
         None,
         "--token",
-        envvar="GPUFLEET_TOKEN",
-        help="The gateway's credential for the feed (GPUFLEET_TOKEN).",
+        help="The credential itself (warns: every local user can read a command line; use "
+        "--token-file or GPUFLEET_TOKEN).",
         show_default=False,
+    ),
+    metrics_token_file: Path | None = typer.Option(
+        None,
+        "--metrics-token-file",
+        help="File holding a token /metrics also takes (a scraper's); mode 0600 or stricter.",
+        show_default=False,
+    ),
+    metrics_public: bool = typer.Option(
+        False, "--metrics-public", help="Serve /metrics without a token (default: the gateway's token)."
     ),
     ca_file: Path | None = typer.Option(
         None, "--ca-file", help="The cluster CA (ca.crt) the https:// server's certificate must chain to."
@@ -50,11 +77,23 @@ def gateway(
     feed, applies the service's rate limit, picks the replica with the fewest requests
     in flight (then the least busy GPU) and streams its answer back. Replicas that fail
     are ejected for a while; a request that never reached one is sent to another.
-    /healthz, /readyz and /metrics (Prometheus) are served too."""
+    /healthz, /readyz and /metrics (Prometheus; with the gateway's or the metrics
+    token, unless --metrics-public) are served too."""
     if endpoints_file is None and server is None:
         raise fail("give --server (GPUFLEET_SERVER) or --endpoints-file", BAD_INPUT)
-    if endpoints_file is None and not token:  # --endpoints-file wins over a GPUFLEET_SERVER in the env
-        raise fail("--server needs the gateway's --token (GPUFLEET_TOKEN)", BAD_INPUT)
+    # --endpoints-file wins over a GPUFLEET_SERVER in the env, and needs no token
+    token = secret(FLAGS, path=token_file, given=token, required=False)
+    if endpoints_file is None and not token:
+        raise fail("--server needs the gateway's --token-file (or GPUFLEET_TOKEN)", BAD_INPUT)
+    metrics = {hashlib.sha256(t.encode()).hexdigest() for t in (token,) if t}
+    if metrics_token_file is not None:
+        metrics.add(
+            hashlib.sha256(read_secret_file(metrics_token_file, "--metrics-token-file").encode()).hexdigest()
+        )
+    if not metrics and not metrics_public:
+        typer.echo(
+            "gpufleet gateway: /metrics is closed: give --metrics-token-file or --metrics-public", err=True
+        )
     if tls_key is not None and tls_cert is None:
         raise fail("--tls-key goes with --tls-cert", BAD_INPUT)
     for f in (ca_file, endpoints_file, tls_cert, tls_key):
@@ -83,7 +122,10 @@ def gateway(
     else:
         assert servers and token is not None
         source = ServerSource(servers, token, ca_file=ca_file)
-    app = create_app(source, config=GatewayConfig(refresh_s=refresh))
+    config = GatewayConfig(
+        refresh_s=refresh, metrics_tokens=frozenset(metrics), metrics_public=metrics_public
+    )
+    app = create_app(source, config=config)
     options: dict[str, object] = {}
     if tls_cert is not None:
         from gpufleet.server.tlsproto import CoalescingHttpToolsProtocol

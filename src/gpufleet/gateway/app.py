@@ -65,6 +65,11 @@ class GatewayConfig:
     """The longest silence from a replica (before or between response chunks)."""
     limit_per_host: int = 1024
     outlier: OutlierPolicy = field(default_factory=OutlierPolicy)
+    metrics_tokens: frozenset[str] = frozenset()
+    """sha256 hex digests of the bearer tokens ``/metrics`` takes (the gateway's own
+    operator token, ``--metrics-token-file``'s); none: ``/metrics`` answers 401."""
+    metrics_public: bool = False
+    """``/metrics`` without a token (``--metrics-public``)."""
 
 
 GATEWAY_ID = f"{os.uname().nodename}:{os.getpid()}:{int(time.time())}"
@@ -95,6 +100,11 @@ class _Metrics:
         self.endpoints = Gauge("gpufleet_gateway_endpoints", "Endpoints in the feed.", svc, registry=r)
         self.feed_failures = Counter("gpufleet_gateway_feed_failures", "Failed feed reads.", registry=r)
         self.retries = Counter("gpufleet_gateway_retries", "Requests resent to another replica.", registry=r)
+        self.unknown = Counter(
+            "gpufleet_gateway_unknown_service_requests",
+            "Requests for a service the feed does not list (404): no service label, never reported.",
+            registry=r,
+        )
         self._codes: dict[tuple[str, int], Any] = {}
         self._per_service: dict[str, tuple[Any, Any]] = {}
 
@@ -204,7 +214,7 @@ class Gateway:
             if path.startswith(b"/s/"):
                 await self._proxy(scope, path, receive, send)
             else:
-                await self._local(path, send)
+                await self._local(scope, path, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
         else:  # websocket: not proxied
@@ -232,7 +242,7 @@ class Gateway:
         async with self._starting:
             await self.start()
 
-    async def _local(self, path: bytes, send: Send) -> None:
+    async def _local(self, scope: Scope, path: bytes, send: Send) -> None:
         path = path.split(b"?", 1)[0]
         if path == b"/healthz":
             await _reply(send, 200, b"application/json", b'{"status":"ok"}')
@@ -241,11 +251,28 @@ class Gateway:
             body = json.dumps({"ready": ready, "feed_at": self.feed_at, "services": len(self.balancer.pools)})
             await _reply(send, 200 if ready else 503, b"application/json", body.encode())
         elif path == b"/metrics":
+            refused = self._metrics_refused(scope)
+            if refused:
+                bearer = [(b"www-authenticate", b"Bearer")]
+                return await _problem(send, 401, "Unauthorized", refused, b"", bearer)
             await _reply(send, 200, CONTENT_TYPE_LATEST.encode(), generate_latest(self.metrics.registry))
         else:
             await _problem(
                 send, 404, "Not Found", "routes are /s/{service}/..., /healthz, /readyz, /metrics", b""
             )
+
+    def _metrics_refused(self, scope: Scope) -> str:
+        """Why ``/metrics`` is refused to this request ("" when it is not): it takes a
+        bearer token whose sha256 is in ``metrics_tokens`` unless ``metrics_public``."""
+        if self.config.metrics_public:
+            return ""
+        if not self.config.metrics_tokens:
+            return "/metrics is closed: start the gateway with --metrics-token-file or --metrics-public"
+        auth = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        digest = hashlib.sha256(auth[7:].strip()).hexdigest() if auth[:7].lower() == b"bearer " else ""
+        if digest in self.config.metrics_tokens:
+            return ""
+        return "/metrics takes a token: Authorization: Bearer <the gateway's or its metrics token>"
 
     # -- the proxy ----------------------------------------------------------------------
 
@@ -269,9 +296,9 @@ class Gateway:
         if not rid or REQUEST_ID.fullmatch(rid) is None:
             rid = os.urandom(12).hex().encode()
         pool = self.balancer.pools.get(name)
-        if pool is None:
-            self.metrics.answered("", 404)
-            return await _problem(send, 404, "Not Found", f"no service {name!r} here", rid)
+        if pool is None:  # counted apart: a stray name is no service, nor in any report
+            self.metrics.unknown.inc()
+            return await _problem(send, 404, "Not Found", f"no service {name[:64]!r} here", rid)
         svc = pool.service
         digest = hashlib.sha256(auth[7:]).hexdigest() if auth[:7].lower() == b"bearer " else ""
         if digest not in svc.tokens:

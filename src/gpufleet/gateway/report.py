@@ -2,16 +2,25 @@
 the shape of ``api.services.GatewayReport``): its counters per service, cumulative since
 the process started, read off its own Prometheus registry. The server turns the reports
 of all gateways into each service's QPS, errors, latency and in-flight requests
-(``server/traffic.py``), which the autoscaler, the page and ``/metrics`` use."""
+(``server/traffic.py``), which the autoscaler, the page and ``/metrics`` use.
+
+Only service names go in: requests for a name the feed does not list are counted in a
+series of their own, without a service label (``gpufleet_gateway_unknown_service_requests``),
+and a label that is not a service's name (an endpoints file's, say) is left out here,
+so that no stray name can make the server refuse a report."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from gpufleet.api.services import SERVICE_NAME
+
 INF = 1e9
 """JSON has no infinity: the +Inf bucket's bound is sent as a second past any answer."""
+_NAME = re.compile(SERVICE_NAME)
 
 
 def traffic_report(registry: CollectorRegistry, gateway: str) -> dict[str, Any]:
@@ -29,7 +38,7 @@ def traffic_report(registry: CollectorRegistry, gateway: str) -> dict[str, Any]:
     for family in registry.collect():
         for sample in family.samples:
             name = sample.labels.get("service")
-            if name is None:
+            if name is None or _NAME.fullmatch(name) is None:
                 continue
             if sample.name == "gpufleet_gateway_requests_total":
                 svc(name)["codes"][sample.labels["code"]] = int(sample.value)

@@ -8,6 +8,10 @@ so gateways that start, stop or restart (their counters reset: a report whose co
 went down starts that gateway's history over) never make a rate negative. Quantiles
 come from the summed bucket increments, linearly inside a bucket (Prometheus'
 ``histogram_quantile``). A gateway silent for ``forget_s`` is dropped.
+
+A report's bad entries (not a service's name, malformed counters) never reach the
+store: they are skipped and counted here by reason (``rejected``,
+``gpufleet_gateway_report_rejected_items_total``), the report's other entries taken.
 """
 
 from __future__ import annotations
@@ -54,11 +58,37 @@ def quantile(q: float, le: tuple[float, ...], increments: list[int]) -> float | 
     return prev_bound
 
 
+REJECT_REASONS = ("name", "counters")
+"""Why a report's entry was skipped (``api.services.SkipReason``)."""
+_NOTED_MAX = 1024
+
+
 @dataclass(slots=True)
 class TrafficStore:
     forget_s: float = 60.0
     _series: dict[tuple[str, str], deque[_Report]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _rejected: dict[str, int] = field(default_factory=dict)
+    _noted: set[tuple[str, str]] = field(default_factory=set)
+
+    def reject(self, gateway: str, skipped: dict[str, str]) -> list[tuple[str, str]]:
+        """Count a report's skipped entries (name: reason); answers (name cut to 64
+        characters, reason) of those this gateway had not sent bad before (for one log
+        line each, not one per report)."""
+        news: list[tuple[str, str]] = []
+        with self._lock:
+            for name, reason in skipped.items():
+                self._rejected[reason] = self._rejected.get(reason, 0) + 1
+                key = (gateway, name[:64])
+                if key not in self._noted and len(self._noted) < _NOTED_MAX:
+                    self._noted.add(key)
+                    news.append((name[:64], reason))
+        return news
+
+    def rejected(self) -> dict[str, int]:
+        """Skipped report entries by reason since start, every reason (zero included)."""
+        with self._lock:
+            return {r: self._rejected.get(r, 0) for r in REJECT_REASONS}
 
     def put(self, gateway: str, at: float, services: dict[str, ServiceCounters]) -> None:
         with self._lock:

@@ -473,6 +473,15 @@ class FleetCollector(Collector):
         for (kind, reason), n in sorted(self.hot.rejected.counts().items()):
             rejected.add_metric([kind, reason], n)
         yield rejected
+        skipped = CounterMetricFamily(
+            "gpufleet_gateway_report_rejected_items",
+            "Entries of gateways' traffic reports skipped (the rest taken): reason=name (not a "
+            "service's name), counters (malformed).",
+            labels=["reason"],
+        )
+        for reason, n in self.hot.traffic.rejected().items():
+            skipped.add_metric([reason], n)
+        yield skipped
         if self.bell is not None:
             yield GaugeMetricFamily(
                 "gpufleet_agents_waiting",

@@ -104,13 +104,12 @@ def revoke_token(name: ServiceNameIn, token_id: ObjectId, parts: PartsDep, me: M
 @gateway_router.post("/report", status_code=204)
 def report(body: GatewayReport, request: Request, parts: PartsDep, me: Me) -> Response:
     """A gateway's counters per service (cumulative since it started): the services'
-    QPS, latency, errors and in-flight requests come from these (``traffic.py``)."""
+    QPS, latency, errors and in-flight requests come from these (``traffic.py``). An
+    entry that is not a service's name or not counters is skipped and counted
+    (``gpufleet_gateway_report_rejected_items_total``); the others are taken."""
     if not me.is_operator:
         raise ProblemError(403, "gateway reports are for gateways (an operator or admin token)")
-    hot = request.app.state.hot
-    hot.traffic.put(body.gateway, parts.now(), body.services)
-    if hot.relay is not None:  # several servers: the leader's autoscaler sees it too
-        hot.relay.traffic(body.gateway, parts.now(), body.services)
+    gatewayfeed.take_report(hot=request.app.state.hot, report=body, now=parts.now())
     return Response(status_code=204)
 
 

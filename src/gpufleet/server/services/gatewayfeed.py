@@ -1,19 +1,24 @@
 """What the gateways route to (``GET /v1/gateway/endpoints``): every active service with
 its live token digests, its rate limit, and its ready replicas in rotation (not
-draining, not warm) with their GPUs' utilisation from the agents' telemetry."""
+draining, not warm) with their GPUs' utilisation from the agents' telemetry; and what
+they report back (``take_report``: each entry on its own, a bad one skipped and
+counted, never the whole report refused for it)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sqlalchemy import select
 
-from gpufleet.api.services import GatewayEndpoint, GatewayFeed, GatewayRate, GatewayService
-from gpufleet.server.agentstate import TelemetryStore
+from gpufleet.api.services import GatewayEndpoint, GatewayFeed, GatewayRate, GatewayReport, GatewayService
+from gpufleet.server.agentstate import AgentState, TelemetryStore
 from gpufleet.server.db import Database
 from gpufleet.server.models import Allocation, Job, ServiceRow, ServiceToken
 from gpufleet.server.ratelimit import Rate
 from gpufleet.server.services.inference import IN_ROTATION
+
+log = logging.getLogger("gpufleet.server")
 
 
 def _rounded(util: float | None) -> float | None:
@@ -96,3 +101,19 @@ def feed(*, db: Database, telemetry: TelemetryStore, now: float, max_age_s: floa
             )
         )
     return GatewayFeed(at=now, services=services)
+
+
+def take_report(*, hot: AgentState, report: GatewayReport, now: float) -> None:
+    """Keep a gateway's counters (``traffic.py``; relayed to the other servers when
+    several share the database). Its bad entries are skipped and counted, one warning
+    per gateway and name: a stray name must not cost the services their traffic data."""
+    good, skipped = report.entries()
+    hot.traffic.put(report.gateway, now, good)
+    if hot.relay is not None:  # several servers: the leader's autoscaler sees it too
+        hot.relay.traffic(report.gateway, now, good)
+    if skipped:
+        for name, reason in hot.traffic.reject(report.gateway, dict(skipped)):
+            why = "not a service name" if reason == "name" else "malformed counters"
+            log.warning(
+                "gateway %s reported %r (%s): skipped, its other entries taken", report.gateway, name, why
+            )
