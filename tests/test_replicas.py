@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.server.replicas import Create, Demote, Drain, Promote, Replica, Stop, Wish, decide
+from gpufleet.server.replicas import (
+    Create,
+    Demote,
+    Drain,
+    Progress,
+    Promote,
+    Replica,
+    Stop,
+    Wish,
+    decide,
+    rollout_status,
+)
 
 NOW = 1000.0
 
@@ -119,6 +130,7 @@ CASES = [
         [
             Stop(job_id=1, reason="replaced by generation 2 (it was not ready)"),
             Create(slot=0, reason="rolling update to generation 2"),
+            Create(slot=2, reason="rolling update to generation 2"),  # 1 old + 2 new: 2 + surge 1
         ],
         id="update-stops-old-not-ready-at-once",
     ),
@@ -127,20 +139,47 @@ CASES = [
         [
             rep(1, 0),
             rep(2, 1),
-            rep(3, 2, gen=2, ready=False, running=False, started_at=None, pending_since=NOW - 11),
+            rep(3, 2, gen=2, ready=False, running=False, started_at=None, pending_since=NOW - 600),
         ],
-        [Drain(job_id=2, reason="replaced by generation 2")],
-        id="update-on-a-full-fleet-drains-one-old-after-the-surge-waited",
+        [],
+        id="update-surge-waiting-for-room-or-in-back-off-never-costs-a-ready-replica",
     ),
     pytest.param(
-        wish(2, gen=2),
+        wish(3, gen=2),
+        [rep(1, 0), rep(2, 1), rep(3, 2), rep(4, 3, gen=2, ready=False, started_at=NOW - 30)],
+        [],
+        id="update-new-generation-not-ready-keeps-every-old-one",
+    ),
+    pytest.param(
+        wish(2, gen=2, max_unavailable=1),
         [
             rep(1, 0),
             rep(2, 1),
-            rep(3, 2, gen=2, ready=False, running=False, started_at=None, pending_since=NOW - 3),
+            rep(3, 2, gen=2, ready=False, running=False, started_at=None, pending_since=NOW - 1),
         ],
-        [],
-        id="update-surge-pending-briefly-waits",
+        [Drain(job_id=2, reason="replaced by generation 2")],
+        id="update-max-unavailable-1-drains-one-old-at-once",
+    ),
+    pytest.param(
+        wish(3, gen=2, max_surge=2),
+        [rep(1, 0), rep(2, 1), rep(3, 2)],
+        [
+            Create(slot=3, reason="rolling update to generation 2"),
+            Create(slot=4, reason="rolling update to generation 2"),
+        ],
+        id="update-max-surge-2-creates-two",
+    ),
+    pytest.param(
+        wish(2, gen=2, max_surge=0, max_unavailable=1),
+        [rep(1, 0), rep(2, 1)],
+        [Drain(job_id=2, reason="replaced by generation 2")],
+        id="update-max-surge-0-drains-first",
+    ),
+    pytest.param(
+        wish(2, gen=2, max_surge=0, max_unavailable=1),
+        [rep(1, 0), rep(2, 1, draining_at=NOW - 1)],
+        [Create(slot=1, reason="rolling update to generation 2")],
+        id="update-max-surge-0-creates-in-the-room-made",
     ),
     pytest.param(
         wish(1, gen=2),
@@ -251,3 +290,74 @@ def test_a_whole_rolling_update_never_drops_below_the_wish() -> None:
             if not r.ready:
                 reps[k] = rep(k, r.slot, r.generation)
     assert sorted((r.generation, r.draining_at is None) for r in reps.values()) == [(2, True)] * 3
+
+
+ROLLOUTS = [
+    pytest.param(
+        wish(2), [rep(1, 0), rep(2, 1)], Progress(since=NOW - 9999), "complete", id="all-ready-is-complete"
+    ),
+    pytest.param(
+        wish(2, gen=2),
+        [rep(1, 0), rep(2, 1), rep(3, 2, gen=2, ready=False)],
+        Progress(since=NOW - 30),
+        "progressing",
+        id="surge-starting-is-progressing",
+    ),
+    pytest.param(
+        wish(2, gen=2),
+        [rep(1, 0), rep(2, 1), rep(3, 2, gen=2, ready=False, running=False, started_at=None)],
+        Progress(since=NOW - 30, exits=3, last_exit="exit code 3"),
+        "stalled",
+        id="crash-loop-stalls-before-the-deadline",
+    ),
+    pytest.param(
+        wish(2, gen=2, progress_deadline_s=120.0),
+        [rep(1, 0), rep(2, 1), rep(3, 2, gen=2, ready=False)],
+        Progress(since=NOW - 121),
+        "stalled",
+        id="past-the-progress-deadline-stalls",
+    ),
+    pytest.param(
+        wish(2, progress_deadline_s=120.0),
+        [rep(1, 0, ready=False, running=False, started_at=None)],
+        Progress(since=NOW - 121, exits=1),
+        "stalled",
+        id="a-first-deploy-that-never-gets-ready-stalls-too",
+    ),
+    pytest.param(
+        wish(1, gen=2),
+        [rep(3, 1, gen=2), rep(2, 0, draining_at=NOW - 1)],
+        Progress(since=NOW - 9999, exits=5),
+        "complete",
+        id="draining-old-does-not-hold-completion",
+    ),
+]
+
+
+@pytest.mark.parametrize(("w", "reps", "progress", "state"), ROLLOUTS)
+def test_rollout_status(w: Wish, reps: list[Replica], progress: Progress, state: str) -> None:
+    got = rollout_status(w, reps, progress, NOW)
+    assert got.state == state, got
+    assert got.generation == w.generation
+    if state == "stalled":
+        assert "exited" in got.reason or "deadline" in got.reason
+
+
+def test_a_rollout_to_a_generation_that_never_gets_ready_keeps_every_old_replica() -> None:
+    """Step the controller with a new generation that never becomes ready (it crashes and
+    is replaced): the three old replicas stay ready throughout."""
+    w = wish(3, gen=2, drain_s=2.0)
+    reps = {i: rep(i, i - 1) for i in (1, 2, 3)}
+    next_id, now = 10, NOW
+    for _ in range(40):
+        for a in decide(w, list(reps.values()), now):
+            if isinstance(a, Create):
+                reps[next_id] = rep(next_id, a.slot, gen=2, ready=False, started_at=now)
+                next_id += 1
+            elif isinstance(a, Drain):
+                reps[a.job_id] = rep(a.job_id, reps[a.job_id].slot, draining_at=now)
+            elif isinstance(a, Stop):
+                del reps[a.job_id]
+        ready_old = [r for r in reps.values() if r.generation == 1 and r.ready and r.draining_at is None]
+        assert len(ready_old) == 3
+        now += 1.0

@@ -106,11 +106,30 @@ class ServiceSpec(Request):
     slo_p99_ms: float | None = Field(
         default=None, gt=0, le=3_600_000, description="the p99 latency objective (the alert rule's threshold)"
     )
+    # Rollouts (``server/replicas.py``), as a Kubernetes Deployment's rolling update.
+    max_surge: int = Field(
+        default=1, ge=0, le=MAX_REPLICAS, description="replicas a rollout may add above `replicas`"
+    )
+    max_unavailable: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_REPLICAS,
+        description="ready replicas a rollout may take below `replicas` (0: an old one goes only "
+        "once a new one is ready)",
+    )
+    progress_deadline: float = Field(
+        default=600.0,
+        gt=0,
+        le=86_400,
+        description="seconds a generation may take to be ready before its rollout is called stalled",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> ServiceSpec:
         if not self.command and self.image is None:
             raise ValueError("a service needs a command (its model server) or an image")
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError("max_surge and max_unavailable cannot both be 0: a rollout could never move")
         lo = self.min_replicas if self.min_replicas is not None else self.replicas
         hi = self.max_replicas if self.max_replicas is not None else self.replicas
         if not lo <= self.replicas <= hi:
@@ -167,6 +186,17 @@ class ServicePatch(Request):
     scale_down_cooldown: float | None = Field(default=None, ge=0, le=86_400)
     warm: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
     slo_p99_ms: float | None = Field(default=None, gt=0, le=3_600_000)
+    max_surge: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
+    max_unavailable: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
+    progress_deadline: float | None = Field(default=None, gt=0, le=86_400)
+
+
+class RolloutOut(Reply):
+    """Where the current generation stands (``server/replicas.rollout_status``)."""
+
+    state: Literal["complete", "progressing", "stalled"]
+    generation: int
+    reason: str
 
 
 class ReplicaOut(Reply):
@@ -216,6 +246,7 @@ class ServiceOut(Reply):
     replicas_ready: int
     replicas_warm: int = 0
     traffic: ServiceTraffic | None = Field(default=None, description="from the gateways' reports, last 30 s")
+    rollout: RolloutOut | None = Field(default=None, description="the current generation's rollout")
     replicas: list[ReplicaOut] = Field(default_factory=list)
     events: list[ServiceEventOut] = Field(default_factory=list)
     created_at: float

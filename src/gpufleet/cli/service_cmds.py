@@ -62,6 +62,11 @@ _HELP = {
     "slo": "The p99 latency objective in ms (the ServiceP99AboveSLO alert).",
     "up": "After a scale-up, no other for this long (default 30s).",
     "down": "Scale down only after this long of lower load and no scaling (default 5m).",
+    "surge": "Rollouts: replicas a rollout may add above --replicas (default 1).",
+    "unavailable": "Rollouts: ready replicas a rollout may take below --replicas (default 0: an old "
+    "replica goes only once a new one is ready).",
+    "deadline": "Rollouts: how long a new generation may take to be ready before its rollout is "
+    "called stalled (default 10m).",
 }
 
 
@@ -120,6 +125,7 @@ def summary_lines(svc: ServiceOut, *, now: float) -> list[str]:
         ("autoscaling", _scaling(spec)),
         ("traffic", _traffic(svc)),
         ("generation", svc.generation),
+        ("rollout", _rollout(svc)),
         ("runs", _runs(spec)),
         ("model version", spec.model_version),
         ("rate limit", spec.rate_limit),
@@ -132,6 +138,13 @@ def summary_lines(svc: ServiceOut, *, now: float) -> list[str]:
         ("age", format_duration(max(0.0, now - svc.created_at))),
     ]
     return [f"{k:>{_LABEL}}: {'-' if v is None else v}" for k, v in fields]
+
+
+def _rollout(svc: ServiceOut) -> str | None:
+    r = svc.rollout
+    if r is None:
+        return None
+    return r.state if r.state == "complete" else f"{r.state.upper()}: {r.reason}"
 
 
 def _warm(svc: ServiceOut) -> str:
@@ -229,6 +242,9 @@ def deploy(
     slo_p99_ms: float | None = typer.Option(None, "--slo-p99-ms", help=_HELP["slo"]),
     scale_up_stabilization: str | None = typer.Option(None, "--scale-up-stabilization", help=_HELP["up"]),
     scale_down_cooldown: str | None = typer.Option(None, "--scale-down-cooldown", help=_HELP["down"]),
+    max_surge: int | None = typer.Option(None, "--max-surge", help=_HELP["surge"]),
+    max_unavailable: int | None = typer.Option(None, "--max-unavailable", help=_HELP["unavailable"]),
+    progress_deadline: str | None = typer.Option(None, "--progress-deadline", help=_HELP["deadline"]),
     json_out: bool = json_flag("the summary"),
 ) -> None:
     """Create a service, or replace its spec (kubectl apply): from a file, options, or
@@ -260,6 +276,9 @@ def deploy(
             "slo_p99_ms": slo_p99_ms,
             "scale_up_stabilization": scale_up_stabilization,
             "scale_down_cooldown": scale_down_cooldown,
+            "max_surge": max_surge,
+            "max_unavailable": max_unavailable,
+            "progress_deadline": progress_deadline,
         }
     )
     if env:
@@ -363,6 +382,9 @@ def update(
     slo_p99_ms: float | None = typer.Option(None, "--slo-p99-ms", help=_HELP["slo"]),
     scale_up_stabilization: str | None = typer.Option(None, "--scale-up-stabilization", help=_HELP["up"]),
     scale_down_cooldown: str | None = typer.Option(None, "--scale-down-cooldown", help=_HELP["down"]),
+    max_surge: int | None = typer.Option(None, "--max-surge", help=_HELP["surge"]),
+    max_unavailable: int | None = typer.Option(None, "--max-unavailable", help=_HELP["unavailable"]),
+    progress_deadline: str | None = typer.Option(None, "--progress-deadline", help=_HELP["deadline"]),
     json_out: bool = json_flag("the summary"),
 ) -> None:
     """Change some fields of a service; the rest of its spec stays. A change of what the
@@ -390,6 +412,9 @@ def update(
             "slo_p99_ms": slo_p99_ms,
             "scale_up_stabilization": scale_up_stabilization,
             "scale_down_cooldown": scale_down_cooldown,
+            "max_surge": max_surge,
+            "max_unavailable": max_unavailable,
+            "progress_deadline": progress_deadline,
         }
     )
     if env:

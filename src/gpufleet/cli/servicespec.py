@@ -16,7 +16,7 @@ from gpufleet.cli._common import BAD_INPUT, fail
 from gpufleet.timefmt import parse_duration
 
 M = TypeVar("M", bound=BaseModel)
-DURATIONS = ("readiness_timeout", "scale_up_stabilization", "scale_down_cooldown")
+DURATIONS = ("readiness_timeout", "scale_up_stabilization", "scale_down_cooldown", "progress_deadline")
 """Spec fields a flag gives as a duration (``300``, ``5m``)."""
 
 

@@ -13,16 +13,19 @@ Rules, applied in this order by ``decide``:
 4. Same spec generation everywhere: missing replicas are created (lowest free slots);
    extra ones are drained, not-ready ones first (stopped at once), then the highest
    slots.
-5. A rolling update (replicas of an older generation serve): replicas of the old
-   generation that are not ready are stopped at once; one new replica is created while
-   fewer than ``replicas`` of the new generation exist and fewer than ``replicas + 1``
-   serve (surge one); an old ready replica is drained only while more than
-   ``replicas`` ready ones serve, so ready capacity never drops below the wish: zero
-   failed requests as long as replicas are healthy. Rollback is the same path (the old
-   spec becomes a newer generation). On a full fleet the surge replica cannot start:
-   once a new replica has waited ``surge_wait_s`` without being placed, one old ready
-   replica is drained to make room (``maxUnavailable=1``; only with 2 or more replicas,
-   so the service keeps serving while it rolls; requests still do not fail).
+5. A rolling update (replicas of an older generation serve), as a Kubernetes Deployment
+   with ``maxSurge`` / ``maxUnavailable`` (``Wish.max_surge``, default 1;
+   ``Wish.max_unavailable``, default 0): replicas of the old generation that are not
+   ready are stopped at once; new replicas are created while fewer than ``replicas`` of
+   the new generation exist and fewer than ``replicas + max_surge`` serve; an old ready
+   replica is drained only while more than ``replicas - max_unavailable`` ready ones
+   serve. With the defaults ready capacity never drops below the wish: an old replica
+   goes only once a new one is ready, so a new generation that never gets ready (a bad
+   command, a crash loop) leaves every old replica serving. On a full fleet the surge
+   replica waits for room; ``max_unavailable: 1`` lets one old replica at a time make
+   room instead. Rollback is the same path (the old spec becomes a newer generation).
+   Whether a rollout is stuck is ``rollout_status``'s answer (Kubernetes'
+   ``progressDeadlineSeconds``), which changes no decision: the controller keeps trying.
 
 6. The warm pool (``warm``: standby replicas, started and ready, not in rotation): a
    replica short of the wish is made by promoting a warm one first (ready ones first: it
@@ -47,8 +50,10 @@ class Wish:
     readiness_timeout_s: float
     drain_s: float
     deleting: bool = False
-    surge_wait_s: float = 10.0
     warm: int = 0
+    max_surge: int = 1
+    max_unavailable: int = 0
+    progress_deadline_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,17 +165,11 @@ def decide(wish: Wish, replicas: Sequence[Replica], now: float) -> list[Action]:
     old = [r for r in old if r.ready]
     taken = {r.slot for r in current + old + warm}
     serving = current + old
-    if len(current) < n and len(serving) < n + 1 and not any(isinstance(a, Promote) for a in out):
-        slot = _free_slots(taken)[0]
+    room = min(n - len(current), n + wish.max_surge - len(serving))
+    for slot in _free_slots(taken)[: max(0, room)]:
         out.append(Create(slot=slot, reason=f"rolling update to generation {gen}"))
     ready = sum(1 for r in serving if r.ready)
-    spare = ready - n
-    stuck = any(
-        not r.running and r.pending_since is not None and now - r.pending_since >= wish.surge_wait_s
-        for r in current
-    )
-    if stuck and n >= 2 and ready >= n:
-        spare = ready - (n - 1)  # no room for a surge: one replica down at a time
+    spare = ready - max(0, n - wish.max_unavailable)
     for r in sorted(old, key=lambda r: (-r.slot, r.job_id)):
         if spare <= 0:
             break
@@ -217,3 +216,53 @@ def _scale(n: int, pool: int, current: list[Replica], warm: list[Replica]) -> li
         for r in sorted(warm, key=lambda r: (r.ready, -r.slot))[: len(warm) - pool]:
             out.append(Stop(job_id=r.job_id, reason=f"warm pool down to {pool}"))
     return out
+
+
+STALL_EXITS = 3
+"""Exits of the current generation's replicas (since it began) that make a rollout
+stalled before its deadline: a crash loop will not heal by waiting."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress:
+    """What the controller observed of the current generation, besides its replicas:
+    when it began (the deploy or the update that made it), how many of its replicas
+    exited since (failed, timed out, or ended), and what the last one said."""
+
+    since: float
+    exits: int = 0
+    last_exit: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rollout:
+    """``complete``: ``replicas`` ready replicas of the current generation serve and no
+    older one does; ``progressing``; ``stalled``: not complete ``progress_deadline_s``
+    after the generation began, or its replicas exited ``STALL_EXITS`` times. A stalled
+    rollout is a statement, not a decision: old replicas keep serving and the controller
+    keeps trying (Kubernetes' ``ProgressDeadlineExceeded``)."""
+
+    state: str
+    generation: int
+    reason: str
+
+
+def rollout_status(wish: Wish, replicas: Sequence[Replica], progress: Progress, now: float) -> Rollout:
+    gen, n = wish.generation, wish.replicas
+    live = [r for r in replicas if r.draining_at is None and not r.warm]
+    old = [r for r in live if r.generation != gen]
+    ready = sum(1 for r in live if r.generation == gen and r.ready)
+    if ready >= n and not old:
+        return Rollout(state="complete", generation=gen, reason=f"{ready} of {n} replicas ready")
+    what = f"{ready} of {n} replicas of generation {gen} ready"
+    if old:
+        what += f", {len(old)} older still serving"
+    if progress.exits >= STALL_EXITS:
+        last = f" (last: {progress.last_exit})" if progress.last_exit else ""
+        why = f"its replicas exited {progress.exits} times{last}"
+        return Rollout(state="stalled", generation=gen, reason=f"{what}: {why}")
+    waited = now - progress.since
+    if waited >= wish.progress_deadline_s:
+        why = f"no progress within {wish.progress_deadline_s:g}s (progress deadline)"
+        return Rollout(state="stalled", generation=gen, reason=f"{what}: {why}")
+    return Rollout(state="progressing", generation=gen, reason=what)

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.api.services import (
     ReplicaOut,
+    RolloutOut,
     ServiceEventOut,
     ServiceOut,
     ServicePatch,
@@ -45,6 +46,8 @@ from gpufleet.server.models import (
     User,
 )
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
+from gpufleet.server.replicas import Replica, Wish
+from gpufleet.server.services import rollouts
 from gpufleet.server.services.auth import Principal
 
 Waker = Callable[[], None]
@@ -176,6 +179,7 @@ def _out(
         .limit(events)
     ).all()
     spec = ServiceSpec.model_validate(row.spec)
+    rollout = None if row.state == "deleting" else _rollout(s, row, spec, reps)
     return ServiceOut(
         name=row.name,
         owner=owner,
@@ -187,12 +191,38 @@ def _out(
         replicas_ready=sum(1 for r in reps if r.ready and not r.draining and not r.warm),
         replicas_warm=sum(1 for r in reps if r.warm and not r.draining),
         traffic=traffic,
+        rollout=rollout,
         replicas=reps,
         events=[ServiceEventOut(at=e.at, actor=e.actor, kind=e.kind, reason=e.reason) for e in reversed(evs)],
         created_at=row.created_at,
         updated_at=row.updated_at,
         url_path=f"/s/{row.name}/",
     )
+
+
+def _rollout(s: Session, row: ServiceRow, spec: ServiceSpec, reps: list[ReplicaOut]) -> RolloutOut:
+    wish = Wish(
+        replicas=desired_replicas(row, spec),
+        generation=row.generation,
+        readiness_timeout_s=spec.readiness_timeout,
+        drain_s=0.0,
+        warm=spec.warm,
+    )
+    seen = [
+        Replica(
+            job_id=r.job_id,
+            slot=r.replica,
+            generation=r.generation,
+            running=r.state == JobState.RUNNING,
+            ready=r.ready,
+            started_at=r.started_at,
+            draining_at=0.0 if r.draining else None,
+            warm=r.warm,
+        )
+        for r in reps
+    ]
+    verdict = rollouts.shown(s, row, wish, seen)
+    return RolloutOut(state=verdict.state, generation=verdict.generation, reason=verdict.reason)  # type: ignore[arg-type]
 
 
 Traffic = Callable[[str], ServiceTraffic | None]

@@ -5,9 +5,12 @@ service never stops the others), and delete a deleted service once no replica is
 A replica is a job (``kind='service'``): no time limit, requeued when its node is lost,
 never preempted (``loops/scheduling._request``), spread apart from its siblings by the
 core, charged and counted against the team's quota like any job. One that exits is
-replaced by a new job in the same slot; after exits in quick succession the new one
-waits (``not_before``: 5 s, doubling per recent exit, at most 5 min: Kubernetes'
-CrashLoopBackOff).
+replaced by a new job in the same slot; after exits of that slot in quick succession the
+new one waits (``not_before``: the first restart at once, then 5 s doubling to 5 min:
+Kubernetes' CrashLoopBackOff, per slot as Kubernetes backs off per container), with the
+reason and the last exit in its ``wait_reason`` (``rollouts.crash_backoff``). A rollout
+that is not complete past its progress deadline, or whose replicas crash-loop, is marked
+by one ``stalled`` event per generation (``replicas.rollout_status``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import logging
 import math
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.services import ServiceSpec
@@ -28,12 +31,12 @@ from gpufleet.server.jobstate.transitions import event_row, move, ref, release_a
 from gpufleet.server.leader import EPOCH
 from gpufleet.server.models import Job, JobEvent, ServiceRow
 from gpufleet.server.replicas import Create, Demote, Drain, Promote, Replica, Stop, Wish, decide
+from gpufleet.server.services import rollouts
 from gpufleet.server.services.autoscaling import Autoscaler
 from gpufleet.server.services.inference import LIVE, add_event, desired_replicas
 
 log = logging.getLogger("gpufleet.server")
 ACTOR = "replicaset"
-CRASH_WINDOW_S = 600.0
 SERVICE_ENV = ("GPUFLEET_SERVICE", "GPUFLEET_REPLICA", "GPUFLEET_HEALTH_PATH", "GPUFLEET_SERVICE_PORT")
 """What the replica controller sets in a replica's environment (the agent reads the last
 two: where to probe, and the container's port)."""
@@ -54,21 +57,6 @@ def replica_env(spec: ServiceSpec, slot: int) -> dict[str, str]:
     return env
 
 
-def _backoff(s: Session, row: ServiceRow, now: float) -> float | None:
-    exits: int | None = s.scalar(
-        select(func.count())
-        .select_from(Job)
-        .where(
-            Job.service_id == row.id,
-            Job.state.in_([str(JobState.COMPLETED), str(JobState.FAILED)]),
-            Job.ended_at >= now - CRASH_WINDOW_S,
-        )
-    )
-    if not exits:
-        return None
-    return now + min(300.0, 5.0 * 2.0 ** min(exits - 1, 10))
-
-
 def share_of(spec: ServiceSpec) -> dict[str, Any]:
     """A replica on part of a shared GPU (``gpu_fraction``): its units, on one node
     (``migindex``, as ``gpufleet submit --gpu-fraction``); {} otherwise."""
@@ -81,6 +69,7 @@ def share_of(spec: ServiceSpec) -> dict[str, Any]:
 def _create(
     s: Session, row: ServiceRow, spec: ServiceSpec, slot: int, *, now: float, reason: str, warm: bool = False
 ) -> int:
+    not_before, waiting = rollouts.crash_backoff(s, row, slot, now)
     values: dict[str, Any] = {
         "name": f"{spec.name}-{slot}",
         "user_id": row.owner_id,
@@ -100,7 +89,8 @@ def _create(
         "max_attempts": 1000,
         "attempts": 0,
         "requeue_backoff_s": 5.0,
-        "not_before": _backoff(s, row, now),
+        "not_before": not_before,
+        "wait_reason": waiting,
         "state": str(JobState.PENDING),
         "version": 0,
         "submit_time": now,
@@ -167,6 +157,9 @@ def step_service(s: Session, row: ServiceRow, *, now: float, drain_s: float) -> 
         readiness_timeout_s=spec.readiness_timeout,
         drain_s=drain_s,
         deleting=deleting,
+        max_surge=spec.max_surge,
+        max_unavailable=spec.max_unavailable,
+        progress_deadline_s=spec.progress_deadline,
     )
     seen = [
         Replica(
@@ -196,7 +189,17 @@ def step_service(s: Session, row: ServiceRow, *, now: float, drain_s: float) -> 
         elif isinstance(a, Stop):
             _stop(s, jobs[a.job_id], now=now, reason=a.reason, failed=a.failed)
             add_event(s, row.id, at=now, actor=ACTOR, kind="stop", reason=f"job {a.job_id}: {a.reason}")
+    if not deleting:
+        _note_stall(s, row, wish, seen, now=now)
     return bool(actions)
+
+
+def _note_stall(s: Session, row: ServiceRow, wish: Wish, seen: list[Replica], *, now: float) -> None:
+    """One ``stalled`` event per generation, the first time its rollout is stalled."""
+    why = rollouts.note_stall(s, row, wish, seen, now=now)
+    if why is not None:
+        add_event(s, row.id, at=now, actor=ACTOR, kind="stalled", reason=why)
+        log.warning("service %s: rollout stalled: %s", row.name, why)
 
 
 def reconcile(*, db: Database, now: float, drain_s: float, autoscaler: Autoscaler | None = None) -> int:

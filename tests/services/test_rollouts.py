@@ -1,0 +1,144 @@
+"""A rollout to a generation that never gets ready, on real agents with real replica
+processes: every old replica keeps serving (never fewer ready replicas than asked), the
+rollout is marked stalled with the new replicas' exit code and last line, the waiting
+replica says it is in crash back-off and why, and ``service show`` tells all of it.
+
+SQLite only: the decisions are pure (``tests/test_replicas.py``) and the API tests cover
+both databases; this one is about processes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from failover.conftest import FAST, Node
+from gpufleet.agent import AgentConfig, HttpTransport, SimSpec, SimulatedProbe, make_agent
+from gpufleet.modelserver.launch import model_server
+from jobaccounts import ROOT, passable, run_as
+from server.conftest import Server, make_team, ok, start_server, stop_server, unique
+
+NAME = "roll-mlp"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(
+        f"sqlite:///{tmp_path_factory.mktemp('roll') / 'g.db'}", extra=(*FAST, "--service-drain", "1")
+    )
+    yield s
+    stop_server(s)
+
+
+def _node(srv: Server, work: Path, *, pool: str) -> Node:
+    name = unique("rnode")
+    with srv.client() as c:
+        ok(c.put(f"/nodes/{name}", json={"pool": pool, "gpus": []}))
+        token = ok(c.post("/nodes/join-tokens", json={"node": name}), 201)["token"]
+    config = AgentConfig(
+        node=name,
+        work_dir=work / name,
+        address="127.0.0.1",
+        sync_interval_s=0.25,
+        news_gap_s=0.0,
+        tick_s=0.05,
+        grace_s=2.0,
+        health_interval_s=0.1,
+        probe_interval_s=0.2,
+    )
+    probe = SimulatedProbe(node=name, spec=SimSpec(gpus=2))
+    agent = make_agent(config=config, probe=probe, transport=HttpTransport(srv.url, token), run_as=run_as())
+    node = Node(name=name, agent=agent, probe=probe)
+    node.agent.sync_once()
+    node.resume()
+    return node
+
+
+def _show(c: httpx.Client) -> dict[str, Any]:
+    return ok(c.get(f"/services/{NAME}"))  # type: ignore[no-any-return]
+
+
+def _ready(out: dict[str, Any], gen: int) -> int:
+    return sum(1 for r in out["replicas"] if r["ready"] and not r["draining"] and r["generation"] == gen)
+
+
+def test_a_rollout_that_never_gets_ready_stalls_and_keeps_every_old_replica(
+    srv: Server, tmp_path: Path
+) -> None:
+    passable(tmp_path)
+    team = make_team(srv)
+    pool = unique("rpool")
+    with srv.client() as c:
+        ok(c.post("/pools", json={"name": pool}), 201)
+    nodes = [_node(srv, tmp_path, pool=pool) for _ in range(3)]
+    launch = model_server(as_other_account=ROOT, args=("--model", "mlp"))
+    assert launch.runnable, launch.why
+    try:
+        with srv.client() as c:
+            spec = {
+                "name": NAME,
+                "team": team,
+                "pool": pool,
+                "command": launch.command,
+                "env": launch.env,
+                "replicas": 3,
+                "protocol": "kserve-v2",
+                "readiness_timeout": 60,
+            }
+            ok(c.put(f"/services/{NAME}", json=spec))
+            deadline = time.monotonic() + 90
+            while _ready(out := _show(c), 1) < 3:
+                assert time.monotonic() < deadline, out
+                time.sleep(0.2)
+            assert out["rollout"]["state"] == "complete", out["rollout"]
+            placed = sorted(r["nodes"][0] for r in out["replicas"])
+            assert placed == sorted(n.name for n in nodes)  # spread: one per node
+
+            broken = ["sh", "-c", "echo 'boom: no weights here' >&2; exit 3"]
+            out = ok(c.patch(f"/services/{NAME}", json={"command": broken}))
+            assert out["generation"] == 2
+            stalled: dict[str, Any] | None = None
+            deadline = time.monotonic() + 90
+            while stalled is None:
+                out = _show(c)
+                assert _ready(out, 1) == 3, out  # never fewer ready replicas than asked
+                assert out["replicas_ready"] >= 3, out
+                if out["rollout"]["state"] == "stalled":
+                    stalled = out
+                assert time.monotonic() < deadline, out
+                time.sleep(0.1)
+            reason = stalled["rollout"]["reason"]
+            assert stalled["rollout"]["generation"] == 2
+            assert "exited 3 times" in reason and "exit code 3" in reason, reason
+            assert "boom: no weights here" in reason, reason
+            kinds = [e["kind"] for e in stalled["events"]]
+            assert kinds.count("stalled") == 1, kinds
+            # the waiting new replica says why it waits
+            deadline = time.monotonic() + 30
+            while True:
+                out = _show(c)
+                waiting = [r for r in out["replicas"] if r["generation"] == 2 and r["state"] == "PENDING"]
+                if waiting and "CrashLoopBackOff" in (waiting[0]["reason"] or ""):
+                    break
+                assert _ready(out, 1) == 3, out
+                assert time.monotonic() < deadline, out
+                time.sleep(0.1)
+            assert "exit code 3" in waiting[0]["reason"], waiting
+            job = ok(c.get(f"/jobs/{waiting[0]['job_id']}"))
+            assert "CrashLoopBackOff" in (job["wait_reason"] or ""), job
+            # the CLI's view: stalled and why (the same reply, printed)
+            time.sleep(1.0)
+            out = _show(c)
+            assert _ready(out, 1) == 3 and out["rollout"]["state"] == "stalled", out
+            assert c.delete(f"/services/{NAME}").status_code == 202
+            deadline = time.monotonic() + 30
+            while c.get(f"/services/{NAME}").status_code != 404:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+    finally:
+        for n in nodes:
+            n.close()
