@@ -117,6 +117,8 @@ LIST_PATHS = frozenset(
         "/v1/node-credentials",
     )
 )
+MINTS = frozenset(("/v1/users", "/v1/tokens", "/v1/sessions", "/v1/nodes/join-tokens"))
+"""A 201 here made a credential: ``KnownDigests`` re-reads before its next refusal."""
 ITEMS_PER_SEAT = 100
 AUTH_LOOKUPS = 4
 """Database look-ups of unknown tokens at once (their own limiter)."""
@@ -312,6 +314,8 @@ class Admission:
             if message["type"] == "http.response.start":
                 if message["status"] == 401:
                     self.throttle.failed(address)
+                elif message["status"] == 201 and path in MINTS:
+                    self.known.invalidate()
                 release()
             await send(message)
 

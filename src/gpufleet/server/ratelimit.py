@@ -217,13 +217,14 @@ class AuthThrottle:
 class KnownDigests:
     """The digests of every live credential, in memory: what a throttled address's
     unknown token is checked against before it may cost a database look-up. Re-read
-    (``load``, in a worker thread) at most every ``refresh_s``, when a token is not found:
-    a token made on another server in the last ``refresh_s`` may be refused (429) for that
-    long to a throttled address, never to another one. Memory: one digest (64 characters)
-    per live token and node credential."""
+    (``load``, in a worker thread) when a token is not found, at most every ``refresh_s``
+    unless this server made a credential since (``invalidate``): a token made on another
+    server in the last ``refresh_s`` may be refused (429) for that long to a throttled
+    address, never to another one. Memory: one digest (64 characters) per live token and
+    node credential."""
 
     load: Callable[[], frozenset[str]]
-    refresh_s: float = 5.0
+    refresh_s: float = 2.0
     now: Now = time.monotonic
     _digests: frozenset[str] = frozenset()
     _loaded_at: float = float("-inf")
@@ -233,6 +234,9 @@ class KnownDigests:
 
     def stale(self) -> bool:
         return self.now() - self._loaded_at >= self.refresh_s
+
+    def invalidate(self) -> None:
+        self._loaded_at = float("-inf")
 
     def reload(self) -> None:
         if not self.stale():  # another request reloaded it meanwhile
