@@ -4,7 +4,10 @@
 ``node.crt`` in the agent's ``pki`` directory. A certificate for this node that is valid
 for more than ``RENEW_BEFORE_S`` is used as it is; one close to its end is renewed with
 itself as the credential; otherwise (first start, another node's certificate, expired)
-the join token buys a new one. Errors are ``AgentTransportError`` with the reason.
+the join token buys a new one. A join token buys one certificate, before it expires
+(``server/services/nodecreds.py``): a node that lost its key or let its certificate
+lapse needs a new token (``gpufleet node join-token --node NODE``). Errors are
+``AgentTransportError`` with the reason.
 
 Several servers: nothing here is bound to one. The certificate is signed by the cluster
 CA, which every server trusts, so it is asked of the first server that answers. The
@@ -73,6 +76,14 @@ def ensure_certificate(
     )
     try:
         got = client.post(f"/nodes/{node}/certificate", body)
+    except AgentTransportError as exc:
+        if exc.status != 401 or usable:
+            raise
+        raise AgentTransportError(
+            f"the join token bought no certificate: {exc}; make a new one with "
+            f"gpufleet node join-token --node {node}",
+            status=401,
+        ) from exc
     finally:
         client.close()
     _write(key_file, key_pem(key), 0o600)

@@ -33,6 +33,10 @@ class NodeCredentialOut(BaseModel):
     created_at: float
     not_after: float | None = None
     revoked_at: float | None = None
+    expires_at: float | None = None
+    """A join token's: it buys a certificate until then (None: never, or a certificate)."""
+    used_at: float | None = None
+    """A join token's: when it bought a certificate (it is spent: single use)."""
 
 
 class NodeCredentialList(BaseModel):

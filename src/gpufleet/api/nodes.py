@@ -255,6 +255,12 @@ class JoinTokenIn(Request):
     node: NodeName | None = Field(
         default=None, description="bind to this node; default: the first node that uses it"
     )
+    ttl: float | None = Field(
+        default=None,
+        gt=0,
+        le=366 * 86_400,
+        description="seconds the token may buy the node's certificate (it does so once); default 1 h",
+    )
 
 
 class JoinTokenOut(Reply):
@@ -262,6 +268,7 @@ class JoinTokenOut(Reply):
     node: str | None
     hint: str
     created_at: float
+    expires_at: float | None = Field(default=None, description="it buys a certificate until then, once")
     token: str = Field(description="shown only once")
 
 

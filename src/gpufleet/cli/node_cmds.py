@@ -150,11 +150,36 @@ def register(
 @node_app.command("join-token")
 def join_token(
     node: str | None = typer.Option(None, "--node", help="Bind to this node (default: first to sync)."),
+    ttl: str = typer.Option(
+        "1h", "--ttl", help="It buys the node's certificate once, within this time (30m, 2h, 7d)."
+    ),
 ) -> None:
-    """Create a node credential for `gpufleet agent --token` (shown once)."""
+    """Create a node credential for `gpufleet agent --token-file` (shown once). With TLS it
+    buys the node's certificate once, before --ttl runs out; without TLS the agent syncs
+    with it for the node's life (`gpufleet node revoke` ends it)."""
+    from gpufleet.timefmt import parse_duration
+
+    try:
+        ttl_s = parse_duration(ttl)
+    except ValueError as exc:
+        raise fail(f"--ttl: {exc}", BAD_INPUT) from None
+    if ttl_s <= 0:
+        raise fail("--ttl: must be longer than 0", BAD_INPUT)
     with client() as c:
-        made = c.request("POST", "/nodes/join-tokens", json={"node": node})
+        made = c.request("POST", "/nodes/join-tokens", json={"node": node, "ttl": ttl_s})
     typer.echo(made["token"])
+
+
+def _credential_state(it: dict[str, Any], now: float) -> str:
+    """revoked, used (a join token that bought its certificate), expired (one that can
+    no longer buy it), unbound (no node yet) or active."""
+    if it["revoked_at"]:
+        return "revoked"
+    if it.get("used_at"):
+        return "used"
+    if it["kind"] == "join-token" and it.get("expires_at") and it["expires_at"] <= now:
+        return "expired"
+    return "unbound" if it["node"] is None else "active"
 
 
 @node_app.command("credentials")
@@ -169,12 +194,14 @@ def credentials(
     if as_json:
         print_json(items)
         return
-    typer.echo(f"{'KIND':<11} {'ID':>5} {'NODE':<24} {'HINT/SERIAL':<40} {'EXPIRES':<10} STATE")
+    typer.echo(f"{'KIND':<11} {'ID':>5} {'NODE':<24} {'HINT/SERIAL':<40} {'EXPIRES':<16} STATE")
+    now = time.time()
     for it in items:
-        expires = time.strftime("%Y-%m-%d", time.localtime(it["not_after"])) if it["not_after"] else "-"
-        state = "revoked" if it["revoked_at"] else ("unbound" if it["node"] is None else "active")
+        until = it["not_after"] or it.get("expires_at")
+        expires = time.strftime("%Y-%m-%d %H:%M", time.localtime(until)) if until else "-"
+        state = _credential_state(it, now)
         typer.echo(
-            f"{it['kind']:<11} {it['id']:>5} {it['node'] or '-':<24} {it['hint']:<40} {expires:<10} {state}"
+            f"{it['kind']:<11} {it['id']:>5} {it['node'] or '-':<24} {it['hint']:<40} {expires:<16} {state}"
         )
 
 

@@ -369,7 +369,9 @@ class ServerRow(Base):
 
 class NodeCredential(Base):
     """A node's join token (``gpufleet node join-token``); only its sha256 is stored.
-    ``node`` NULL: not yet bound; the first node that syncs with it owns it from then on."""
+    ``node`` NULL: not yet bound; the first node that syncs with it owns it from then on.
+    ``expires_at``: it buys a certificate until then (NULL: made before 0017, never);
+    ``used_at``: it bought one then, and is spent (``services/nodecreds.py``)."""
 
     __tablename__ = "node_credentials"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -379,6 +381,8 @@ class NodeCredential(Base):
     created_by: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class NodeCertificate(Base):

@@ -36,6 +36,7 @@ class Kind(enum.Enum):
     """Kinds of expected failure a service may return."""
 
     INVALID = 422
+    UNAUTHORIZED = 401
     FORBIDDEN = 403
     NOT_FOUND = 404
     CONFLICT = 409
@@ -49,6 +50,11 @@ class Failure:
 
 def invalid(detail: str) -> Failure:
     return Failure(kind=Kind.INVALID, detail=detail)
+
+
+def unauthorized(detail: str) -> Failure:
+    """A credential that is no longer good (expired, spent): 401."""
+    return Failure(kind=Kind.UNAUTHORIZED, detail=detail)
 
 
 def forbidden(detail: str) -> Failure:

@@ -111,16 +111,19 @@ def _peer(pem: str) -> PeerIdentity | None:
 
 def _resolve(parts: Parts, hot: AgentState, token: str, name: str) -> NodeCred:
     cred = nodecreds.authenticate_node(db=parts.db, token=token, cache=hot.creds, hasher=parts.hasher)
-    if cred is None:
-        raise ProblemError(401, "invalid or revoked node credential", title="Unauthorized")
+    if isinstance(cred, str):
+        raise ProblemError(401, cred, title="Unauthorized")
     return nodecreds.bind(writer=parts.writer, token=token, cred=cred, node=name, cache=hot.creds)
 
 
 @router.post("/nodes/join-tokens", status_code=201, response_model=JoinTokenOut)
 def create_join_token(parts: PartsDep, me: Me, spec: JoinTokenIn | None = None) -> JoinTokenOut:
     node = spec.node if spec is not None else None
+    ttl = spec.ttl if spec is not None else None
     return unwrap(
-        nodecreds.create_join_token(db=parts.db, actor=me, node=node, now=parts.now(), hasher=parts.hasher)
+        nodecreds.create_join_token(
+            db=parts.db, actor=me, node=node, now=parts.now(), ttl_s=ttl, hasher=parts.hasher
+        )
     )
 
 
@@ -142,10 +145,11 @@ def node_certificate(
     body: CertificateIn,
     request: Request,
     parts: PartsDep,
+    hot: HotDep,
     actor: Annotated[sync.AgentActor, Depends(agent_actor)],
 ) -> CertificateOut:
-    """Trade a join token (or an operator's token, or this node's current certificate)
-    and a CSR for the node's client certificate."""
+    """Trade a join token (once, before it expires), an operator's token or this node's
+    current certificate, and a CSR, for the node's client certificate."""
     if actor.node is not None and actor.node != name:
         raise ProblemError(403, f"this credential belongs to node {actor.node}, not {name}")
     out = nodecreds.issue_certificate(
@@ -157,6 +161,8 @@ def node_certificate(
         credential_id=actor.credential_id,
         now=parts.now(),
     )
+    if actor.credential_id is not None:
+        hot.creds.clear()  # the join token is spent (or was refused): no cached pass for it
     return unwrap(out)
 
 

@@ -1,14 +1,28 @@
 """Node credentials: the token an agent authenticates with, and the client certificate
 it trades that token for when the server runs with TLS (``gpufleet.pki``).
 
-``gpufleet node join-token [--node NAME]`` (operators and admins) creates one; like API
-tokens only its HMAC with the server's key is stored (``tokenkey.py``; a pre-0008 sha256
-row is rewritten on first use) and the token (prefix ``gfn_``) is shown once. Join
-tokens do not expire: an agent syncs with its token for the node's whole life (or
-trades it for a certificate, which does expire); ``revoke_node`` ends them. A
-credential speaks for exactly one node: the one named at creation, or else the first
-node that syncs with it (bound by compare-and-set, so two agents racing with one fresh
-token cannot both own it). Speaking for another node is a 403.
+``gpufleet node join-token [--node NAME] [--ttl 1h]`` (operators and admins) creates
+one; like API tokens only its HMAC with the server's key is stored (``tokenkey.py``; a
+pre-0008 sha256 row is rewritten on first use) and the token (prefix ``gfn_``) is shown
+once. A credential speaks for exactly one node: the one named at creation, or else the
+first node that syncs with it (bound by compare-and-set, so two agents racing with one
+fresh token cannot both own it). Speaking for another node is a 403.
+
+Enrolment (as kubeadm's bootstrap tokens): a join token buys the node's certificate
+**once** and only **until it expires** (``--ttl``, 1 h by default). The first certificate
+it buys spends it (``used_at``), in the transaction that records the certificate and by
+compare-and-set on ``used_at IS NULL``, so of two enrolments racing with one token one
+gets a certificate and the other a 401; a spent token is refused for everything from
+then on (this server's credential cache is cleared; another server's forgets it within
+its ``CredCache.ttl_s``). A node that lost its certificate needs a new join token.
+Tokens made before revision 0017 have no expiry; they are still spent by enrolling.
+
+Decision, without TLS (or with TLS and ``--node-certs-required`` off): an agent still
+syncs with its join token, as before, for the node's whole life: there is no certificate
+to trade it for, so that token *is* the node's credential (``revoke_node`` ends it). The
+expiry bounds enrolment only, not those syncs: a plain-HTTP cluster's tokens are as long
+lived as its nodes, and the README says so. With certificates required a join token
+only ever buys the certificate.
 
 Certificates (``issue_certificate``): with the token (or an operator's token, or the
 node's current certificate, to renew) an agent sends a CSR and gets a certificate whose
@@ -21,9 +35,10 @@ on this server).
 from __future__ import annotations
 
 import secrets
+import time
 from functools import partial
 
-from sqlalchemy import Update, select, update
+from sqlalchemy import Update, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.credentials import CertificateOut, NodeCredentialList, NodeCredentialOut, RevokedOut
@@ -33,12 +48,15 @@ from gpufleet.server.agentstate import CredCache, NodeCred, Revocations
 from gpufleet.server.db import Database
 from gpufleet.server.models import NodeCertificate, NodeCredential
 from gpufleet.server.pages import cut, id_cursor
-from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
+from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found, unauthorized
 from gpufleet.server.services.auth import Principal, hash_token
 from gpufleet.server.tokenkey import TokenHasher, load_hasher
 from gpufleet.server.writer import Writer
 
 PREFIX = "gfn_"
+JOIN_TTL_S = 3600.0
+"""How long a join token may enrol a node unless ``--ttl`` says otherwise (kubeadm: 24 h;
+an operator makes the token right before starting the agent)."""
 
 
 def is_node_token(token: str) -> bool:
@@ -46,34 +64,50 @@ def is_node_token(token: str) -> bool:
 
 
 def create_join_token(
-    *, db: Database, actor: Principal, node: str | None, now: float, hasher: TokenHasher | None = None
+    *,
+    db: Database,
+    actor: Principal,
+    node: str | None,
+    now: float,
+    ttl_s: float | None = None,
+    hasher: TokenHasher | None = None,
 ) -> JoinTokenOut | Failure:
-    """``hasher``: the server's token key (None: the database's default one)."""
+    """A token that enrols a node once, within ``ttl_s`` (None: ``JOIN_TTL_S``).
+    ``hasher``: the server's token key (None: the database's default one)."""
     if not actor.is_operator:
         return forbidden("only operators and admins create node join tokens")
     token = PREFIX + secrets.token_urlsafe(32)
     digest = (hasher or load_hasher(database_url=db.url)).digest(token)
+    expires = now + (JOIN_TTL_S if ttl_s is None else ttl_s)
     with db.write() as s:
         row = NodeCredential(
-            node=node, token_hash=digest, hint=token[-4:], created_by=actor.name, created_at=now
+            node=node,
+            token_hash=digest,
+            hint=token[-4:],
+            created_by=actor.name,
+            created_at=now,
+            expires_at=expires,
         )
         s.add(row)
         s.flush()
-        return JoinTokenOut(id=row.id, node=node, hint=row.hint, created_at=now, token=token)
+        return JoinTokenOut(
+            id=row.id, node=node, hint=row.hint, created_at=now, expires_at=expires, token=token
+        )
 
 
 def authenticate_node(
     *, db: Database, token: str, cache: CredCache, hasher: TokenHasher | None = None
-) -> NodeCred | None:
-    """The credential, or None. The cache is keyed by ``hash_token`` (in memory); the
-    row by the HMAC (a pre-0008 sha256 row is rewritten here, compare-and-set)."""
+) -> NodeCred | str:
+    """The credential, or why it is refused (unknown, revoked, spent on a certificate).
+    The cache is keyed by ``hash_token`` (in memory); the row by the HMAC (a pre-0008
+    sha256 row is rewritten here, compare-and-set)."""
     key = hash_token(token)
     hit = cache.get(key)
     if hit is not None:
         return hit
     hasher = hasher or load_hasher(database_url=db.url)
     digest = hasher.digest(token)
-    q = select(NodeCredential.id, NodeCredential.node).where(NodeCredential.revoked_at.is_(None))
+    q = select(NodeCredential.id, NodeCredential.node, NodeCredential.revoked_at, NodeCredential.used_at)
     with db.read() as s:
         row = s.execute(q.where(NodeCredential.token_hash == digest)).first()
         legacy = None if row is not None else s.execute(q.where(NodeCredential.token_hash == key)).first()
@@ -87,10 +121,21 @@ def authenticate_node(
             )
         row = legacy
     if row is None:
-        return None
+        return "invalid node credential"
+    if row.revoked_at is not None:
+        return "this node credential is revoked"
+    if row.used_at is not None:
+        return _spent(row.node)
     cred = NodeCred(id=row.id, node=row.node)
     cache.put(key, cred)
     return cred
+
+
+def _spent(node: str | None) -> str:
+    return (
+        f"this join token was used to enrol node {node} already (a join token buys one "
+        "certificate): a node that lost its certificate needs a new join token"
+    )
 
 
 def _bind(s: Session, *, cred_id: int, node: str) -> str | None:
@@ -128,7 +173,9 @@ def issue_certificate(
     credential_id: int | None,
     now: float,
 ) -> CertificateOut | Failure:
-    """Sign the agent's CSR for ``node`` (the caller is already known to speak for it)."""
+    """Sign the agent's CSR for ``node`` (the caller is already known to speak for it).
+    With a join token (``credential_id``) the certificate spends it, in the same
+    transaction: an expired or spent token gets no certificate (401)."""
     if ca is None:
         return conflict("this server has no certificate authority: start it with --tls-cert (and --ca-dir)")
     try:
@@ -136,6 +183,10 @@ def issue_certificate(
     except PkiError as exc:
         return invalid(str(exc))
     with db.write() as s:
+        if credential_id is not None:
+            refused = _spend(s, credential_id=credential_id, now=now)
+            if refused is not None:
+                return refused  # nothing was written: the signed certificate is dropped
         s.add(
             NodeCertificate(
                 node=node,
@@ -153,6 +204,36 @@ def issue_certificate(
         serial=issued.serial,
         not_after=issued.not_after,
     )
+
+
+def _spend(s: Session, *, credential_id: int, now: float) -> Failure | None:
+    """Mark the join token used, compare-and-set: only an unused, unexpired, unrevoked
+    one (PostgreSQL re-checks the row after a concurrent spender commits, SQLite runs one
+    writer at a time: of two racing enrolments one wins). None: spent now by this call."""
+    live = (
+        NodeCredential.id == credential_id,
+        NodeCredential.used_at.is_(None),
+        NodeCredential.revoked_at.is_(None),
+        or_(NodeCredential.expires_at.is_(None), NodeCredential.expires_at > now),
+    )
+    if _count(s, update(NodeCredential).where(*live).values(used_at=now)) == 1:
+        return None
+    row = s.execute(
+        select(
+            NodeCredential.node, NodeCredential.used_at, NodeCredential.revoked_at, NodeCredential.expires_at
+        ).where(NodeCredential.id == credential_id)
+    ).first()
+    if row is None or row.revoked_at is not None:
+        return unauthorized("this node credential is revoked")
+    if row.used_at is not None:
+        return unauthorized(_spent(row.node))
+    return unauthorized(
+        f"this join token expired at {_when(row.expires_at)}: make a new one (gpufleet node join-token --ttl)"
+    )
+
+
+def _when(at: float | None) -> str:
+    return "-" if at is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
 def list_credentials(
@@ -187,6 +268,8 @@ def list_credentials(
                         created_by=t.created_by,
                         created_at=t.created_at,
                         revoked_at=t.revoked_at,
+                        expires_at=t.expires_at,
+                        used_at=t.used_at,
                     )
                 )
             after = 0
