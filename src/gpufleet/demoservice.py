@@ -102,8 +102,11 @@ class DemoService:
 
         source = ServerSource(self.server_url, self.admin_token, ca_file=self.ca_file)
         app = create_app(source, config=GatewayConfig(refresh_s=1.0))
+        from gpufleet import netguard
+
+        guard = netguard.uvicorn_options(netguard.GuardLimits(), netguard.GuardStats())
         config = uvicorn.Config(
-            app, host=self.host, port=self.port, log_level="warning", access_log=False, lifespan="on"
+            app, host=self.host, port=self.port, log_level="warning", access_log=False, lifespan="on", **guard
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="gateway", daemon=True)

@@ -70,6 +70,15 @@ def gateway(
     refresh: float = typer.Option(1.0, "--refresh", min=0.05, help="Seconds between reads of the feed."),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve HTTPS with this certificate (PEM)."),
     tls_key: Path | None = typer.Option(None, "--tls-key", help="Its private key (default: in --tls-cert)."),
+    header_timeout: float = typer.Option(
+        10.0, "--header-timeout", min=0.1, help="Seconds a request head may take, then 408."
+    ),
+    idle_timeout: float = typer.Option(
+        5.0, "--idle-timeout", min=0.1, help="Seconds a connection may wait idle for a request."
+    ),
+    max_conns_per_address: int = typer.Option(
+        256, "--max-conns-per-address", min=0, help="Connections open at once from one address (0: no cap)."
+    ),
 ) -> None:
     """Route /s/SERVICE/... to the service's ready replicas.
 
@@ -126,19 +135,25 @@ def gateway(
         refresh_s=refresh, metrics_tokens=frozenset(metrics), metrics_public=metrics_public
     )
     app = create_app(source, config=config)
+    from gpufleet import netguard
+
     options: dict[str, object] = {}
+    base: type[object] = netguard.default_protocol()
     if tls_cert is not None:
         from gpufleet.server.tlsproto import CoalescingHttpToolsProtocol
 
         # one TLS record per response head+body (see tlsproto)
         options = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key or tls_cert)}
-        options["http"] = CoalescingHttpToolsProtocol
+        base = CoalescingHttpToolsProtocol
+    limits = netguard.GuardLimits(
+        header_timeout_s=header_timeout, idle_timeout_s=idle_timeout, max_per_address=max_conns_per_address
+    )
+    options |= netguard.uvicorn_options(limits, netguard.GuardStats(), base=base)  # header, body, idle
     uvicorn.run(
         app,
         host=host,
         port=port,
         loop="uvloop" if _has("uvloop") else "asyncio",
-        http=options.pop("http", "httptools"),  # type: ignore[arg-type]
         lifespan="on",
         log_level="warning",
         access_log=False,

@@ -103,15 +103,19 @@ def model_server(
         launch_overhead_us=launch_overhead_us,
         batching=batching,
     )
+    from gpufleet import netguard
+
+    # header, body and idle timeouts; no cap per address: behind the gateway every caller is its address
+    guard = netguard.uvicorn_options(netguard.GuardLimits(max_per_address=0), netguard.GuardStats())
     uvicorn.run(
         app,
         host=host,
         port=port,
         loop="auto",
-        http="auto",
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        **guard,
     )
 
 
