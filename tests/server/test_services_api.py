@@ -111,6 +111,29 @@ def test_deploy_creates_replicas_spread_over_nodes(server: Server) -> None:
             assert ok(c.get(f"/jobs/{r['job_id']}"))["state"] == "CANCELLED"
 
 
+def test_replicas_placed_in_later_passes_spread_from_scheduled_siblings(server: Server) -> None:
+    """Scaled up one replica at a time (each placed by its own pass, its siblings still
+    SCHEDULED: no agent starts them), the replicas still land on distinct nodes, and with
+    more replicas than nodes the extra one shares a node only then."""
+    pool = make_pool(server)
+    make_team(server)
+    nodes = {make_node(server, pool=pool, gpus=8) for _ in range(3)}
+    name = sname()
+    with server.client() as c:
+        ok(c.put(f"/services/{name}", json=spec(name, pool, replicas=1)))
+        for n in (1, 2, 3, 4):
+            if n > 1:
+                ok(c.patch(f"/services/{name}", json={"replicas": n}))
+            out = until(
+                c, name, lambda o, n=n: len(o["replicas"]) == n and all(r["nodes"] for r in o["replicas"])
+            )
+            assert all(r["state"] == "SCHEDULED" for r in out["replicas"]), out["replicas"]
+            placed = [r["nodes"][0] for r in out["replicas"]]
+            assert len(set(placed)) == min(n, 3), placed
+        assert set(placed) == nodes
+        assert c.delete(f"/services/{name}").status_code == 202
+
+
 def test_tokens_and_the_feed(server: Server) -> None:
     pool = make_pool(server)
     make_team(server)
@@ -207,7 +230,9 @@ def test_gateway_reports_feed_the_services_traffic(server: Server) -> None:
         bad = c.post("/gateway/report", json={"gateway": "gw", "services": {name: {"codes": {"999": 1}}}})
         assert bad.status_code == 204  # a bad entry is skipped and counted, not the report refused
         no_id = c.post("/gateway/report", json={"services": {}})
-        assert no_id.status_code == 422 and no_id.headers["content-type"].startswith("application/problem+json")
+        assert no_id.status_code == 422 and no_id.headers["content-type"].startswith(
+            "application/problem+json"
+        )
         first = {**report, "services": {name: {"codes": {}, "inflight": 0}}}
         assert c.post("/gateway/report", json=first).status_code == 204
         time.sleep(0.05)

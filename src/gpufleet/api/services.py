@@ -213,6 +213,9 @@ class ReplicaOut(Reply):
     started_at: float | None
     ready_at: float | None
     reason: str | None = Field(default=None, description="why it waits (a pending replica)")
+    previous_job_id: int | None = Field(
+        default=None, description="the job that served this slot before (logs: service logs --previous)"
+    )
 
 
 class ServiceTraffic(Reply):

@@ -505,8 +505,12 @@ def logs(
     name: str = typer.Argument(...),
     replica: int | None = typer.Option(None, "--replica", min=0, help="Its slot (default: the lowest)."),
     follow: bool = flag("--follow", "-f", help="Stream until the replica's job is over."),
+    previous: bool = flag(
+        "--previous", "-p", help="The job that served the slot before this one (after a crash: why)."
+    ),
 ) -> None:
-    """A replica's output: the logs of the job that serves it (gpufleet logs JOB)."""
+    """A replica's output: the logs of the job that serves it (gpufleet logs JOB), or with
+    --previous of the one before it in the same slot (kubectl logs -p)."""
     with client() as c:
         svc = _service(c, "GET", name)
     got = pick_replica(svc.replicas, replica)
@@ -515,6 +519,12 @@ def logs(
             raise fail(f"service {name} has no live replica")
         slots = ", ".join(str(s) for s in sorted({r.replica for r in svc.replicas}))
         raise fail(f"service {name} has no live replica {replica} (its replicas: {slots})")
+    if previous:
+        if got.previous_job_id is None:
+            raise fail(f"replica {got.replica} of service {name} has no previous job")
+        typer.echo(f"gpufleet: replica {got.replica} was job {got.previous_job_id} before", err=True)
+        stream_logs(got.previous_job_id, follow=follow)
+        return
     typer.echo(
         f"gpufleet: replica {got.replica} is job {got.job_id} (generation {got.generation}, {got.state})",
         err=True,

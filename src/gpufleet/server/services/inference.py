@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpufleet.api.services import (
@@ -131,7 +131,22 @@ def desired_replicas(row: ServiceRow, spec: ServiceSpec) -> int:
 # -- showing -------------------------------------------------------------------------------------
 
 
-def _replicas(s: Session, service_id: int) -> list[ReplicaOut]:
+def _previous(s: Session, row: ServiceRow) -> dict[int, int]:
+    """Per slot, the newest job of this service that no longer runs (``kubectl logs -p``)."""
+    q = (
+        select(Job.replica, func.max(Job.id))
+        .where(
+            Job.service_id == row.id,
+            Job.state.not_in([str(x) for x in LIVE]),
+            Job.submit_time >= row.created_at,
+        )
+        .group_by(Job.replica)
+    )
+    return {slot or 0: jid for slot, jid in s.execute(q)}
+
+
+def _replicas(s: Session, service_id: int, previous: dict[int, int] | None = None) -> list[ReplicaOut]:
+    previous = previous or {}
     jobs = s.scalars(
         select(Job)
         .where(Job.service_id == service_id, Job.state.in_([str(x) for x in LIVE]))
@@ -161,6 +176,7 @@ def _replicas(s: Session, service_id: int) -> list[ReplicaOut]:
             started_at=j.started_at,
             ready_at=j.ready_at,
             reason=j.wait_reason if j.state == JobState.PENDING else None,
+            previous_job_id=previous.get(j.replica or 0),
         )
         for j in jobs
     ]
@@ -171,7 +187,7 @@ def _out(
 ) -> ServiceOut:
     owner = s.scalar(select(User.name).where(User.id == row.owner_id)) or "?"
     team = s.scalar(select(Team.name).where(Team.id == row.team_id)) or "?"
-    reps = _replicas(s, row.id)
+    reps = _replicas(s, row.id, _previous(s, row) if events else None)
     evs = s.scalars(
         select(ServiceEvent)
         .where(ServiceEvent.service_id == row.id)

@@ -12,7 +12,7 @@ the old service's exits (SQLite may even hand out the old row's id again).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -28,6 +28,7 @@ container's back-off after 10 minutes of running fine)."""
 BACKOFF_FIRST_S = 5.0
 BACKOFF_MAX_S = 300.0
 LINE_CHARS = 200
+LINE_LOOKS = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,7 +77,8 @@ def exits(
     s: Session, row: ServiceRow, *, since: float, generation: int | None = None, slot: int | None = None
 ) -> list[Exit]:
     """The service's replica exits since ``since`` (newest first), of one generation or
-    one slot when given."""
+    one slot when given. The newest exits carry their last line: the first of the
+    newest few that has one (an exit is reported before its log has all been shipped)."""
     q = select(Job.id, Job.replica, Job.exit_code, Job.state, Job.ended_at).where(
         Job.service_id == row.id,
         Job.state.in_(EXITED),
@@ -88,23 +90,30 @@ def exits(
     if slot is not None:
         q = q.where(Job.replica == slot)
     rows = s.execute(q.order_by(Job.ended_at.desc(), Job.id.desc())).all()
-    return [
-        Exit(
-            job_id=jid,
-            slot=rep or 0,
-            code=code,
-            state=state,
-            ended_at=ended or 0.0,
-            line=last_line(s, jid) if i == 0 else None,
-        )
-        for i, (jid, rep, code, state, ended) in enumerate(rows)
+    out = [
+        Exit(job_id=jid, slot=rep or 0, code=code, state=state, ended_at=ended or 0.0, line=None)
+        for jid, rep, code, state, ended in rows
     ]
+    for i, e in enumerate(out[:LINE_LOOKS]):
+        line = last_line(s, e.job_id)
+        if line is not None:
+            out[i] = replace(e, line=line)
+            break
+    return out
+
+
+def last_words(seen: list[Exit]) -> str | None:
+    """How the newest exit that said something ended (else the newest exit)."""
+    for e in seen[:LINE_LOOKS]:
+        if e.line is not None:
+            return e.describe()
+    return seen[0].describe() if seen else None
 
 
 def progress(s: Session, row: ServiceRow) -> Progress:
     since = generation_since(s, row)
     seen = exits(s, row, since=since, generation=row.generation)
-    return Progress(since=since, exits=len(seen), last_exit=seen[0].describe() if seen else None)
+    return Progress(since=since, exits=len(seen), last_exit=last_words(seen))
 
 
 def crash_backoff(s: Session, row: ServiceRow, slot: int, now: float) -> tuple[float | None, str | None]:
@@ -117,7 +126,7 @@ def crash_backoff(s: Session, row: ServiceRow, slot: int, now: float) -> tuple[f
     wait = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** min(len(seen) - 2, 10))
     reason = (
         f"CrashLoopBackOff: slot {slot} exited {len(seen)} times in {CRASH_WINDOW_S:g}s; "
-        f"restarts {wait:g}s after the last exit; last: {seen[0].describe()}"
+        f"restarts {wait:g}s after the last exit; last: {last_words(seen)}"
     )
     until = seen[0].ended_at + wait
     return (until, reason) if until > now else (None, None)
@@ -135,15 +144,16 @@ def stall_said(s: Session, row: ServiceRow, since: float) -> str | None:
 
 def shown(s: Session, row: ServiceRow, wish: Wish, replicas: list[Replica]) -> Rollout:
     """The rollout as ``service show`` tells it: complete from the replicas; stalled
-    once the controller said so for this generation (it holds the clock: the verdict
-    and its reason are its ``stalled`` event); else progressing."""
+    once the controller said so for this generation (it holds the clock: its ``stalled``
+    event), with the reason as it stands now (the last exit's line may have been shipped
+    since); else progressing."""
     verdict = rollout_status(wish, replicas, Progress(since=float("inf")), 0.0)
     if verdict.state == "complete":
         return verdict
-    said = stall_said(s, row, generation_since(s, row))
-    if said is not None:
-        return Rollout(state="stalled", generation=row.generation, reason=said)
-    return verdict
+    since = generation_since(s, row)
+    if stall_said(s, row, since) is None:
+        return verdict
+    return rollout_status(wish, replicas, progress(s, row), float("inf"))
 
 
 def note_stall(s: Session, row: ServiceRow, wish: Wish, replicas: list[Replica], *, now: float) -> str | None:
