@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -190,6 +191,43 @@ def test_a_token_on_the_command_line_warns(srv: Server) -> None:
     finally:
         err = _stop(proc)
     assert "warning: --token puts the gateway's token on the command line" in err, err
+
+
+def test_loadgen_takes_the_service_token_from_a_file(srv: Server, tmp_path: Path) -> None:
+    name, svc_token = _service(srv)
+    port = free_port()
+    proc = _gateway(srv, port, "--token-file", str(_secret_file(tmp_path / "t", ADMIN_TOKEN)))
+    try:
+        _ready(f"http://127.0.0.1:{port}", proc, services=1)
+        out = tmp_path / "run.json"
+        argv = [sys.executable, "-m", "gpufleet", "loadgen", f"http://127.0.0.1:{port}/s/{name}/x"]
+        argv += ["--qps", "20", "--duration", "0.5s", "--json-out", str(out)]
+        argv += ["--token-file", str(_secret_file(tmp_path / "svc", svc_token))]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        assert "warning" not in done.stderr, done.stderr
+        errors = json.loads(out.read_text())["summary"]["errors"]
+        assert set(errors) == {"503"}, errors  # past the token check: no ready replica
+    finally:
+        _stop(proc)
+    loose = _secret_file(tmp_path / "loose", svc_token, 0o644)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "loadgen", "http://127.0.0.1:1/", "--token-file", str(loose)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "readable by others" in done.stderr, done.stderr
+
+
+def test_a_database_password_on_the_server_command_line_warns() -> None:
+    url = "postgresql+psycopg://gpufleet:s3cret@127.0.0.1:1/gpufleet"
+    argv = [sys.executable, "-m", "gpufleet", "server", "--port", str(free_port()), "--database-url", url]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert "warning: --database-url holds a password" in done.stderr, done.stderr[-2000:]
+    env = {**os.environ, "GPUFLEET_DATABASE_URL": url}
+    quiet = subprocess.run(argv[:-2], capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert quiet.returncode != 0 and "holds a password" not in quiet.stderr, quiet.stderr[-2000:]
 
 
 def test_an_unknown_service_does_not_poison_the_reports(srv: Server, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Secrets of the long-running commands (``agent``, ``gateway``, ``loadgen``), kept off
+"""Secrets of the long-running commands (``agent``, ``gateway``, ``loadgen``, the
+``server``'s database URL), kept off
 their command lines: every local user can read ``/proc/PID/cmdline``, only the owner
 (and root) a 0600 file or the process's environment.
 
@@ -71,4 +72,23 @@ def secret(flags: SecretFlags, *, path: Path | None, given: str | None, required
     raise fail(f"{flags.file_option} (or {flags.env}) is required", BAD_INPUT)
 
 
-__all__ = ["SecretFlags", "read_secret_file", "secret"]
+def url_from_env(url: str | None, *, command: str, option: str, env: str) -> None:
+    """A URL option that may hold a password (``--database-url``, also read from ``env``):
+    warn when the password came on the command line, and drop ``env`` from the
+    environment either way. libpq's ``PGPASSWORD`` and ``~/.pgpass`` work too."""
+    from urllib.parse import urlsplit
+
+    from_env = os.environ.pop(env, None)
+    try:
+        password = urlsplit(url).password if url else None
+    except ValueError:
+        password = None
+    if password and url != from_env:
+        typer.echo(
+            f"{command}: warning: {option} holds a password, which every process on this machine can "
+            f"read on the command line; set {env} (or PGPASSWORD, ~/.pgpass) instead",
+            err=True,
+        )
+
+
+__all__ = ["SecretFlags", "read_secret_file", "secret", "url_from_env"]

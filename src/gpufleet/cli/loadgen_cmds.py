@@ -100,7 +100,16 @@ def loadgen(
         " when the URL ends with /infer.",
     ),
     header: list[str] = typer.Option([], "--header", "-H", help="'Name: value' (repeatable)."),
-    token: str | None = typer.Option(None, "--token", help="Sent as Authorization: Bearer TOKEN."),
+    token_file: Path | None = typer.Option(
+        None,
+        "--token-file",
+        help="File holding the service token sent as Authorization: Bearer (mode 0600 or "
+        "stricter). Else GPUFLEET_SERVICE_TOKEN.",
+        show_default=False,
+    ),
+    token: str | None = typer.Option(
+        None, "--token", help="The token itself (warns: every local user can read a command line)."
+    ),
     method: str | None = typer.Option(None, "--method", help="Default: POST with a body, else GET."),
     concurrency_limit: int = typer.Option(
         1024, "--concurrency-limit", min=1, help="Most requests open at once (beyond: they wait, counted)."
@@ -134,7 +143,10 @@ def loadgen(
         )
     except ValueError as exc:
         raise fail(str(exc), BAD_INPUT) from None
-    headers = _headers(header, token)
+    from gpufleet.cli.credfile import SecretFlags, secret
+
+    flags = SecretFlags(command="gpufleet loadgen", env="GPUFLEET_SERVICE_TOKEN", what="the service token")
+    headers = _headers(header, secret(flags, path=token_file, given=token, required=False))
     data = body.read_bytes() if body is not None else None
     if data is None and url.rstrip("/").endswith("/infer"):
         data = kserve_body()

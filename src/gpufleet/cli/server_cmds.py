@@ -28,7 +28,11 @@ def server(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8080, "--port", min=1, max=65535),
     database_url: str | None = typer.Option(
-        None, "--database-url", help="SQLAlchemy URL (default: SQLite in the user data dir)."
+        None,
+        "--database-url",
+        envvar="GPUFLEET_DATABASE_URL",
+        help="SQLAlchemy URL (default: SQLite in the user data dir); one with a password: "
+        "GPUFLEET_DATABASE_URL, not the command line.",
     ),
     policy: str = typer.Option("default", "--policy", help="Scheduling policy."),
     node_timeout: str = typer.Option(
@@ -201,6 +205,11 @@ def server(
         )
     if (tls_key is not None or ca_dir is not None) and tls_cert is None:
         raise fail("--tls-key and --ca-dir go with --tls-cert", BAD_INPUT)
+    from gpufleet.cli.credfile import url_from_env
+
+    url_from_env(
+        database_url, command="gpufleet server", option="--database-url", env="GPUFLEET_DATABASE_URL"
+    )
     for f in (tls_cert, tls_key):
         if f is not None and not f.is_file():
             raise fail(f"{f}: no such file", BAD_INPUT)

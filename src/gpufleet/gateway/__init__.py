@@ -30,9 +30,23 @@ string included) to one of the service's ready replicas:
   through chunk by chunk (SSE). Every answer carries ``X-Request-Id`` (the client's
   when sane, else a new one; also sent upstream) and, from a replica,
   ``X-Gpufleet-Replica``.
-* ``/healthz`` (alive), ``/readyz`` (a feed has been loaded), ``/metrics`` (Prometheus;
-  unauthenticated, as the gateway's port is the cluster's inference front door, not
-  the internet's: put it behind the ingress that terminates public TLS).
+* ``/healthz`` (alive), ``/readyz`` (a feed has been loaded), ``/metrics`` (Prometheus).
+* ``/metrics`` takes ``Authorization: Bearer`` with a token whose sha256 is in
+  ``GatewayConfig.metrics_tokens``: the gateway's own operator token (the one it reads
+  the feed with) or a scraper's token from ``--metrics-token-file``, so Prometheus need
+  not hold an operator's token. The gateway knows no API token but its own (the feed
+  lists service tokens' digests only), so these are the tokens it can check without
+  asking the server per scrape. ``--metrics-public`` opens it (as the server's flag);
+  with neither token nor flag it answers 401 saying so. Its series name services the
+  feed lists, never a caller's path: a request for an unknown service is counted in
+  ``gpufleet_gateway_unknown_service_requests_total`` (no service label) and is never
+  in the reports to the server (``report.py``).
+* Upstream, a replica gets ``connect_timeout_s`` (2 s) to accept a connection and
+  ``read_timeout_s`` (300 s) of silence, before or between response chunks, before
+  the request fails (502 / 504); a stalled replica holds a gateway connection that
+  long at most. A replica that keeps sending, however slowly, is a stream (SSE) and is
+  not cut. The client side (header, body, idle timeouts, connections per address) is
+  ``gpufleet.netguard``'s, in the server config of ``gpufleet gateway``.
 """
 
 from __future__ import annotations
