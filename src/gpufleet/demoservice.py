@@ -16,6 +16,7 @@ not deployed and the banner says why.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import threading
 from dataclasses import dataclass, field
@@ -101,7 +102,8 @@ class DemoService:
         from gpufleet.gateway import GatewayConfig, ServerSource, create_app
 
         source = ServerSource(self.server_url, self.admin_token, ca_file=self.ca_file)
-        app = create_app(source, config=GatewayConfig(refresh_s=1.0))
+        scrape = frozenset({hashlib.sha256(self.admin_token.encode()).hexdigest()})  # as `gpufleet gateway`
+        app = create_app(source, config=GatewayConfig(refresh_s=1.0, metrics_tokens=scrape))
         from gpufleet import netguard
 
         guard = netguard.uvicorn_options(netguard.GuardLimits(), netguard.GuardStats())

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpufleet.gateway import Feed, GatewayConfig, StaticSource, create_app
+from gpufleet.gateway import Endpoint, Feed, GatewayConfig, Service, StaticSource, create_app
 from server.conftest import ADMIN_TOKEN, Server, free_port, make_pool, ok, start_server, stop_server, unique
 
 SCRAPER = "gf_metrics_scraper_token_0123456789"
@@ -341,3 +341,43 @@ def test_metrics_take_a_token_unless_public(
 def test_health_needs_no_token() -> None:
     got, _ = asyncio.run(_get(CLOSED, "/healthz", []))
     assert got == 200
+
+
+async def _through_a_stalled_replica(config: GatewayConfig) -> tuple[int, float]:
+    """(status, seconds) of one request to a replica that accepts, reads and never answers."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.read(65_536)
+
+    server = await asyncio.start_server(stall, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    endpoint = Endpoint(id="1.0", url=f"http://127.0.0.1:{port}", job_id=1)
+    service = Service(name="llm", tokens=frozenset({_digest(SCRAPER)}), endpoints=(endpoint,))
+    app = create_app(StaticSource(Feed(at=1.0, services={"llm": service})), config=config)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(msg: Any) -> None:
+        sent.append(dict(msg))
+
+    scope = {"type": "http", "method": "GET", "path": "/s/llm/x", "raw_path": b"/s/llm/x", "headers": BEARER}
+    t0 = time.monotonic()
+    try:
+        await app(scope, receive, send)
+    finally:
+        await app.stop()
+        for w in held:
+            w.close()
+        server.close()
+    return int(sent[0]["status"]), time.monotonic() - t0
+
+
+def test_a_stalled_replica_cannot_hold_a_request() -> None:
+    """The upstream read timeout: a replica silent for ``read_timeout_s`` is a 504."""
+    status, took = asyncio.run(_through_a_stalled_replica(GatewayConfig(read_timeout_s=0.5)))
+    assert status == 504 and 0.4 < took < 5
+    assert GatewayConfig().connect_timeout_s <= 5 and GatewayConfig().read_timeout_s <= 300
