@@ -134,6 +134,38 @@ def test_replicas_placed_in_later_passes_spread_from_scheduled_siblings(server: 
         assert c.delete(f"/services/{name}").status_code == 202
 
 
+def test_rollback_runs_an_earlier_generations_replicas_as_a_new_generation(server: Server) -> None:
+    pool = make_pool(server)
+    team = make_team(server)
+    name = sname()
+    with server.client() as c:
+        ok(c.put(f"/services/{name}", json=spec(name, pool, command=["serve", "v1"])))
+        assert c.post(f"/services/{name}/rollback", json={}).status_code == 422  # nothing earlier
+        ok(c.patch(f"/services/{name}", json={"command": ["serve", "v2"], "replicas": 3}))
+        out = ok(c.patch(f"/services/{name}", json={"model_version": "7"}))
+        assert out["generation"] == 3
+        out = ok(c.post(f"/services/{name}/rollback", json={}))  # to generation 2
+        assert out["generation"] == 4
+        assert out["spec"]["command"] == ["serve", "v2"] and out["spec"]["model_version"] is None
+        assert out["spec"]["replicas"] == 3  # the count stays as it is now
+        out = ok(c.post(f"/services/{name}/rollback", json={"generation": 1}))
+        assert out["generation"] == 5 and out["spec"]["command"] == ["serve", "v1"]
+        kinds = [e["kind"] for e in out["events"]]
+        assert kinds.count("rollback") == 2 and kinds[-1] == "updated", kinds
+        r = c.post(f"/services/{name}/rollback", json={"generation": 1})
+        assert r.status_code == 409, r.text  # runs that already
+        for bad in ({"generation": 5}, {"generation": 0}, {"generation": 2**40}, {"generation": "x"}):
+            r = c.post(f"/services/{name}/rollback", json=bad)
+            assert r.status_code == 422, (bad, r.text)
+            assert r.headers["content-type"].startswith("application/problem+json")
+        assert ok(c.get(f"/services/{name}"))["generation"] == 5  # refusals changed nothing
+    other = make_user(server, role="user", team=team)
+    with server.client(other) as c:
+        assert c.post(f"/services/{name}/rollback", json={}).status_code == 404
+    with server.client() as c:
+        assert c.delete(f"/services/{name}").status_code == 202
+
+
 def test_tokens_and_the_feed(server: Server) -> None:
     pool = make_pool(server)
     make_team(server)

@@ -1,7 +1,8 @@
 """A rollout to a generation that never gets ready, on real agents with real replica
 processes: every old replica keeps serving (never fewer ready replicas than asked), the
 rollout is marked stalled with the new replicas' exit code and last line, the waiting
-replica says it is in crash back-off and why, and ``service show`` tells all of it.
+replica says it is in crash back-off and why, and ``service show`` tells all of it; then
+``rollback`` rolls the old replicas back in, again never below the count asked.
 
 SQLite only: the decisions are pure (``tests/test_replicas.py``) and the API tests cover
 both databases; this one is about processes."""
@@ -145,6 +146,14 @@ def test_a_rollout_that_never_gets_ready_stalls_and_keeps_every_old_replica(
             time.sleep(1.0)
             out = _show(c)
             assert _ready(out, 1) == 3 and out["rollout"]["state"] == "stalled", out
+            # rollback: generation 1's replicas again, as generation 3, rolled without a gap
+            out = ok(c.post(f"/services/{NAME}/rollback", json={}))
+            assert out["generation"] == 3 and out["spec"]["command"] == launch.command
+            deadline = time.monotonic() + 90
+            while not (_ready(out := _show(c), 3) == 3 and out["rollout"]["state"] == "complete"):
+                assert _ready(out, 1) + _ready(out, 3) >= 3, out  # never fewer ready than asked
+                assert time.monotonic() < deadline, out
+                time.sleep(0.1)
             assert c.delete(f"/services/{NAME}").status_code == 202
             deadline = time.monotonic() + 30
             while c.get(f"/services/{NAME}").status_code != 404:

@@ -191,6 +191,13 @@ class ServicePatch(Request):
     progress_deadline: float | None = Field(default=None, gt=0, le=86_400)
 
 
+class ServiceRollback(Request):
+    """``gpufleet service rollback``: run an earlier generation's replica template again
+    (what replicas run; the count, bounds and rollout knobs stay), as a new generation."""
+
+    generation: int | None = Field(default=None, ge=1, le=2**31 - 1, description="default: the previous one")
+
+
 class RolloutOut(Reply):
     """Where the current generation stands (``server/replicas.rollout_status``)."""
 

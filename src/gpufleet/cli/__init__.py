@@ -169,7 +169,7 @@ COMMANDS: dict[str, Lazy] = {
     "reservation": Lazy("reservation_cmds:reservation_app", "Reservations: create, list, cancel."),
     "service": Lazy(
         "service_cmds:service_app",
-        "Inference services: deploy, list, show, events, logs, update, delete, tokens.",
+        "Inference services: deploy, list, show, events, logs, update, rollback, delete, tokens.",
     ),
 }
 """Every command of ``gpufleet``, in the order its help lists them."""

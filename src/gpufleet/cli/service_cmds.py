@@ -436,6 +436,30 @@ def update(
         typer.echo(f"generation {svc.generation} still: no replica restarts")
 
 
+@service_app.command("rollback")
+def rollback(
+    name: str = typer.Argument(...),
+    to_generation: int | None = typer.Option(
+        None,
+        "--to-generation",
+        min=1,
+        help="The generation whose replicas to run again (default: the previous).",
+    ),
+    json_out: bool = json_flag("the summary"),
+) -> None:
+    """Run an earlier generation's replicas again (kubectl rollout undo): what the replicas
+    run as it was then, the replica count and bounds as they are now; a new generation,
+    rolled one by one like any update."""
+    with client() as c:
+        svc = _service(c, "POST", f"{name}/rollback", json={"generation": to_generation})
+    if json_out:
+        print_json(svc.model_dump())
+        return
+    _print(svc)
+    typer.echo("")
+    typer.echo(f"generation {svc.generation}: rolling back, replicas roll one by one")
+
+
 @service_app.command("delete")
 def delete(name: str = typer.Argument(...), json_out: bool = json_flag("a line")) -> None:
     """Delete a service: its tokens stop working at once, its replicas drain and stop,
@@ -538,6 +562,7 @@ __all__ = [
     "list_",
     "logs",
     "pick_replica",
+    "rollback",
     "show",
     "summary_lines",
     "token",

@@ -281,6 +281,21 @@ class ServiceRow(Base):
     version: Mapped[int] = mapped_column(Integer, default=0)
 
 
+class ServiceSpecRow(Base):
+    """A service's spec as it was when one of its generations began (``gpufleet service
+    rollback`` deploys an earlier generation's replica template again, as ``kubectl
+    rollout undo``)."""
+
+    __tablename__ = "service_specs"
+    __table_args__ = (UniqueConstraint("service_id", "generation", name="uq_service_specs_generation"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    service_id: Mapped[int] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), index=True)
+    generation: Mapped[int] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    at: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str] = mapped_column(String(140))
+
+
 class ServiceToken(Base):
     """A token callers present at the gateway (``gpufleet service token NAME``); only
     its sha256 is kept (256 random bits: a plain hash is enough, and the gateway can

@@ -13,6 +13,7 @@ from gpufleet.api.services import (
     ServiceEventOut,
     ServiceOut,
     ServicePatch,
+    ServiceRollback,
     ServiceSpec,
     ServiceTokenOut,
 )
@@ -70,6 +71,21 @@ def update(name: ServiceNameIn, patch: ServicePatch, parts: PartsDep, me: Me) ->
     return unwrap(
         inference.update(
             db=parts.db, actor=me, name=name, patch=patch, now=parts.now(), waker=parts.replicas.wake
+        )
+    )
+
+
+@router.post("/{name}/rollback", response_model=ServiceOut)
+def rollback(name: ServiceNameIn, body: ServiceRollback, parts: PartsDep, me: Me) -> ServiceOut:
+    """Run an earlier generation's replicas again (default: the previous one), rolling."""
+    return unwrap(
+        inference.rollback(
+            db=parts.db,
+            actor=me,
+            name=name,
+            generation=body.generation,
+            now=parts.now(),
+            waker=parts.replicas.wake,
         )
     )
 

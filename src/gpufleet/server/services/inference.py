@@ -41,6 +41,7 @@ from gpufleet.server.models import (
     Pool,
     ServiceEvent,
     ServiceRow,
+    ServiceSpecRow,
     ServiceToken,
     Team,
     User,
@@ -330,6 +331,7 @@ def deploy(
             )
             s.add(row)
             s.flush()
+            _record(s, row, actor=actor.name, now=now)
             add_event(
                 s, row.id, at=now, actor=actor.name, kind="deployed", reason=f"{spec.replicas} replicas"
             )
@@ -349,6 +351,13 @@ def deploy(
             out = _replace(s, row, spec.model_dump(mode="json"), actor=actor.name, now=now)
     waker()
     return out
+
+
+def _record(s: Session, row: ServiceRow, *, actor: str, now: float) -> None:
+    """The spec of the generation that begins now (``service rollback``)."""
+    s.add(
+        ServiceSpecRow(service_id=row.id, generation=row.generation, spec=row.spec, at=now, actor=actor[:140])
+    )
 
 
 def _replace(s: Session, row: ServiceRow, new: dict[str, Any], *, actor: str, now: float) -> ServiceOut:
@@ -381,6 +390,8 @@ def _replace(s: Session, row: ServiceRow, new: dict[str, Any], *, actor: str, no
     row.spec = new
     row.updated_at = now
     row.version += 1
+    if rolled:
+        _record(s, row, actor=actor, now=now)
     s.flush()
     return _out(s, row)
 
@@ -406,6 +417,49 @@ def update(
         problem = _pool_problem(s, spec)
         if problem is not None:
             return problem
+        out = _replace(s, row, spec.model_dump(mode="json"), actor=actor.name, now=now)
+    waker()
+    return out
+
+
+def rollback(
+    *, db: Database, actor: Principal, name: str, generation: int | None, now: float, waker: Waker
+) -> ServiceOut | Failure:
+    """Run an earlier generation's replica template again (``kubectl rollout undo``): the
+    fields that roll (``ROLLING``) as they were then, the rest as they are now, as a new
+    generation through the same rolling update."""
+    with db.write() as s:
+        row = load_service(s, actor, name)
+        if isinstance(row, Failure):
+            return row
+        if row.state == "deleting":
+            return conflict(f"service {name} is being deleted")
+        target = generation if generation is not None else row.generation - 1
+        if target >= row.generation or target < 1:
+            return invalid(
+                f"generation: service {name} is at generation {row.generation}; name an earlier one"
+            )
+        then = s.scalar(
+            select(ServiceSpecRow.spec).where(
+                ServiceSpecRow.service_id == row.id, ServiceSpecRow.generation == target
+            )
+        )
+        if then is None:
+            return conflict(
+                f"generation {target} of service {name} was not recorded (deployed before history)"
+            )
+        new = dict(row.spec) | {k: then.get(k) for k in ROLLING}
+        if not _rolls(row.spec, new):
+            return conflict(f"service {name} already runs what generation {target} ran")
+        add_event(
+            s, row.id, at=now, actor=actor.name, kind="rollback", reason=f"to generation {target}'s replicas"
+        )
+        try:
+            spec = ServiceSpec.model_validate(new)
+        except ValidationError as exc:
+            return invalid(
+                f"generation {target}'s replicas do not fit the spec now: {exc.error_count()} errors"
+            )
         out = _replace(s, row, spec.model_dump(mode="json"), actor=actor.name, now=now)
     waker()
     return out
