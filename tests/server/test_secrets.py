@@ -5,6 +5,7 @@ server refuses a token secret that does not match the database or that others ca
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import sqlite3
@@ -245,3 +246,29 @@ def test_where_the_token_secret_comes_from(
         assert load_hasher(database_url=url) == got  # made once, then read
     else:
         assert got == TokenHasher(str(want).encode())
+
+
+def _argv_with_a_secret_flag(tree: ast.AST) -> list[int]:
+    """Lines of list or tuple literals (a command line being built) holding ``--token``."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.List | ast.Tuple)
+        and any(isinstance(e, ast.Constant) and e.value in SECRET_FLAGS for e in node.elts)
+    ]
+
+
+SECRET_FLAGS = ("--token", "--admin-token")
+
+
+def test_no_process_is_started_with_a_secret_on_its_command_line() -> None:
+    """Issue 29, finding 7: every local user reads ``/proc/PID/cmdline``. The gpufleet
+    code that starts processes (the demo's server, the scheduling child, job wrappers)
+    hands secrets over in a 0600 file, the environment or a pipe, never in argv."""
+    src = Path(dbmod.__file__).resolve().parents[1]
+    found = {
+        str(path.relative_to(src)): lines
+        for path in sorted(src.rglob("*.py"))
+        if (lines := _argv_with_a_secret_flag(ast.parse(path.read_text())))
+    }
+    assert found == {}, found
