@@ -212,10 +212,10 @@ def test_traffic_report_reads_the_gateways_own_counters() -> None:
     """What a gateway reports to the server: codes, in flight and the latency histogram
     per service, cumulative; +Inf sent as a finite bound (JSON has no infinity)."""
     from gpufleet.api.services import GatewayReport
-    from gpufleet.gateway.app import _Metrics
+    from gpufleet.gateway.metrics import GatewayMetrics
     from gpufleet.gateway.report import INF, traffic_report
 
-    m = _Metrics()
+    m = GatewayMetrics()
     for code in (200, 200, 503):
         m.answered("svc", code)
     latency, inflight = m.service("svc")

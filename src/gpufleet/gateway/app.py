@@ -21,18 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
 from gpufleet.gateway.balancer import Balancer, Feed, Outcome, OutlierPolicy, Pool, Slot
 from gpufleet.gateway.feed import EndpointSource, load_once, poll
+from gpufleet.gateway.metrics import GatewayMetrics, scrape_refused
 from gpufleet.gateway.report import traffic_report
 from gpufleet.server.ratelimit import Buckets, retry_after_header
 
@@ -80,48 +74,6 @@ class _NeverReached(Exception):
     """The replica could not be connected to: it never saw the request."""
 
 
-class _Metrics:
-    """prometheus_client series in a registry of this app's own; the per-label children
-    are kept, so a request costs no label lookup."""
-
-    def __init__(self) -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
-        svc = ["service"]
-        self.requests = Counter("gpufleet_gateway_requests", "Answers by status.", [*svc, "code"], registry=r)
-        self.latency = Histogram(
-            "gpufleet_gateway_upstream_seconds",
-            "Time from sending a request upstream to its response headers.",
-            svc,
-            registry=r,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-        )
-        self.in_flight = Gauge("gpufleet_gateway_in_flight", "Requests being proxied.", svc, registry=r)
-        self.ejections = Counter("gpufleet_gateway_ejections", "Outlier ejections.", svc, registry=r)
-        self.endpoints = Gauge("gpufleet_gateway_endpoints", "Endpoints in the feed.", svc, registry=r)
-        self.feed_failures = Counter("gpufleet_gateway_feed_failures", "Failed feed reads.", registry=r)
-        self.retries = Counter("gpufleet_gateway_retries", "Requests resent to another replica.", registry=r)
-        self.unknown = Counter(
-            "gpufleet_gateway_unknown_service_requests",
-            "Requests for a service the feed does not list (404): no service label, never reported.",
-            registry=r,
-        )
-        self._codes: dict[tuple[str, int], Any] = {}
-        self._per_service: dict[str, tuple[Any, Any]] = {}
-
-    def answered(self, service: str, code: int) -> None:
-        child = self._codes.get((service, code))
-        if child is None:
-            child = self._codes[(service, code)] = self.requests.labels(service, str(code))
-        child.inc()
-
-    def service(self, name: str) -> tuple[Any, Any]:
-        """(latency histogram, in-flight gauge) of ``name``."""
-        pair = self._per_service.get(name)
-        if pair is None:
-            pair = self._per_service[name] = (self.latency.labels(name), self.in_flight.labels(name))
-        return pair
-
-
 class Gateway:
     """The ASGI app (see the package docstring for what it does and why)."""
 
@@ -132,7 +84,7 @@ class Gateway:
         self.config = config
         self.clock = clock
         self.balancer = Balancer(config.outlier)
-        self.metrics = _Metrics()
+        self.metrics = GatewayMetrics()
         self.buckets = Buckets(now=clock)
         self.feed_at: float | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -251,7 +203,7 @@ class Gateway:
             body = json.dumps({"ready": ready, "feed_at": self.feed_at, "services": len(self.balancer.pools)})
             await _reply(send, 200 if ready else 503, b"application/json", body.encode())
         elif path == b"/metrics":
-            refused = self._metrics_refused(scope)
+            refused = scrape_refused(scope["headers"], self.config.metrics_tokens, self.config.metrics_public)
             if refused:
                 bearer = [(b"www-authenticate", b"Bearer")]
                 return await _problem(send, 401, "Unauthorized", refused, b"", bearer)
@@ -260,19 +212,6 @@ class Gateway:
             await _problem(
                 send, 404, "Not Found", "routes are /s/{service}/..., /healthz, /readyz, /metrics", b""
             )
-
-    def _metrics_refused(self, scope: Scope) -> str:
-        """Why ``/metrics`` is refused to this request ("" when it is not): it takes a
-        bearer token whose sha256 is in ``metrics_tokens`` unless ``metrics_public``."""
-        if self.config.metrics_public:
-            return ""
-        if not self.config.metrics_tokens:
-            return "/metrics is closed: start the gateway with --metrics-token-file or --metrics-public"
-        auth = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        digest = hashlib.sha256(auth[7:].strip()).hexdigest() if auth[:7].lower() == b"bearer " else ""
-        if digest in self.config.metrics_tokens:
-            return ""
-        return "/metrics takes a token: Authorization: Bearer <the gateway's or its metrics token>"
 
     # -- the proxy ----------------------------------------------------------------------
 
