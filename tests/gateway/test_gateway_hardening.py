@@ -255,6 +255,7 @@ def test_an_unknown_service_does_not_poison_the_reports(srv: Server, tmp_path: P
         scraped = httpx.get(gw + "/metrics", headers={"Authorization": f"Bearer {SCRAPER}"}, timeout=5)
         assert scraped.status_code == 200
         assert "gpufleet_gateway_unknown_service_requests_total 1.0" in scraped.text
+        assert "gpufleet_gateway_report_failures_total 0.0" in scraped.text  # none refused
         assert 'service=""' not in scraped.text
         with srv.client() as c:
             metrics = httpx.get(srv.url + "/metrics", headers=c.headers, timeout=10).text

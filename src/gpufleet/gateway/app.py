@@ -132,13 +132,18 @@ class Gateway:
         if report is None:
             await poll(self.source, self._apply, self._feed_failed, refresh_s=self.config.refresh_s)
             return
+        failing = False
         while True:
             await asyncio.sleep(self.config.refresh_s)
             await load_once(self.source, self._apply, self._feed_failed)
             try:
                 await report(self.traffic_report())
-            except Exception as exc:  # the server blinked: next time
-                log.debug("gateway report: %r", exc)
+            except Exception as exc:  # the server blinked: next time; said once, counted always
+                self.metrics.report_failures.inc()
+                (log.debug if failing else log.warning)("traffic report refused or lost: %s", exc)
+                failing = True
+            else:
+                failing = False
 
     def traffic_report(self) -> dict[str, Any]:
         """This process's counters per service (``report.traffic_report``)."""

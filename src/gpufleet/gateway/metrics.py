@@ -35,6 +35,9 @@ class GatewayMetrics:
         self.endpoints = Gauge("gpufleet_gateway_endpoints", "Endpoints in the feed.", svc, registry=r)
         self.feed_failures = Counter("gpufleet_gateway_feed_failures", "Failed feed reads.", registry=r)
         self.retries = Counter("gpufleet_gateway_retries", "Requests resent to another replica.", registry=r)
+        self.report_failures = Counter(
+            "gpufleet_gateway_report_failures", "Traffic reports the server refused or never got.", registry=r
+        )
         self.unknown = Counter(
             "gpufleet_gateway_unknown_service_requests",
             "Requests for a service the feed does not list (404): no service label, never reported.",
