@@ -83,6 +83,16 @@ def _upstream(name: str, replicas: Replicas) -> web.Application:
         await resp.write_eof()
         return resp
 
+    async def endless(request: web.Request) -> web.StreamResponse:
+        """64 KiB chunks for as long as someone takes them; says when it was stopped."""
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        try:
+            while True:
+                await resp.write(b"x" * 65_536)
+        finally:
+            replicas.seen.append((name, "endless-stopped", {}))
+
     async def status(request: web.Request) -> web.Response:
         return web.Response(status=int(request.match_info["code"]))
 
@@ -115,6 +125,7 @@ def _upstream(name: str, replicas: Replicas) -> web.Application:
     app.router.add_route("*", "/echo/{tail:.*}", echo)
     app.router.add_get("/slow", slow)
     app.router.add_get("/sse", sse)
+    app.router.add_get("/endless", endless)
     app.router.add_get("/status/{code}", status)
     app.router.add_post("/v1/chat/completions", chat)
     return app
@@ -370,3 +381,26 @@ def test_failed_feed_keeps_the_last_list(bg: Background, replicas: Replicas) -> 
             time.sleep(0.02)
         assert gw.client.get("/s/llm/echo/", headers=AUTH).status_code == 200
         assert gw.metric('gpufleet_gateway_endpoints{service="llm"}') == 1.0
+
+
+def test_a_client_that_stops_reading_is_cut(bg: Background, replicas: Replicas) -> None:
+    """Issue 29: a caller that asks for a stream and never reads it must not hold the
+    gateway's connection and the replica's stream for ever (``client_write_timeout_s``)."""
+    config = GatewayConfig(refresh_s=0.02, client_write_timeout_s=0.5)
+    with gateway(bg, feed(replicas, "a"), config) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        head = f"GET /s/llm/endless HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+        sock.sendall(head.encode())  # and never read
+        try:
+            deadline = time.monotonic() + 10
+            while not any(path == "endless-stopped" for _, path, _ in replicas.seen):
+                assert time.monotonic() < deadline, (
+                    "the replica's stream outlived a client that left it unread"
+                )
+                time.sleep(0.05)
+            assert gw.metric('gpufleet_gateway_requests_total{code="200",service="llm"}') == 1.0
+        finally:
+            sock.close()

@@ -57,6 +57,10 @@ class GatewayConfig:
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 300.0
     """The longest silence from a replica (before or between response chunks)."""
+    client_write_timeout_s: float = 60.0
+    """The longest a client may leave a streamed chunk unread (its window full): then the
+    response is cut and the replica's closed, so a client that stops reading holds
+    neither a gateway connection nor a replica's stream for ever."""
     limit_per_host: int = 1024
     outlier: OutlierPolicy = field(default_factory=OutlierPolicy)
     metrics_tokens: frozenset[str] = frozenset()
@@ -374,7 +378,7 @@ class Gateway:
             if length is not None and length <= SMALL_BODY:
                 await send({"type": "http.response.body", "body": await resp.read()})
                 return None
-            return await _stream(resp, receive, send)
+            return await _stream(resp, receive, send, self.config.client_write_timeout_s)
         except (TimeoutError, aiohttp.ClientError) as exc:
             log.warning("replica %s broke off a response: %r", slot.endpoint.id, exc)
             return Outcome.CONNECTION_FAILED  # the client's response is left unfinished
@@ -382,14 +386,23 @@ class Gateway:
             resp.release()
 
 
-async def _stream(resp: aiohttp.ClientResponse, receive: Receive, send: Send) -> Outcome | None:
+async def _stream(
+    resp: aiohttp.ClientResponse, receive: Receive, send: Send, write_timeout_s: float
+) -> Outcome | None:
     """Chunks as they come (SSE, chunked, large bodies). uvicorn's ``send`` ignores a
     client that left, so a watcher on ``receive`` notices it and the replica's
-    response is closed (it stops generating)."""
+    response is closed (it stops generating); one that stays but stops reading is
+    given ``write_timeout_s`` per chunk (uvicorn then closes the unfinished response)."""
     watcher = asyncio.ensure_future(receive())
     try:
         async for chunk in resp.content.iter_any():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            try:
+                async with asyncio.timeout(write_timeout_s):  # no task per chunk, unlike wait_for
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except TimeoutError:
+                log.warning("a client left a response unread for %.0f s: cut", write_timeout_s)
+                resp.close()
+                return Outcome.ABANDONED
             if watcher.done():
                 resp.close()
                 return Outcome.ABANDONED
