@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet.agent.agent import Agent, AgentConfig, AgentStats, read_chunk
+from gpufleet.agent.agent import Agent, AgentConfig, AgentStats
 from gpufleet.agent.cgroups import Cgroups, Limits
 from gpufleet.agent.container import ContainerPolicy, ContainerRunner, ContainerSpec, container_spec
 from gpufleet.agent.jobs import SIMULATE_ENV, JobSpec, JobStore, LocalJob, launch_env
+from gpufleet.agent.logship import LogLimits, read_chunk
 from gpufleet.agent.nvml import NvmlProbe
 from gpufleet.agent.probe import (
     GpuInfo,
@@ -81,6 +82,7 @@ __all__ = [
     "JobStore",
     "Limits",
     "LocalJob",
+    "LogLimits",
     "NodeInventory",
     "NvmlProbe",
     "PosixAccount",

@@ -2,11 +2,14 @@
 set the server wants there (DESIGN.md, "desired state down, observed state up").
 
 Each sync sends: the GPUs (with the agent's health verdict), their telemetry, every job
-attempt it holds (``running`` until the process is over *and* its log fully shipped,
-then ``exited`` with the code) and new log bytes. The reply is the desired set of
-(job, attempt) and how much of each log the server has. Then, in this order:
+attempt it holds (``running`` until every process of it is over, then ``exited`` with
+the code at once, whatever is left of its log) and new log bytes (``logship``: sized
+after encoding, capped per job, the rest of an ended job's log after its exit). The
+reply is the desired set of (job, attempt) and how much of each log the server has.
+Then, in this order:
 
-1. forget attempts reported ``exited`` that the server no longer wants (done),
+1. release attempts reported ``exited`` that the server no longer wants (done), and
+   forget them once their log is closed on the server (or ``log_tail_s`` after their end),
 2. stop what is extra (SIGTERM, SIGKILL after the grace period, over later ticks),
 3. start what is missing, once no attempt still stopping holds one of its GPUs.
 
@@ -67,6 +70,7 @@ from pydantic import ValidationError
 from gpufleet import mig
 from gpufleet.agent.exits import ExitWatch
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
+from gpufleet.agent.logship import LogLimits, cap_marker, chunks_of, pending
 from gpufleet.agent.probe import (
     GpuInfo,
     GpuProbe,
@@ -125,8 +129,10 @@ class AgentConfig:
     """At most this often when only new log output is waiting."""
     tick_s: float = 0.5
     grace_s: float = 30.0
-    log_chunk_bytes: int = 64 * 1024
-    log_bytes_per_sync: int = 512 * 1024
+    log_limits: LogLimits = dataclasses.field(default_factory=LogLimits)
+    log_tail_s: float = 600.0
+    """How long after a job's end the rest of its log is still shipped (a server that
+    never takes it must not keep the record for ever)."""
     real_job_util: float = 0.5
     """The utilisation a simulated GPU shows while a real process holds it."""
     health_interval_s: float = 2.0
@@ -150,32 +156,6 @@ class AgentStats:
     stopped: int = 0
     last_error: str | None = None
     last_status: int | None = None
-
-
-def read_chunk(path: Path, offset: int, limit: int) -> tuple[int, str] | None:
-    """Bytes from ``offset`` (at most ``limit``) as (end offset, text). A full-size chunk
-    ends after its last newline, or else on a UTF-8 character boundary."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            raw = f.read(limit)
-    except OSError:
-        return None
-    if not raw:
-        return None
-    if len(raw) == limit:
-        nl = raw.rfind(b"\n")
-        if nl >= 0:
-            raw = raw[: nl + 1]
-        else:
-            for cut in range(4):
-                try:
-                    (raw[: len(raw) - cut] if cut else raw).decode("utf-8")
-                    raw = raw[: len(raw) - cut] if cut else raw
-                    break
-                except UnicodeDecodeError:
-                    continue
-    return offset + len(raw), raw.decode("utf-8", errors="replace")
 
 
 def telemetry_row(s: GpuSample, reasons: tuple[str, ...], inv: NodeInventory) -> dict[str, Any]:
@@ -275,6 +255,13 @@ class Agent:
         self._mig_applying: dict[int, Layout] = {}
         """GPU -> layout the MIG worker is applying now."""
         self._mig_worker: threading.Thread | None = None
+        self._skip_logs = False
+        self._log_backlog = False
+        """The last sync's chunks took most of its budget: more is waiting."""
+        self._released: set[Key] = set()
+        """The last sync was refused as too large: the next carries no log chunks."""
+        self._log_shrink = 1
+        """Divides the log budget after a refusal (413), back to 1 after good syncs."""
 
     # -- local state ------------------------------------------------------------------------
     def restore(self) -> int:
@@ -317,7 +304,7 @@ class Agent:
                     cur = self._signal_due(runner, cur, now)
                 code = runner.poll(cur, now=now)
                 if code is not None:
-                    cur = dataclasses.replace(cur, exit_code=code)
+                    cur = dataclasses.replace(cur, exit_code=code, ended_at=now)
                     ended = True
                 self._save(cur)
             self._feed_probe()
@@ -359,6 +346,40 @@ class Agent:
     def _kick(self) -> None:
         self.kick.set()
 
+    def _acked(self, reply: SyncReply, sent: dict[str, Any]) -> None:
+        """How far the server has each log (caller holds the lock): the cap's marker and
+        the closing chunk count once the ack reaches their end."""
+        ends = {(a.job_id, a.attempt): a.end for a in reply.log_acks}
+        for c in sent.get("logs", []):
+            key = (c["job_id"], c["attempt"])
+            job = self.jobs.get(key)
+            if job is None or ends.get(key, -1) < c["end"]:
+                continue
+            if c.get("last") and not job.log_done:
+                self._save(dataclasses.replace(job, log_done=True))
+            if c["data"] == cap_marker(self.config.log_limits.max_bytes) and not job.log_capped:
+                self._save(dataclasses.replace(self.jobs[key], log_capped=True))
+        for key, end in ends.items():
+            job = self.jobs.get(key)
+            if job is not None and end > job.log_acked:
+                self._save(dataclasses.replace(job, log_acked=end))
+
+    def _release(self, key: Key, now: float) -> None:
+        """An attempt over, reported and no longer wanted: its runner lets go of it; the
+        record is forgotten once its log is closed on the server, or ``log_tail_s``
+        after its end (caller holds the lock)."""
+        job = self.jobs.get(key)
+        if job is None:
+            return
+        if key not in self._released:
+            self._released.add(key)
+            self.runners[job.kind].release(job)
+        ended = job.ended_at if job.ended_at is not None else now
+        if job.log_done or now - ended >= self.config.log_tail_s:
+            self.jobs.pop(key, None)
+            self._released.discard(key)
+            self.store.forget(job)
+
     def endpoint(self, job: LocalJob) -> str:
         host = self.config.address or "127.0.0.1"
         if ":" in host and not host.startswith("["):
@@ -398,39 +419,30 @@ class Agent:
         ]
         jobs: list[dict[str, Any]] = []
         logs: list[dict[str, Any]] = []
-        budget = self.config.log_bytes_per_sync
+        budget = 0 if self._skip_logs else self.config.log_limits.sync_bytes // self._log_shrink
         with self._lock:
-            for job in sorted(self.jobs.values(), key=lambda j: j.key):
-                size = job.log_size()
-                done = job.exit_code is not None and job.log_acked >= size
+            # ended first: each gets a chunk, with which its exit is reported at once
+            for job in sorted(self.jobs.values(), key=lambda j: (j.exit_code is None, j.key)):
+                chunks, cost = ([], 0) if self._skip_logs else chunks_of(job, self.config.log_limits, budget)
+                budget = max(0, budget - cost)
+                logs.extend(chunks)
+                done = job.exit_code is not None and (bool(chunks) or job.exit_reported or job.log_done)
                 seen: dict[str, Any] = {
                     "job_id": job.job_id,
                     "attempt": job.attempt,
                     "state": ("lost" if job.exit_code == VANISHED else "exited") if done else "running",
                     "exit_code": job.exit_code if done else None,
                 }
-                if job.port is not None and not done:
+                if job.port is not None and job.exit_code is None:
                     seen["endpoint"] = self.endpoint(job)
-                    seen["ready"] = job.exit_code is None and self.replicas.ready(job.key)
-                jobs.append(seen)
-                if size > job.log_acked and budget > 0:
-                    chunk = read_chunk(job.log_path, job.log_acked, min(self.config.log_chunk_bytes, budget))
-                    if chunk is not None:
-                        end, data = chunk
-                        budget -= end - job.log_acked
-                        logs.append(
-                            {
-                                "job_id": job.job_id,
-                                "attempt": job.attempt,
-                                "offset": job.log_acked,
-                                "end": end,
-                                "data": data,
-                            }
-                        )
+                    seen["ready"] = self.replicas.ready(job.key)
+                if job.key not in self._released:  # released: only the rest of its log
+                    jobs.append(seen)
             mig_results = [
                 {"gpu": gpu, "layout": list(layout), "error": error}
                 for gpu, (layout, error) in sorted(self._mig_results.items())
             ]
+        self._log_backlog = budget < self.config.log_limits.sync_bytes // (2 * self._log_shrink)
         body: dict[str, Any] = {"gpus": gpus, "telemetry": telemetry, "jobs": jobs, "logs": logs}
         if mig_results:
             body["mig_results"] = mig_results
@@ -453,21 +465,16 @@ class Agent:
         desired = {(d.job_id, d.attempt): d for d in parsed.jobs}
         now = self.clock.now()
         with self._lock:
-            for ack in parsed.log_acks:
-                job = self.jobs.get((ack.job_id, ack.attempt))
-                if job is not None:
-                    self._save(dataclasses.replace(job, log_acked=min(ack.end, job.log_size())))
+            self._acked(parsed, sent)
             reported_done = {
-                (j["job_id"], j["attempt"]) for j in sent.get("jobs", []) if j["state"] == "exited"
+                (j["job_id"], j["attempt"]) for j in sent.get("jobs", []) if j["state"] in ("exited", "lost")
             }
-            for key in reported_done - set(desired):
-                job = self.jobs.pop(key, None)
-                if job is not None:
-                    self.runners[job.kind].release(job)
-                    self.store.forget(job)
-            for key, job in self.jobs.items():  # its log just got fully acked: report the exit
-                if key not in reported_done and job.exit_code is not None and job.log_acked >= job.log_size():
-                    self._news = True
+            for key in reported_done:
+                job = self.jobs.get(key)
+                if job is not None and not job.exit_reported:
+                    self._save(dataclasses.replace(job, exit_reported=True))
+            for key in (reported_done - set(desired)) | self._released:
+                self._release(key, now)
             for key, job in list(self.jobs.items()):  # 1. stop what is extra, first
                 if key not in desired and job.exit_code is None and job.stop_requested_at is None:
                     self._save(self.runners[job.kind].stop(job, now=now, grace_s=self.config.grace_s))
@@ -657,6 +664,9 @@ class Agent:
             self.stats.failures += 1
             self.stats.last_error, self.stats.last_status = str(exc), exc.status
             self._news = True
+            if exc.status == 413:  # never the same body again: none of its logs, then smaller
+                self._skip_logs = bool(body.get("logs"))
+                self._log_shrink = min(64, self._log_shrink * 4)
             log.warning("node %s: %s", self.config.node, exc)
             return False
         except ValueError as exc:  # a reply that is not a SyncReply
@@ -666,10 +676,14 @@ class Agent:
             return False
         self.stats.syncs += 1
         self.stats.last_error = None
+        if self._skip_logs:
+            self._skip_logs = False
+        elif body.get("logs"):
+            self._log_shrink = max(1, self._log_shrink // 2)
         return True
 
     def _pending_logs(self) -> bool:
-        return any(j.log_size() > j.log_acked for j in self.jobs.values())
+        return any(pending(j) for j in self.jobs.values())
 
     def due(self, now_mono: float) -> bool:
         since = now_mono - self._last_sync
@@ -677,7 +691,7 @@ class Agent:
             return True
         if self._urgent:
             return since >= self.config.urgent_gap_s
-        if self._news:
+        if self._news or self._log_backlog:  # a backlog of log: as often as news
             return since >= self.config.news_gap_s
         return since >= self.config.log_gap_s and self._pending_logs()
 

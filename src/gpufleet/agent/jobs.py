@@ -172,6 +172,15 @@ class LocalJob:
     deadline: float | None = None
     signal_sent_at: float | None = None
     """When ``signal`` was sent (recorded before it is sent: never twice per attempt)."""
+    exit_reported: bool = False
+    """Its exit went out in a sync the server answered (reported at once, before the
+    rest of its log: ``logship``)."""
+    ended_at: float | None = None
+    """When the agent saw it over (its log is shipped for a while after, not for ever)."""
+    log_capped: bool = False
+    """The server has the cap's marker line: what follows is skipped without one."""
+    log_done: bool = False
+    """The server has the chunk that closes its log (``last``): nothing more to ship."""
 
     @property
     def key(self) -> tuple[int, int]:

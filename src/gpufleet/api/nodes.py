@@ -123,13 +123,22 @@ class GpuTelemetry(Request):
 
 class LogChunkIn(Request):
     """Bytes ``offset``..``end`` of a job attempt's log file on the sending node, decoded
-    as UTF-8. Stored only if ``offset`` is where the server's copy ends (idempotent)."""
+    as UTF-8 (``data`` may be shorter: a skipped hole or the cap's marker line). Stored
+    only if ``offset`` is where the server's copy ends (idempotent). The agent reports an
+    exit before all of the log is shipped: ``more`` then keeps the log open on the
+    server, ``last`` (``offset == end`` if need be) closes it."""
 
     job_id: int
     attempt: int
     offset: int = Field(ge=0)
     end: int = Field(ge=0)
     data: Annotated[str, StringConstraints(max_length=262_144)]
+    more: bool = Field(
+        default=False, description="the attempt is over and more of its log follows this chunk"
+    )
+    last: bool = Field(
+        default=False, description="the attempt is over and this chunk ends its log: nothing more will come"
+    )
 
     @field_validator("data", mode="before")
     @classmethod

@@ -167,13 +167,22 @@ def agent(
         help='TOML [users] table: gpufleet user = "POSIX account"; "*" for the rest (default: same name).',
     ),
     job_memory_max: str | None = typer.Option(
-        None, "--job-memory-max", help="Memory limit of each job (e.g. 64G): its cgroup (v2) or container."
+        None,
+        "--job-memory-max",
+        help="Memory limit of each job (e.g. 64G): its cgroup (v2 or v1) or container.",
     ),
     job_pids_max: int = typer.Option(
-        4096, "--job-pids-max", min=1, help="Process limit of each job: its cgroup (v2) or container."
+        4096, "--job-pids-max", min=1, help="Process limit of each job: its cgroup (v2 or v1) or container."
     ),
     cgroup_root: Path = typer.Option(
-        Path("/sys/fs/cgroup/gpufleet"), "--cgroup-root", help="Parent cgroup (v2) of the jobs' cgroups."
+        Path("/sys/fs/cgroup/gpufleet"),
+        "--cgroup-root",
+        help="Parent cgroup of the jobs' cgroups (v2; on cgroup v1 its name under each controller).",
+    ),
+    job_log_max: str = typer.Option(
+        "64M",
+        "--job-log-max",
+        help="Log kept of each job attempt (past it: one marker line, the rest dropped).",
     ),
     verbose: bool = flag("--verbose", "-v", help="Log at INFO level (default: warnings only)."),
 ) -> None:
@@ -188,6 +197,7 @@ def agent(
         ContainerPolicy,
         HttpTransport,
         Limits,
+        LogLimits,
         NvmlProbe,
         ProbeError,
         RunAs,
@@ -251,6 +261,7 @@ def agent(
         grace_s=_seconds(grace, "--grace"),
         checkpoint_root=checkpoint_root,
         mps_pipe_dir=mps_pipe_dir,
+        log_limits=LogLimits(max_bytes=_bytes(job_log_max, "--job-log-max")),
     )
     if not simulate_gpus and not cpu_only:
         from gpufleet.agent.jobs import mps_running

@@ -1,25 +1,23 @@
 """The jobs of one node as its agent's sync sees them (``services/sync.py`` is the
 endpoint; its docstring has the rules): what the node should run (``desired``), which
-job attempts it may speak for (``scope_of``), what its observations change (``observe``),
-and its log bytes (``ingest_logs``); a node whose inventory cannot be taken is
-cordoned (``quarantine``). Everything here runs inside the sync's
-transaction.
+job attempts it may speak for (``scope_of``: the rest of an ended attempt's log too),
+what its observations change (``observe``); ``services/logs.py`` stores its log bytes. A
+node whose inventory cannot be taken is cordoned (``quarantine``). Everything here runs
+inside the sync's transaction.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.nodes import (
     ArrayTask,
     DesiredJob,
-    LogAck,
     LogChunkIn,
     NodeSync,
     ObservedJob,
@@ -30,7 +28,8 @@ from gpufleet.server import ledger
 from gpufleet.server.jobstate.requeue import requeue
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import attempt_of, move, ref, release_attempt
-from gpufleet.server.models import Allocation, Job, JobLogChunk, NodeRow, User
+from gpufleet.server.models import Allocation, Job, NodeRow, User
+from gpufleet.server.services.logs import open_tails
 from gpufleet.server.services.nodeops import add_event
 
 log = logging.getLogger("gpufleet.server")
@@ -191,9 +190,16 @@ def scope_of(s: Session, node: str, body: NodeSync) -> _Scope:
             out.states.append(o)
         else:
             out.rejected[("state", why)] += 1
+    refused: list[tuple[LogChunkIn, str]] = []
     for c in body.logs:
         why = _why_not(jobs.get(c.job_id), c.attempt, node, held)
         if why is None:
+            out.logs.append(c)
+        else:
+            refused.append((c, why))
+    tails = open_tails(s, node, jobs, {(c.job_id, c.attempt) for c, _ in refused}) if refused else set()
+    for c, why in refused:  # the rest of an ended attempt's log, which this node ran
+        if (c.job_id, c.attempt) in tails:
             out.logs.append(c)
         else:
             out.rejected[("log", why)] += 1
@@ -293,46 +299,6 @@ def would_change(s: Session, node: str, body: NodeSync, scope: _Scope) -> bool:
     if any(_readiness(o, scope.jobs[o.job_id], 0.0) for o in _latest(scope)):
         return True
     return bool(_stops_confirmed(s, node, body))
-
-
-# -- logs ----------------------------------------------------------------------------------------
-
-
-def ingest_logs(s: Session, node: str, chunks: Sequence[LogChunkIn], now: float) -> list[LogAck]:
-    """Store the chunks (the node may ship all of them: ``scope``)."""
-    if not chunks:
-        return []
-    ends: dict[tuple[int, int], int] = {}
-    rows: list[dict[str, object]] = []
-    for c in chunks:
-        key = (c.job_id, c.attempt)
-        if key not in ends:
-            ends[key] = int(
-                s.scalar(
-                    select(func.coalesce(func.max(JobLogChunk.end), 0)).where(
-                        JobLogChunk.job_id == c.job_id,
-                        JobLogChunk.attempt == c.attempt,
-                        JobLogChunk.node == node,
-                    )
-                )
-                or 0
-            )
-        if c.offset == ends[key] and c.end > c.offset:
-            rows.append(
-                {
-                    "job_id": c.job_id,
-                    "attempt": c.attempt,
-                    "node": node,
-                    "offset": c.offset,
-                    "end": c.end,
-                    "data": c.data,  # cleaned of NULs by its schema (``LogChunkIn``)
-                    "at": now,
-                }
-            )
-            ends[key] = c.end
-    if rows:
-        s.execute(insert(JobLogChunk), rows)
-    return [LogAck(job_id=j, attempt=a, end=e) for (j, a), e in sorted(ends.items())]
 
 
 # -- an inventory the server cannot take ------------------------------------------------------

@@ -69,15 +69,9 @@ from gpufleet.server.errors import Conflict
 from gpufleet.server.models import DEFAULT_POOL, Allocation, GpuRow, Job, NodeRow
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.services import miglayouts
+from gpufleet.server.services.logs import ingest_logs
 from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
-from gpufleet.server.services.nodework import (
-    desired,
-    ingest_logs,
-    observe,
-    quarantine,
-    scope_of,
-    would_change,
-)
+from gpufleet.server.services.nodework import desired, observe, quarantine, scope_of, would_change
 from gpufleet.server.writer import Writer
 
 log = logging.getLogger("gpufleet.server")
