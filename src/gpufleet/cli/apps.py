@@ -19,7 +19,8 @@ node_app = typer.Typer(
 ca_app = typer.Typer(help="The cluster's certificate authority (TLS for the server, mTLS for agents).")
 reservation_app = typer.Typer(help="Reservations: create, list, cancel.", no_args_is_help=True)
 service_app = typer.Typer(
-    help="Inference services: deploy, list, show, events, logs, update, delete, tokens.", no_args_is_help=True
+    help="Inference services: deploy, list, show, events, logs, update, rollback, delete, tokens.",
+    no_args_is_help=True,
 )
 
 __all__ = [
