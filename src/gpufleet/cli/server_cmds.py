@@ -155,6 +155,12 @@ def server(
     audit_days: float = typer.Option(
         90.0, "--audit-days", min=0.0001, help="Keep audit rows this many days."
     ),
+    job_log_max_mib: int = typer.Option(
+        64, "--job-log-max-mib", min=1, help="Keep this much of each job attempt's log per node (MiB)."
+    ),
+    log_days: float = typer.Option(
+        30.0, "--log-days", min=0.0001, help="Keep the logs of ended jobs this many days."
+    ),
     metrics_public: bool = flag(
         "--metrics-public", help="Serve /metrics without a token (default: operators and admins)."
     ),
@@ -294,6 +300,8 @@ def server(
         token_ttl_s=token_ttl_s,
         session_ttl_s=session_ttl_s,
         audit_days=audit_days,
+        job_log_max_bytes=job_log_max_mib * 1024 * 1024,
+        log_days=log_days,
         metrics_public=metrics_public,
         team_cost_metrics=team_cost_metrics,
     )

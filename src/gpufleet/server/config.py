@@ -63,6 +63,11 @@ class ServerConfig:
     """Web sessions (the fleet page's sign-in) expire after this (``--session-ttl``)."""
     audit_days: float = 90.0
     """Audit rows older than this are deleted (``--audit-days``; ``audit.py``)."""
+    job_log_max_bytes: int = 64 * MIB
+    """Of each job attempt's log from each node, this much is kept (``--job-log-max-mib``;
+    ``services/logs.py``: one marker line, the rest counted, not kept)."""
+    log_days: float = 30.0
+    """Logs of jobs that ended longer ago than this are deleted (``--log-days``)."""
     metrics_public: bool = False
     """``--metrics-public``: ``/metrics`` without a token (default: operators and admins)."""
     team_cost_metrics: bool = True

@@ -133,7 +133,11 @@ def build(
             db=db, clock=clock, readings=readings, interval_s=config.accrual_interval_s, after=after_accrual
         )
     )
-    loops.add(retention_loop(db=db, clock=clock, keep_s=config.audit_days * 86400))
+    loops.add(
+        retention_loop(
+            db=db, clock=clock, keep_s=config.audit_days * 86400, log_keep_s=config.log_days * 86400
+        )
+    )
     if config.auto_mig:
         planner = AutoMigConfig(
             interval_s=config.auto_mig_interval_s,

@@ -201,6 +201,7 @@ def sync_node(
         fleets_invalidate=parts.fleets.invalidate,
         waker=parts.scheduler.wake,
         readings=parts.readings,
+        log_max_bytes=parts.config.job_log_max_bytes,
     )
     hot.latencies.add(time.perf_counter() - t0)
     return unwrap(out)

@@ -155,9 +155,9 @@ def _drop(s: Session, node: str, key: Key, st: _Stream, c: LogChunkIn, max_bytes
             st.marker = last.id
     if st.marker is None:
         row = {"job_id": key[0], "attempt": key[1], "node": node, "offset": c.offset, "end": c.end}
-        st.marker = s.execute(
-            insert(JobLogChunk).values(**row, data=cap_marker(max_bytes), at=now)
-        ).inserted_primary_key[0]  # type: ignore[index]
+        st.marker = s.scalar(
+            insert(JobLogChunk).values(**row, data=cap_marker(max_bytes), at=now).returning(JobLogChunk.id)
+        )
     else:
         s.execute(update(JobLogChunk).where(JobLogChunk.id == st.marker).values(end=c.end))
 
@@ -188,9 +188,9 @@ def ingest_logs(
     return [LogAck(job_id=j, attempt=a, end=st.end) for (j, a), st in sorted(streams.items())]
 
 
-def purge(db: Database, *, before: float, batch: int = 500) -> int:
+def purge(db: Database, *, before: float, batch: int = 20) -> int:
     """Delete the logs of jobs that ended before ``before`` (in batches of jobs: one
-    transaction never holds a long lock); returns how many rows went."""
+    transaction never holds a long lock); returns how many jobs' logs went."""
     gone = 0
     while True:
         with db.write() as s:
@@ -203,4 +203,5 @@ def purge(db: Database, *, before: float, batch: int = 500) -> int:
             )
             if not ids:
                 return gone
-            gone += s.execute(delete(JobLogChunk).where(JobLogChunk.job_id.in_(ids))).rowcount or 0
+            s.execute(delete(JobLogChunk).where(JobLogChunk.job_id.in_(ids)))
+            gone += len(ids)

@@ -11,7 +11,9 @@ count only for a job *attempt* (``DesiredJob.attempt``):
 
 - placed on this node (it holds GPUs here) at exactly that attempt, or
 - that this node was told to stop (``Job.stopping_on``, attempt ``stopping_attempt``)
-  and has not confirmed yet: it still ships that attempt's last output.
+  and has not confirmed yet: it still ships that attempt's last output;
+- log bytes only: the job's latest attempt, over, whose log this node holds open
+  (``services/logs.py``: the agent reports an exit at once and ships the rest after).
 
 Judged on the state before the sync, so a sync that reports an exit and ships the last
 bytes in one message keeps them. Everything else (no attempt given, no such job, a job
@@ -69,7 +71,7 @@ from gpufleet.server.errors import Conflict
 from gpufleet.server.models import DEFAULT_POOL, Allocation, GpuRow, Job, NodeRow
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.services import miglayouts
-from gpufleet.server.services.logs import ingest_logs
+from gpufleet.server.services.logs import LOG_MAX_BYTES, ingest_logs
 from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
 from gpufleet.server.services.nodework import desired, observe, quarantine, scope_of, would_change
 from gpufleet.server.writer import Writer
@@ -197,7 +199,14 @@ class _Written(_Answer):
 
 
 def _write(
-    s: Session, *, name: str, body: NodeSync, actor: str, now: float, readings: ledger.Readings
+    s: Session,
+    *,
+    name: str,
+    body: NodeSync,
+    actor: str,
+    now: float,
+    readings: ledger.Readings,
+    log_max_bytes: int = LOG_MAX_BYTES,
 ) -> _Written | Failure:
     """The durable half of a sync, in the caller's transaction (the group commit's
     SAVEPOINT): register or update the node (an inventory it cannot take cordons it
@@ -230,7 +239,7 @@ def _write(
             reshaped = _node_differs(node, body)  # the same refusal again: nothing new
         s.flush()
     changed = observe(s, name, body, scope, actor, now, readings)
-    acks = ingest_logs(s, name, scope.logs, now)
+    acks = ingest_logs(s, name, scope.logs, now, max_bytes=log_max_bytes)
     if body.mig_results and miglayouts.record(s, name, body.mig_results, actor=actor, now=now):
         reshaped = True
     s.flush()
@@ -255,9 +264,11 @@ def sync_node(
     fleets_invalidate: Callable[[], None],
     waker: Waker,
     readings: ledger.Readings = ledger.no_readings,
+    log_max_bytes: int = LOG_MAX_BYTES,
 ) -> SyncReply | Failure:
     """Answer one sync. ``readings``: the latest GPU telemetry, for the energy of jobs
-    that ended. A sync that changes something durable (a registration, a job
+    that ended; ``log_max_bytes``: what is kept of a job attempt's log from one node
+    (``ServerConfig.job_log_max_bytes``). A sync that changes something durable (a registration, a job
     observation, log bytes, a new address or GPU set) goes through the group-commit
     ``writer``: many agents' writes share one transaction (on SQLite one write lock and
     one fsync per batch instead of per agent), and the reply leaves only after the
@@ -277,7 +288,15 @@ def sync_node(
         hot.heartbeats.maybe_flush(writer, write_heartbeats)
         _count(hot, name, fast.rejected)
         return fast.reply
-    write = partial(_write, name=name, body=body, actor=actor.name, now=now, readings=readings)
+    write = partial(
+        _write,
+        name=name,
+        body=body,
+        actor=actor.name,
+        now=now,
+        readings=readings,
+        log_max_bytes=log_max_bytes,
+    )
     for _ in range(5):
         try:
             out = writer.run(write)
