@@ -7,11 +7,13 @@ import dataclasses
 import itertools
 import json
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gpufleet.agent import LocalJob
+from gpufleet.agent import AgentConfig, AgentTransportError, LocalJob, SimSpec, SimulatedProbe, make_agent
 from gpufleet.agent.logship import LogLimits, cap_marker, chunks_of, encoded_size, pending, read_chunk
 
 
@@ -85,3 +87,36 @@ def test_an_ended_job_gets_a_chunk_even_with_no_budget_left(tmp_path: Path) -> N
     job = job_with(tmp_path, b"x" * 10_000, exit_code=1)
     chunks, _ = chunks_of(job, LogLimits(), 0)
     assert len(chunks) == 1 and encoded_size(chunks[0]["data"]) <= 1024
+
+
+class Refusing:
+    """A server that refuses the first body that carries logs as too large (413) and
+    answers every other; it keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.refused = 0
+
+    def sync(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.bodies.append(body)
+        if body["logs"] and not self.refused:
+            self.refused += 1
+            raise AgentTransportError("body too large (413)", status=413)
+        return {"node": node, "jobs": [], "log_acks": []}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_body_refused_as_too_large_is_never_sent_again(tmp_path: Path) -> None:
+    server = Refusing()
+    config = AgentConfig(node="n1", work_dir=tmp_path / "w", address="127.0.0.1")
+    agent = make_agent(config=config, probe=SimulatedProbe(node="n1", spec=SimSpec(gpus=1)), transport=server)
+    job = job_with(tmp_path, b"\0" * 300_000, exit_code=0, ended_at=time.time())
+    agent.jobs[job.key] = job
+    for _ in range(3):
+        agent.sync_once()
+    first, second, third = server.bodies
+    assert second["jobs"] == first["jobs"]  # the exit goes through at once, with 1 KiB of log
+    assert len(json.dumps(second["logs"])) < 2048 < len(json.dumps(first["logs"]))
+    assert third["logs"] and len(json.dumps(third)) < 0.6 * len(json.dumps(first))  # then smaller

@@ -423,7 +423,9 @@ class Agent:
         with self._lock:
             # ended first: each gets a chunk, with which its exit is reported at once
             for job in sorted(self.jobs.values(), key=lambda j: (j.exit_code is None, j.key)):
-                chunks, cost = ([], 0) if self._skip_logs else chunks_of(job, self.config.log_limits, budget)
+                skip = self._skip_logs and (job.exit_code is None or job.exit_reported)
+                # a refused body's next sync: no logs, but 1 KiB of an ended job's, with its exit
+                chunks, cost = ([], 0) if skip else chunks_of(job, self.config.log_limits, budget)
                 budget = max(0, budget - cost)
                 logs.extend(chunks)
                 done = job.exit_code is not None and (bool(chunks) or job.exit_reported or job.log_done)
