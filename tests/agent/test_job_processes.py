@@ -5,7 +5,8 @@ A job that leaves a ``setsid`` process and a double-forked daemon behind, cancel
 ending by itself: the runner reports it over only once none of them is left (before the
 fix its process group alone was signalled and the leftovers kept running, with the
 job's GPUs in their environment). With a cgroup (v1 here: memory, pids, freezer) a job
-over its memory limit is killed and a thread bomb stops at its pids limit."""
+over its memory limit is killed and a thread bomb stops at its pids limit. Without any
+usable hierarchy the agent says so, and the node's page and ``gpufleet nodes`` show it."""
 
 from __future__ import annotations
 
@@ -14,10 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.agent import Cgroups, JobSpec, JobStore, Limits, LocalJob, ProcessRunner
+from gpufleet.agent import (
+    AgentConfig,
+    Cgroups,
+    HttpTransport,
+    JobSpec,
+    JobStore,
+    Limits,
+    LocalJob,
+    ProcessRunner,
+    SimSpec,
+    SimulatedProbe,
+    make_agent,
+)
 from gpufleet.agent.cgroups import marked, members
 from jobaccounts import PYTHON, ROOT, passable, run_as
-from server.conftest import unique
+from server.conftest import Server, make_pool, ok, unique
 
 root_only = pytest.mark.skipif(not ROOT, reason="cgroups and other accounts need root")
 LEAVE_BEHIND = (
@@ -117,3 +130,31 @@ def test_a_thread_bomb_stops_at_the_pids_limit(tmp_path: Path) -> None:
     (line,) = [ln for ln in job.log_path.read_text().splitlines() if ln.startswith("threads")]
     assert int(line.split()[1]) < 64
     runner.release(job)
+
+
+def test_a_node_that_cannot_enforce_limits_says_so_on_the_page(server: Server, tmp_path: Path) -> None:
+    node = unique("nolimits")
+    with server.client() as c:
+        ok(c.put(f"/nodes/{node}", json={"pool": make_pool(server), "gpus": []}))
+        token = str(ok(c.post("/nodes/join-tokens", json={"node": node}), 201)["token"])
+    groups = Cgroups(tmp_path / "gpufleet", mount=tmp_path)  # no hierarchy there: mode "none"
+    config = AgentConfig(node=node, work_dir=tmp_path / "work", address="127.0.0.1")
+    agent = make_agent(
+        config=config,
+        probe=SimulatedProbe(node=node, spec=SimSpec(gpus=1)),
+        transport=HttpTransport(server.url, token),
+        cgroups=groups,
+    )
+    try:
+        assert agent.sync_once()
+        with server.client() as c:
+            said = ok(c.get(f"/nodes/{node}"))["warning"]
+            (shown,) = [n for n in ok(c.get("/fleet/snapshot"))["nodes"] if n["name"] == node]
+        assert said == groups.disabled_reason and "memory/pids limits" in said
+        assert shown["warning"] == said
+        agent.warning = lambda: None  # the agent no longer says it: cleared
+        assert agent.sync_once()
+        with server.client() as c:
+            assert ok(c.get(f"/nodes/{node}"))["warning"] is None
+    finally:
+        agent.close()

@@ -58,7 +58,15 @@ def make_agent(
         "simulated": SimulatedRunner(store),
         "container": ContainerRunner(store, node=config.node, policy=container_policy, run_as=run_as),
     }
-    return Agent(config=config, probe=probe, transport=transport, runners=runners, store=store, clock=clock)
+    return Agent(
+        config=config,
+        probe=probe,
+        transport=transport,
+        runners=runners,
+        store=store,
+        clock=clock,
+        warning=None if cgroups is None else lambda: cgroups.disabled_reason,
+    )
 
 
 __all__ = [

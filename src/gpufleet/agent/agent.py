@@ -60,7 +60,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -224,8 +224,12 @@ class Agent:
         runners: Mapping[str, JobRunner],
         store: JobStore,
         clock: Clock | None = None,
+        warning: Callable[[], str | None] | None = None,
     ) -> None:
         self.config = config
+        self.warning = warning or (lambda: None)
+        """What this node cannot enforce (``Cgroups.disabled_reason``), sent with every
+        sync: the page and ``gpufleet nodes`` show it."""
         self.probe = probe
         self.transport = transport
         self.runners = dict(runners)
@@ -460,6 +464,9 @@ class Agent:
             body["cpus"] = inv.cpus
         if inv.memory_mb is not None:
             body["memory_mb"] = inv.memory_mb
+        warning = self.warning()
+        if warning:
+            body["warning"] = warning[:512]
         return body
 
     def apply(self, reply: dict[str, Any], *, sent: dict[str, Any]) -> None:

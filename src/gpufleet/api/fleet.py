@@ -15,6 +15,9 @@ class SnapshotNode(Reply):
     ready: bool
     cordoned: bool
     cordon_reason: str | None = Field(default=None, description="why the node is cordoned (null: it is not)")
+    warning: str | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="what its agent says it cannot enforce"
+    )
     cordoned_gpus: dict[int, str] = Field(
         default_factory=dict,
         description="GPU index -> reason, for each GPU cordoned on its own (a node cordon covers all)",

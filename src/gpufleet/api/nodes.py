@@ -171,6 +171,10 @@ class NodeSync(Request):
     cpus: int | None = Field(default=None, ge=0, le=1_000_000)
     memory_mb: int | None = Field(default=None, ge=0, le=2**40)
     mig_results: list[MigResult] = Field(default_factory=list, max_length=1024)
+    warning: Annotated[str, StringConstraints(max_length=512)] | None = Field(
+        default=None,
+        description="what the agent cannot enforce on this node (e.g. no cgroups: no job limits)",
+    )
 
 
 class PeerNode(Reply):
@@ -354,3 +358,4 @@ class NodeOut(Reply):
     gpus_cordoned: int = 0
     cpus: int = Field(default=0, description="as its agent reports them (0: not reported)")
     memory_mb: int = Field(default=0, description="as its agent reports it, MiB (0: not reported)")
+    warning: str | None = Field(default=None, description="what its agent says it cannot enforce")

@@ -72,7 +72,7 @@ def nodes(
             (
                 n.name,
                 n.pool,
-                n.state + (",cordoned" if n.cordoned else ""),
+                n.state + (",cordoned" if n.cordoned else "") + (",warning" if n.warning else ""),
                 n.gpus_free,
                 n.gpus_used,
                 n.gpus_total,
@@ -81,6 +81,8 @@ def nodes(
             for n in items
         ],
     )
+    if name and items[0].warning:
+        typer.echo(f"  warning: {items[0].warning}")
     if name:
         for g in items[0].gpus:
             typer.echo(

@@ -109,6 +109,8 @@ class NodeRow(Base):
     drain_deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
     """Draining: jobs still here at this time are requeued (None: not draining)."""
     drain_requeue: Mapped[bool] = mapped_column(Boolean, default=False)
+    warning: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    """What its agent says it cannot enforce (no cgroups: no memory/pids limits)."""
 
 
 class GpuRow(Base):

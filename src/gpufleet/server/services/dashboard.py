@@ -63,6 +63,7 @@ class NodeInfo:
     cordoned: bool
     ready: bool
     cordon_reason: str | None = None
+    warning: str | None = None
 
 
 MigSlice = tuple[str, int, int]
@@ -202,8 +203,9 @@ def load_view(
                 cordoned=bool(c),
                 ready=seen is not None and seen >= live_since,
                 cordon_reason=why if c else None,
+                warning=warning,
             )
-            for n, p, lf, r, c, why, seen in s.execute(
+            for n, p, lf, r, c, why, seen, warning in s.execute(
                 select(
                     NodeRow.name,
                     NodeRow.pool,
@@ -212,6 +214,7 @@ def load_view(
                     NodeRow.cordoned,
                     NodeRow.cordon_reason,
                     NodeRow.last_seen,
+                    NodeRow.warning,
                 ).order_by(NodeRow.name)
             )
         )
@@ -485,6 +488,7 @@ def snapshot(view: FleetView, hot: AgentState) -> FleetSnapshot:
                 ready=n.ready,
                 cordoned=n.cordoned,
                 cordon_reason=(n.cordon_reason or "") if n.cordoned else None,
+                warning=n.warning,
                 cordoned_gpus=cordons,
                 model=model,
                 gpus=rows,

@@ -77,6 +77,7 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: AgentState | None 
             for g in gpus
         ],
         address=n.address,
+        warning=n.warning,
         driver_version=tel.driver_version if tel is not None else None,
         cuda_version=tel.cuda_version if tel is not None else None,
         telemetry_at=tel.at if tel is not None else None,

@@ -109,7 +109,13 @@ _STORED_GPUS = (
     .order_by(GpuRow.index)
 )
 _NODE = select(
-    NodeRow.last_seen, NodeRow.leaf, NodeRow.rack, NodeRow.address, NodeRow.cpus, NodeRow.memory_mb
+    NodeRow.last_seen,
+    NodeRow.leaf,
+    NodeRow.rack,
+    NodeRow.address,
+    NodeRow.cpus,
+    NodeRow.memory_mb,
+    NodeRow.warning,
 ).where(NodeRow.name == bindparam("node"))
 
 
@@ -146,9 +152,13 @@ class _Placed(Protocol):
     def cpus(self) -> int: ...
     @property
     def memory_mb(self) -> int: ...
+    @property
+    def warning(self) -> str | None: ...
 
 
 def _node_differs(n: _Placed, body: NodeSync) -> bool:
+    if (body.warning or None) != n.warning:  # None clears it: the agent no longer says it
+        return True
     return any(
         new is not None and new != old
         for new, old in (
@@ -230,6 +240,7 @@ def _write(
         node.cpus = body.cpus
     if body.memory_mb is not None:
         node.memory_mb = body.memory_mb
+    node.warning = body.warning or None
     s.flush()
     if body.gpus is not None and new_gpus:
         bad = inventory_problem(s, name, body.gpus)

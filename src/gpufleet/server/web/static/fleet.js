@@ -414,6 +414,7 @@
     var item = function (what, why) { return el("li", null, [el("strong", { text: what }), why ? ": " + why : null]); };
     if (!node.ready) items.push(item("NotReady", "its agent has not reported recently"));
     if (node.cordoned) items.push(item("Node cordoned", node.cordon_reason || "no reason given"));
+    if (node.warning) items.push(item("Agent warning", node.warning));
     var reasons = node.cordoned_gpus || {};
     node.gpus.forEach(function (g) {
       var own = reasons[g[0]];
