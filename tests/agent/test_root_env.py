@@ -36,7 +36,7 @@ __attribute__((constructor)) static void mark(void) {
 needs = pytest.mark.skipif(not (ROOT and CC), reason="needs root (to switch accounts) and a C compiler")
 
 
-def _preload(tmp_path: Path) -> tuple[Path, Path]:
+def preload(tmp_path: Path) -> tuple[Path, Path]:
     src = tmp_path / "p.c"
     src.write_text(PRELOAD_C)
     lib = tmp_path / "p.so"
@@ -56,7 +56,7 @@ def _preload(tmp_path: Path) -> tuple[Path, Path]:
 )
 def test_ld_preload_from_the_job_never_runs_as_root(tmp_path: Path, extra: dict[str, str]) -> None:
     passable(tmp_path)
-    lib, mark = _preload(tmp_path)
+    lib, mark = preload(tmp_path)
     runner = ProcessRunner(JobStore(tmp_path / "work"), node="n1", run_as=run_as())
     env = {"LD_PRELOAD": str(lib), "PRELOAD_MARK": str(mark), "LD_LIBRARY_PATH": "/nowhere", **extra}
     spec = JobSpec(
