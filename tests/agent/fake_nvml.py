@@ -108,6 +108,8 @@ class FakeGpu:
     lost: bool = False
     gis: list[FakeGi] = field(default_factory=list)
     """MIG GPU instances (with their compute instances) while ``mig`` is 1."""
+    processes: list[int] = field(default_factory=list)
+    """Compute processes on the whole GPU (pids)."""
 
 
 class FakeNvml:
@@ -324,9 +326,9 @@ class FakeNvml:
         return m.ci
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
-        self._gpu(h, "processes")
+        gpu = self._gpu(h, "processes")
         if not isinstance(h, MigHandle):
-            return []
+            return [SimpleNamespace(pid=p, usedGpuMemory=1 << 30) for p in gpu.processes]
         return [SimpleNamespace(pid=p, usedGpuMemory=1 << 30) for p in self._mig(h)[1].processes]
 
     def nvmlDeviceGetGpuInstanceById(self, h: int, gi_id: int) -> int:

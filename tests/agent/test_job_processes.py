@@ -10,11 +10,15 @@ usable hierarchy the agent says so, and the node's page and ``gpufleet nodes`` s
 
 from __future__ import annotations
 
+import dataclasses
+import pwd
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from agent.fake_nvml import FakeGpu, FakeNvml
 from gpufleet.agent import (
     AgentConfig,
     Cgroups,
@@ -23,13 +27,14 @@ from gpufleet.agent import (
     JobStore,
     Limits,
     LocalJob,
+    NvmlProbe,
     ProcessRunner,
     SimSpec,
     SimulatedProbe,
     make_agent,
 )
 from gpufleet.agent.cgroups import marked, members
-from jobaccounts import PYTHON, ROOT, passable, run_as
+from jobaccounts import JOB_ACCOUNT, PYTHON, ROOT, passable, run_as
 from server.conftest import Server, make_pool, ok, unique
 
 root_only = pytest.mark.skipif(not ROOT, reason="cgroups and other accounts need root")
@@ -158,3 +163,39 @@ def test_a_node_that_cannot_enforce_limits_says_so_on_the_page(server: Server, t
             assert ok(c.get(f"/nodes/{node}"))["warning"] is None
     finally:
         agent.close()
+
+
+class NoServer:
+    def sync(self, node: str, body: dict[str, object]) -> dict[str, object]:
+        raise AssertionError("no sync in this test")
+
+    def close(self) -> None:
+        pass
+
+
+@root_only
+def test_what_nvml_still_lists_of_the_jobs_account_is_killed_before_its_end(tmp_path: Path) -> None:
+    """A process of the job's account on the job's GPU that escaped its cgroup and mark
+    (here: started outside the job altogether) is killed, and the job is reported over
+    only at the tick after."""
+    uid = pwd.getpwnam(JOB_ACCOUNT).pw_uid
+    stray = subprocess.Popen(["sleep", "60"], user=uid)
+    bystander = subprocess.Popen(["sleep", "60"])  # root's, on the same GPU: not the job's
+    try:
+        gpu = FakeGpu(processes=[stray.pid, bystander.pid])
+        config = AgentConfig(node="n1", work_dir=tmp_path / "w", address="127.0.0.1")
+        agent = make_agent(config=config, probe=NvmlProbe(FakeNvml([gpu])), transport=NoServer())
+        d = tmp_path / "w" / "jobs" / "9-1"
+        d.mkdir(parents=True)
+        job = LocalJob(job_id=9, attempt=1, kind="simulated", gpus=(0,), dir=str(d), started_at=0.0)
+        agent.jobs[job.key] = dataclasses.replace(job, uid=uid, simulate_s=0.0)
+        agent.tick()
+        assert agent.jobs[job.key].exit_code is None  # not yet: its leftover was just killed
+        assert stray.wait(5) == -9 and bystander.poll() is None
+        gpu.processes = [bystander.pid]  # the driver no longer lists the killed one
+        agent.tick()
+        assert agent.jobs[job.key].exit_code == 0
+    finally:
+        for p in (stray, bystander):
+            p.kill()
+            p.wait()

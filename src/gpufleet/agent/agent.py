@@ -55,9 +55,12 @@ the server asks for it; a different layout for the GPU is. See ``Agent._mig_step
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import psutil
 from pydantic import ValidationError
 
 from gpufleet import mig
@@ -80,6 +84,7 @@ from gpufleet.agent.probe import (
     MigInstance,
     NodeInventory,
     ProbeError,
+    ProcessProbe,
 )
 from gpufleet.agent.replicas import ReplicaProbes, free_port
 from gpufleet.agent.runners import VANISHED, JobRunner
@@ -95,6 +100,9 @@ Layout = tuple[str, ...]
 NO_MIG_PROBE = "this node's GPU probe cannot change MIG layouts"
 MIG_ERROR_CHARS = 512
 """``MigResult.error``'s limit: a longer message is cut, never the sync refused."""
+GPU_SWEEPS = 3
+"""How many ticks an ended job's leftovers on its GPUs are killed before it is reported
+over regardless."""
 MIG_INSTANCES_MAX = 7
 """``GpuIn.mig_instances``' limit (no GPU has more MIG devices)."""
 
@@ -263,6 +271,8 @@ class Agent:
         self._log_backlog = False
         """The last sync's chunks took most of its budget: more is waiting."""
         self._released: set[Key] = set()
+        self._gpu_sweeps: dict[Key, int] = {}
+        """Attempt -> how many times its leftovers on its GPUs were killed."""
         """The last sync was refused as too large: the next carries no log chunks."""
         self._log_shrink = 1
         """Divides the log budget after a refusal (413), back to 1 after good syncs."""
@@ -307,6 +317,8 @@ class Agent:
                 else:
                     cur = self._signal_due(runner, cur, now)
                 code = runner.poll(cur, now=now)
+                if code is not None and self._gpu_leftovers(cur):
+                    code = None  # killed what NVML still lists of it: over at a later tick
                 if code is not None:
                     cur = dataclasses.replace(cur, exit_code=code, ended_at=now)
                     ended = True
@@ -318,6 +330,37 @@ class Agent:
         if ended:
             self._news = self._urgent = True
         return ended
+
+    def _gpu_leftovers(self, job: LocalJob) -> bool:
+        """On a real GPU: the processes of the job's account NVML still lists on its GPUs
+        once its runner says it is over (GPUs another running attempt of that account
+        holds are left alone: whose is whose cannot be told). Killed, and True: its end
+        is reported at a later tick, so its GPUs are offered only once they are clear; at
+        most ``GPU_SWEEPS`` times (a process that does not die must not hold the job for
+        ever: a warning says so). Caller holds the lock."""
+        probe = self.probe
+        tries = self._gpu_sweeps.get(job.key, 0)
+        if job.uid is None or not isinstance(probe, ProcessProbe) or tries >= GPU_SWEEPS:
+            return False
+        others = {
+            mig.device_gpu(g)
+            for j in self.jobs.values()
+            if j.key != job.key and j.exit_code is None and j.uid == job.uid
+            for g in j.gpus
+        }
+        found: list[int] = []
+        for gpu in sorted({mig.device_gpu(g) for g in job.gpus} - others):
+            for pid in probe.gpu_pids(gpu):
+                with contextlib.suppress(psutil.Error, OSError):
+                    if psutil.Process(pid).uids().real == job.uid:
+                        os.kill(pid, signal.SIGKILL)
+                        found.append(pid)
+        if found:
+            self._gpu_sweeps[job.key] = tries + 1
+            log.warning("job %s/%s: killed pids %s left on its GPUs", job.job_id, job.attempt, found)
+        else:
+            self._gpu_sweeps.pop(job.key, None)
+        return bool(found)
 
     def _signal_due(self, runner: JobRunner, job: LocalJob, now: float) -> LocalJob:
         """``--signal``: send it once the time left is at most its seconds (caller holds
@@ -382,6 +425,7 @@ class Agent:
         if job.log_done or now - ended >= self.config.log_tail_s:
             self.jobs.pop(key, None)
             self._released.discard(key)
+            self._gpu_sweeps.pop(key, None)
             self.store.forget(job)
 
     def endpoint(self, job: LocalJob) -> str:

@@ -337,6 +337,17 @@ class NvmlProbe:
                 f"run nvidia-smi -i {i} -r with no process on the GPU, then ask again"
             )
 
+    def gpu_pids(self, gpu_index: int) -> tuple[int, ...]:
+        """The compute processes NVML lists on a whole GPU (``probe.ProcessProbe``); empty
+        when it cannot say (a MIG device's processes are on its own handle)."""
+        if not 0 <= gpu_index < len(self._handles):
+            return ()
+        try:
+            procs = self.lib.nvmlDeviceGetComputeRunningProcesses(self._handles[gpu_index])
+        except self.lib.NVMLError:
+            return ()
+        return tuple(int(p.pid) for p in procs or ())
+
     def _busy_mig_devices(self, i: int, h: Any) -> list[str]:
         lib = self.lib
         count = self._mig_try(lib.nvmlDeviceGetMaxMigDeviceCount, h, gpu=i, what="count MIG devices") or 0

@@ -153,6 +153,14 @@ class GpuProbe(Protocol):
 
 
 @runtime_checkable
+class ProcessProbe(Protocol):
+    """A probe that can list the compute processes on a GPU (``NvmlProbe``): after a job's
+    end the agent kills what of its account is still on its GPUs (``Agent.tick``)."""
+
+    def gpu_pids(self, gpu_index: int) -> tuple[int, ...]: ...
+
+
+@runtime_checkable
 class LoadSink(Protocol):
     """A probe that can be told what runs on each GPU (the simulated one): the agent
     tells it after every reconcile so telemetry follows the jobs."""

@@ -301,7 +301,8 @@ class ProcessRunner:
             created = psutil.Process(proc.pid).create_time()
         except psutil.Error:
             created = None
-        return _replace(job, pid=proc.pid, create_time=created, cgroup=cgroup)
+        uid = switch.uid if switch is not None else None
+        return _replace(job, pid=proc.pid, create_time=created, cgroup=cgroup, uid=uid)
 
     def recover(self, job: LocalJob) -> LocalJob:
         if job.pid is not None or job.exit_code is not None:
