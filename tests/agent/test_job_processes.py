@@ -11,11 +11,13 @@ usable hierarchy the agent says so, and the node's page and ``gpufleet nodes`` s
 from __future__ import annotations
 
 import dataclasses
+import os
 import pwd
 import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agent.fake_nvml import FakeGpu, FakeNvml
@@ -199,3 +201,23 @@ def test_what_nvml_still_lists_of_the_jobs_account_is_killed_before_its_end(tmp_
         for p in (stray, bystander):
             p.kill()
             p.wait()
+
+
+def _unmarked(tag: str) -> set[int]:
+    """The processes running ``sleep TAG`` (no job mark: started with ``env -i``)."""
+    return {p.pid for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", tag]}
+
+
+@root_only
+@pytest.mark.parametrize("stop", [False, True], ids=["ends", "cancelled"])
+def test_without_a_cgroup_the_wrapper_reaps_what_hid_its_mark(tmp_path: Path, stop: bool) -> None:
+    """A daemon started with an empty environment carries no mark for the sweep: the
+    wrapper, the job's subreaper, ends it."""
+    tag = str(3000 + os.getpid() % 1000 + (500 if stop else 0))
+    runner = _runner(tmp_path, cgroups=False)
+    script = f"setsid env -i sleep {tag} & sleep 0.3; echo started; " + ("sleep 300" if stop else "exit 0")
+    job = runner.start(JobSpec(job_id=11, attempt=1, command=("sh", "-c", script)), now=0)
+    _started(job)
+    _end(runner, job, stop=stop)
+    assert _unmarked(tag) == set()
+    runner.release(job)
