@@ -54,10 +54,11 @@ It starts in a few milliseconds: ``os`` and the builtin ``_signal`` only (``subp
 ``signal`` cost 5.5 ms of imports on every job start; ``select``, 0.2 ms, only for a job
 with an output file; ``ctypes``, 3 ms, only without ``--cgroup``: the wrapper then makes
 itself the job's subreaper, and once COMMAND exits it SIGKILLs and reaps whatever the job
-left behind, detached or not, before it writes EXIT_FILE); the child is a plain ``fork``, which drops to the job's ids, sets
-SIGPIPE and SIGXFSZ back to their defaults (Python ignores them, and an ignored signal
-stays ignored across ``exec``: ``yes | head`` would end in EPIPE errors) and ``exec``s
-COMMAND (127 and a line when that fails).
+left behind, detached or not, before it writes EXIT_FILE); the child is a plain ``fork``,
+which drops to the job's ids, sets SIGPIPE and SIGXFSZ back to their defaults (Python
+ignores them, and an ignored signal stays ignored across ``exec``: ``yes | head`` would
+end in EPIPE errors) and ``exec``s COMMAND with the job's environment (127 and a line
+when that fails).
 """
 
 from __future__ import annotations
