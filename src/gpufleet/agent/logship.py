@@ -163,8 +163,9 @@ def chunks_of(job: LocalJob, limits: LogLimits, budget: int) -> tuple[list[dict[
             )
             cost += encoded_size(got[1]) + CHUNK_OVERHEAD
     if over:  # the server keeps the log open for what follows (``services/logs.py``)
-        for c in out:
-            c["more"] = not c.get("last", False)
+        for c in out:  # the keys only when set: a server older than them refuses them
+            if not c.get("last"):
+                c["more"] = True
     return out, cost
 
 
