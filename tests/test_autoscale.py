@@ -114,6 +114,62 @@ def test_twenty_minutes_of_noisy_steady_load_never_flaps(seed: int) -> None:
     assert len(ups) <= 1, changes
 
 
+def seen(current: int, util: float, inflight: float, ready: int | None = None) -> Observation:
+    return Observation(
+        current=current, ready=current if ready is None else ready, value=util, inflight=inflight
+    )
+
+
+def test_a_saturated_replica_panics_to_the_demand_in_one_step() -> None:
+    """40 -> 200 req/s on one replica: utilisation reads at most 100 % (HPA: x1.43 a step),
+    but the gateways' in-flight requests show the demand; capacity learned while calm."""
+    state = ScaleState()
+    for t in range(5):  # calm: 40 % GPU with 0.6 in flight -> 1.05 in flight at the 70 % target
+        assert step(POLICY, state, seen(1, 40.0, 0.6), now=float(t)).kind == "steady"
+    assert state.per_replica == pytest.approx(1.05)
+    d = step(POLICY, state, seen(1, 100.0, 5.5), now=5.0)
+    assert d.kind == "panic" and d.desired == 6, d  # ceil(5.5 / 1.05); HPA alone: 2
+    assert "5.5 in flight at the gateways" in d.reason
+    # new replicas not ready yet, demand still high: no second panic past the count
+    assert step(POLICY, state, seen(6, 100.0, 5.5, ready=1), now=6.0).desired == 6
+
+
+def test_below_twice_the_ready_replicas_is_no_panic() -> None:
+    state = ScaleState(per_replica=1.0)
+    d = step(POLICY, state, seen(2, 80.0, 3.0), now=0.0)  # needs 3 < 2 x 2
+    assert d.kind == "up" and d.desired == 3  # the HPA rule: ceil(2 x 80 / 70)
+
+
+def test_panic_is_capped_by_max_and_holds_scale_down() -> None:
+    p = ScalePolicy(min_replicas=1, max_replicas=4, scale_down_cooldown_s=10.0, panic_hold_s=60.0)
+    state = ScaleState(per_replica=1.0)
+    assert step(p, state, seen(1, 100.0, 50.0), now=0.0).desired == 4
+    for t in (20.0, 40.0):  # past the cooldown, load gone: held by panic
+        d = step(p, state, seen(4, 10.0, 0.1), now=t)
+        assert d.desired == 4 and d.kind == "held-down" and "panic" in d.reason
+    assert step(p, state, seen(4, 10.0, 0.1), now=61.0).kind == "down"
+
+
+def test_inflight_metric_panics_on_its_own_target() -> None:
+    p = ScalePolicy(min_replicas=1, max_replicas=20, metric="inflight", target=2.0)
+    d = step(p, ScaleState(), Observation(current=2, ready=2, value=3.0, inflight=12.0), now=0.0)
+    assert d.kind == "panic" and d.desired == 6
+
+
+def test_no_demand_reading_or_no_capacity_learned_is_no_panic() -> None:
+    assert step(POLICY, ScaleState(), seen(1, 100.0, 50.0), now=0.0).kind == "up"  # nothing learned
+    d = step(POLICY, ScaleState(per_replica=1.0), obs(1, 100.0), now=0.0)  # no gateway reading
+    assert d.kind == "up" and d.desired == 2
+
+
+def test_held_decisions_say_so_as_values() -> None:
+    p = ScalePolicy(min_replicas=1, max_replicas=20, metric="inflight", target=2.0)
+    state = ScaleState()
+    step(p, state, obs(2, 4.0), now=0.0)
+    assert step(p, state, obs(4, 8.0, ready=2), now=10.0).kind == "held-up"
+    assert step(p, state, obs(4, 0.5), now=20.0).kind == "held-down"
+
+
 def test_traffic_rates_and_quantiles_from_gateway_reports() -> None:
     """Two gateways, cumulative counters; the first report of one has no histogram yet
     (no answer then); a restarted gateway (counters went down) starts over."""

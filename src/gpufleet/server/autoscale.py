@@ -16,8 +16,19 @@ was observed, and its own recent history (Kubernetes' HorizontalPodAutoscaler ru
 - **Scale down** only when every recommendation of the last ``scale_down_cooldown_s``
   (5 min) was lower (the highest of them is taken: HPA's scale-down stabilisation
   window) and no scale happened in that time: a noisy load never flaps.
+- **Panic** (Knative's KPA): utilisation saturates at 100 %, so one HPA step can add at
+  most 100/target (x1.43 at 70 %) and a 5x step takes several slow rounds. The demand
+  the gateways see is not capped: requests in flight there (queued at the replicas
+  included) over a short window (``Observation.inflight``). A ready replica at the
+  target holds ``capacity`` of them: the metric's own target for ``inflight``, else
+  learned while the load is calm (in flight per ready replica, scaled to the target,
+  smoothed; ``ScaleState.per_replica``). When the replicas that demand needs are at
+  least ``panic_threshold`` (2) times the ready ones, the count goes to that demand in
+  one step, past the scale-up stabilisation; for ``panic_hold_s`` (60 s) after, nothing
+  scales down.
 
-Every decision carries its inputs as a sentence, written as the service's event.
+Every decision carries its inputs as a sentence, written as the service's event, and
+says what it is as a value (``Decision.kind``): no caller parses the sentence.
 """
 
 from __future__ import annotations
@@ -41,6 +52,8 @@ class ScalePolicy:
     tolerance: float = 0.1
     scale_up_stabilization_s: float = 30.0
     scale_down_cooldown_s: float = 300.0
+    panic_threshold: float = 2.0
+    panic_hold_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +63,9 @@ class Observation:
     ready: int
     value: float | None
     """The metric per ready replica (None: no reading)."""
+    inflight: float | None = None
+    """Requests in flight at the gateways for the service, over the panic window (None:
+    no gateway reported it)."""
 
 
 @dataclass(slots=True)
@@ -62,12 +78,19 @@ class ScaleState:
     last_change_at: float | None = None
     first_at: float | None = None
     """The first step: a scale-down needs a whole cooldown of history."""
+    per_replica: float | None = None
+    """Requests in flight per ready replica at the target, learned while calm."""
+    panic_until: float | None = None
+
+
+Kind = Literal["up", "down", "panic", "bounds", "held-up", "held-down", "steady"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
     desired: int
     reason: str
+    kind: Kind = "steady"
 
     def changed(self, current: int) -> bool:
         return self.desired != current
@@ -81,6 +104,39 @@ def recommend(policy: ScalePolicy, obs: Observation) -> int:
         ratio = obs.value / policy.target if policy.target > 0 else 1.0
         rec = current if abs(ratio - 1.0) <= policy.tolerance else math.ceil(obs.ready * ratio - 1e-9)
     return max(policy.min_replicas, min(policy.max_replicas, rec))
+
+
+LEARN_LOW, LEARN_HIGH = 0.2, 1.1
+"""The metric's band (as a share of its target) in which in-flight requests per replica
+are learned: loaded enough to mean something, not yet saturated."""
+LEARN_WEIGHT = 0.2
+
+
+def capacity(policy: ScalePolicy, state: ScaleState) -> float | None:
+    """Requests in flight a ready replica holds at the target (None: not known yet)."""
+    if policy.metric == "inflight":
+        return policy.target if policy.target > 0 else None
+    return state.per_replica
+
+
+def learn(policy: ScalePolicy, state: ScaleState, obs: Observation) -> None:
+    if policy.metric == "inflight" or obs.value is None or obs.inflight is None or obs.ready == 0:
+        return
+    if policy.target <= 0 or not LEARN_LOW <= obs.value / policy.target <= LEARN_HIGH or obs.inflight <= 0:
+        return
+    at_target = obs.inflight / obs.ready * policy.target / obs.value
+    old = state.per_replica
+    state.per_replica = at_target if old is None else old + LEARN_WEIGHT * (at_target - old)
+
+
+def panic_need(policy: ScalePolicy, state: ScaleState, obs: Observation) -> int | None:
+    """The replicas the gateways' demand needs, when that is a panic (at least
+    ``panic_threshold`` times the ready ones); else None."""
+    k = capacity(policy, state)
+    if k is None or k <= 0 or obs.inflight is None or obs.ready == 0:
+        return None
+    need = math.ceil(obs.inflight / k - 1e-9)
+    return need if need >= policy.panic_threshold * obs.ready else None
 
 
 def step(policy: ScalePolicy, state: ScaleState, obs: Observation, now: float) -> Decision:
@@ -100,7 +156,20 @@ def step(policy: ScalePolicy, state: ScaleState, obs: Observation, now: float) -
     bounded = max(policy.min_replicas, min(policy.max_replicas, current))
     if bounded != current:  # the bounds changed under it
         span = f"{policy.min_replicas}..{policy.max_replicas}"
-        return _changed(state, now, bounded, current, f"{current} -> {bounded}: outside {span}")
+        return _changed(state, now, bounded, current, f"{current} -> {bounded}: outside {span}", "bounds")
+    need = panic_need(policy, state, obs)
+    learn(policy, state, obs)
+    if need is not None:
+        target = min(policy.max_replicas, max(need, rec))
+        state.panic_until = now + policy.panic_hold_s
+        if target > current:
+            state.last_up_at = now
+            k = capacity(policy, state) or 0.0
+            why = (
+                f"panic: scale up {current} -> {target}: {obs.inflight:.1f} in flight at the gateways, "
+                f"{k:.2f} per replica at the target ({inputs})"
+            )
+            return _changed(state, now, target, current, why, "panic")
     if rec > current:
         settling = obs.ready < current
         if (
@@ -110,25 +179,33 @@ def step(policy: ScalePolicy, state: ScaleState, obs: Observation, now: float) -
         ):
             wait = policy.scale_up_stabilization_s - (now - state.last_up_at)
             return Decision(
-                desired=current, reason=f"would scale up to {rec} ({inputs}); stabilising {wait:.0f}s"
+                desired=current,
+                reason=f"would scale up to {rec} ({inputs}); stabilising {wait:.0f}s",
+                kind="held-up",
             )
         state.last_up_at = now
-        return _changed(state, now, rec, current, f"scale up {current} -> {rec}: {inputs}")
+        return _changed(state, now, rec, current, f"scale up {current} -> {rec}: {inputs}", "up")
     if rec < current:
         window = [r for t, r in recs if t >= now - policy.scale_down_cooldown_s]
         since = now - (state.last_change_at if state.last_change_at is not None else state.first_at)
         if since < policy.scale_down_cooldown_s:
-            return Decision(desired=current, reason=f"would scale down to {rec} ({inputs}); cooling down")
+            why = f"would scale down to {rec} ({inputs}); cooling down"
+            return Decision(desired=current, reason=why, kind="held-down")
+        if state.panic_until is not None and now < state.panic_until:
+            why = f"would scale down to {rec} ({inputs}); panic mode for {state.panic_until - now:.0f}s more"
+            return Decision(desired=current, reason=why, kind="held-down")
         highest = max(window)
         if highest < current:
             why = f"scale down {current} -> {highest}: {inputs}, lower for {policy.scale_down_cooldown_s:g}s"
-            return _changed(state, now, highest, current, why)
+            return _changed(state, now, highest, current, why, "down")
         return Decision(
-            desired=current, reason=f"would scale down to {rec} ({inputs}); load was higher lately"
+            desired=current,
+            reason=f"would scale down to {rec} ({inputs}); load was higher lately",
+            kind="held-down",
         )
     return Decision(desired=current, reason=f"steady: {inputs}")
 
 
-def _changed(state: ScaleState, now: float, desired: int, current: int, reason: str) -> Decision:
+def _changed(state: ScaleState, now: float, desired: int, current: int, reason: str, kind: Kind) -> Decision:
     state.last_change_at = now
-    return Decision(desired=desired, reason=reason)
+    return Decision(desired=desired, reason=reason, kind=kind)

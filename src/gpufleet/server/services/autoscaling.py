@@ -45,6 +45,9 @@ class Autoscaler:
     inflight_window_s: float = 5.0
     """In-flight requests are averaged over this shorter one: smooth enough that one
     burst does not scale, short enough that a step in load does at once."""
+    panic_window_s: float = 2.0
+    """The demand the panic rule reads (``autoscale.py``): in flight at the gateways over
+    about two of their reports."""
     states: dict[int, ScaleState] = field(default_factory=dict)
     held_every_s: float = 60.0
     _held: dict[int, tuple[str, float]] = field(default_factory=dict)
@@ -61,6 +64,8 @@ class Autoscaler:
             )
         )
         value: float | None = None
+        demand = self.hot.traffic.stats(row.name, now, self.panic_window_s)
+        inflight = None if demand is None else demand.inflight_avg
         if ready and spec.metric == "gpu_util":
             per_job: dict[int, list[tuple[str, int]]] = {}
             q = select(Allocation.job_id, Allocation.node, Allocation.gpu_index).where(
@@ -80,7 +85,7 @@ class Autoscaler:
             )
             if traffic is not None:
                 value = (traffic.inflight_avg if inflight else traffic.qps) / len(ready)
-        return Observation(current=current, ready=len(ready), value=value)
+        return Observation(current=current, ready=len(ready), value=value, inflight=inflight)
 
     def step(self, s: Session, row: ServiceRow, spec: ServiceSpec, now: float) -> bool:
         """One decision for one service, in the caller's transaction; True if it scaled."""
@@ -92,8 +97,8 @@ class Autoscaler:
             add_event(s, row.id, at=now, actor=ACTOR, kind="scale", reason=decision.reason)
             self._held.pop(row.id, None)
             return True
-        if decision.reason.startswith("would scale"):
-            kind = decision.reason.split()[2]  # up | down
+        if decision.kind in ("held-up", "held-down"):
+            kind = decision.kind
             last = self._held.get(row.id)
             if last is None or last[0] != kind or now - last[1] >= self.held_every_s:
                 add_event(s, row.id, at=now, actor=ACTOR, kind="scale-held", reason=decision.reason)
