@@ -41,7 +41,20 @@ def others_can_reach(path: Path) -> bool:
 
 def model_server(*, as_other_account: bool, args: tuple[str, ...] = ()) -> Launch:
     """The command (and extra environment) for a replica of the built-in model server."""
-    tail = ["-m", "gpufleet", "model-server", *args]
+    return gpufleet_command(("model-server", *args), as_other_account=as_other_account)
+
+
+def names_gpufleet(program: str) -> bool:
+    """Whether a command's program is a ``gpufleet`` entry point (``gpufleet``,
+    ``.venv/bin/gpufleet``, ``/opt/x/bin/gpufleet``): what ``gpufleet_command`` replaces."""
+    return Path(program).name == "gpufleet"
+
+
+def gpufleet_command(args: tuple[str, ...], *, as_other_account: bool) -> Launch:
+    """``gpufleet ARGS`` as this installation runs it for a job's account: its own
+    interpreter when that account can run it, else the same-version system Python with
+    this installation's packages on ``PYTHONPATH`` (see the module's docstring)."""
+    tail = ["-m", "gpufleet", *args]
     exe = Path(sys.executable)
     if not as_other_account or others_can_reach(exe):
         return Launch(command=[str(exe), *tail])
