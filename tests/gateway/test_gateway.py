@@ -166,13 +166,19 @@ def replicas(bg: Background) -> Iterator[Replicas]:
 
 
 def feed(
-    replicas: Replicas, *names: str, at: float = 1.0, rate: Rate | None = None, svc: str = "llm"
+    replicas: Replicas,
+    *names: str,
+    at: float = 1.0,
+    rate: Rate | None = None,
+    svc: str = "llm",
+    protocol: str = "http",
 ) -> Feed:
+    """A feed of one service (``http``: the gateway's own errors are problem+json)."""
     eps = tuple(Endpoint(id=f"7.{n}", url=replicas.urls[n], job_id=7) for n in names)
     return Feed(
         at=at,
         services={
-            svc: Service(name=svc, protocol="openai", tokens=frozenset({DIGEST}), rate=rate, endpoints=eps)
+            svc: Service(name=svc, protocol=protocol, tokens=frozenset({DIGEST}), rate=rate, endpoints=eps)
         },
     )
 

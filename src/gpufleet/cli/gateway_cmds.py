@@ -79,13 +79,22 @@ def gateway(
     max_conns_per_address: int = typer.Option(
         256, "--max-conns-per-address", min=0, help="Connections open at once from one address (0: no cap)."
     ),
+    max_in_flight_per_replica: int = typer.Option(
+        256,
+        "--max-in-flight-per-replica",
+        min=0,
+        help="Requests in flight on one replica at most; with every replica at it, 503 + Retry-After"
+        " (0: no cap).",
+    ),
 ) -> None:
     """Route /s/SERVICE/... to the service's ready replicas.
 
     Clients send Authorization: Bearer SERVICE_TOKEN; the gateway checks it against the
     feed, applies the service's rate limit, picks the replica with the fewest requests
     in flight (then the least busy GPU) and streams its answer back. Replicas that fail
-    are ejected for a while; a request that never reached one is sent to another.
+    (refused, or 5xx in a row) are ejected for a while, busy ones (503) never; a request
+    no replica answered is sent once more; overload is a 503 with Retry-After. Errors
+    are in the service's protocol's shape (KServe, OpenAI, else problem+json).
     /healthz, /readyz and /metrics (Prometheus; with the gateway's or the metrics
     token, unless --metrics-public) are served too."""
     if endpoints_file is None and server is None:
@@ -132,7 +141,10 @@ def gateway(
         assert servers and token is not None
         source = ServerSource(servers, token, ca_file=ca_file)
     config = GatewayConfig(
-        refresh_s=refresh, metrics_tokens=frozenset(metrics), metrics_public=metrics_public
+        refresh_s=refresh,
+        metrics_tokens=frozenset(metrics),
+        metrics_public=metrics_public,
+        max_in_flight_per_replica=max_in_flight_per_replica,
     )
     app = create_app(source, config=config)
     from gpufleet import netguard

@@ -12,6 +12,14 @@ from gpufleet.timefmt import parse_duration
 
 GRACEFUL_SHUTDOWN_S = 10
 """On SIGTERM, in-flight requests (streams included) get this long to finish."""
+KEEP_ALIVE = "75s"
+"""How long an idle keep-alive connection stays open (``--keep-alive``). The rule: a
+server keeps idle connections open longer than any client in front of it keeps them in
+its pool, so the client always retires a connection first and never sends a request
+on one the server is closing (the race that made the gateway answer 502: uvicorn's
+default is 5 s, the gateway's pool kept them 30 s). 75 s is nginx's
+``keepalive_timeout``; the gateway's pool keeps them ``gateway.app.UPSTREAM_KEEPALIVE_S``
+(30 s)."""
 
 
 def model_server(
@@ -51,6 +59,14 @@ def model_server(
         help="Dynamic batching: how long a request may wait for others to join its batch"
         " (Triton's max_queue_delay_microseconds). 0: batching off.",
     ),
+    keep_alive: str = typer.Option(
+        KEEP_ALIVE,
+        "--keep-alive",
+        help="Close a keep-alive connection idle this long; keep it above the gateway's pool (30s).",
+    ),
+    access_log: bool = typer.Option(
+        True, "--access-log/--no-access-log", help="One line per request on stderr (with its latency)."
+    ),
     preferred_batch_size: list[str] = typer.Option(
         [],
         "--preferred-batch-size",
@@ -74,6 +90,12 @@ def model_server(
         load_delay_s = parse_duration(load_delay)
     except ValueError as exc:
         raise fail(f"--load-delay: {exc}", BAD_INPUT) from None
+    try:
+        keep_alive_s = parse_duration(keep_alive)
+    except ValueError as exc:
+        raise fail(f"--keep-alive: {exc}", BAD_INPUT) from None
+    if keep_alive_s < 1:
+        raise fail("--keep-alive: at least 1s", BAD_INPUT)
     try:
         preferred = tuple(int(p) for item in preferred_batch_size for p in item.split(",") if p.strip())
     except ValueError:
@@ -102,11 +124,16 @@ def model_server(
         hidden=hidden,
         launch_overhead_us=launch_overhead_us,
         batching=batching,
+        access_log=access_log,
     )
+    if access_log:
+        _log_to_stderr("gpufleet.modelserver.access")
     from gpufleet import netguard
 
-    # header, body and idle timeouts; no cap per address: behind the gateway every caller is its address
-    guard = netguard.uvicorn_options(netguard.GuardLimits(max_per_address=0), netguard.GuardStats())
+    # header, body and idle timeouts; no cap per address: behind the gateway every caller is
+    # its address; idle connections kept --keep-alive (longer than the gateway's pool keeps them)
+    limits = netguard.GuardLimits(max_per_address=0, idle_timeout_s=keep_alive_s)
+    guard = netguard.uvicorn_options(limits, netguard.GuardStats())
     uvicorn.run(
         app,
         host=host,
@@ -119,4 +146,17 @@ def model_server(
     )
 
 
-__all__ = ["model_server"]
+def _log_to_stderr(name: str) -> None:
+    """INFO lines of ``name`` on stderr, whatever uvicorn's log level (warning)."""
+    import logging
+    import sys
+
+    logger = logging.getLogger(name)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+__all__ = ["KEEP_ALIVE", "model_server"]

@@ -25,8 +25,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
 from gpufleet.gateway.balancer import Balancer, Feed, Outcome, OutlierPolicy, Pool, Slot
+from gpufleet.gateway.errors import error, guess_protocol, reply
+from gpufleet.gateway.fanout import ask_all, combine, fanout_kind
 from gpufleet.gateway.feed import EndpointSource, load_once, poll
 from gpufleet.gateway.metrics import GatewayMetrics, scrape_refused
+from gpufleet.gateway.relay import read_body, stream
 from gpufleet.gateway.report import traffic_report
 from gpufleet.server.ratelimit import Buckets, retry_after_header
 
@@ -47,7 +50,15 @@ DROP_RESPONSE = HOP_BY_HOP | {b"x-request-id", b"x-gpufleet-replica"}
 REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 SMALL_BODY = 64 * 1024
 """Answers with a Content-Length up to this are read whole and sent in one message."""
-PROBLEM = b"application/problem+json"
+UPSTREAM_KEEPALIVE_S = 30.0
+"""How long an idle upstream connection stays in the pool. The rule: below the
+replica's own keep-alive timeout, so the gateway always retires an idle connection
+before the replica closes it and never writes a request onto a connection the replica
+is closing (nginx's upstream ``keepalive_timeout`` is 60 s against its server side's
+75 s, haproxy's ``timeout http-keep-alive`` likewise sits below the server's). The
+model server keeps idle connections 75 s (``gpufleet model-server --keep-alive``);
+a replica with a shorter timeout (uvicorn's default is 5 s) still loses no request:
+one closed before any answer is resent (``_forward``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +73,11 @@ class GatewayConfig:
     response is cut and the replica's closed, so a client that stops reading holds
     neither a gateway connection nor a replica's stream for ever."""
     limit_per_host: int = 1024
+    upstream_keepalive_s: float = UPSTREAM_KEEPALIVE_S
+    max_in_flight_per_replica: int = 256
+    """Requests this gateway process has in flight on one replica at most; with every
+    replica at it the gateway answers 503 with ``Retry-After: 1`` (0: no cap). Overload
+    is the client's to back off from, not a reason to eject a healthy, busy replica."""
     outlier: OutlierPolicy = field(default_factory=OutlierPolicy)
     metrics_tokens: frozenset[str] = frozenset()
     """sha256 hex digests of the bearer tokens ``/metrics`` takes (the gateway's own
@@ -74,8 +90,15 @@ GATEWAY_ID = f"{os.uname().nodename}:{os.getpid()}:{int(time.time())}"
 """This gateway process, as its reports name it."""
 
 
-class _NeverReached(Exception):
-    """The replica could not be connected to: it never saw the request."""
+class _NotAnswered(Exception):
+    """No byte of an answer came back, so the request may be resent (its body is held
+    whole): the replica could not be connected to (``closed`` False), or a connection
+    was closed before any answer (``closed``: its keep-alive ran out as the request
+    went; the same replica on a fresh connection will do)."""
+
+    def __init__(self, reason: str, *, closed: bool) -> None:
+        super().__init__(reason)
+        self.closed = closed
 
 
 class Gateway:
@@ -108,7 +131,9 @@ class Gateway:
         )
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=0, limit_per_host=self.config.limit_per_host, keepalive_timeout=30
+                limit=0,
+                limit_per_host=self.config.limit_per_host,
+                keepalive_timeout=self.config.upstream_keepalive_s,
             ),
             timeout=timeout,
             cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another
@@ -206,21 +231,20 @@ class Gateway:
     async def _local(self, scope: Scope, path: bytes, send: Send) -> None:
         path = path.split(b"?", 1)[0]
         if path == b"/healthz":
-            await _reply(send, 200, b"application/json", b'{"status":"ok"}')
+            await reply(send, 200, b"application/json", b'{"status":"ok"}')
         elif path == b"/readyz":
             ready = self.feed_at is not None
             body = json.dumps({"ready": ready, "feed_at": self.feed_at, "services": len(self.balancer.pools)})
-            await _reply(send, 200 if ready else 503, b"application/json", body.encode())
+            await reply(send, 200 if ready else 503, b"application/json", body.encode())
         elif path == b"/metrics":
             refused = scrape_refused(scope["headers"], self.config.metrics_tokens, self.config.metrics_public)
             if refused:
                 bearer = [(b"www-authenticate", b"Bearer")]
-                return await _problem(send, 401, "Unauthorized", refused, b"", bearer)
-            await _reply(send, 200, CONTENT_TYPE_LATEST.encode(), generate_latest(self.metrics.registry))
+                return await error(send, "http", 401, "Unauthorized", refused, b"", bearer)
+            await reply(send, 200, CONTENT_TYPE_LATEST.encode(), generate_latest(self.metrics.registry))
         else:
-            await _problem(
-                send, 404, "Not Found", "routes are /s/{service}/..., /healthz, /readyz, /metrics", b""
-            )
+            detail = "routes are /s/{service}/..., /healthz, /readyz, /metrics"
+            await error(send, "http", 404, "Not Found", detail, b"")
 
     # -- the proxy ----------------------------------------------------------------------
 
@@ -246,26 +270,29 @@ class Gateway:
         pool = self.balancer.pools.get(name)
         if pool is None:  # counted apart: a stray name is no service, nor in any report
             self.metrics.unknown.inc()
-            return await _problem(send, 404, "Not Found", f"no service {name[:64]!r} here", rid)
+            detail = f"no service {name[:64]!r} here"
+            return await error(send, guess_protocol(rest), 404, "Not Found", detail, rid)
         svc = pool.service
+        proto = svc.protocol
         digest = hashlib.sha256(auth[7:]).hexdigest() if auth[:7].lower() == b"bearer " else ""
         if digest not in svc.tokens:
             self.metrics.answered(name, 401)
             detail = "a service token is required: Authorization: Bearer <token>"
-            return await _problem(send, 401, "Unauthorized", detail, rid, [(b"www-authenticate", b"Bearer")])
+            bearer = [(b"www-authenticate", b"Bearer")]
+            return await error(send, proto, 401, "Unauthorized", detail, rid, bearer)
         if svc.rate is not None:
             wait = self.buckets.take((name, digest), svc.rate)
             if wait > 0:
                 self.metrics.answered(name, 429)
                 retry = [(b"retry-after", retry_after_header(wait).encode())]
-                return await _problem(send, 429, "Too Many Requests", f"rate limit of {svc.rate}", rid, retry)
+                detail = f"rate limit of {svc.rate}"
+                return await error(send, proto, 429, "Too Many Requests", detail, rid, retry)
         limit = self.config.max_body_bytes
-        body = None if length > limit else await _read_body(receive, limit)
+        body = None if length > limit else await read_body(receive, limit)
         if body is None:
             self.metrics.answered(name, 413)
-            return await _problem(
-                send, 413, "Content Too Large", f"request bodies are limited to {limit} bytes", rid
-            )
+            detail = f"request bodies are limited to {limit} bytes"
+            return await error(send, proto, 413, "Content Too Large", detail, rid)
         client = scope.get("client")
         if client:
             forward.append(("X-Forwarded-For", client[0]))
@@ -275,12 +302,35 @@ class Gateway:
         latency, gauge = self.metrics.service(name)
         gauge.inc()
         try:
-            code = await self._forward(
-                pool, scope["method"], target, forward, body, rid, receive, send, latency
-            )
+            kind = fanout_kind(scope["method"], rest) if proto == "kserve-v2" else None
+            if kind is not None:
+                code = await self._fan_out(pool, kind, scope["method"], target, forward, body, rid, send)
+            else:
+                code = await self._forward(
+                    pool, scope["method"], target, forward, body, rid, receive, send, latency
+                )
         finally:
             gauge.dec()
         self.metrics.answered(name, code)
+
+    async def _fan_out(
+        self,
+        pool: Pool,
+        kind: str,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        rid: bytes,
+        send: Send,
+    ) -> int:
+        """A request every ready replica must see (``fanout``), answered once."""
+        assert self._session is not None
+        answers = await ask_all(self._session, list(pool.slots), method, target, headers, body)
+        got = combine(kind, answers)
+        extra = [(b"x-request-id", rid), (b"x-gpufleet-replicas", got.replicas.encode())]
+        await reply(send, got.status, b"application/json", got.body, extra)
+        return got.status
 
     async def _forward(
         self,
@@ -294,51 +344,83 @@ class Gateway:
         send: Send,
         latency: Any,
     ) -> int:
-        """Send to a replica (once more to another if the first was never reached),
+        """Send to a replica (once more if no byte of an answer came back: to another,
+        or to the same on a fresh connection when a kept-alive one was found closed),
         stream its answer back; answers the status the client got."""
-        now = self.clock()
-        slot = pool.choose(now)
+        proto = pool.service.protocol
+        cap = self.config.max_in_flight_per_replica
+        slot = pool.choose(self.clock(), cap=cap)
         if slot is None:
-            detail = f"service {pool.service.name!r} has no ready replica"
-            await _problem(send, 503, "Service Unavailable", detail, rid, [(b"retry-after", b"1")])
-            return 503
+            return await self._unavailable(pool, rid, send)
         t0 = time.perf_counter()
         for attempt in (1, 2):
             try:
-                resp = await self._attempt(pool, slot, method, target, headers, body)
+                resp = await self._attempt(pool, slot, method, target, headers, body, attempt)
                 break
-            except _NeverReached as exc:
-                again = None if attempt == 2 else pool.choose(self.clock(), avoid=slot)
+            except _NotAnswered as exc:
+                again = None
+                if attempt == 1:
+                    again = pool.choose(self.clock(), avoid=slot, cap=cap) or (slot if exc.closed else None)
                 if again is None:
-                    await _problem(send, 502, "Bad Gateway", f"replica {slot.endpoint.id}: {exc}", rid)
+                    detail = f"replica {slot.endpoint.id}: {exc}"
+                    await error(send, proto, 502, "Bad Gateway", detail, rid)
                     return 502
                 self.metrics.retries.inc()
                 slot = again
             except aiohttp.ServerTimeoutError:
                 self._end(pool, slot, Outcome.HTTP_5XX)
-                await _problem(
-                    send, 504, "Gateway Timeout", f"replica {slot.endpoint.id} did not answer", rid
-                )
+                detail = f"replica {slot.endpoint.id} did not answer"
+                await error(send, proto, 504, "Gateway Timeout", detail, rid)
                 return 504
             except aiohttp.ClientError as exc:
                 self._end(pool, slot, Outcome.CONNECTION_FAILED)
-                await _problem(send, 502, "Bad Gateway", f"replica {slot.endpoint.id}: {exc!r}", rid)
+                await error(send, proto, 502, "Bad Gateway", f"replica {slot.endpoint.id}: {exc!r}", rid)
                 return 502
             except BaseException:
                 self._end(pool, slot, Outcome.ABANDONED)
                 raise
         latency.observe(time.perf_counter() - t0)
-        outcome = Outcome.HTTP_5XX if resp.status >= 500 else Outcome.OK
+        outcome = Outcome.OK
+        if resp.status == 503:
+            outcome = Outcome.BUSY  # busy or loading, says the replica: no reason to eject it
+        elif resp.status >= 500:
+            outcome = Outcome.HTTP_5XX
         try:
             outcome = await self._relay(resp, slot, method, rid, receive, send) or outcome
         finally:
             self._end(pool, slot, outcome)
         return resp.status
 
+    async def _unavailable(self, pool: Pool, rid: bytes, send: Send) -> int:
+        """503 with ``Retry-After``: no ready replica, or every one at its cap (overload)."""
+        svc = pool.service
+        retry = [(b"retry-after", b"1")]
+        if not pool.slots:
+            detail = f"service {svc.name!r} has no ready replica"
+        else:
+            self.metrics.overloaded.labels(svc.name).inc()
+            detail = (
+                f"service {svc.name!r} is overloaded: its {len(pool.slots)} replica(s) each have"
+                f" {self.config.max_in_flight_per_replica} requests in flight; retry after 1 s"
+            )
+        await error(send, svc.protocol, 503, "Service Unavailable", detail, rid, retry)
+        return 503
+
     async def _attempt(
-        self, pool: Pool, slot: Slot, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+        self,
+        pool: Pool,
+        slot: Slot,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        attempt: int,
     ) -> aiohttp.ClientResponse:
-        """The replica's response (headers read); in flight on ``slot`` until ``_end``."""
+        """The replica's response (headers read); in flight on ``slot`` until ``_end``.
+        Raises _NotAnswered when no byte of an answer came, with the slot's verdict
+        recorded: refused, or a connect timeout while idle, is a failure; a connect
+        timeout while it serves others is a busy replica; a connection closed before any
+        answer is an idle connection the replica retired (a failure only the second time)."""
         assert self._session is not None
         pool.begin(slot)
         url = URL(slot.endpoint.url + target, encoded=True)
@@ -346,9 +428,15 @@ class Gateway:
             return await self._session.request(
                 method, url, headers=headers, data=body or None, allow_redirects=False
             )
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        except aiohttp.ConnectionTimeoutError as exc:
+            self._end(pool, slot, Outcome.BUSY if slot.in_flight > 1 else Outcome.CONNECTION_FAILED)
+            raise _NotAnswered(repr(exc), closed=False) from exc
+        except aiohttp.ClientConnectorError as exc:
             self._end(pool, slot, Outcome.CONNECTION_FAILED)
-            raise _NeverReached(repr(exc)) from exc
+            raise _NotAnswered(repr(exc), closed=False) from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            self._end(pool, slot, Outcome.CLOSED if attempt == 1 else Outcome.CONNECTION_FAILED)
+            raise _NotAnswered(repr(exc), closed=True) from exc
 
     def _end(self, pool: Pool, slot: Slot, outcome: Outcome) -> None:
         if pool.end(slot, outcome, self.clock()):
@@ -378,86 +466,12 @@ class Gateway:
             if length is not None and length <= SMALL_BODY:
                 await send({"type": "http.response.body", "body": await resp.read()})
                 return None
-            return await _stream(resp, receive, send, self.config.client_write_timeout_s)
+            return await stream(resp, receive, send, self.config.client_write_timeout_s)
         except (TimeoutError, aiohttp.ClientError) as exc:
             log.warning("replica %s broke off a response: %r", slot.endpoint.id, exc)
             return Outcome.CONNECTION_FAILED  # the client's response is left unfinished
         finally:
             resp.release()
-
-
-async def _stream(
-    resp: aiohttp.ClientResponse, receive: Receive, send: Send, write_timeout_s: float
-) -> Outcome | None:
-    """Chunks as they come (SSE, chunked, large bodies). uvicorn's ``send`` ignores a
-    client that left, so a watcher on ``receive`` notices it and the replica's
-    response is closed (it stops generating); one that stays but stops reading is
-    given ``write_timeout_s`` per chunk (uvicorn then closes the unfinished response)."""
-    watcher = asyncio.ensure_future(receive())
-    try:
-        async for chunk in resp.content.iter_any():
-            try:
-                async with asyncio.timeout(write_timeout_s):  # no task per chunk, unlike wait_for
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except TimeoutError:
-                log.warning("a client left a response unread for %.0f s: cut", write_timeout_s)
-                resp.close()
-                return Outcome.ABANDONED
-            if watcher.done():
-                resp.close()
-                return Outcome.ABANDONED
-        await send({"type": "http.response.body", "body": b""})
-        return None
-    finally:
-        watcher.cancel()
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole request body (a retry must be able to resend it); None past ``limit``."""
-    msg = await receive()
-    body: bytes = msg.get("body", b"")
-    if not msg.get("more_body"):
-        return body if len(body) <= limit else None
-    parts = [body]
-    size = len(body)
-    while msg.get("more_body"):
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            return None
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-async def _reply(
-    send: Send,
-    status: int,
-    ctype: bytes,
-    body: bytes,
-    extra: tuple[tuple[bytes, bytes], ...] | list[Any] = (),
-) -> None:
-    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), *extra]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _problem(
-    send: Send,
-    status: int,
-    title: str,
-    detail: str,
-    rid: bytes,
-    extra: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    """RFC 9457 problem details, as the server answers its errors."""
-    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
-    headers = list(extra or ())
-    if rid:
-        headers.append((b"x-request-id", rid))
-    await _reply(send, status, PROBLEM, body, headers)
 
 
 def create_app(

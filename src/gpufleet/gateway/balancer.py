@@ -16,8 +16,18 @@ Choice (``Pool.choose``), over the endpoints not ejected:
    the tied endpoints from there wins.
 
 Passive outlier detection, as Envoy's (``outlier_detection``): a connection-level
-failure (the replica could not be reached or dropped the connection) ejects the
-endpoint at once; ``consecutive_5xx`` 5xx answers in a row eject it too. An ejection
+failure (the replica refused the connection, did not accept it in time while idle, or
+dropped a request it had begun to answer) ejects the endpoint at once;
+``consecutive_5xx`` 5xx answers in a row eject it too. What is *not* a failure, and
+leaves the endpoint's record as it was (``Outcome.BUSY``, ``Outcome.CLOSED``): a 503
+(the replica says it is busy or loading: ejecting it would push its load onto the
+others, which then look busy too, the cascade of issue 30), a connect timeout while it
+has requests of ours in flight (alive, its accept queue full), and a reused keep-alive
+connection closed before any answer (its idle timeout ran out: the request is resent).
+
+Overload: ``choose(cap=...)`` skips endpoints with ``cap`` requests in flight; when
+every one is at the cap the gateway answers 503 with ``Retry-After`` itself, instead
+of piling more onto busy replicas until their connections time out. An ejection
 lasts ``base_ejection_s`` doubled for each earlier ejection (10 s, 20 s, 40 s, ... at
 most ``max_ejection_s``); the count of earlier ejections is forgotten once the endpoint
 has been back for ``max_ejection_s``. At most ``max_ejection_percent`` of a service's
@@ -141,6 +151,13 @@ class Outcome(enum.Enum):
     """Not reached, reset, or no answer in time: counts at once."""
     ABANDONED = "abandoned"
     """The client went away first: no verdict on the replica."""
+    BUSY = "busy"
+    """A 503, or no accept in time while it serves other requests: no verdict."""
+    CLOSED = "closed"
+    """A reused connection closed before any answer (idle timeout): no verdict."""
+
+
+NO_VERDICT = frozenset({Outcome.ABANDONED, Outcome.BUSY, Outcome.CLOSED})
 
 
 def util_rank(util: float | None) -> int:
@@ -197,27 +214,28 @@ class Pool:
             slots.append(slot)
         self.service, self.slots = service, slots
 
-    def choose(self, now: float, avoid: Slot | None = None) -> Slot | None:
+    def choose(self, now: float, avoid: Slot | None = None, cap: int = 0) -> Slot | None:
         """The endpoint for the next request (see the module docstring); ``avoid``:
-        never this one (a retry goes elsewhere). None: no endpoint to use."""
+        never this one (a retry goes elsewhere); ``cap``: none with that many requests in
+        flight (0: no cap). None: no endpoint to use."""
         slots = self.slots
         n = len(slots)
         if n == 0:
             return None
         start = self._next % n
         self._next = start + 1
-        best = self._scan(slots, n, start, now, avoid)
+        best = self._scan(slots, n, start, now, avoid, cap)
         if best is None:  # all ejected: panic mode
-            best = self._scan(slots, n, start, math.inf, avoid)
+            best = self._scan(slots, n, start, math.inf, avoid, cap)
         return best
 
     @staticmethod
-    def _scan(slots: list[Slot], n: int, start: int, now: float, avoid: Slot | None) -> Slot | None:
+    def _scan(slots: list[Slot], n: int, start: int, now: float, avoid: Slot | None, cap: int) -> Slot | None:
         best: Slot | None = None
         best_load = best_rank = 0
         for i in range(n):
             s = slots[(start + i) % n]
-            if s is avoid or s.ejected_until > now:
+            if s is avoid or s.ejected_until > now or (cap and s.in_flight >= cap):
                 continue
             if best is None or s.in_flight < best_load or (s.in_flight == best_load and s.rank < best_rank):
                 best, best_load, best_rank = s, s.in_flight, s.rank
@@ -232,7 +250,7 @@ class Pool:
         if outcome is Outcome.OK:
             slot.failures = 0
             return False
-        if outcome is Outcome.ABANDONED:
+        if outcome in NO_VERDICT:
             return False
         slot.failures += 1
         if outcome is Outcome.HTTP_5XX and slot.failures < self.policy.consecutive_5xx:

@@ -34,7 +34,17 @@ class GatewayMetrics:
         self.ejections = Counter("gpufleet_gateway_ejections", "Outlier ejections.", svc, registry=r)
         self.endpoints = Gauge("gpufleet_gateway_endpoints", "Endpoints in the feed.", svc, registry=r)
         self.feed_failures = Counter("gpufleet_gateway_feed_failures", "Failed feed reads.", registry=r)
-        self.retries = Counter("gpufleet_gateway_retries", "Requests resent to another replica.", registry=r)
+        self.retries = Counter(
+            "gpufleet_gateway_retries",
+            "Requests resent because the first replica never answered (refused, or a closed keep-alive).",
+            registry=r,
+        )
+        self.overloaded = Counter(
+            "gpufleet_gateway_overloaded",
+            "503s the gateway answered because every replica had its cap of requests in flight.",
+            svc,
+            registry=r,
+        )
         self.report_failures = Counter(
             "gpufleet_gateway_report_failures", "Traffic reports the server refused or never got.", registry=r
         )

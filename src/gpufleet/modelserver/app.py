@@ -23,7 +23,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpufleet import __version__
+from gpufleet.modelserver.accesslog import AccessLog
 from gpufleet.modelserver.batcher import Batcher, BatchPolicy
 from gpufleet.modelserver.kserve import (
     HEADER_LENGTH,
@@ -56,6 +57,7 @@ from gpufleet.modelserver.model import (
     model_config,
 )
 from gpufleet.modelserver.openai_api import OpenAIError, TextModel, openai_router
+from gpufleet.modelserver.repository import ModelState, repository_router
 from gpufleet.modelserver.stats import ModelStats
 
 REPLICA_HEADER = "X-Gpufleet-Replica"
@@ -73,7 +75,8 @@ what a GPU kernel launch, copies and sync cost a small model."""
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class ServedModel:
-    """The one model this server holds; ready once ``clock()`` reaches ``ready_at``."""
+    """The one model this server holds; ready once ``clock()`` reaches ``ready_at``,
+    while loaded (``repository``: unload and load)."""
 
     name: str
     version: str
@@ -82,9 +85,25 @@ class ServedModel:
     stats: ModelStats
     ready_at: float
     clock: Callable[[], float] = time.monotonic
+    state: ModelState = field(default_factory=ModelState)
+
+    def started(self) -> bool:
+        """The server's readiness (``/v2/health/ready``): the simulated load is over."""
+        return self.clock() >= self.ready_at
 
     def ready(self) -> bool:
-        return self.clock() >= self.ready_at
+        """The model's: started, and not unloaded."""
+        return self.state.loaded and self.clock() >= self.ready_at
+
+    def unavailable(self) -> Response | None:
+        """The answer to an infer while the model cannot run: 503 while it loads,
+        Triton's 400 once unloaded; None when it is ready."""
+        if not self.state.loaded:
+            detail = f"Request for unknown model: '{self.name}' has no available versions (unloaded)"
+            return JSONResponse({"error": detail}, status_code=400)
+        if not self.started():
+            return JSONResponse({"error": f"model '{self.name}' is loading"}, status_code=503)
+        return None
 
     def lookup(self, name: str, version: str | None) -> None:
         """Raise 404 unless ``name`` (and ``version``, when given) is this model."""
@@ -118,9 +137,11 @@ def create_app(
     hidden: int = HIDDEN,
     launch_overhead_us: float = LAUNCH_OVERHEAD_US,
     batching: BatchPolicy | None = None,
+    access_log: bool = False,
 ) -> FastAPI:
     """The server's app. ``replica`` (default: ``$GPUFLEET_JOB_ID``, else ``local``) is
-    the ``X-Gpufleet-Replica`` header value; ``batching`` defaults to off."""
+    the ``X-Gpufleet-Replica`` header value; ``batching`` defaults to off;
+    ``access_log``: one line per request (``accesslog``)."""
     mlp = MLP.from_seed(seed, hidden=hidden)
     stats = ModelStats(name=model_name, version=version)
     served = ServedModel(
@@ -154,6 +175,9 @@ def create_app(
         title="gpufleet model-server", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan
     )
     app.include_router(kserve_router(served))
+    app.include_router(
+        repository_router(name=model_name, version=version, state=served.state, started=served.started)
+    )
     app.include_router(openai_router(text))
 
     @app.get("/metrics")
@@ -176,6 +200,8 @@ def create_app(
 
     app.add_middleware(InferShortcut, served=served)
     app.add_middleware(ReplicaHeader, replica=replica or os.environ.get("GPUFLEET_JOB_ID") or "local")
+    if access_log:
+        app.add_middleware(AccessLog)
     return app
 
 
@@ -200,16 +226,11 @@ def kserve_router(served: ServedModel) -> APIRouter:
 
     @router.get("/health/ready")
     async def ready() -> Response:
-        return Response(status_code=200) if served.ready() else not_ready()
+        return Response(status_code=200) if served.started() else not_ready()
 
     @router.get("")
     async def server_metadata() -> dict[str, Any]:
         return {"name": "gpufleet-model-server", "version": __version__, "extensions": EXTENSIONS}
-
-    @router.post("/repository/index")
-    async def repository_index() -> list[dict[str, Any]]:
-        state = "READY" if served.ready() else "LOADING"
-        return [{"name": served.name, "version": served.version, "state": state}]
 
     @router.get("/models/stats")  # before /models/{name}, which would take "stats" as a name
     async def all_stats() -> dict[str, Any]:
@@ -240,7 +261,7 @@ def kserve_router(served: ServedModel) -> APIRouter:
     @router.get("/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> Response:
         served.lookup(name, version)
-        return Response(status_code=200) if served.ready() else not_ready()
+        return Response(status_code=200) if served.ready() else served.unavailable() or not_ready()
 
     return router
 
@@ -254,10 +275,7 @@ async def handle_infer(served: ServedModel, request: Request, name: str, version
     gauge.inc()
     code = 500
     try:
-        if not served.ready():
-            response: Response = JSONResponse({"error": f"model '{served.name}' is loading"}, status_code=503)
-        else:
-            response = await _infer_response(served, request, arrived_ns)
+        response = served.unavailable() or await _infer_response(served, request, arrived_ns)
         code = response.status_code
         return response
     except ProtocolError as exc:

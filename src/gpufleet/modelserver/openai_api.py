@@ -6,6 +6,14 @@ Errors have OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``,
 the ``openai`` client turns into its exceptions. The reply's ``model`` and
 ``system_fingerprint`` are ``NAME:VERSION`` (a request may name ``NAME`` or
 ``NAME:VERSION``), so a caller sees which version answered during a rolling update.
+
+Options the toy cannot honour are refused with a 400 that names them
+(``unsupported_options``), never silently ignored: a client that asks for tools or a
+JSON schema and gets free text would fail far from the cause. ``logprobs`` is honoured
+(``textgen``: the toy's true, uniform, log probabilities) except in streams;
+``n`` is honoured; sampling knobs (``temperature``, ``top_p``, penalties, ``user``) are
+accepted and have no effect on a deterministic generator. ``/v1/embeddings`` answers
+deterministic vectors (``embeddings``).
 """
 
 from __future__ import annotations
@@ -22,7 +30,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from gpufleet.modelserver.textgen import ChatRequest, CompletionRequest, Generation, count_tokens, generate
+from gpufleet.modelserver.embeddings import EmbeddingRequest, embedding_data
+from gpufleet.modelserver.textgen import (
+    ChatRequest,
+    CompletionRequest,
+    Generation,
+    chat_logprobs,
+    completion_logprobs,
+    count_tokens,
+    generate,
+)
 
 _R = TypeVar("_R", bound=BaseModel)
 
@@ -35,9 +52,10 @@ class OpenAIError(Exception):
     ) -> None:
         super().__init__(message)
         self.message, self.status, self.type, self.code = message, status, type, code
+        self.param: str | None = None
 
     def response(self) -> JSONResponse:
-        error = {"message": self.message, "type": self.type, "param": None, "code": self.code}
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
         return JSONResponse({"error": error}, status_code=self.status)
 
 
@@ -85,8 +103,10 @@ def openai_router(served: TextModel) -> APIRouter:
 
     @router.post("/completions")
     async def completions(request: Request) -> Response:
-        req = _parse(CompletionRequest, await request.body())
+        req = _parse(CompletionRequest, await request.body(), COMPLETION_ONLY)
         served.check(req.model)
+        if req.stream and req.logprobs is not None:
+            raise _unsupported(["logprobs (with stream)"])
         if not req.prompts:
             raise OpenAIError("prompt: must not be an empty list")
         seed = served.seed if req.seed is None else req.seed
@@ -111,7 +131,9 @@ def openai_router(served: TextModel) -> APIRouter:
             {
                 "index": i,
                 "text": (prompts[i] if req.echo else "") + g.text,
-                "logprobs": None,
+                "logprobs": None
+                if req.logprobs is None
+                else completion_logprobs(g.tokens, req.logprobs, len(prompts[i]) if req.echo else 0),
                 "finish_reason": g.finish_reason,
             }
             for i, g in enumerate(gens)
@@ -120,8 +142,12 @@ def openai_router(served: TextModel) -> APIRouter:
 
     @router.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = _parse(ChatRequest, await request.body())
+        req = _parse(ChatRequest, await request.body(), ())
         served.check(req.model)
+        if req.stream and req.logprobs:
+            raise _unsupported(["logprobs (with stream)"])
+        if req.top_logprobs and not req.logprobs:
+            raise OpenAIError("top_logprobs: logprobs must be true to use it", code="invalid_parameter")
         seed = served.seed if req.seed is None else req.seed
         gens = [
             generate(
@@ -159,19 +185,72 @@ def openai_router(served: TextModel) -> APIRouter:
             {
                 "index": i,
                 "message": {"role": "assistant", "content": g.text},
-                "logprobs": None,
+                "logprobs": chat_logprobs(g.tokens, req.top_logprobs or 0) if req.logprobs else None,
                 "finish_reason": g.finish_reason,
             }
             for i, g in enumerate(gens)
         ]
         return JSONResponse({**head, "choices": choices, "usage": usage})
 
+    @router.post("/embeddings")
+    async def embeddings(request: Request) -> Response:
+        req = _parse(EmbeddingRequest, await request.body(), ())
+        served.check(req.model)
+        if not req.texts or any(not t for t in req.texts):
+            raise OpenAIError("input: must not be empty", code="invalid_parameter")
+        data = embedding_data(req, model=served.name, seed=served.seed)
+        tokens = sum(count_tokens(t) for t in req.texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return JSONResponse({"object": "list", "data": data, "model": served.tag, "usage": usage})
+
     return router
 
 
-def _parse(schema: type[_R], body: bytes) -> _R:
+COMPLETION_ONLY = ("suffix", "best_of")
+"""Options only ``/v1/completions`` has that the toy cannot honour (when set)."""
+
+
+def unsupported_options(doc: dict[str, Any], extra: tuple[str, ...]) -> list[str]:
+    """The options of a request the toy cannot honour, by name: set to anything but
+    their no-op value (``tool_choice: "none"``, ``response_format: {"type": "text"}``,
+    an empty ``logit_bias``, ``best_of: 1``... are fine)."""
+    names = []
+    for key in ("tools", "functions", "logit_bias", "prediction", "audio", *extra):
+        if doc.get(key) not in (None, [], {}, "", 1 if key == "best_of" else None):
+            names.append(key)
+    if doc.get("tool_choice") not in (None, "none", "auto") or doc.get("function_call") not in (None, "none"):
+        names.append("tool_choice" if "tool_choice" in doc else "function_call")
+    fmt = doc.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        names.append("response_format")
+    modalities = doc.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        names.append("modalities")
+    return names
+
+
+def _unsupported(names: list[str]) -> OpenAIError:
+    err = OpenAIError(
+        f"unsupported parameter(s) for this model: {', '.join(names)} (gpufleet's toy model generates"
+        " plain text only; remove them)",
+        code="unsupported_parameter",
+    )
+    err.param = names[0].split(" ")[0]
+    return err
+
+
+def _parse(schema: type[_R], body: bytes, extra: tuple[str, ...]) -> _R:
+    """The request, once no option in it is one the toy cannot honour."""
     try:
-        return schema.model_validate_json(body)
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise OpenAIError(f"body: not valid JSON: {exc}") from None
+    if isinstance(doc, dict):
+        names = unsupported_options(doc, extra)
+        if names:
+            raise _unsupported(names)
+    try:
+        return schema.model_validate(doc)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
@@ -236,4 +315,4 @@ def _sse(chunks: Iterator[dict[str, Any] | None], delay_s: float) -> StreamingRe
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-__all__ = ["OpenAIError", "TextModel", "openai_router"]
+__all__ = ["OpenAIError", "TextModel", "openai_router", "unsupported_options"]

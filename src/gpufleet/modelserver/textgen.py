@@ -10,6 +10,7 @@ streaming emits exactly the tokens the non-streaming reply joins.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -101,6 +102,8 @@ class CompletionRequest(_Request):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    """The legacy shape: the chosen token's logprob and this many alternatives."""
 
     @property
     def prompts(self) -> tuple[str, ...]:
@@ -139,6 +142,8 @@ class ChatRequest(_Request):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_LIMIT)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @property
     def prompt(self) -> str:
@@ -200,6 +205,41 @@ def generate(
     raise AssertionError("token_stream is endless")
 
 
+TOKEN_LOGPROB = -math.log(len(WORDS))
+"""Every token's log probability: the toy picks each word with the same chance (a hash
+modulo ``len(WORDS)``), so this is the true logprob of its sampler, not a made-up one."""
+
+
+def alternatives(token: str, k: int) -> list[str]:
+    """``k`` tokens as likely as ``token`` (itself first): the words after it in ``WORDS``."""
+    word = token.strip()
+    start = WORDS.index(word) if word in WORDS else 0
+    return [" " + WORDS[(start + j) % len(WORDS)] for j in range(k)]
+
+
+def completion_logprobs(tokens: tuple[str, ...], k: int, offset: int) -> dict[str, object]:
+    """``/v1/completions``' ``logprobs`` object (``offset``: the text's start, after an echo)."""
+    offsets, pos = [], offset
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {
+        "tokens": list(tokens),
+        "token_logprobs": [TOKEN_LOGPROB] * len(tokens),
+        "top_logprobs": [dict.fromkeys(alternatives(t, k), TOKEN_LOGPROB) for t in tokens] if k else None,
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(tokens: tuple[str, ...], k: int) -> dict[str, object]:
+    """``/v1/chat/completions``' ``logprobs`` object."""
+
+    def entry(t: str) -> dict[str, object]:
+        return {"token": t, "logprob": TOKEN_LOGPROB, "bytes": list(t.encode())}
+
+    return {"content": [entry(t) | {"top_logprobs": [entry(a) for a in alternatives(t, k)]} for t in tokens]}
+
+
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
     found = [i for i in (text.find(s) for s in stops) if i >= 0]
     return min(found) if found else None
@@ -207,10 +247,14 @@ def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "TOKEN_LOGPROB",
     "ChatMessage",
     "ChatRequest",
     "CompletionRequest",
     "Generation",
+    "alternatives",
+    "chat_logprobs",
+    "completion_logprobs",
     "count_tokens",
     "generate",
     "token_stream",
