@@ -162,3 +162,36 @@ def test_a_rollout_that_never_gets_ready_stalls_and_keeps_every_old_replica(
     finally:
         for n in nodes:
             n.close()
+
+
+def test_the_readme_service_example_runs_as_written(srv: Server, tmp_path: Path) -> None:
+    """The README's spec names ``.venv/bin/gpufleet`` (relative to where the user typed it);
+    the replica, another account in its own working directory, runs this node's gpufleet
+    (``agent/selfcmd.py``) and gets ready."""
+    passable(tmp_path)
+    team = make_team(srv)
+    pool = unique("xpool")
+    with srv.client() as c:
+        ok(c.post("/pools", json={"name": pool}), 201)
+    node = _node(srv, tmp_path, pool=pool)
+    name = "readme-mlp"
+    try:
+        with srv.client() as c:
+            spec = {
+                "name": name,
+                "team": team,
+                "pool": pool,
+                "command": [".venv/bin/gpufleet", "model-server", "--model", "mlp"],  # as the README
+                "replicas": 1,
+                "gpus_per_replica": 1,
+                "protocol": "kserve-v2",
+            }
+            ok(c.put(f"/services/{name}", json=spec))
+            deadline = time.monotonic() + 60
+            while (out := ok(c.get(f"/services/{name}")))["replicas_ready"] < 1:
+                assert time.monotonic() < deadline, out
+                assert out["rollout"]["state"] != "stalled", out["rollout"]
+                time.sleep(0.2)
+            assert c.delete(f"/services/{name}").status_code == 202
+    finally:
+        node.close()

@@ -72,6 +72,7 @@ import psutil
 from pydantic import ValidationError
 
 from gpufleet import mig
+from gpufleet.agent import selfcmd
 from gpufleet.agent.exits import ExitWatch
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.logship import LogLimits, cap_marker, chunks_of, pending
@@ -556,6 +557,8 @@ class Agent:
                     port = free_port()
                     extra = {"PORT": str(port), "GPUFLEET_HOST_PORT": str(port)}
                     spec = dataclasses.replace(spec, env={**spec.env, **extra})
+                    if kind == "process":  # a replica's ``gpufleet``: this node's (``selfcmd``)
+                        spec = selfcmd.resolve(spec, as_other_account=os.geteuid() == 0)
                 job = runner.start(spec, now=now)
                 if job.exit_code is None:
                     job = dataclasses.replace(job, signal=spec.signal, deadline=spec.deadline)
