@@ -18,6 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal, Self, get_args, get_origin
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     StringConstraints,
     ValidationError,
     model_validator,
@@ -36,6 +37,12 @@ INT32 = 2**31 - 1
 """The largest value of an ``Integer`` column (PostgreSQL's ``integer``)."""
 INT64 = 2**63 - 1
 MAX_GPU_INDEX = 1023
+ID_RANGE = "1 .. 2^31-1"
+Id = Annotated[int, Field(ge=1, le=INT32, description=f"an object id ({ID_RANGE})")]
+"""An object's id wherever it is given (a body field, and through ``problems.ObjectId``
+and ``IdQuery`` a path or query parameter): every id column is an ``Integer``
+(PostgreSQL's ``integer``), so a larger number is refused here (422) instead of failing
+in the driver (a 500 on PostgreSQL, where SQLite answered 404)."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _FINE: frozenset[type] = frozenset({float, bool, type(None)})
 

@@ -11,7 +11,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from gpufleet.api.base import Name, Reply, Request
+from gpufleet.api.base import INT32, Id, Name, Reply, Request
 
 
 class JobSubmit(Request):
@@ -40,7 +40,7 @@ class JobSubmit(Request):
     output: Annotated[str, StringConstraints(max_length=512)] | None = None
     error: Annotated[str, StringConstraints(max_length=512)] | None = None
     reservation: int | None = Field(
-        default=None, ge=1, description="run only inside this reservation (its owners only)"
+        default=None, ge=1, le=INT32, description="run only inside this reservation (its owners only)"
     )
     array: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
         default=None,
@@ -116,8 +116,8 @@ class CancelMany(Request):
     """Jobs to cancel (Slurm's ``scancel`` filters): all that match every field given,
     among the caller's own jobs (an operator's: anyone's). At least one field."""
 
-    ids: list[int] | None = Field(default=None, max_length=10_000, description="these jobs")
-    array: int | None = Field(default=None, ge=1, description="every task of this array")
+    ids: list[Id] | None = Field(default=None, max_length=10_000, description="these jobs")
+    array: int | None = Field(default=None, ge=1, le=INT32, description="every task of this array")
     user: Name | None = Field(default=None, description="operators: this user's jobs")
     states: list[str] | None = Field(default=None, max_length=16, description="only in these states")
     name: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from pydantic import Field
 
-from gpufleet.api.base import Reply
+from gpufleet.api.base import INT32, Reply
 from gpufleet.api.nodes import NodeOut
 from gpufleet.api.reservations import ReservationOut
 from gpufleet.api.users import PoolOut, TeamOut, TokenOut, UserOut
@@ -65,11 +65,11 @@ def cut(rows: list[T], limit: int, key: Callable[[T], str]) -> tuple[list[T], st
 
 
 def id_cursor(cursor: str | None) -> int | None:
-    """An id cursor (``123``, at most 2^63-1: an id a row can have); ValueError for
-    anything else."""
+    """An id cursor (``123``, at most 2^31-1: an id a row can have, ``api.base.Id``);
+    ValueError for anything else."""
     if cursor is None:
         return None
     value = int(cursor)
-    if not 0 <= value <= 2**63 - 1:
+    if not 0 <= value <= INT32:
         raise ValueError(cursor)
     return value

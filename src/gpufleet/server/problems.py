@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpufleet.api.base import ID_RANGE, INT32
 from gpufleet.server.errors import (
     ProblemError as ProblemError,  # (for routers/jobs.py, deps.py until they import errors)
 )
@@ -224,7 +225,12 @@ def _has_nul(scope: Scope) -> bool:
     )
 
 
-INT64 = 2**63 - 1
-ObjectId = Annotated[int, PathParam(ge=1, le=INT64, description="an object id (1 .. 2^63-1)")]
+ObjectId = Annotated[int, PathParam(ge=1, le=INT32, description=f"an object id ({ID_RANGE})")]
 """The id in a path (``/jobs/{job_id}``): validated before any SQL sees it, so an id no
-64-bit column can hold is a 422, not a driver error."""
+id column can hold (``api.base.Id``: PostgreSQL's ``integer``) is a 422, not a driver
+error."""
+IdQuery = Annotated[int | None, Query(ge=1, le=INT32, description=f"an object id ({ID_RANGE})")]
+"""An id in a query string (``?array=``), when given."""
+Offset = Annotated[int, Query(ge=0, le=INT32)]
+"""A count of rows to skip, or an id to start after (``?after=``, ``?cursor=``): every
+id column is PostgreSQL's ``integer``, and no table holds more rows than that."""

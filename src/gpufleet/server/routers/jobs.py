@@ -18,11 +18,12 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpufleet.api.base import INT32
 from gpufleet.api.jobs import Cancelled, CancelMany, JobDetail, JobPage, JobSubmit, JobUpdate, PriorityChange
 from gpufleet.server.audit import note_object
 from gpufleet.server.deps import Me, Parts, PartsDep, current_principal, get_parts
 from gpufleet.server.jobstate.states import JobState
-from gpufleet.server.problems import ObjectId, ProblemError, unwrap
+from gpufleet.server.problems import IdQuery, ObjectId, ProblemError, unwrap
 from gpufleet.server.services import jobs, submissions
 from gpufleet.server.services.auth import Principal
 
@@ -196,7 +197,7 @@ def list_jobs(
     user: str | None = None,
     team: str | None = None,
     pool: str | None = None,
-    array: Annotated[int | None, Query(ge=1, description="only the tasks of this array")] = None,
+    array: IdQuery = None,
     since: Annotated[
         float | None, Query(allow_inf_nan=False, description="not ended before (epoch seconds)")
     ] = None,
@@ -204,8 +205,8 @@ def list_jobs(
         float | None, Query(allow_inf_nan=False, description="submitted by (epoch seconds)")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[int | None, Query(ge=0)] = None,
-    offset: Annotated[int | None, Query(ge=0)] = None,
+    cursor: Annotated[int | None, Query(ge=0, le=INT32)] = None,
+    offset: Annotated[int | None, Query(ge=0, le=INT32)] = None,
 ) -> Response:
     """The page is serialised here, once (its items were just validated as ``JobOut``):
     returned as a model, FastAPI would dump, validate and serialise 1,000 jobs again.

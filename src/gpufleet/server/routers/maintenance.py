@@ -20,7 +20,7 @@ from gpufleet.api.maintenance import (
 )
 from gpufleet.api.nodes import NodeOut
 from gpufleet.server.deps import Me, NodeNameIn, PartsDep
-from gpufleet.server.problems import Failure, ObjectId, unwrap
+from gpufleet.server.problems import Failure, ObjectId, Offset, unwrap
 from gpufleet.server.routers.agents import HotDep
 from gpufleet.server.services import maintenance, miglayouts, nodes
 
@@ -120,7 +120,7 @@ def events(
     parts: PartsDep,
     me: Me,
     node: str | None = None,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     alerts: bool = False,
 ) -> list[FleetEventOut]:
