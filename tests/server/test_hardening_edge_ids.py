@@ -63,7 +63,7 @@ def test_no_route_answers_500_for_an_id_out_of_range(server: Server, big: int) -
     got = {}
     with server.client() as c:
         for method, path, query in calls:
-            body = {} if method in ("POST", "PUT", "PATCH") else None
+            body: dict[str, Any] | None = {} if method in ("POST", "PUT", "PATCH") else None
             got[f"{method} {path} {query}"] = c.request(
                 method, path.removeprefix("/v1"), params=query, json=body
             )
