@@ -101,6 +101,14 @@ EJECTS = [
     ),
     Eject("an abandoned request is no verdict", 2, [Outcome.ABANDONED] * 9, False),
     Eject("a lone endpoint is never ejected", 1, [Outcome.CONNECTION_FAILED], False),
+    Eject("busy (503, connect timeout while serving) is no verdict", 2, [Outcome.BUSY] * 9, False),
+    Eject("a closed keep-alive connection is no verdict", 2, [Outcome.CLOSED] * 9, False),
+    Eject(
+        "no verdict keeps a 5xx streak as it was",
+        2,
+        [Outcome.HTTP_5XX] * 4 + [Outcome.BUSY, Outcome.CLOSED] + [Outcome.HTTP_5XX],
+        True,
+    ),
 ]
 
 
@@ -125,6 +133,17 @@ def test_never_more_than_half_ejected(endpoints: int, max_out: int) -> None:
         p.end(s, Outcome.CONNECTION_FAILED, 0.0)
     assert p.ejected_count(0.0) == max_out
     assert p.choose(0.0) is not None
+
+
+def test_a_cap_skips_full_endpoints_and_none_when_all_are_full() -> None:
+    p = pool(ep(0), ep(1))
+    p.slots[0].in_flight, p.slots[1].in_flight = 4, 3
+    assert p.choose(0.0, cap=4) is p.slots[1]
+    p.slots[1].in_flight = 4
+    assert p.choose(0.0, cap=4) is None  # overload: the gateway answers 503 itself
+    assert p.choose(0.0) is not None  # no cap
+    p.slots[1].in_flight = 0
+    assert p.choose(0.0, avoid=p.slots[1], cap=4) is None
 
 
 def test_ejected_endpoint_gets_nothing_then_returns_and_time_doubles() -> None:

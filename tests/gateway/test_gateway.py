@@ -327,6 +327,15 @@ def test_5xx_passes_through_and_ejects_after_five(bg: Background, replicas: Repl
         assert gw.metric('gpufleet_gateway_ejections_total{service="llm"}') == 1.0  # the cap: one of two
 
 
+def test_a_busy_replica_503_is_passed_on_and_never_ejected(bg: Background, replicas: Replicas) -> None:
+    """Issue 30, finding 6: a 503 is a replica saying it is busy (or loading); ejecting it
+    would push its load onto the others until they look busy too."""
+    with gateway(bg, feed(replicas, "a", "b")) as gw:
+        codes = [gw.client.get("/s/llm/status/503", headers=AUTH).status_code for _ in range(12)]
+        assert codes == [503] * 12
+        assert gw.metric('gpufleet_gateway_ejections_total{service="llm"}') == 0.0
+
+
 def test_sse_chunks_pass_through_as_they_come(bg: Background, replicas: Replicas) -> None:
     with gateway(bg, feed(replicas, "a")) as gw:
         t0 = time.monotonic()
@@ -410,3 +419,70 @@ def test_a_client_that_stops_reading_is_cut(bg: Background, replicas: Replicas) 
             assert gw.metric('gpufleet_gateway_requests_total{code="200",service="llm"}') == 1.0
         finally:
             sock.close()
+
+
+class ClosingReplica:
+    """A replica that answers the first request of each connection (keep-alive) and
+    closes the connection, unanswered, when a second arrives on it: what a replica whose
+    keep-alive timeout fires as the request goes out looks like to the gateway (the race
+    of issue 30, finding 6, made deterministic)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.closed_unanswered = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answered = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                await reader.readexactly(length)
+                self.requests += 1
+                if answered:
+                    self.closed_unanswered += 1
+                    return
+                body = b'{"ok":true}'
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                await writer.drain()
+                answered += 1
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+@pytest.mark.parametrize("replicas_n", [1, 2], ids=["one-replica", "two-replicas"])
+def test_a_request_on_a_connection_the_replica_closed_is_resent_not_failed(
+    bg: Background, replicas_n: int, method: str
+) -> None:
+    """Issue 30, finding 6: a kept-alive connection the replica closes as the request
+    goes out is no failure: the request (POST too: no byte came back, the body is held)
+    is sent again on a fresh connection, and the replica is not ejected."""
+    upstreams = [ClosingReplica() for _ in range(replicas_n)]
+    servers = []
+    urls = {}
+    for i, up in enumerate(upstreams):
+        server = bg.run(asyncio.start_server(up.serve, "127.0.0.1", 0))
+        servers.append(server)
+        urls[f"c{i}"] = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        reps = Replicas(urls=urls)
+        with gateway(bg, feed(reps, *urls)) as gw:
+            codes = [
+                gw.client.request(method, "/s/llm/infer", headers=AUTH, content=b"x" * 10).status_code
+                for _ in range(10)
+            ]
+            assert codes == [200] * 10
+            assert sum(u.closed_unanswered for u in upstreams) >= 3  # the race did happen, often
+            assert gw.metric('gpufleet_gateway_ejections_total{service="llm"}') == 0
+    finally:
+        for server in servers:
+            server.close()

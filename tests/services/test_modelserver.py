@@ -525,3 +525,44 @@ def test_metrics_count_requests_batches_and_busy_time(
         assert series[f'gpufleet_model_{name}_count{{model="mlp"}}'] >= 1
     stats = client.get_inference_statistics("mlp", VERSION)["model_stats"][0]
     assert stats["inference_stats"]["fail"]["count"] >= 1 and stats["version"] == VERSION
+
+
+# --- access log (issue 30, finding 9) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["default", "no-access-log"])
+def test_one_access_log_line_per_request_with_its_latency(tmp_path: Any, on: bool) -> None:
+    port = free_port()
+    log = tmp_path / "stderr.log"
+    args = ["--port", str(port)] + ([] if on else ["--no-access-log"])
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "gpufleet", "model-server", *args], stderr=err)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as c:
+            c.get("/v2/models/mlp?x=1")
+            c.get("/v2/models/nope")
+            c.post("/v2/models/mlp/infer", json={"inputs": []})
+    finally:
+        stop(proc)
+    lines = [line for line in log.read_text().splitlines() if '"' in line]
+    if not on:
+        assert lines == []
+        return
+    want = [("GET", "/v2/models/mlp", "200"), ("GET", "/v2/models/nope", "404")]
+    want.append(("POST", "/v2/models/mlp/infer", "400"))
+    got = []
+    for line in lines[-3:]:
+        head, request, tail = line.split('"')
+        method, path = request.split(" ")
+        status, ms = tail.split()
+        assert ms.endswith("ms") and float(ms[:-2]) >= 0 and head.strip().endswith(tuple("0123456789"))
+        got.append((method, path, status))
+    assert got == want

@@ -16,16 +16,28 @@ string included) to one of the service's ready replicas:
 * **Rate limit** per service token (the service's ``rate``, the server's token bucket):
   429 with ``Retry-After``.
 * **Choice**: fewest requests in flight, then lowest GPU utilisation, then round robin;
-  replicas that fail at the connection level or answer 5xx five times in a row are
-  ejected for a while (``balancer`` has the rules).
-* **Failures** are ``application/problem+json``: 401 bad or missing token, 404 unknown
-  service, 413 body over 64 MiB, 429 rate limited, 503 (``Retry-After: 1``) no ready
-  replica, 502 the replica failed, 504 it was silent for 300 s. A request that never
-  reached a replica (connection refused, connect timeout) is sent once more, to
-  another replica, whatever its method; one the replica may have seen is never resent
-  by the gateway (aiohttp itself resends an idempotent request once, on a fresh
-  connection to the same replica, when a reused keep-alive connection was found
-  closed: RFC 9112 9.3.1).
+  replicas that fail (connection refused, no accept in time while idle, 5xx other
+  than 503 five times in a row) are ejected for a while (``balancer`` has the rules);
+  a busy replica (a 503, or a connect timeout while it serves our other requests) and
+  a closed idle connection are no verdict.
+* **Overload**: at most ``max_in_flight_per_replica`` (256) requests in flight on one
+  replica from this process; with every replica there, the gateway answers 503 with
+  ``Retry-After: 1`` itself (counted in ``gpufleet_gateway_overloaded_total``), never
+  a pile-up that ends in timeouts and ejections of healthy replicas.
+* **Resend**: a request no replica answered (no byte of a response came back) is sent
+  once more, whatever its method (its body is held whole), on a fresh connection: to
+  another replica, or to the same one when a kept-alive connection was found closed
+  (its idle timeout ran out as the request went; RFC 9112 9.3.1). Idle upstream
+  connections are retired after ``UPSTREAM_KEEPALIVE_S`` (30 s), below the model
+  server's keep-alive (75 s), so that race needs a replica with a shorter one.
+* **Failures** are in the service's protocol's shape (``errors``): KServe
+  ``{"error": ...}``, OpenAI ``{"error": {"message", "type", "param", "code"}}``,
+  problem+json for ``http``: 401 bad or missing token, 404 unknown service, 413 body
+  over 64 MiB, 429 rate limited, 503 (``Retry-After: 1``) no ready replica or
+  overload, 502 the replica failed, 504 it was silent for 300 s.
+* **Fan-out** (``fanout``, kserve-v2 services): Triton statistics are summed over the
+  ready replicas; repository ``load``/``unload`` go to every ready replica (200 only
+  if all did).
 * Request bodies are read whole (a retry must resend them); response bodies stream
   through chunk by chunk (SSE). Every answer carries ``X-Request-Id`` (the client's
   when sane, else a new one; also sent upstream) and, from a replica,

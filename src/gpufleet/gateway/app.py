@@ -29,7 +29,7 @@ from gpufleet.gateway.errors import error, guess_protocol, reply
 from gpufleet.gateway.fanout import ask_all, combine, fanout_kind
 from gpufleet.gateway.feed import EndpointSource, load_once, poll
 from gpufleet.gateway.metrics import GatewayMetrics, scrape_refused
-from gpufleet.gateway.relay import read_body, stream
+from gpufleet.gateway.relay import read_body, stream, upstream_session
 from gpufleet.gateway.report import traffic_report
 from gpufleet.server.ratelimit import Buckets, retry_after_header
 
@@ -115,6 +115,9 @@ class Gateway:
         self.buckets = Buckets(now=clock)
         self.feed_at: float | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
+        """Resends go here: a new connection each (``force_close``), never a pooled one
+        that may be as stale as the one that failed."""
         self._poller: asyncio.Task[None] | None = None
         self._starting: asyncio.Lock | None = None
 
@@ -129,18 +132,15 @@ class Gateway:
             sock_connect=self.config.connect_timeout_s,
             sock_read=self.config.read_timeout_s,
         )
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
+        self._session = upstream_session(
+            timeout,
+            aiohttp.TCPConnector(
                 limit=0,
                 limit_per_host=self.config.limit_per_host,
                 keepalive_timeout=self.config.upstream_keepalive_s,
             ),
-            timeout=timeout,
-            cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another
-            auto_decompress=False,  # bodies pass through as the replica encoded them
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-            trust_env=False,
         )
+        self._fresh = upstream_session(timeout, aiohttp.TCPConnector(limit=0, force_close=True))
         await load_once(self.source, self._apply, self._feed_failed)
         self._poller = asyncio.create_task(self._poll())
 
@@ -149,9 +149,10 @@ class Gateway:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
             self._poller = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
         await self.source.aclose()
 
     async def _poll(self) -> None:
@@ -344,9 +345,9 @@ class Gateway:
         send: Send,
         latency: Any,
     ) -> int:
-        """Send to a replica (once more if no byte of an answer came back: to another,
-        or to the same on a fresh connection when a kept-alive one was found closed),
-        stream its answer back; answers the status the client got."""
+        """Send to a replica (once more, on a fresh connection, if no byte of an answer
+        came back: to another replica, or to the same when a kept-alive connection was
+        found closed), stream its answer back; answers the status the client got."""
         proto = pool.service.protocol
         cap = self.config.max_in_flight_per_replica
         slot = pool.choose(self.clock(), cap=cap)
@@ -421,11 +422,12 @@ class Gateway:
         recorded: refused, or a connect timeout while idle, is a failure; a connect
         timeout while it serves others is a busy replica; a connection closed before any
         answer is an idle connection the replica retired (a failure only the second time)."""
-        assert self._session is not None
+        session = self._session if attempt == 1 else self._fresh
+        assert session is not None
         pool.begin(slot)
         url = URL(slot.endpoint.url + target, encoded=True)
         try:
-            return await self._session.request(
+            return await session.request(
                 method, url, headers=headers, data=body or None, allow_redirects=False
             )
         except aiohttp.ConnectionTimeoutError as exc:

@@ -1,6 +1,6 @@
 """Bodies through the gateway: a request's read whole (a resend must replay it), a
 response's streamed chunk by chunk (SSE), with the client's departure and a client that
-stops reading both noticed."""
+stops reading both noticed; and the upstream sessions' common settings."""
 
 from __future__ import annotations
 
@@ -66,4 +66,18 @@ async def read_body(receive: Receive, limit: int) -> bytes | None:
     return b"".join(parts)
 
 
-__all__ = ["read_body", "stream"]
+def upstream_session(
+    timeout: aiohttp.ClientTimeout, connector: aiohttp.TCPConnector
+) -> aiohttp.ClientSession:
+    """An aiohttp session to replicas over ``connector``: no cookies, bodies as they come."""
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another
+        auto_decompress=False,  # bodies pass through as the replica encoded them
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+        trust_env=False,
+    )
+
+
+__all__ = ["read_body", "stream", "upstream_session"]

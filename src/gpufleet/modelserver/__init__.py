@@ -7,11 +7,17 @@ third-party clients speak unmodified:
 - KServe v2 / Open Inference Protocol as Triton speaks it (``tritonclient.http``),
   with Triton's binary tensor data extension (``kserve``): ``GET /v2``,
   ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{m}[/versions/{v}]``,
-  ``.../ready``, ``.../config``, ``POST .../infer``, ``/v2/repository/index`` and
-  Triton's statistics ``.../stats`` (``stats``);
+  ``.../ready``, ``.../config``, ``POST .../infer``, Triton's repository API
+  (``/v2/repository/index``, ``.../models/{m}/load`` and ``/unload``: ``repository``)
+  and Triton's statistics ``.../stats`` (``stats``);
 - OpenAI-compatible toy text generation (``openai_api``, ``textgen``):
   ``GET /v1/models``, ``POST /v1/completions`` and ``/v1/chat/completions``, plain or
-  streamed as Server-Sent Events.
+  streamed as Server-Sent Events (``logprobs`` honoured, options it cannot honour
+  refused by name), and ``POST /v1/embeddings`` (``embeddings``).
+
+One access-log line per request with its latency (``accesslog``; the CLI's
+``--no-access-log`` turns it off); idle keep-alive connections are kept 75 s
+(``--keep-alive``), longer than the gateway's pool keeps them.
 
 Infer requests run through Triton's dynamic batcher (``batcher``: off unless a queue
 delay is set) on a simulated GPU (``model.SimulatedDevice``: the real MLP plus a fixed
