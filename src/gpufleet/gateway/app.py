@@ -96,9 +96,10 @@ class _NotAnswered(Exception):
     was closed before any answer (``closed``: its keep-alive ran out as the request
     went; the same replica on a fresh connection will do)."""
 
-    def __init__(self, reason: str, *, closed: bool) -> None:
+    def __init__(self, reason: str, *, closed: bool, busy: bool = False) -> None:
         super().__init__(reason)
         self.closed = closed
+        self.busy = busy
 
 
 class Gateway:
@@ -326,8 +327,9 @@ class Gateway:
         send: Send,
     ) -> int:
         """A request every ready replica must see (``fanout``), answered once."""
-        assert self._session is not None
-        answers = await ask_all(self._session, list(pool.slots), method, target, headers, body)
+        assert self._session is not None and self._fresh is not None
+        sessions = (self._session, self._fresh)
+        answers = await ask_all(sessions, list(pool.slots), method, target, headers, body)
         got = combine(kind, answers)
         extra = [(b"x-request-id", rid), (b"x-gpufleet-replicas", got.replicas.encode())]
         await reply(send, got.status, b"application/json", got.body, extra)
@@ -362,6 +364,8 @@ class Gateway:
                 again = None
                 if attempt == 1:
                     again = pool.choose(self.clock(), avoid=slot, cap=cap) or (slot if exc.closed else None)
+                if again is None and exc.busy:  # it did not accept in time, busy: overload
+                    return await self._unavailable(pool, rid, send)
                 if again is None:
                     detail = f"replica {slot.endpoint.id}: {exc}"
                     await error(send, proto, 502, "Bad Gateway", detail, rid)
@@ -401,8 +405,9 @@ class Gateway:
         else:
             self.metrics.overloaded.labels(svc.name).inc()
             detail = (
-                f"service {svc.name!r} is overloaded: its {len(pool.slots)} replica(s) each have"
-                f" {self.config.max_in_flight_per_replica} requests in flight; retry after 1 s"
+                f"service {svc.name!r} is overloaded: its {len(pool.slots)} replica(s) are at their"
+                f" limit of {self.config.max_in_flight_per_replica} requests in flight or accept no"
+                " more connections; retry after 1 s"
             )
         await error(send, svc.protocol, 503, "Service Unavailable", detail, rid, retry)
         return 503
@@ -431,8 +436,9 @@ class Gateway:
                 method, url, headers=headers, data=body or None, allow_redirects=False
             )
         except aiohttp.ConnectionTimeoutError as exc:
-            self._end(pool, slot, Outcome.BUSY if slot.in_flight > 1 else Outcome.CONNECTION_FAILED)
-            raise _NotAnswered(repr(exc), closed=False) from exc
+            busy = slot.in_flight > 1
+            self._end(pool, slot, Outcome.BUSY if busy else Outcome.CONNECTION_FAILED)
+            raise _NotAnswered(repr(exc), closed=False, busy=busy) from exc
         except aiohttp.ClientConnectorError as exc:
             self._end(pool, slot, Outcome.CONNECTION_FAILED)
             raise _NotAnswered(repr(exc), closed=False) from exc

@@ -62,22 +62,29 @@ class Combined:
 
 
 async def ask_all(
-    session: aiohttp.ClientSession,
+    sessions: tuple[aiohttp.ClientSession, aiohttp.ClientSession],
     slots: Iterable[Slot],
     method: str,
     target: str,
     headers: list[tuple[str, str]],
     body: bytes,
 ) -> list[Answer]:
-    """Every replica's answer (or why there is none), asked at once."""
+    """Every replica's answer (or why there is none), asked at once. ``sessions``: the
+    pooled one, and one of fresh connections for a request whose kept-alive connection
+    was found closed before any answer (asked again once, as the gateway's proxy does)."""
 
     async def one(slot: Slot) -> Answer:
         url = URL(slot.endpoint.url + target, encoded=True)
-        try:
-            async with session.request(method, url, headers=headers, data=body or None) as resp:
-                return Answer(replica=slot.endpoint.id, status=resp.status, body=await resp.read())
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return Answer(replica=slot.endpoint.id, status=0, body=b"", error=repr(exc))
+        for session in sessions:
+            try:
+                async with session.request(method, url, headers=headers, data=body or None) as resp:
+                    return Answer(replica=slot.endpoint.id, status=resp.status, body=await resp.read())
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if session is sessions[-1] or isinstance(exc, aiohttp.ClientConnectorError):
+                    return Answer(replica=slot.endpoint.id, status=0, body=b"", error=repr(exc))
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                return Answer(replica=slot.endpoint.id, status=0, body=b"", error=repr(exc))
+        raise AssertionError("unreachable: the last session returns")
 
     return list(await asyncio.gather(*(one(s) for s in slots)))
 
