@@ -13,9 +13,11 @@ covered without thinking of it. The one exception is log output from a node
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Annotated, Any, ClassVar, Literal, Self, get_args, get_origin
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -33,6 +35,33 @@ It is joined with commas (``Job.stopping_on``) and prefixed in actors (``node:<n
 so it never holds a comma, and every column it goes into has room for it."""
 NodeName = Annotated[str, StringConstraints(pattern=NODE_NAME)]
 Role = Literal["admin", "operator", "user"]
+
+
+def plain_text(value: str) -> str:
+    """A name shown to others must read as what it is: refuse control characters and
+    Unicode format characters (category Cc, Cf: the bidirectional overrides and isolates
+    U+202A-U+202E and U+2066-U+2069, zero-width marks and joiners, U+FEFF), with which a
+    name can show reversed or hidden text (a job named ``\u202egnp.exe``)."""
+    if value.isascii() and value.isprintable():
+        return value
+    for ch in value:
+        if unicodedata.category(ch) in ("Cc", "Cf"):
+            what = "a NUL character" if ch == "\x00" else unicodedata.name(ch, "a control character")
+            raise ValueError(f"holds U+{ord(ch):04X} ({what}): control and format characters are refused")
+    return value
+
+
+Label = Annotated[str, StringConstraints(max_length=128), AfterValidator(plain_text)]
+"""A free-text name (a job's, a reservation's; up to 128 characters, any script), without
+control or format characters (``plain_text``). Users, teams, pools and nodes are
+``Name``/``NodeName`` (ASCII); services ``SERVICE_NAME``."""
+EnvKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^=]+$"), AfterValidator(plain_text)
+]
+"""An environment variable's name: 1-256 characters, no ``=`` (it would end the name),
+no control or format character."""
+MAX_ENV = 1024
+"""Variables in one environment (Slurm has no bound; Linux's is the argument space)."""
 INT32 = 2**31 - 1
 """The largest value of an ``Integer`` column (PostgreSQL's ``integer``)."""
 INT64 = 2**63 - 1

@@ -11,12 +11,12 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from gpufleet.api.base import INT32, Id, Name, Reply, Request
+from gpufleet.api.base import INT32, MAX_ENV, EnvKey, Id, Label, Name, Reply, Request
 
 
 class JobSubmit(Request):
     command: list[Annotated[str, StringConstraints(max_length=65_536)]] = Field(min_length=1, max_length=4096)
-    name: Annotated[str, StringConstraints(max_length=128)] = ""
+    name: Label = ""
     gpus: int = Field(
         default=1, ge=0, le=100_000, description="GPUs in all: at least 1; 0 only in a CPU-only pool"
     )
@@ -30,7 +30,9 @@ class JobSubmit(Request):
         default=None, description="seconds, or a duration such as 90s, 30m, 2h, 1-00:00:00"
     )
     image: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
-    env: dict[str, Annotated[str, StringConstraints(max_length=65_536)]] = Field(default_factory=dict)
+    env: dict[EnvKey, Annotated[str, StringConstraints(max_length=65_536)]] = Field(
+        default_factory=dict, max_length=MAX_ENV
+    )
     requeue: bool = True
     max_attempts: int = Field(default=5, ge=1, le=1000, description="attempts in all, the first included")
     requeue_backoff: str | float = Field(
@@ -136,7 +138,7 @@ class JobUpdate(Request):
     time_limit: str | float | None = Field(
         default=None, description="seconds, or a duration such as 90s, 30m, 2h, 1-00:00:00"
     )
-    name: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
+    name: Annotated[Label, StringConstraints(min_length=1)] | None = None
     held: bool | None = None
 
 

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
-from gpufleet.api.base import Name, NodeName, Reply, Request
+from gpufleet.api.base import Label, Name, NodeName, Reply, Request
 
 Repeat = Literal["daily", "weekly"]
 
@@ -29,7 +29,7 @@ class ReservationIn(Request):
     pool: Name = "default"
     team: Name | None = None
     users: list[Name] = Field(default_factory=list, max_length=1000)
-    name: Annotated[str, StringConstraints(max_length=128)] = ""
+    name: Label = ""
     repeat: Repeat | None = None
     count: int = Field(default=1, ge=1, le=366)
     timezone: Annotated[str, StringConstraints(min_length=1, max_length=64)] = "UTC"

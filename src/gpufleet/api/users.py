@@ -9,7 +9,7 @@ from pydantic import (
     StringConstraints,
 )
 
-from gpufleet.api.base import Name, Reply, Request, Role
+from gpufleet.api.base import Label, Name, Reply, Request, Role
 
 
 class PoolIn(Request):
@@ -69,7 +69,7 @@ class QuotaIn(Request):
 
 class TeamOut(Reply):
     name: str
-    members: list[str]
+    members: list[str] = Field(description="who is in it: shown to its members, operators and admins only")
     quota_gpus: int | None
     quota_limit: int | None
     budget_soft: float | None = None
@@ -85,7 +85,7 @@ class BudgetIn(Request):
 
 
 class TokenIn(Request):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=64)] = "cli"
+    name: Annotated[Label, StringConstraints(min_length=1, max_length=64)] = "cli"
     user: Name | None = Field(default=None, description="admins only: create for another user")
     expires_in: str | float | None = Field(
         default=None,

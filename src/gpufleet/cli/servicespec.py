@@ -65,18 +65,57 @@ def read_spec_file(source: str) -> dict[str, Any]:
     return data
 
 
+class DuplicateKeyError(ValueError):
+    """A key given twice in one mapping of a spec: YAML and JSON parsers keep the last
+    one silently, so a second ``env:`` or ``replicas:`` would undo the first unseen."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(f"the key {key!r} is given twice")
+        out[key] = value
+    return out
+
+
 def _json(text: str, label: str) -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_no_duplicates)
     except ValueError as exc:
         raise fail(f"{label}: not valid JSON ({exc})", BAD_INPUT) from None
+
+
+def _strict_loader() -> type[Any]:
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping, naming it and
+    its line (``DuplicateKeyError`` under yaml's ``ConstructorError``)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, str | int | float | bool) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"the key {key!r} is given twice (lines {seen[key]} and {line})",
+                        key_node.start_mark,
+                    )
+                if isinstance(key, str | int | float | bool):
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
 
 
 def _yaml(text: str, label: str) -> Any:
     import yaml  # only deploy reads YAML
 
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_strict_loader())  # a SafeLoader: no Python objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

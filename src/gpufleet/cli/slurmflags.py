@@ -294,9 +294,11 @@ def _gres(value: str) -> tuple[str | None, int]:
     """``gpu``, ``gpu:N``, ``gpu:TYPE`` or ``gpu:TYPE:N`` (per node); other kinds are refused."""
     got: tuple[str | None, int] | None = None
     for item in value.split(","):
-        kind, _, rest = item.partition(":")
+        kind, colon, rest = item.partition(":")
         if kind != "gpu":
             raise Refused(f"{kind} is not a generic resource here, only gpu; remove it")
+        if colon and "" in rest.split(":"):  # gpu: or gpu::2 - Slurm: invalid gres specification
+            raise ValueError(f"--gres={value}: a ':' with nothing after it; expected gpu[:TYPE]:N (gpu:4)")
         parts = rest.split(":") if rest else []
         count = parts.pop() if parts and parts[-1].isdigit() else "1"
         if len(parts) > 1 or (

@@ -158,15 +158,18 @@ def whoami(*, db: Database, actor: Principal) -> UserOut:
 
 def team_out(s: Session, t: Team, *, now: float | None = None, finances: bool = True) -> TeamOut:
     """With ``now`` and a budget set, also what the team spent this month. Without
-    ``finances`` (a user who is not in the team) budgets and spend are left out: names,
-    members and quotas are public, as in ``sacctmgr show assoc``; money is not."""
+    ``finances`` (a user who is not in the team) members, budgets and spend are left
+    out: a team's name and quotas are public (a user picks a team and sees why a job
+    waits); who is in it is its members' business, and operators' (issue 29), and money
+    is not public either. (Slurm's ``sacctmgr show assoc`` shows every association;
+    ``PrivateData=users`` is the Slurm setting this follows.)"""
     q = select(User.name).join(Membership, Membership.user_id == User.id).where(Membership.team_id == t.id)
     spent = None
     if finances and now is not None and (t.budget_soft is not None or t.budget_hard is not None):
         spent = round(ledger.month_spend(s, now, [t.id]).get(t.id, 0.0), 4)
     return TeamOut(
         name=t.name,
-        members=sorted(s.scalars(q)),
+        members=sorted(s.scalars(q)) if finances else [],
         quota_gpus=t.quota_gpus,
         quota_limit=t.quota_limit,
         budget_soft=t.budget_soft if finances else None,
@@ -198,7 +201,8 @@ def create_team(*, db: Database, actor: Principal, name: str) -> TeamOut | Failu
 def list_teams(
     *, db: Database, actor: Principal, now: float | None = None, limit: int = 100, cursor: str | None = None
 ) -> TeamPage:
-    """By name, everyone's (names, members and quotas are public; money is not)."""
+    """By name, everyone's (names and quotas are public; members and money are not:
+    ``team_out``)."""
     with db.read() as s:
         sees = _sees_finances(s, actor)
         q = select(Team).order_by(Team.name).limit(limit + 1)
