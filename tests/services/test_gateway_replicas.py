@@ -319,9 +319,9 @@ def test_openai_embeddings(fleet: Fleet) -> None:
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"logit_bias": {"50256": -100}}, "logit_bias"),
-        ({"logprobs": True, "stream": True}, "logprobs"),
+        ({"tool_choice": "required"}, "tool_choice"),
     ],
-    ids=["tools", "response_format", "logit_bias", "streamed-logprobs"],
+    ids=["tools", "response_format", "logit_bias", "tool_choice"],
 )
 def test_openai_options_the_toy_cannot_honour_are_refused_by_name(
     fleet: Fleet, options: dict[str, Any], named: str
@@ -344,5 +344,20 @@ def test_openai_logprobs_are_honoured(fleet: Fleet) -> None:
     content = chat.choices[0].logprobs.content
     assert content is not None and "".join(t.token for t in content) == chat.choices[0].message.content
     assert all(len(t.top_logprobs) == 3 and t.logprob < 0 for t in content)
+    streamed = client.chat.completions.create(
+        model="mlp",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        logprobs=True,
+        top_logprobs=3,
+        stream=True,
+    )
+    tokens = [
+        t
+        for c in streamed
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content or []
+    ]
+    assert [t.token for t in tokens] == [t.token for t in content]
     legacy = client.completions.create(model="mlp", prompt="hi", max_tokens=4, logprobs=2, n=2)
     assert [len(c.logprobs.tokens or []) if c.logprobs else 0 for c in legacy.choices] == [4, 4]

@@ -9,9 +9,9 @@ the ``openai`` client turns into its exceptions. The reply's ``model`` and
 
 Options the toy cannot honour are refused with a 400 that names them
 (``unsupported_options``), never silently ignored: a client that asks for tools or a
-JSON schema and gets free text would fail far from the cause. ``logprobs`` is honoured
-(``textgen``: the toy's true, uniform, log probabilities) except in streams;
-``n`` is honoured; sampling knobs (``temperature``, ``top_p``, penalties, ``user``) are
+JSON schema and gets free text would fail far from the cause. ``logprobs`` is honoured,
+streamed or not (``textgen``: the toy's true, uniform, log probabilities); ``n`` is
+honoured; sampling knobs (``temperature``, ``top_p``, penalties, ``user``) are
 accepted and have no effect on a deterministic generator. ``/v1/embeddings`` answers
 deterministic vectors (``embeddings``).
 """
@@ -105,8 +105,6 @@ def openai_router(served: TextModel) -> APIRouter:
     async def completions(request: Request) -> Response:
         req = _parse(CompletionRequest, await request.body(), COMPLETION_ONLY)
         served.check(req.model)
-        if req.stream and req.logprobs is not None:
-            raise _unsupported(["logprobs (with stream)"])
         if not req.prompts:
             raise OpenAIError("prompt: must not be an empty list")
         seed = served.seed if req.seed is None else req.seed
@@ -119,11 +117,20 @@ def openai_router(served: TextModel) -> APIRouter:
         usage = _usage(req.prompts, gens)
         head = _head(served, "cmpl", "text_completion")
         if req.stream:
+            offsets = [len(p) if req.echo else 0 for p in prompts]
 
             def piece(i: int, text: str, finish: str | None) -> dict[str, Any]:
-                return {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+                lp = None
+                if req.logprobs is not None and finish is None:
+                    lp = completion_logprobs((text,), req.logprobs, offsets[i])
+                    offsets[i] += len(text)
+                return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
 
-            echo = [piece(i, p, None) for i, p in enumerate(prompts)] if req.echo else []
+            echo = [
+                {"index": i, "text": p, "logprobs": None, "finish_reason": None}
+                for i, p in enumerate(prompts)
+            ]
+            echo = echo if req.echo else []
             chunks = _chunks(head, gens, echo, piece, usage if req.include_usage else None)
             return _sse(chunks, served.token_delay_s)
         await asyncio.sleep(served.token_delay_s * max(len(g.tokens) for g in gens))
@@ -144,8 +151,6 @@ def openai_router(served: TextModel) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         req = _parse(ChatRequest, await request.body(), ())
         served.check(req.model)
-        if req.stream and req.logprobs:
-            raise _unsupported(["logprobs (with stream)"])
         if req.top_logprobs and not req.logprobs:
             raise OpenAIError("top_logprobs: logprobs must be true to use it", code="invalid_parameter")
         seed = served.seed if req.seed is None else req.seed
@@ -166,7 +171,10 @@ def openai_router(served: TextModel) -> APIRouter:
 
             def piece(i: int, text: str, finish: str | None) -> dict[str, Any]:
                 delta = {"content": text} if finish is None else {}
-                return {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+                lp = (
+                    chat_logprobs((text,), req.top_logprobs or 0) if req.logprobs and finish is None else None
+                )
+                return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
 
             roles = [
                 {
@@ -235,7 +243,7 @@ def _unsupported(names: list[str]) -> OpenAIError:
         " plain text only; remove them)",
         code="unsupported_parameter",
     )
-    err.param = names[0].split(" ")[0]
+    err.param = names[0]
     return err
 
 
