@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from server.conftest import free_port
 
@@ -33,6 +34,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
     port = free_port()
     limits = ("--header-timeout", str(TIMEOUT_S), "--idle-timeout", str(TIMEOUT_S))
     args = ("--endpoints-file", str(feed), "--port", str(port), *limits, "--max-conns-per-address", str(CAP))
+    args = (*args, "--metrics-public")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "gateway", *args],
         stdout=subprocess.DEVNULL,
@@ -112,6 +114,7 @@ def test_slowloris_heads_are_timed_out(gateway: tuple[str, int]) -> None:
             s.close()
     assert all(g is not None and g.startswith(b"HTTP/1.1 408 ") for g in got), got
     assert took < TIMEOUT_S + 2.5, took
+    assert _metric(gateway, "gpufleet_gateway_connections_timed_out_total", reason="header") >= 10
 
 
 def test_idle_connections_from_one_address_are_capped_and_closed(gateway: tuple[str, int]) -> None:
@@ -129,6 +132,8 @@ def test_idle_connections_from_one_address_are_capped_and_closed(gateway: tuple[
             s.close()
     assert len(closed) == 2 * CAP  # the first CAP stay, the rest are closed at once
     assert len(later) == len(socks)  # and the ones that stayed went idle: closed
+    assert _metric(gateway, "gpufleet_gateway_connections_refused_total") >= 2 * CAP
+    assert _metric(gateway, "gpufleet_gateway_connections_timed_out_total", reason="idle") >= CAP
 
 
 def test_the_open_files_limit_is_raised(gateway: tuple[str, int]) -> None:
@@ -137,6 +142,16 @@ def test_the_open_files_limit_is_raised(gateway: tuple[str, int]) -> None:
     limits = Path(f"/proc/{_listener_pid(gateway[1])}/limits").read_text()
     line = next(x for x in limits.splitlines() if x.startswith("Max open files"))
     assert line.split()[3:5] == [str(hard)] * 2, line
+
+
+def _metric(where: tuple[str, int], name: str, **labels: str) -> float:
+    text = httpx.get(f"http://{where[0]}:{where[1]}/metrics", timeout=5).text
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def _listener_pid(port: int) -> int:

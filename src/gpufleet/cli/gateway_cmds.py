@@ -160,7 +160,9 @@ def gateway(
     limits = netguard.GuardLimits(
         header_timeout_s=header_timeout, idle_timeout_s=idle_timeout, max_per_address=max_conns_per_address
     )
-    options |= netguard.uvicorn_options(limits, netguard.GuardStats(), base=base)  # header, body, idle
+    stats = netguard.GuardStats()  # counted in /metrics: gpufleet_gateway_connections_*
+    app.metrics.registry.register(netguard.GuardCollector(stats, prefix="gpufleet_gateway"))
+    options |= netguard.uvicorn_options(limits, stats, base=base)  # header, body, idle
     uvicorn.run(
         app,
         host=host,
