@@ -33,8 +33,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
     feed.write_text(json.dumps({"services": []}))
     port = free_port()
     limits = ("--header-timeout", str(TIMEOUT_S), "--idle-timeout", str(TIMEOUT_S))
-    args = ("--endpoints-file", str(feed), "--port", str(port), *limits, "--max-conns-per-address", str(CAP))
-    args = (*args, "--metrics-public")
+    args = ["--endpoints-file", str(feed), "--port", str(port), *limits, "--max-conns-per-address", str(CAP)]
+    args.append("--metrics-public")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "gateway", *args],
         stdout=subprocess.DEVNULL,
