@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from gpufleet.netguard import GuardLimits, GuardStats, uvicorn_options
 from server.conftest import Server, make_pool, make_team, make_user, ok, start_server, stop_server
 from server.playnode import metric
 
@@ -134,3 +135,27 @@ def test_stalled_heads_and_idle_connections_are_closed(guarded: Server, first: b
     assert max(took) < 1.0, took
     assert time.monotonic() - start < TIMEOUT_S + 3
     assert all(a == b"" if not first else a.startswith(b"HTTP/1.1 408 ") for a in answers), answers
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        pytest.param({"header_timeout_s": 0}, id="no-header-time"),
+        pytest.param({"body_timeout_s": -1}, id="negative-body-time"),
+        pytest.param({"min_body_rate": -1}, id="negative-rate"),
+        pytest.param({"max_per_address": -1}, id="negative-cap"),
+    ],
+)
+def test_guard_limits_refuse_nonsense(limits: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        GuardLimits(**limits)  # type: ignore[arg-type]
+
+
+def test_the_guarded_protocol_is_uvicorns_own_subclass() -> None:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    stats = GuardStats()
+    options = uvicorn_options(GuardLimits(idle_timeout_s=7.4), stats, base=H11Protocol)
+    assert issubclass(options["http"], H11Protocol) and options["timeout_keep_alive"] == 7
+    assert issubclass(uvicorn_options(GuardLimits(), stats)["http"], HttpToolsProtocol)

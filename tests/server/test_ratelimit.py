@@ -9,7 +9,7 @@ import pytest
 
 from gpufleet.server.clock import FakeClock
 from gpufleet.server.lanes import Lane, LaneName
-from gpufleet.server.ratelimit import AuthThrottle, Buckets, Rate
+from gpufleet.server.ratelimit import AuthThrottle, Buckets, KnownDigests, Rate
 
 # Each step: advance the clock by this many seconds, then take this many tokens.
 BUCKET_CASES = [
@@ -253,3 +253,29 @@ def test_lane_abandoned_flow_leaves_the_turns() -> None:
 )
 def test_lane_width(seats: int, asked: int, want: int) -> None:
     assert _lane(seats=seats).width(asked) == want
+
+
+# -- the live credentials a throttled address's unknown token is checked against ------------
+
+
+def test_known_digests_reload_when_stale_or_invalidated() -> None:
+    clock = FakeClock()
+    stored = {"a"}
+    loads: list[float] = []
+
+    def load() -> frozenset[str]:
+        loads.append(clock.now())
+        return frozenset(stored)
+
+    known = KnownDigests(load=load, refresh_s=2.0, now=clock.now)
+    assert known.stale() and not known.holds(["a"])  # nothing read yet
+    known.reload()
+    assert known.holds(["x", "a"]) and not known.holds(["b"])
+    stored.add("b")
+    known.reload()  # not stale: no second read
+    assert not known.holds(["b"]) and len(loads) == 1
+    known.invalidate()  # this server made a credential
+    known.reload()
+    assert known.holds(["b"]) and len(loads) == 2
+    clock.advance(2.0)
+    assert known.stale()
