@@ -227,6 +227,13 @@ class _Guard:
         if after == BODY:
             self._g_body_bytes += len(data) if before == BODY else 0
 
+    def handle_websocket_upgrade(self, *args: Any) -> None:
+        """A WebSocket is the application's business once upgraded: no more HTTP clocks."""
+        if self._g_timer is not None:
+            self._g_timer.cancel()
+            self._g_timer = None
+        super().handle_websocket_upgrade(*args)  # type: ignore[misc]
+
     # httptools' callbacks (h11 has none: its state is read in ``_g_phase_now``)
     def on_headers_complete(self) -> None:
         super().on_headers_complete()  # type: ignore[misc]
