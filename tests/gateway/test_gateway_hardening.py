@@ -24,6 +24,7 @@ import pytest
 
 from gpufleet.gateway import Endpoint, Feed, GatewayConfig, Service, StaticSource, create_app
 from server.conftest import ADMIN_TOKEN, Server, free_port, make_pool, ok, start_server, stop_server, unique
+from services.simnodes import start_gateway
 
 SCRAPER = "gf_metrics_scraper_token_0123456789"
 
@@ -43,30 +44,6 @@ def _secret_file(path: Path, text: str, mode: int = 0o600) -> Path:
     path.write_text(text + "\n")
     path.chmod(mode)
     return path
-
-
-def _gateway(
-    srv: Server, port: int, *args: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    base = {k: v for k, v in os.environ.items() if k != "GPUFLEET_TOKEN"}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpufleet",
-            "gateway",
-            "--server",
-            srv.url,
-            "--port",
-            str(port),
-            "--refresh",
-            "0.2",
-            *args,
-        ],
-        env={**base, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> str:
@@ -119,7 +96,7 @@ def _traffic(srv: Server, name: str, timeout: float = 15.0) -> dict[str, Any] | 
 def test_the_gateway_takes_its_token_from_a_file_not_the_command_line(srv: Server, tmp_path: Path) -> None:
     token_file = _secret_file(tmp_path / "gw-token", ADMIN_TOKEN)
     port = free_port()
-    proc = _gateway(srv, port, "--token-file", str(token_file))
+    proc = start_gateway(srv, port, "--token-file", str(token_file))
     url = f"http://127.0.0.1:{port}"
     try:
         _ready(url, proc)  # the feed was read with the file's token
@@ -136,7 +113,7 @@ def test_the_gateway_takes_its_token_from_a_file_not_the_command_line(srv: Serve
 def test_the_token_from_the_environment_is_not_inherited(srv: Server, tmp_path: Path) -> None:
     """GPUFLEET_TOKEN works and leaves the gateway's environment once read."""
     port = free_port()
-    proc = _gateway(srv, port, env={"GPUFLEET_TOKEN": ADMIN_TOKEN})
+    proc = start_gateway(srv, port, env={"GPUFLEET_TOKEN": ADMIN_TOKEN})
     try:
         _ready(f"http://127.0.0.1:{port}", proc)
         assert ADMIN_TOKEN.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
@@ -185,7 +162,7 @@ def test_an_unsafe_token_file_is_refused(tmp_path: Path, mode: int | None, conte
 
 def test_a_token_on_the_command_line_warns(srv: Server) -> None:
     port = free_port()
-    proc = _gateway(srv, port, "--token", ADMIN_TOKEN)
+    proc = start_gateway(srv, port, "--token", ADMIN_TOKEN)
     try:
         _ready(f"http://127.0.0.1:{port}", proc)  # it still works
     finally:
@@ -196,7 +173,7 @@ def test_a_token_on_the_command_line_warns(srv: Server) -> None:
 def test_loadgen_takes_the_service_token_from_a_file(srv: Server, tmp_path: Path) -> None:
     name, svc_token = _service(srv)
     port = free_port()
-    proc = _gateway(srv, port, "--token-file", str(_secret_file(tmp_path / "t", ADMIN_TOKEN)))
+    proc = start_gateway(srv, port, "--token-file", str(_secret_file(tmp_path / "t", ADMIN_TOKEN)))
     try:
         _ready(f"http://127.0.0.1:{port}", proc, services=1)
         out = tmp_path / "run.json"
@@ -233,7 +210,7 @@ def test_a_database_password_on_the_server_command_line_warns() -> None:
 def test_an_unknown_service_does_not_poison_the_reports(srv: Server, tmp_path: Path) -> None:
     name, svc_token = _service(srv)
     port = free_port()
-    proc = _gateway(
+    proc = start_gateway(
         srv,
         port,
         "--token-file",

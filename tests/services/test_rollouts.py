@@ -17,11 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from failover.conftest import Node
-from gpufleet.agent import AgentConfig, HttpTransport, SimSpec, SimulatedProbe, make_agent
 from gpufleet.modelserver.launch import model_server
-from jobaccounts import ROOT, passable, run_as
+from jobaccounts import ROOT, passable
 from server.conftest import Server, make_team, ok, start_server, stop_server, unique
+from services.simnodes import sim_node
 
 NAME = "roll-mlp"
 
@@ -36,30 +35,6 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     )
     yield s
     stop_server(s)
-
-
-def _node(srv: Server, work: Path, *, pool: str) -> Node:
-    name = unique("rnode")
-    with srv.client() as c:
-        ok(c.put(f"/nodes/{name}", json={"pool": pool, "gpus": []}))
-        token = ok(c.post("/nodes/join-tokens", json={"node": name}), 201)["token"]
-    config = AgentConfig(
-        node=name,
-        work_dir=work / name,
-        address="127.0.0.1",
-        sync_interval_s=0.25,
-        news_gap_s=0.0,
-        tick_s=0.05,
-        grace_s=2.0,
-        health_interval_s=0.1,
-        probe_interval_s=0.2,
-    )
-    probe = SimulatedProbe(node=name, spec=SimSpec(gpus=2))
-    agent = make_agent(config=config, probe=probe, transport=HttpTransport(srv.url, token), run_as=run_as())
-    node = Node(name=name, agent=agent, probe=probe)
-    node.agent.sync_once()
-    node.resume()
-    return node
 
 
 def _show(c: httpx.Client) -> dict[str, Any]:
@@ -78,7 +53,7 @@ def test_a_rollout_that_never_gets_ready_stalls_and_keeps_every_old_replica(
     pool = unique("rpool")
     with srv.client() as c:
         ok(c.post("/pools", json={"name": pool}), 201)
-    nodes = [_node(srv, tmp_path, pool=pool) for _ in range(3)]
+    nodes = [sim_node(srv, tmp_path, pool=pool, gpus=2, grace_s=2.0) for _ in range(3)]
     launch = model_server(as_other_account=ROOT, args=("--model", "mlp"))
     assert launch.runnable, launch.why
     try:
@@ -173,7 +148,7 @@ def test_the_readme_service_example_runs_as_written(srv: Server, tmp_path: Path)
     pool = unique("xpool")
     with srv.client() as c:
         ok(c.post("/pools", json={"name": pool}), 201)
-    node = _node(srv, tmp_path, pool=pool)
+    node = sim_node(srv, tmp_path, pool=pool, gpus=2, grace_s=2.0)
     name = "readme-mlp"
     try:
         with srv.client() as c:

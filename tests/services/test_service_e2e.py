@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -26,12 +25,12 @@ import httpx
 import numpy as np
 import pytest
 
-from failover.conftest import FAST, Node
-from gpufleet.agent import AgentConfig, HttpTransport, SimSpec, SimulatedProbe, make_agent
+from failover.conftest import FAST
 from gpufleet.modelserver.launch import model_server
 from gpufleet.modelserver.model import MLP
-from jobaccounts import ROOT, passable, run_as
-from server.conftest import ADMIN_TOKEN, Server, free_port, make_team, ok, start_server, stop_server, unique
+from jobaccounts import ROOT, passable
+from server.conftest import Server, free_port, make_team, ok, start_server, stop_server, unique
+from services.simnodes import OPERATOR_ENV, sim_node, start_gateway
 
 tritonclient_http = pytest.importorskip("tritonclient.http")
 openai = pytest.importorskip("openai")
@@ -47,52 +46,6 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     )
     yield s
     stop_server(s)
-
-
-def start_gateway(srv: Server, port: int) -> subprocess.Popen[bytes]:
-    """A ``gpufleet gateway`` process following ``srv``'s feed every 0.2 s."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpufleet",
-            "gateway",
-            "--server",
-            srv.url,
-            "--port",
-            str(port),
-            "--refresh",
-            "0.2",
-        ],
-        env={**os.environ, "GPUFLEET_TOKEN": ADMIN_TOKEN},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-
-def _node(srv: Server, work: Path, *, pool: str, leaf: str) -> Node:
-    name = unique("snode")
-    with srv.client() as c:
-        ok(c.put(f"/nodes/{name}", json={"pool": pool, "gpus": []}))
-        token = ok(c.post("/nodes/join-tokens", json={"node": name}), 201)["token"]
-    config = AgentConfig(
-        node=name,
-        work_dir=work / name,
-        leaf=leaf,
-        address="127.0.0.1",
-        sync_interval_s=0.25,
-        news_gap_s=0.0,
-        tick_s=0.05,
-        grace_s=5.0,
-        health_interval_s=0.1,
-        probe_interval_s=0.2,
-    )
-    probe = SimulatedProbe(node=name, spec=SimSpec(gpus=1))
-    agent = make_agent(config=config, probe=probe, transport=HttpTransport(srv.url, token), run_as=run_as())
-    node = Node(name=name, agent=agent, probe=probe)
-    node.agent.sync_once()
-    node.resume()
-    return node
 
 
 class Load:
@@ -161,7 +114,7 @@ def test_service_through_the_gateway_survives_a_node_loss_and_a_rolling_update(
     pool = unique("spool")
     with srv.client() as c:
         ok(c.post("/pools", json={"name": pool}), 201)
-    nodes = [_node(srv, tmp_path, pool=pool, leaf=f"leaf-{i % 2}") for i in range(5)]
+    nodes = [sim_node(srv, tmp_path, pool=pool, leaf=f"leaf-{i % 2}") for i in range(5)]
     launch = model_server(as_other_account=ROOT, args=("--model", "mlp", "--seed", "3"))
     assert launch.runnable, launch.why
     gw_port = free_port()
@@ -184,7 +137,7 @@ def test_service_through_the_gateway_survives_a_node_loss_and_a_rolling_update(
             placed = [r["nodes"][0] for r in out["replicas"]]
             assert len(set(placed)) == 3, placed  # spread: one replica per node
             token = ok(c.post(f"/services/{NAME}/tokens"), 201)["token"]
-        gateway = start_gateway(srv, gw_port)
+        gateway = start_gateway(srv, gw_port, env=OPERATOR_ENV)
         base = f"http://127.0.0.1:{gw_port}/s/{NAME}"
         deadline = time.monotonic() + 20
         while True:
@@ -283,11 +236,11 @@ def test_autoscaling_promotes_a_warm_replica_under_load_and_scales_back(srv: Ser
     pool = unique("apool")
     with srv.client() as c:
         ok(c.post("/pools", json={"name": pool}), 201)
-    nodes = [_node(srv, tmp_path, pool=pool, leaf=f"leaf-{i % 2}") for i in range(5)]
+    nodes = [sim_node(srv, tmp_path, pool=pool, leaf=f"leaf-{i % 2}") for i in range(5)]
     name = "scaled-llm"
     launch = model_server(as_other_account=ROOT, args=("--model", "mlp", "--token-delay-ms", "40"))
     gw_port = free_port()
-    gateway = start_gateway(srv, gw_port)
+    gateway = start_gateway(srv, gw_port, env=OPERATOR_ENV)
     stop = threading.Event()
     try:
         with srv.client() as c:
