@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,6 +62,12 @@ class Server:
     proc: subprocess.Popen[bytes]
     ca_file: str | None = None
     """The cluster CA of a server started with TLS (``start_server(tls_dir=...)``)."""
+    log: Path | None = None
+    """The server's stderr (a file, never a pipe nobody reads: a server whose pipe filled
+    up after ~64 KiB of warnings would block mid-request)."""
+
+    def stderr(self) -> str:
+        return "" if self.log is None else self.log.read_text(errors="replace")
 
     def client(self, token: str | None = ADMIN_TOKEN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -89,12 +96,25 @@ def start_server(db_url: str, *, extra: tuple[str, ...] = (), tls_dir: Path | No
         ca_file = str(tls_dir / "ca.crt")
         tls = ("--tls-cert", str(tls_dir / "server.crt"), "--tls-key", str(tls_dir / "server.key"))
         extra = (*extra, *tls, "--ca-dir", str(tls_dir))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "server", "--port", str(port), "--database-url", db_url, *extra],
-        env={**os.environ, "GPUFLEET_ADMIN_TOKEN": ADMIN_TOKEN},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    fd, name = tempfile.mkstemp(prefix="gpufleet-server-", suffix=".log")
+    log = Path(name)
+    with os.fdopen(fd, "wb") as err_file:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpufleet",
+                "server",
+                "--port",
+                str(port),
+                "--database-url",
+                db_url,
+                *extra,
+            ],
+            env={**os.environ, "GPUFLEET_ADMIN_TOKEN": ADMIN_TOKEN},
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+        )
     url = f"{'https' if tls_dir else 'http'}://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while True:
@@ -105,10 +125,12 @@ def start_server(db_url: str, *, extra: tuple[str, ...] = (), tls_dir: Path | No
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            err = proc.stderr.read().decode() if proc.stderr else ""
+            proc.wait(10)
+            err = log.read_text(errors="replace")
+            log.unlink(missing_ok=True)
             raise RuntimeError(f"server did not start: {err}")
         time.sleep(0.05)
-    return Server(url=url, db_url=db_url, engine=create_engine(db_url), proc=proc, ca_file=ca_file)
+    return Server(url=url, db_url=db_url, engine=create_engine(db_url), proc=proc, ca_file=ca_file, log=log)
 
 
 def stop_server(srv: Server) -> None:
@@ -118,6 +140,8 @@ def stop_server(srv: Server) -> None:
     except subprocess.TimeoutExpired:
         srv.proc.kill()
     srv.engine.dispose()
+    if srv.log is not None:
+        srv.log.unlink(missing_ok=True)
 
 
 def reset_postgres(url: str) -> None:
