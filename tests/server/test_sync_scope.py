@@ -229,3 +229,18 @@ def test_the_same_observation_twice_in_one_sync_is_applied_once(server: Server, 
     assert sync(server, sc.a, {"jobs": [item, item]}, token=sc.a_token)["jobs"] == []
     done = wait_for(server, sc.job, "COMPLETED")
     assert [e["to_state"] for e in done["events"]].count("COMPLETED") == 1
+
+
+def test_a_job_that_ended_before_any_sync_saw_it_running_still_ran(server: Server, team: str) -> None:
+    """An exit is reported at once (log shipping or not), so a short job may go from
+    SCHEDULED straight to its end: it still has a start (its placement), a run time and an
+    end after that start, as a job a sync saw running."""
+    pool = make_pool(server)
+    a, a_token = register(server, pool=pool, gpus=2)
+    jid = submit(server, gpus=2, pool=pool, team=team)["id"]
+    _, attempt = placed(server, jid)
+    item = {"job_id": jid, "state": "exited", "exit_code": 0, "attempt": attempt}
+    sync(server, a, {"jobs": [item]}, token=a_token)
+    done = wait_for(server, jid, "COMPLETED")
+    assert done["started_at"] is not None and done["ended_at"] is not None
+    assert done["scheduled_at"] <= done["started_at"] <= done["ended_at"]

@@ -264,6 +264,10 @@ def observe(
                 s, job, now=now, confirmed=False, confirmed_on=node, readings=readings
             ) | {"exit_code": code}
             reason = f"exited with code {code} on {node}"
+            if job.state == JobState.SCHEDULED:  # it ran and ended between two syncs
+                move(s, ref(job), to, actor=actor, reason=reason, now=now, values=values | _ran(job, now))
+                changed = True
+                continue
         move(s, ref(job), to, actor=actor, reason=reason, now=now, values=values)
         changed = True
     for job in _stops_confirmed(s, node, body):
@@ -276,6 +280,19 @@ def observe(
             s.execute(update(Job).where(Job.id == o.job_id).values(**seen))
             changed = True
     return changed
+
+
+def _ran(job: Job, now: float) -> dict[str, object]:
+    """What a job that ended before any sync saw it running ran: since it was placed (its
+    agent starts it within a sync of that), so it has a start, a run time and service
+    like any job that ran (an exit is reported at once, log shipping or not)."""
+    start = job.scheduled_at if job.scheduled_at is not None else now
+    ran = max(0.0, now - start)
+    return {
+        "started_at": start,
+        "executed_s": job.executed_s + ran,
+        "attained_service_s": job.attained_service_s + job.gpus * ran,
+    }
 
 
 def _readiness(o: ObservedJob, job: Job, now: float) -> dict[str, object]:
