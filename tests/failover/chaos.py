@@ -326,11 +326,18 @@ class Cluster:
             self.crashed_at.setdefault(name, []).append(time.time())
 
     def _kill_jobs_of(self, name: str) -> int:
+        """Every process of the node's jobs: their own (marked in their environment) and
+        their root wrappers (which run with a fixed environment of their own, so they are
+        found by the attempt files under the node's work dir on their command line): a
+        crashed node leaves no wrapper to record an exit code either."""
         killed = 0
+        work = str(self.work / name) + os.sep
         for p in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
                 env = p.environ()
-                if env.get("GPUFLEET_NODE") == name and env.get("CHAOS_LOG") == str(self.log):
+                ours = env.get("GPUFLEET_NODE") == name and env.get("CHAOS_LOG") == str(self.log)
+                wrapper = any(a.startswith(work) for a in p.cmdline()[1:])
+                if ours or wrapper:
                     p.kill()
                     killed += 1
         return killed
