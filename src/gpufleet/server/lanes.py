@@ -79,11 +79,9 @@ from urllib.parse import parse_qs
 
 import anyio
 import anyio.to_thread
-from sqlalchemy import select, union_all
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpufleet.server.models import NodeCredential, Token
 from gpufleet.server.problems import body_too_large, problem_response
 from gpufleet.server.ratelimit import (
     AuthThrottle,
@@ -93,7 +91,14 @@ from gpufleet.server.ratelimit import (
     RateLimits,
     retry_after_header,
 )
-from gpufleet.server.services.auth import Principal, TokenCache, authenticate, hash_token, hasher_for
+from gpufleet.server.services.auth import (
+    Principal,
+    TokenCache,
+    authenticate,
+    hash_token,
+    hasher_for,
+    live_digests,
+)
 
 if TYPE_CHECKING:
     from gpufleet.server.agentstate import CredCache
@@ -447,16 +452,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return again
-
-
-def live_digests(db: Database) -> frozenset[str]:
-    """The stored digests of every token and node credential not revoked
-    (``ratelimit.KnownDigests``'s load). Expired ones are in too: they cost a look-up,
-    which answers 401 saying so."""
-    tokens = select(Token.token_hash).where(Token.revoked_at.is_(None))
-    nodes = select(NodeCredential.token_hash).where(NodeCredential.revoked_at.is_(None))
-    with db.read() as s:
-        return frozenset(s.scalars(union_all(tokens, nodes)))
 
 
 def _agent_call(scope: Scope) -> bool:

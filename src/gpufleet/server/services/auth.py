@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import select, union_all, update
 
 from gpufleet.api.base import Role
 from gpufleet.server.db import Database
-from gpufleet.server.models import Token, User
+from gpufleet.server.models import NodeCredential, Token, User
 from gpufleet.server.tokenkey import TokenHasher, load_hasher
 
 
@@ -158,3 +158,13 @@ def _expired(at: float, *, session: bool) -> str:
     if session:
         return f"web session expired at {when}: sign in again"
     return f"token expired at {when}: create a new one (gpufleet tokens create) or ask an admin"
+
+
+def live_digests(db: Database) -> frozenset[str]:
+    """The stored digests of every token and node credential not revoked
+    (``ratelimit.KnownDigests``'s load). Expired ones are in too: they cost a look-up,
+    which answers 401 saying so."""
+    tokens = select(Token.token_hash).where(Token.revoked_at.is_(None))
+    nodes = select(NodeCredential.token_hash).where(NodeCredential.revoked_at.is_(None))
+    with db.read() as s:
+        return frozenset(s.scalars(union_all(tokens, nodes)))
