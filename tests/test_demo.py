@@ -81,6 +81,8 @@ def test_demo_fleet_runs_jobs_and_stops_cleanly(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, None if r is None else r.text
                 time.sleep(0.5)
             assert r.json()["outputs"][0]["shape"] == [1, 4]
+            for name in ("date", "server"):  # the replica's, passed on once (not a second of its own)
+                assert len(r.headers.get_list(name)) <= 1, r.headers
             family = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}  # now with replicas
     finally:
         proc.send_signal(signal.SIGINT)

@@ -107,8 +107,16 @@ class DemoService:
         from gpufleet import netguard
 
         guard = netguard.uvicorn_options(netguard.GuardLimits(), netguard.GuardStats())
-        config = uvicorn.Config(
-            app, host=self.host, port=self.port, log_level="warning", access_log=False, lifespan="on", **guard
+        config = uvicorn.Config(  # no Date/Server of its own: the replica's pass through, once
+            app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            server_header=False,
+            date_header=False,
+            **guard,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="gateway", daemon=True)
