@@ -140,6 +140,8 @@ def test_names_and_env_refuse_format_characters_and_huge_keys(
     problem = resp.json()
     assert problem["detail"].startswith(field), problem["detail"]
     assert len(resp.content) < 4096  # a 100,000-character key is not echoed back whole
+    # nor is a control or format character: an answer cannot reorder what a terminal shows
+    assert not any(not ch.isprintable() for ch in resp.text), ascii(resp.text[:300])
 
 
 def test_plain_unicode_names_are_fine(server: Server) -> None:

@@ -102,7 +102,13 @@ def problem_response(
 
 
 def _cut(part: Any) -> Any:
-    return part[:64] + "..." if isinstance(part, str) and len(part) > 64 else part
+    """A location part as an answer may repeat it: a key the client sent, cut to 64
+    characters, with control and format characters (a right-to-left override) escaped
+    so the answer cannot reorder what a terminal shows."""
+    if not isinstance(part, str):
+        return part
+    part = part[:64] + "..." if len(part) > 64 else part
+    return "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" for ch in part)
 
 
 def _where(loc: Any) -> str:
