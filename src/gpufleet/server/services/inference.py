@@ -91,6 +91,14 @@ def load_service(s: Session, actor: Principal, name: str) -> ServiceRow | Failur
     return row
 
 
+def load_active(s: Session, actor: Principal, name: str) -> ServiceRow | Failure:
+    """``load_service``, and 409 while the service is being deleted (what changes it)."""
+    row = load_service(s, actor, name)
+    if not isinstance(row, Failure) and row.state == "deleting":
+        return conflict(f"service {name} is being deleted")
+    return row
+
+
 def _team_for(s: Session, actor: Principal, team: str | None) -> int | Failure:
     """Slurm's rule, as for a job: the named team (a member's, or any for an admin),
     else the user's default team, else their only one."""
@@ -400,11 +408,9 @@ def update(
     *, db: Database, actor: Principal, name: str, patch: ServicePatch, now: float, waker: Waker
 ) -> ServiceOut | Failure:
     with db.write() as s:
-        row = load_service(s, actor, name)
+        row = load_active(s, actor, name)
         if isinstance(row, Failure):
             return row
-        if row.state == "deleting":
-            return conflict(f"service {name} is being deleted")
         merged = dict(row.spec) | patch.model_dump(mode="json", exclude_unset=True)
         try:
             spec = ServiceSpec.model_validate(merged)
@@ -429,11 +435,9 @@ def rollback(
     fields that roll (``ROLLING``) as they were then, the rest as they are now, as a new
     generation through the same rolling update."""
     with db.write() as s:
-        row = load_service(s, actor, name)
+        row = load_active(s, actor, name)
         if isinstance(row, Failure):
             return row
-        if row.state == "deleting":
-            return conflict(f"service {name} is being deleted")
         target = generation if generation is not None else row.generation - 1
         if target >= row.generation or target < 1:
             return invalid(

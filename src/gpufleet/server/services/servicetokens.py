@@ -15,7 +15,7 @@ from gpufleet.server.db import Database
 from gpufleet.server.models import ServiceToken
 from gpufleet.server.problems import Failure, conflict, not_found
 from gpufleet.server.services.auth import Principal
-from gpufleet.server.services.inference import add_event, load_service
+from gpufleet.server.services.inference import add_event, load_active, load_service
 
 MAX_TOKENS = 16
 
@@ -37,11 +37,9 @@ def _token_out(t: ServiceToken, token: str | None = None) -> ServiceTokenOut:
 
 def create_token(*, db: Database, actor: Principal, name: str, now: float) -> ServiceTokenOut | Failure:
     with db.write() as s:
-        row = load_service(s, actor, name)
+        row = load_active(s, actor, name)
         if isinstance(row, Failure):
             return row
-        if row.state == "deleting":
-            return conflict(f"service {name} is being deleted")
         live = s.scalars(
             select(ServiceToken.id).where(
                 ServiceToken.service_id == row.id, ServiceToken.revoked_at.is_(None)
