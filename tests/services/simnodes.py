@@ -4,10 +4,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
 
 from failover.conftest import Node
 from gpufleet.agent import AgentConfig, HttpTransport, SimSpec, SimulatedProbe, make_agent
@@ -60,3 +64,19 @@ def start_gateway(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+
+
+def gateway_up(proc: subprocess.Popen[bytes], port: int, timeout: float = 30.0) -> None:
+    """Wait until the gateway answers ``/healthz``: before a service deploys, so no
+    replica's port (the agents pick free ports) can be the one the gateway was given and
+    has not bound yet; a gateway that exited says why."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise AssertionError(f"the gateway exited ({proc.returncode}): {err[-2000:]}")
+        assert time.monotonic() < deadline, "the gateway did not answer /healthz"
+        time.sleep(0.1)

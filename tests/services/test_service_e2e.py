@@ -30,7 +30,7 @@ from gpufleet.modelserver.launch import model_server
 from gpufleet.modelserver.model import MLP
 from jobaccounts import ROOT, passable
 from server.conftest import Server, free_port, make_team, ok, start_server, stop_server, unique
-from services.simnodes import OPERATOR_ENV, sim_node, start_gateway
+from services.simnodes import OPERATOR_ENV, gateway_up, sim_node, start_gateway
 
 tritonclient_http = pytest.importorskip("tritonclient.http")
 openai = pytest.importorskip("openai")
@@ -241,6 +241,7 @@ def test_autoscaling_promotes_a_warm_replica_under_load_and_scales_back(srv: Ser
     launch = model_server(as_other_account=ROOT, args=("--model", "mlp", "--token-delay-ms", "40"))
     gw_port = free_port()
     gateway = start_gateway(srv, gw_port, env=OPERATOR_ENV)
+    gateway_up(gateway, gw_port)  # before the replicas pick their ports
     stop = threading.Event()
     try:
         with srv.client() as c:
