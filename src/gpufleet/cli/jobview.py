@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from gpufleet.api.jobs import JobDetail, JobEventOut
 from gpufleet.cli import words
-from gpufleet.cli.sbatch import BatchScript
 from gpufleet.migindex import SLICE_BASE, device_labels, gpus_label
 from gpufleet.placefmt import gpu_ranges, parse_placed
+from gpufleet.slurm.batchscript import BatchScript
 from gpufleet.timefmt import format_duration
 
 SCRIPT_LINES = 10

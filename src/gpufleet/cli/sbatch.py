@@ -10,36 +10,21 @@ script's line: ``job.sh line 7: #SBATCH --switches=1: gpufleet cannot honour thi
 
 A script job's command is ``bash -c TEXT SCRIPT_NAME ARGS...`` (``SCRIPT_SHELL``): the
 text travels with the job, as Slurm stores the batch script; ``BatchScript.of`` reads a
-command back as the script it carries.
+command back as the script it carries (both in ``gpufleet.slurm.batchscript``, which the
+in-job commands read without the CLI).
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from gpufleet.slurm.batchscript import SCRIPT_SHELL as SCRIPT_SHELL
+from gpufleet.slurm.batchscript import BatchScript as BatchScript
+
 if TYPE_CHECKING:  # read when a script is: `jobs show` and `queue` need BatchScript alone
     from gpufleet.cli.slurmflags import Arg, SbatchOptions
-
-SCRIPT_SHELL = ("bash", "-c")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BatchScript:
-    """The script a job's command carries (see the module docstring)."""
-
-    name: str
-    text: str
-    args: tuple[str, ...]
-
-    @classmethod
-    def of(cls, command: Sequence[str]) -> BatchScript | None:
-        """The script in ``command``, or None for any other command."""
-        if len(command) < 4 or tuple(command[:2]) != SCRIPT_SHELL:
-            return None
-        return cls(name=command[3], text=command[2], args=tuple(command[4:]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
