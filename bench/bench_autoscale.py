@@ -66,7 +66,7 @@ def free_port() -> int:
 class Fleet:
     """A server, agents and a gateway, for one run."""
 
-    def __init__(self, work: Path, nodes: int) -> None:
+    def __init__(self, work: Path, nodes: int, *, refresh: float = 1.0, sync_s: float = 10.0) -> None:
         self.work = work
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -93,7 +93,7 @@ class Fleet:
             token = self.api.post("/nodes/join-tokens", json={"node": name}).json()["token"]
             config = AgentConfig(
                 node=name, work_dir=work / name, leaf=f"leaf-{i % 2}", address="127.0.0.1",
-                sync_interval_s=0.5, news_gap_s=0.0, tick_s=0.1, grace_s=5.0, probe_interval_s=0.25,
+                sync_interval_s=sync_s, news_gap_s=0.0, tick_s=0.1, grace_s=5.0, probe_interval_s=0.25,
             )  # fmt: skip
             probe = SimulatedProbe(node=name, spec=SimSpec(gpus=1))
             run_as = RunAs(users=UserMap(fallback="nobody"), node=name)  # as root: never run a job as root
@@ -105,7 +105,7 @@ class Fleet:
             threading.Thread(target=agent.run, args=(self.stop,), daemon=True).start()
         self.gateway = subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "gateway", "--server", self.url, "--port", str(self.gw_port),
-             "--refresh", "0.25"],
+             "--refresh", str(refresh), "--max-conns-per-address", "0"],
             env={**os.environ, "GPUFLEET_TOKEN": ADMIN}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         self._wait(f"http://127.0.0.1:{self.gw_port}/healthz")
@@ -136,7 +136,7 @@ def one_step(args: argparse.Namespace, *, warm: int) -> tuple[float | None, dict
     """One step run; (seconds from the step until p99 is back under the SLO, details)."""
     with tempfile.TemporaryDirectory(prefix="bench-autoscale-") as tmp:
         os.chmod(tmp, 0o711)
-        fleet = Fleet(Path(tmp), args.nodes)
+        fleet = Fleet(Path(tmp), args.nodes, refresh=args.refresh, sync_s=args.sync_interval)
         try:
             launch = model_server(
                 as_other_account=os.geteuid() == 0,
@@ -151,7 +151,7 @@ def one_step(args: argparse.Namespace, *, warm: int) -> tuple[float | None, dict
                 "name": "bench", "team": "bench", "pool": "bench",
                 "command": launch.command, "env": launch.env, "replicas": 1, "min_replicas": 1,
                 "max_replicas": args.max_replicas, "warm": warm,
-                "metric": "inflight", "target": args.target, "scale_up_stabilization": 5,
+                "metric": args.metric, "target": args.target, "scale_up_stabilization": 5,
                 "scale_down_cooldown": 600, "protocol": "kserve-v2", "readiness_timeout": 120,
             }  # fmt: skip
             fleet.api.put("/services/bench", json=spec).raise_for_status()
@@ -242,7 +242,13 @@ def main() -> None:
     ap.add_argument("--compute-ms", type=float, default=4.0)
     ap.add_argument("--load-delay", type=float, default=20.0, help="model load time of a cold replica, s")
     ap.add_argument("--slo-ms", type=float, default=100.0)
-    ap.add_argument("--target", type=float, default=2.0, help="in-flight requests per replica")
+    ap.add_argument("--metric", default="inflight", choices=("inflight", "gpu_util", "qps"))
+    ap.add_argument("--target", type=float, default=None, help="per replica (default: the metric's own)")
+    ap.add_argument("--warm", type=int, default=1, help="warm replicas of the warm run")
+    ap.add_argument("--refresh", type=float, default=1.0, help="the gateway's --refresh (its default)")
+    ap.add_argument(
+        "--sync-interval", type=float, default=10.0, help="the agents' sync interval (their default)"
+    )
     ap.add_argument(
         "--max-replicas",
         type=int,
@@ -257,6 +263,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.runs, args.before, args.after = 1, 8.0, 30.0
+    if args.target is None:
+        args.target = {"inflight": 2.0, "gpu_util": 70.0, "qps": 50.0}[args.metric]
 
     print("flaps: 20 min of a noisy steady load (fake clock, 15-s readings), 20 seeds")
     ours = ScalePolicy(min_replicas=1, max_replicas=10, metric="gpu_util", target=70.0)
@@ -276,10 +284,11 @@ def main() -> None:
         f"step: {args.qps:g} -> {5 * args.qps:g} req/s at t={args.before:g}s, SLO p99 {args.slo_ms:g} ms, "
         f"{args.compute_ms:g} ms per request, cold model load {args.load_delay:g}s, {args.runs} run(s)"
     )
-    results: dict[str, list[float | None]] = {"warm (2)": [], "cold": []}
-    details: dict[str, list[dict[str, Any]]] = {"warm (2)": [], "cold": []}
+    hot = f"warm ({args.warm})"
+    results: dict[str, list[float | None]] = {hot: [], "cold": []}
+    details: dict[str, list[dict[str, Any]]] = {hot: [], "cold": []}
     for r in range(args.runs):
-        order = [(n, w) for n, w in (("warm (2)", 2), ("cold", 0)) if n.split()[0] in args.pools]
+        order = [(n, w) for n, w in ((hot, args.warm), ("cold", 0)) if n.split()[0] in args.pools]
         if r % 2:
             order.reverse()
         for name, warm in order:
@@ -301,9 +310,9 @@ def main() -> None:
         done = [x for x in xs if x is not None]
         return statistics.median(done) if xs and len(done) == len(xs) else None
 
-    warm_s, cold_s = med(results["warm (2)"]), med(results["cold"])
+    warm_s, cold_s = med(results[hot]), med(results["cold"])
     print(f"\n  {'pool':<10}{'recovery (median)':>20}{'vs cold':>10}")
-    for name, value in (("warm (2)", warm_s), ("cold", cold_s)):
+    for name, value in ((hot, warm_s), ("cold", cold_s)):
         ratio = f"{value / cold_s:.2f}" if value is not None and cold_s else "-"
         print(f"  {name:<10}{_s(value):>20}{ratio:>10}")
     met = warm_s is not None and warm_s <= GOAL_WARM_S

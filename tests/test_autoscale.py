@@ -229,3 +229,47 @@ def test_mean_util_of_a_replicas_gpus() -> None:
     assert t.mean_util(gpus, now=105.0, max_age_s=30.0) == 60.0
     assert t.mean_util([("old", 0)], now=105.0, max_age_s=30.0) is None
     assert t.mean_util([], now=105.0, max_age_s=30.0) is None
+
+
+@pytest.mark.parametrize("metric", ["inflight", "qps", "gpu_util"])
+def test_the_panic_demand_is_the_gateways_in_flight_whatever_the_metric(metric: str) -> None:
+    """The panic rule reads the demand in flight at the gateways for every metric (it once
+    read ``metric == "inflight"``, a bool, for the gateway metrics: 1.0 or 0.0 in flight,
+    so ``qps`` never panicked and ``inflight`` never learnt of a step)."""
+    from gpufleet.api.services import ServiceCounters
+    from gpufleet.server.agentstate import AgentState
+    from gpufleet.server.services.autoscaling import Autoscaler
+
+    hot = AgentState()
+    for i, (served, inflight) in enumerate([(0, 30), (100, 34), (200, 38)]):
+        hot.traffic.put("g1", 100.0 + i, {"svc": ServiceCounters(codes={"200": served}, inflight=inflight)})
+    auto = Autoscaler(hot=hot)
+    value, demand = auto.gateway_readings("svc", metric, 2, now=102.0)
+    assert demand == 34.0  # the reports inside the 2-s panic window
+    want = {"inflight": (30 + 34 + 38) / 3 / 2, "qps": 100.0 / 2, "gpu_util": None}[metric]
+    assert value == pytest.approx(want) if want is not None else value is None
+    assert auto.gateway_readings("other", metric, 2, now=102.0) == (None, None)
+    assert auto.gateway_readings("svc", metric, 0, now=102.0) == (None, 34.0)  # nothing ready: no metric
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "surge"),
+    [
+        pytest.param(0, 0, False, id="idle"),
+        pytest.param(0, 3, False, id="light-load-below-the-floor"),
+        pytest.param(0, 4, True, id="a-step-from-nothing"),
+        pytest.param(5, 9, False, id="below-twice"),
+        pytest.param(5, 10, True, id="twice-and-the-floor"),
+        pytest.param(40, 20, False, id="falling"),
+    ],
+)
+def test_a_surge_in_a_gateway_report(before: int, now: int, surge: bool) -> None:
+    from gpufleet.api.services import ServiceCounters
+    from gpufleet.server.traffic import TrafficStore, surged
+
+    assert surged(before, now) is surge
+    t = TrafficStore()
+    first = t.put("g1", 1.0, {"svc": ServiceCounters(codes={}, inflight=before)})
+    assert first == (["svc"] if surged(0, before) else [])
+    assert t.put("g1", 2.0, {"svc": ServiceCounters(codes={}, inflight=now)}) == (["svc"] if surge else [])
+    assert t.put("g2", 2.0, {"svc": ServiceCounters(codes={}, inflight=0)}) == []  # per gateway

@@ -58,6 +58,16 @@ def quantile(q: float, le: tuple[float, ...], increments: list[int]) -> float | 
     return prev_bound
 
 
+SURGE_FACTOR, SURGE_MIN = 2.0, 4
+"""A report's in-flight requests for a service surged when they are at least
+``SURGE_FACTOR`` times the gateway's previous report's and ``SURGE_MIN`` more: the
+panic rule's own factor, and a floor so that 0 -> 1 -> 2 at a light load wakes nothing."""
+
+
+def surged(before: int, now: int) -> bool:
+    return now >= SURGE_FACTOR * before and now - before >= SURGE_MIN
+
+
 REJECT_REASONS = ("name", "counters")
 """Why a report's entry was skipped (``api.services.SkipReason``)."""
 _NOTED_MAX = 1024
@@ -90,16 +100,23 @@ class TrafficStore:
         with self._lock:
             return {r: self._rejected.get(r, 0) for r in REJECT_REASONS}
 
-    def put(self, gateway: str, at: float, services: dict[str, ServiceCounters]) -> None:
+    def put(self, gateway: str, at: float, services: dict[str, ServiceCounters]) -> list[str]:
+        """Keep a report; answers the services whose demand surged at this gateway since
+        its last report (``surged``): the caller wakes the autoscaler for them rather
+        than leave a load step to its next period."""
+        surging: list[str] = []
         with self._lock:
             for name, counters in services.items():
                 rep = _report(at, counters)
                 series = self._series.setdefault((gateway, name), deque())
                 if series and sum(series[-1].codes.values()) > sum(rep.codes.values()):
                     series.clear()  # the gateway restarted: its counters began again
+                if surged(series[-1].inflight if series else 0, rep.inflight):
+                    surging.append(name)
                 series.append(rep)
                 while series and series[0].at < at - KEEP_S:
                     series.popleft()
+        return surging
 
     def _live(self, now: float) -> dict[tuple[str, str], deque[_Report]]:
         for key in [k for k, v in self._series.items() if not v or v[-1].at < now - self.forget_s]:

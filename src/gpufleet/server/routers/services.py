@@ -125,7 +125,8 @@ def report(body: GatewayReport, request: Request, parts: PartsDep, me: Me) -> Re
     (``gpufleet_gateway_report_rejected_items_total``); the others are taken."""
     if not me.is_operator:
         raise ProblemError(403, "gateway reports are for gateways (an operator or admin token)")
-    gatewayfeed.take_report(hot=request.app.state.hot, report=body, now=parts.now())
+    if gatewayfeed.take_report(hot=request.app.state.hot, report=body, now=parts.now()):
+        parts.replicas.wake()  # a load step: the autoscaler decides now, not a period later
     return Response(status_code=204)
 
 

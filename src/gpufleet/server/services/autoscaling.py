@@ -63,9 +63,7 @@ class Autoscaler:
                 )
             )
         )
-        value: float | None = None
-        demand = self.hot.traffic.stats(row.name, now, self.panic_window_s)
-        inflight = None if demand is None else demand.inflight_avg
+        value, inflight = self.gateway_readings(row.name, spec.metric, len(ready), now)
         if ready and spec.metric == "gpu_util":
             per_job: dict[int, list[tuple[str, int]]] = {}
             q = select(Allocation.job_id, Allocation.node, Allocation.gpu_index).where(
@@ -78,14 +76,25 @@ class Autoscaler:
             utils = [telemetry.mean_util(g, now=now, max_age_s=self.max_age_s) for g in per_job.values()]
             seen = [u for u in utils if u is not None]
             value = sum(seen) / len(seen) if seen else None
-        elif ready:
-            inflight = spec.metric == "inflight"
-            traffic = self.hot.traffic.stats(
-                row.name, now, self.inflight_window_s if inflight else self.window_s
-            )
-            if traffic is not None:
-                value = (traffic.inflight_avg if inflight else traffic.qps) / len(ready)
         return Observation(current=current, ready=len(ready), value=value, inflight=inflight)
+
+    def gateway_readings(
+        self, name: str, metric: str, ready: int, now: float
+    ) -> tuple[float | None, float | None]:
+        """(the ``inflight`` or ``qps`` metric per ready replica, None for ``gpu_util`` or
+        without a report; the demand in flight at the gateways over the panic window, the
+        panic rule's input whatever the metric). Two readings of one store over two
+        windows: the panic one short (a step shows within two reports), the metric's
+        longer (one burst does not scale)."""
+        demand = self.hot.traffic.stats(name, now, self.panic_window_s)
+        inflight = None if demand is None else demand.inflight_avg
+        if not ready or metric == "gpu_util":
+            return None, inflight
+        by_inflight = metric == "inflight"
+        traffic = self.hot.traffic.stats(name, now, self.inflight_window_s if by_inflight else self.window_s)
+        if traffic is None:
+            return None, inflight
+        return (traffic.inflight_avg if by_inflight else traffic.qps) / ready, inflight
 
     def step(self, s: Session, row: ServiceRow, spec: ServiceSpec, now: float) -> bool:
         """One decision for one service, in the caller's transaction; True if it scaled."""

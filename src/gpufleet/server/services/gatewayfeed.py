@@ -103,12 +103,14 @@ def feed(*, db: Database, telemetry: TelemetryStore, now: float, max_age_s: floa
     return GatewayFeed(at=now, services=services)
 
 
-def take_report(*, hot: AgentState, report: GatewayReport, now: float) -> None:
+def take_report(*, hot: AgentState, report: GatewayReport, now: float) -> bool:
     """Keep a gateway's counters (``traffic.py``; relayed to the other servers when
     several share the database). Its bad entries are skipped and counted, one warning
-    per gateway and name: a stray name must not cost the services their traffic data."""
+    per gateway and name: a stray name must not cost the services their traffic data.
+    True when a service's demand surged in it (the caller wakes the autoscaler: a load
+    step is acted on as it is reported, not a period later)."""
     good, skipped = report.entries()
-    hot.traffic.put(report.gateway, now, good)
+    surging = hot.traffic.put(report.gateway, now, good)
     if hot.relay is not None:  # several servers: the leader's autoscaler sees it too
         hot.relay.traffic(report.gateway, now, good)
     if skipped:
@@ -117,3 +119,4 @@ def take_report(*, hot: AgentState, report: GatewayReport, now: float) -> None:
             log.warning(
                 "gateway %s reported %r (%s): skipped, its other entries taken", report.gateway, name, why
             )
+    return bool(surging)
