@@ -80,7 +80,9 @@ def test_submit_sbatch_script(server: Server, setup: dict[str, str], tmp_path: P
         "#SBATCH --mem=16G\n"
         "srun python train.py\n"
     )
-    sub = gpufleet("submit", "--team", setup["team"], "--time", "45", str(script), env=server.env())
+    sub = gpufleet(
+        "submit", "--parsable", "--team", setup["team"], "--time", "45", str(script), env=server.env()
+    )
     assert sub.returncode == 0, sub.stderr
     assert "warning" not in sub.stderr  # --mem is honoured since issue 18 (it was warned as unknown)
     job = wait_for(server, int(sub.stdout.strip()), "SCHEDULED")

@@ -104,7 +104,7 @@ def test_a_script_gpufleet_cannot_honour_is_refused_with_its_lines_unless_told(
         "gpufleet: error: nothing submitted; "
         "--ignore-unsupported submits without what gpufleet cannot honour",
     ]
-    ok_ = gpufleet("submit", "--ignore-unsupported", "--team", team, path, env=env)
+    ok_ = gpufleet("submit", "--parsable", "--ignore-unsupported", "--team", team, path, env=env)
     assert ok_.returncode == 0, ok_.stderr
     assert ok_.stderr.count("(ignored: --ignore-unsupported)") == 2
     assert job(server, ok_.stdout.strip())["gpus_per_node"] == 1
@@ -146,7 +146,17 @@ def test_a_dependency_in_a_script_and_the_flags_that_override_it(
     path = script(tmp_path, "train.sh", "-J train", f"-d afterok:{first}", "--time=forever", f"-p {pool}")
     bad = gpufleet("submit", "--team", team, path, env=env)
     assert bad.returncode == 2 and f"{path} line 4: --time=forever" in bad.stderr
-    sub = gpufleet("submit", "--team", team, "--time", "1:00:00", "--kill-on-invalid-dep=yes", path, env=env)
+    sub = gpufleet(
+        "submit",
+        "--parsable",
+        "--team",
+        team,
+        "--time",
+        "1:00:00",
+        "--kill-on-invalid-dep=yes",
+        path,
+        env=env,
+    )
     assert sub.returncode == 0, sub.stderr  # the command line's --time replaces the script's
     dep = wait_for(server, int(sub.stdout), "PENDING")
     assert (dep["dependency"], dep["time_limit_s"], dep["name"]) == (f"afterok:{first}", 3600.0, "train")

@@ -111,7 +111,7 @@ def test_sbatch_gres_gets_a_price_hint_and_the_scripts_name(
         "#SBATCH --gres=gpu:h100:1\n"  # a lower-case type, as Slurm sites write it
         f"#SBATCH -p {setup['pool']}\n" + long_line + "\n" + "\n".join(body) + "\n"
     )
-    sub = gpufleet("submit", "--team", setup["team"], str(script), env=env)
+    sub = gpufleet("submit", "--parsable", "--team", setup["team"], str(script), env=env)
     assert sub.returncode == 0, sub.stderr
     assert "H100 costs 2/GPU-hour now (1 GPU: 2/h)" in sub.stderr
     job = wait_for(server, int(sub.stdout), "SCHEDULED")

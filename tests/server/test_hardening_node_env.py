@@ -30,7 +30,7 @@ def test_sbatch_export_of_ld_preload_never_runs_as_root(server: Server, tmp_path
             f"#SBATCH -p {node.pool}\n"
             'echo "seen=$LD_PRELOAD"\n'
         )
-        sub = gpufleet("submit", "--team", make_team(server), str(script), env=server.env())
+        sub = gpufleet("submit", "--parsable", "--team", make_team(server), str(script), env=server.env())
         assert sub.returncode == 0, sub.stderr
         job = int(sub.stdout.strip())
         wait_for(server, job, "COMPLETED", timeout=30)

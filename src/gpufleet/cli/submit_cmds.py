@@ -128,7 +128,8 @@ def submit(
 
     Every #SBATCH directive is honoured with Slurm's meaning, accepted as harmless
     (--mail-type...), or refused with why (exit 2; --ignore-unsupported submits
-    without it). An array prints `Submitted batch job ID`, as sbatch."""
+    without it). A batch script or an array prints `Submitted batch job ID`, as
+    sbatch; a command (`-- CMD`) its id alone, as --parsable does."""
     opts, command = _options(args, flags, batch_file=True)
     with client() as c:
         job = _submitted(c, opts, command, flags)
@@ -137,14 +138,24 @@ def submit(
         if json_out:
             print_json(job)
             return
-        array = job.get("array_job_id")
-        if parsable:
-            typer.echo(array or job["id"])
-            return
-        typer.echo(job["id"] if array is None else f"Submitted batch job {array}")
+        typer.echo(submitted_line(job, script=sbatch.BatchScript.of(command) is not None, parsable=parsable))
         with contextlib.suppress(ClientError):  # the job is in: a price is a courtesy
             for line in price_hint(c, job):
                 typer.echo(f"gpufleet: {line}", err=True)
+
+
+def submitted_line(job: dict[str, Any], *, script: bool, parsable: bool) -> str:
+    """What ``submit`` prints (issue 31, item 9): sbatch's ``Submitted batch job N`` for a
+    batch script or an array, so that ``sbatch job.sh | awk '{print $4}'`` works with
+    gpufleet's ``sbatch`` and with ``gpufleet submit`` alike; the id alone for one job
+    of a command (``JOB=$(gpufleet submit -- cmd)``, gpufleet's own form that no sbatch
+    script uses) and with ``--parsable`` (sbatch's, for ``JOB=$(sbatch --parsable
+    job.sh)``). An array's id is its first task's, as Slurm's."""
+    array = job.get("array_job_id")
+    number = array if array is not None else job["id"]
+    if parsable or (array is None and not script):
+        return str(number)
+    return f"Submitted batch job {number}"
 
 
 def price_hint(c: GpufleetClient, job: dict[str, Any]) -> list[str]:
