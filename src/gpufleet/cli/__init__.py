@@ -171,6 +171,9 @@ COMMANDS: dict[str, Lazy] = {
         "service_cmds:service_app",
         "Inference services: deploy, list, show, events, logs, update, rollback, delete, tokens.",
     ),
+    "slurm": Lazy(
+        "slurm_cmds:slurm_app", "Slurm's own commands (squeue, sbatch, scontrol...) speaking to gpufleet."
+    ),
 }
 """Every command of ``gpufleet``, in the order its help lists them."""
 
