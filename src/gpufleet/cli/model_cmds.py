@@ -37,7 +37,37 @@ def model_server(
         "0s", "--load-delay", help="Not ready (503) for this long after start: a simulated model load."
     ),
     token_delay_ms: float = typer.Option(
-        0.0, "--token-delay-ms", min=0.0, help="Time per generated token, so streaming is visible."
+        0.0,
+        "--token-delay-ms",
+        min=0.0,
+        help="Text generation: the fixed time of one decoding step (one token for every sequence"
+        " in the batch), so streaming is visible.",
+    ),
+    token_delay_per_seq_us: float = typer.Option(
+        0.0,
+        "--token-delay-per-seq-us",
+        min=0.0,
+        help="Text generation: what each sequence in the batch adds to a step's time"
+        " (a step costs --token-delay-ms + this x batch, as a GPU's grows little with the batch).",
+    ),
+    batching_mode: str = typer.Option(
+        "continuous",
+        "--batching",
+        help="Text generation: continuous (sequences join and leave the batch at every step,"
+        " as vLLM) or static (a batch runs until its longest sequence ends; the baseline).",
+    ),
+    max_num_seqs: int = typer.Option(
+        64,
+        "--max-num-seqs",
+        "--max-batch",
+        min=1,
+        help="Text generation: most sequences decoded in one step.",
+    ),
+    max_waiting: int = typer.Option(
+        1024,
+        "--max-waiting",
+        min=1,
+        help="Text generation: most sequences waiting for a slot; beyond, 503 with Retry-After.",
     ),
     hidden: int = typer.Option(
         32, "--hidden", min=1, help="Width of the MLP's hidden layer (wider: more compute per row)."
@@ -83,7 +113,8 @@ def model_server(
     the gateway.
 
     With --max-queue-delay-us, concurrent infer requests run as one forward call (Triton's
-    dynamic batcher). Statistics: GET /v2/models/{model}/stats (Triton's) and /metrics
+    dynamic batcher). Text generation batches continuously (--batching). Statistics:
+    GET /v2/models/{model}/stats (Triton's) and /metrics
     (Prometheus).
     """
     try:
@@ -105,6 +136,7 @@ def model_server(
 
     from gpufleet.modelserver.app import create_app
     from gpufleet.modelserver.batcher import BatchPolicy
+    from gpufleet.modelserver.engine import EnginePolicy
 
     try:
         batching = BatchPolicy(
@@ -114,13 +146,22 @@ def model_server(
         )
     except ValueError as exc:
         raise fail(str(exc), BAD_INPUT) from None
+    if batching_mode not in ("continuous", "static"):
+        raise fail(f"--batching: continuous or static, not {batching_mode!r}", BAD_INPUT)
+    generation = EnginePolicy(
+        mode="static" if batching_mode == "static" else "continuous",
+        max_num_seqs=max_num_seqs,
+        max_waiting=max_waiting,
+        step_s=token_delay_ms / 1000.0,
+        step_per_seq_s=token_delay_per_seq_us / 1e6,
+    )
 
     app = create_app(
         model_name=model,
         version=model_version,
         seed=seed,
         load_delay_s=load_delay_s,
-        token_delay_ms=token_delay_ms,
+        generation=generation,
         hidden=hidden,
         launch_overhead_us=launch_overhead_us,
         batching=batching,

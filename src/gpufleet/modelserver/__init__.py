@@ -13,7 +13,10 @@ third-party clients speak unmodified:
 - OpenAI-compatible toy text generation (``openai_api``, ``textgen``):
   ``GET /v1/models``, ``POST /v1/completions`` and ``/v1/chat/completions``, plain or
   streamed as Server-Sent Events (``logprobs`` honoured, options it cannot honour
-  refused by name), and ``POST /v1/embeddings`` (``embeddings``).
+  refused by name), and ``POST /v1/embeddings`` (``embeddings``). Generation is
+  batched continuously, as vLLM does (``engine``: sequences join and leave the batch
+  at every decoding step; ``--batching static`` for the baseline), on a simulated step
+  cost of ``--token-delay-ms`` plus ``--token-delay-per-seq-us`` per sequence.
 
 One access-log line per request with its latency (``accesslog``; the CLI's
 ``--no-access-log`` turns it off); idle keep-alive connections are kept 75 s

@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpufleet import __version__
 from gpufleet.modelserver.accesslog import AccessLog
 from gpufleet.modelserver.batcher import Batcher, BatchPolicy
+from gpufleet.modelserver.engine import EnginePolicy, TextEngine
 from gpufleet.modelserver.kserve import (
     HEADER_LENGTH,
     InferRequest,
@@ -133,6 +134,7 @@ def create_app(
     seed: int = 0,
     load_delay_s: float = 0.0,
     token_delay_ms: float = 0.0,
+    generation: EnginePolicy | None = None,
     replica: str | None = None,
     hidden: int = HIDDEN,
     launch_overhead_us: float = LAUNCH_OVERHEAD_US,
@@ -140,8 +142,11 @@ def create_app(
     access_log: bool = False,
 ) -> FastAPI:
     """The server's app. ``replica`` (default: ``$GPUFLEET_JOB_ID``, else ``local``) is
-    the ``X-Gpufleet-Replica`` header value; ``batching`` defaults to off;
-    ``access_log``: one line per request (``accesslog``)."""
+    the ``X-Gpufleet-Replica`` header value; ``batching`` (infer) defaults to off;
+    ``generation`` is the text engine's batching and step cost (default: continuous,
+    ``token_delay_ms`` a step and nothing more per sequence; when given,
+    ``token_delay_ms`` is not used); ``access_log``: one line per request
+    (``accesslog``)."""
     mlp = MLP.from_seed(seed, hidden=hidden)
     stats = ModelStats(name=model_name, version=version)
     served = ServedModel(
@@ -161,7 +166,7 @@ def create_app(
         name=model_name,
         version=version,
         seed=seed,
-        token_delay_s=max(0.0, token_delay_ms) / 1000.0,
+        engine=TextEngine(generation or EnginePolicy(step_s=max(0.0, token_delay_ms) / 1000.0)),
         ready=served.ready,
         created=int(time.time()),
     )
@@ -170,6 +175,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await served.batcher.close()
+        await text.engine.close()
 
     app = FastAPI(
         title="gpufleet model-server", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan

@@ -14,6 +14,13 @@ streamed or not (``textgen``: the toy's true, uniform, log probabilities); ``n``
 honoured; sampling knobs (``temperature``, ``top_p``, penalties, ``user``) are
 accepted and have no effect on a deterministic generator. ``/v1/embeddings`` answers
 deterministic vectors (``embeddings``).
+
+Generation runs in the model's ``engine.TextEngine`` (continuous batching by default,
+``--batching static`` for the baseline): a request's choices join the running batch,
+a stream sends each step's tokens as they come, each choice's ``finish_reason`` when it
+ends, then ``usage`` (when asked) and ``[DONE]``. A client that disconnects (streaming or
+not) takes its sequences out of the batch. A full queue is a 503 with ``Retry-After``
+(``code: "queue_full"``), as an overloaded vLLM or TGI answers.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,14 +38,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from gpufleet.modelserver.embeddings import EmbeddingRequest, embedding_data
+from gpufleet.modelserver.engine import EngineFull, Group, TextEngine
 from gpufleet.modelserver.textgen import (
     ChatRequest,
     CompletionRequest,
+    Decoder,
     Generation,
     chat_logprobs,
     completion_logprobs,
     count_tokens,
-    generate,
 )
 
 _R = TypeVar("_R", bound=BaseModel)
@@ -48,25 +56,33 @@ class OpenAIError(Exception):
     """Answered as OpenAI's error JSON with ``status``."""
 
     def __init__(
-        self, message: str, *, status: int = 400, type: str = "invalid_request_error", code: str | None = None
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message, self.status, self.type, self.code = message, status, type, code
         self.param: str | None = None
+        self.headers = headers
 
     def response(self) -> JSONResponse:
         error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-        return JSONResponse({"error": error}, status_code=self.status)
+        return JSONResponse({"error": error}, status_code=self.status, headers=self.headers)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TextModel:
-    """What the endpoints serve: ``ready`` says whether the model has loaded."""
+    """What the endpoints serve: ``ready`` says whether the model has loaded; ``engine``
+    decodes."""
 
     name: str
     version: str
     seed: int
-    token_delay_s: float
+    engine: TextEngine
     ready: Callable[[], bool]
     created: int
 
@@ -83,6 +99,27 @@ class TextModel:
                 status=404,
                 code="model_not_found",
             )
+
+    def submit(self, seed: int, prompts: list[str], req: CompletionRequest | ChatRequest) -> Group:
+        """Queue every choice of every prompt (choice ``i`` of prompt ``p`` is index
+        ``p * n + i``); 503 when the queue is full."""
+        decoders = [
+            Decoder(model=self.name, seed=seed, prompt=p, choice=i, max_tokens=req.limit, stops=req.stops)
+            for p in prompts
+            for i in range(req.n)
+        ]
+        try:
+            return self.engine.submit(decoders)
+        except EngineFull as exc:
+            raise OpenAIError(
+                str(exc),
+                status=503,
+                type="server_error",
+                code="queue_full",
+                headers={"Retry-After": str(exc.retry_after_s)},
+            ) from None
+        except ValueError as exc:
+            raise OpenAIError(f"n: {exc}", code="invalid_parameter") from None
 
 
 def openai_router(served: TextModel) -> APIRouter:
@@ -108,13 +145,8 @@ def openai_router(served: TextModel) -> APIRouter:
         if not req.prompts:
             raise OpenAIError("prompt: must not be an empty list")
         seed = served.seed if req.seed is None else req.seed
-        gens = [
-            generate(model=served.name, seed=seed, prompt=p, choice=i, max_tokens=req.limit, stops=req.stops)
-            for p in req.prompts
-            for i in range(req.n)
-        ]
         prompts = [p for p in req.prompts for _ in range(req.n)]
-        usage = _usage(req.prompts, gens)
+        group = served.submit(seed, list(req.prompts), req)
         head = _head(served, "cmpl", "text_completion")
         if req.stream:
             offsets = [len(p) if req.echo else 0 for p in prompts]
@@ -131,9 +163,10 @@ def openai_router(served: TextModel) -> APIRouter:
                 for i, p in enumerate(prompts)
             ]
             echo = echo if req.echo else []
-            chunks = _chunks(head, gens, echo, piece, usage if req.include_usage else None)
-            return _sse(chunks, served.token_delay_s)
-        await asyncio.sleep(served.token_delay_s * max(len(g.tokens) for g in gens))
+            return _sse(served, group, head, echo, piece, req.prompts if req.include_usage else None)
+        gens = await _finish(request, served, group)
+        if gens is None:
+            return _gone()
         choices = [
             {
                 "index": i,
@@ -145,7 +178,7 @@ def openai_router(served: TextModel) -> APIRouter:
             }
             for i, g in enumerate(gens)
         ]
-        return JSONResponse({**head, "choices": choices, "usage": usage})
+        return JSONResponse({**head, "choices": choices, "usage": _usage(req.prompts, gens)})
 
     @router.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -154,18 +187,7 @@ def openai_router(served: TextModel) -> APIRouter:
         if req.top_logprobs and not req.logprobs:
             raise OpenAIError("top_logprobs: logprobs must be true to use it", code="invalid_parameter")
         seed = served.seed if req.seed is None else req.seed
-        gens = [
-            generate(
-                model=served.name,
-                seed=seed,
-                prompt=req.prompt,
-                choice=i,
-                max_tokens=req.limit,
-                stops=req.stops,
-            )
-            for i in range(req.n)
-        ]
-        usage = _usage((req.prompt,), gens)
+        group = served.submit(seed, [req.prompt], req)
         head = _head(served, "chatcmpl", "chat.completion")
         if req.stream:
 
@@ -183,12 +205,13 @@ def openai_router(served: TextModel) -> APIRouter:
                     "logprobs": None,
                     "finish_reason": None,
                 }
-                for i in range(len(gens))
+                for i in range(req.n)
             ]
             chunk_head = {**head, "object": "chat.completion.chunk"}
-            chunks = _chunks(chunk_head, gens, roles, piece, usage if req.include_usage else None)
-            return _sse(chunks, served.token_delay_s)
-        await asyncio.sleep(served.token_delay_s * max(len(g.tokens) for g in gens))
+            return _sse(served, group, chunk_head, roles, piece, (req.prompt,) if req.include_usage else None)
+        gens = await _finish(request, served, group)
+        if gens is None:
+            return _gone()
         choices = [
             {
                 "index": i,
@@ -198,7 +221,7 @@ def openai_router(served: TextModel) -> APIRouter:
             }
             for i, g in enumerate(gens)
         ]
-        return JSONResponse({**head, "choices": choices, "usage": usage})
+        return JSONResponse({**head, "choices": choices, "usage": _usage((req.prompt,), gens)})
 
     @router.post("/embeddings")
     async def embeddings(request: Request) -> Response:
@@ -288,39 +311,83 @@ def _usage(prompts: tuple[str, ...], gens: list[Generation]) -> dict[str, int]:
 Piece = Callable[[int, str, "str | None"], dict[str, Any]]
 
 
-def _chunks(
+def _gone() -> Response:
+    """What a request whose client left is "answered" (never sent; nginx's code for it,
+    as the access log shows it)."""
+    return Response(status_code=499)
+
+
+def _sse(
+    served: TextModel,
+    group: Group,
     head: dict[str, Any],
-    gens: list[Generation],
     first: list[dict[str, Any]],
     piece: Piece,
-    usage: dict[str, int] | None,
-) -> Iterator[dict[str, Any] | None]:
-    """The stream's chunks; None marks where one token's time passes. Choices advance
-    together, one token each per step, then each says its finish_reason."""
-    for choice in first:
-        yield {**head, "choices": [choice]}
-    for step in range(max(len(g.tokens) for g in gens)):
-        yield None
-        for i, g in enumerate(gens):
-            if step < len(g.tokens):
-                yield {**head, "choices": [piece(i, g.tokens[step], None)]}
-    for i, g in enumerate(gens):
-        yield {**head, "choices": [piece(i, "", g.finish_reason)]}
-    if usage is not None:
-        yield {**head, "choices": [], "usage": usage}
+    usage_of: tuple[str, ...] | None,
+) -> StreamingResponse:
+    """The stream: ``first`` chunks (role, echo), then what each step adds (one chunk a
+    choice's piece, one its ``finish_reason`` when it ends), usage of the prompts
+    ``usage_of`` when asked, ``[DONE]``. The steps' chunks are written together, one
+    write per step. However it ends (the client gone: Starlette cancels the stream), the
+    request's sequences leave the batch."""
 
-
-def _sse(chunks: Iterator[dict[str, Any] | None], delay_s: float) -> StreamingResponse:
     async def events() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            if chunk is None:
-                if delay_s > 0:
-                    await asyncio.sleep(delay_s)
-                continue
-            yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        try:
+            if first:
+                yield b"".join(_event({**head, "choices": [choice]}) for choice in first)
+            async for updates in group.updates():
+                out = []
+                for u in updates:
+                    if u.piece is not None:
+                        out.append(_event({**head, "choices": [piece(u.index, u.piece, None)]}))
+                    if u.finish_reason is not None:
+                        out.append(_event({**head, "choices": [piece(u.index, "", u.finish_reason)]}))
+                yield b"".join(out)
+            if usage_of is not None:
+                yield _event({**head, "choices": [], "usage": _usage(usage_of, group.generations())})
+        except RuntimeError as exc:  # the engine stopped (shutdown): say so in the stream
+            yield _event(
+                {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
+            )
+        finally:
+            served.engine.cancel(group)
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _event(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _finish(request: Request, served: TextModel, group: Group) -> list[Generation] | None:
+    """A non-streamed request's generations once all have finished; None when its client
+    disconnected first (its sequences then leave the batch: nobody would read them)."""
+    if group.finished:
+        return group.generations()
+    done = asyncio.ensure_future(group.wait())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((done, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not done.done():
+            return None
+        try:
+            return done.result()
+        except RuntimeError as exc:  # the engine stopped
+            raise OpenAIError(str(exc), status=503, type="server_error") from None
+    finally:
+        gone.cancel()
+        if not done.done():
+            done.cancel()
+            served.engine.cancel(group)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone. The body has been read, so the server's next
+    message is ``http.disconnect`` (when the client closes, or once the response is
+    complete)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 __all__ = ["OpenAIError", "TextModel", "openai_router", "unsupported_options"]

@@ -184,25 +184,65 @@ def token_stream(*, model: str, seed: int, prompt: str, choice: int) -> Iterator
         i += 1
 
 
+class Decoder:
+    """One choice's generation, a token at a time: what ``generate`` runs to its end in
+    one go and the batching engine (``engine``) runs one step per decoding step, so a
+    batched reply is the unbatched one by construction.
+
+    At most ``max_tokens`` tokens; the text ends before the first stop string, as
+    OpenAI's does (the token that completed it is cut, and emitted when something of it
+    is left). ``finish_reason`` is set by the step that ends the choice, so no step is
+    spent after the last token (``max_tokens`` 0: finished before any step)."""
+
+    __slots__ = ("_stream", "finish_reason", "max_tokens", "stops", "text", "tokens")
+
+    def __init__(
+        self, *, model: str, seed: int, prompt: str, choice: int, max_tokens: int, stops: tuple[str, ...] = ()
+    ) -> None:
+        self._stream = token_stream(model=model, seed=seed, prompt=prompt, choice=choice)
+        self.max_tokens = max_tokens
+        self.stops = stops
+        self.tokens: list[str] = []
+        self.text = ""
+        self.finish_reason: Literal["length", "stop"] | None = None if max_tokens > 0 else "length"
+
+    def step(self) -> str | None:
+        """Decode one token: the piece of text it adds (None: a stop string cut it away
+        whole); sets ``finish_reason`` when it ends the choice. Not after the end."""
+        if self.finish_reason is not None:
+            raise RuntimeError("the choice has finished")
+        token = next(self._stream)
+        cut = _first_stop(self.text + token, self.stops)
+        if cut is not None:
+            self.finish_reason = "stop"
+            if cut <= len(self.text):
+                return None
+            token = token[: cut - len(self.text)]
+            self.tokens.append(token)
+            return token
+        self.tokens.append(token)
+        self.text += token
+        if len(self.tokens) == self.max_tokens:
+            self.finish_reason = "length"
+        return token
+
+    def generation(self) -> Generation:
+        """The finished choice."""
+        if self.finish_reason is None:
+            raise RuntimeError("the choice has not finished")
+        return Generation(tokens=tuple(self.tokens), finish_reason=self.finish_reason)
+
+
 def generate(
     *, model: str, seed: int, prompt: str, choice: int, max_tokens: int, stops: tuple[str, ...] = ()
 ) -> Generation:
-    """At most ``max_tokens`` tokens; the text ends before the first stop string, as
-    OpenAI's does (the streamed tokens end with the one that completed it, cut)."""
-    tokens: list[str] = []
-    text = ""
-    stream = token_stream(model=model, seed=seed, prompt=prompt, choice=choice)
-    for token in stream:
-        if len(tokens) == max_tokens:
-            return Generation(tokens=tuple(tokens), finish_reason="length")
-        cut = _first_stop(text + token, stops)
-        if cut is not None:
-            if cut > len(text):
-                tokens.append(token[: cut - len(text)])
-            return Generation(tokens=tuple(tokens), finish_reason="stop")
-        tokens.append(token)
-        text += token
-    raise AssertionError("token_stream is endless")
+    """The whole choice at once (the reference the batched engine is held against)."""
+    decoder = Decoder(
+        model=model, seed=seed, prompt=prompt, choice=choice, max_tokens=max_tokens, stops=stops
+    )
+    while decoder.finish_reason is None:
+        decoder.step()
+    return decoder.generation()
 
 
 TOKEN_LOGPROB = -math.log(len(WORDS))
@@ -251,6 +291,7 @@ __all__ = [
     "ChatMessage",
     "ChatRequest",
     "CompletionRequest",
+    "Decoder",
     "Generation",
     "alternatives",
     "chat_logprobs",
