@@ -131,11 +131,11 @@ def jobs_show(job_id: int = typer.Argument(...), json_out: bool = json_flag("the
     """A job: what it asked for, where it runs or last ran, its queue position and its
     event history. A batch script shows its first lines."""
     with client() as c:
-        j = c.job(job_id)
+        j = c.request("GET", f"/jobs/{job_id}")  # the server's JSON: no pydantic (jobview)
     if json_out:
-        print_json(j.model_dump())
+        print_json(j)
         return
-    from gpufleet.cli import jobview  # the job's models: not for the commands that list
+    from gpufleet.cli import jobview  # placements, scripts: not for the commands that list
 
     for line in jobview.show_lines(j, now=time.time()):
         typer.echo(line)

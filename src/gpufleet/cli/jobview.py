@@ -1,4 +1,6 @@
-"""``gpufleet jobs show``: one job as lines of text (a pure function of the API's reply).
+"""``gpufleet jobs show``: one job as lines of text (a pure function of the API's reply,
+read as the server's JSON: ``JobDetail``'s fields, not the model, whose import costs
+~100 ms of a command that should answer at once; a ``JobDetail`` is taken too).
 
 Where the job is: its allocation while it holds GPUs. Once it let them go the rows are
 gone, so its last ``placed`` event says where it ran (``placefmt``). A batch script (the
@@ -10,14 +12,20 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from gpufleet.api.jobs import JobDetail, JobEventOut
 from gpufleet.cli import words
 from gpufleet.migindex import SLICE_BASE, device_labels, gpus_label
 from gpufleet.placefmt import gpu_ranges, parse_placed
 from gpufleet.slurm.batchscript import BatchScript
 from gpufleet.timefmt import format_duration
+
+if TYPE_CHECKING:
+    from gpufleet.api.jobs import JobDetail
+
+Job = Mapping[str, Any]
+"""A job as the server's JSON (``GET /v1/jobs/{id}``)."""
 
 SCRIPT_LINES = 10
 """Lines of a batch script shown; the rest are counted (``--json`` has them all)."""
@@ -47,20 +55,21 @@ def _where(node: str, gpus: Sequence[int]) -> str:
     return f"{node}:{gpu_ranges(gpus)}" if gpus else node
 
 
-def placement(job: JobDetail) -> tuple[str, str | None]:
+def placement(job: Job) -> tuple[str, str | None]:
     """(label, where): the allocation it holds; else where its last placement put it
     (``ran on``, or ``placed on`` if it never started there); else nothing."""
-    if job.allocation:
-        return "allocation", " ".join(_where(a.node, a.gpus) for a in job.allocation)
-    events = list(job.events)
+    allocation = job.get("allocation") or []
+    if allocation:
+        return "allocation", " ".join(_where(a["node"], a["gpus"]) for a in allocation)
+    events = list(job.get("events") or [])
     for i in range(len(events) - 1, -1, -1):
-        placed = parse_placed(events[i].reason) if events[i].to_state == "SCHEDULED" else None
+        placed = parse_placed(events[i]["reason"]) if events[i]["to_state"] == "SCHEDULED" else None
         if placed is None:
             continue
         where = " ".join(_where(n, g) for n, g in placed.nodes)
         if not placed.complete:
             where += " ... (the event names no more nodes)"
-        ran = any(e.to_state == "RUNNING" for e in events[i + 1 :])
+        ran = any(e["to_state"] == "RUNNING" for e in events[i + 1 :])
         return ("ran on" if ran else "placed on"), where
     return "allocation", None
 
@@ -87,44 +96,51 @@ def _eta(at: float | None, now: float) -> str:
     return "now" if delta <= 1 else "in " + format_duration(delta)
 
 
-def _event(e: JobEventOut) -> str:
-    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
-    return f"  {at}  {e.from_state or '-':>9} -> {e.to_state:<9} {e.actor}: {e.reason}"
+def _event(e: Job) -> str:
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"]))
+    return f"  {at}  {e.get('from_state') or '-':>9} -> {e['to_state']:<9} {e['actor']}: {e['reason']}"
 
 
-def batch_fields(job: JobDetail) -> list[tuple[str, object]]:
+def _when(at: float | None) -> str | None:
+    return None if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def batch_fields(job: Job) -> list[tuple[str, object]]:
     """Slurm's batch options the job has (``jobs show`` lists only those set)."""
-    when = "%Y-%m-%d %H:%M:%S"
+    array = job.get("array_job_id")
+    mem = job.get("mem_per_node_mb")
     return [
-        ("array", None if job.array_job_id is None else f"{job.array_job_id}_{job.array_task_id}"),
-        ("dependency", job.dependency),
-        ("cpus per node", job.cpus_per_node),
-        ("memory per node", f"{job.mem_per_node_mb} MiB" if job.mem_per_node_mb else None),
-        ("begin", None if job.begin_at is None else time.strftime(when, time.localtime(job.begin_at))),
-        ("deadline", None if job.deadline is None else time.strftime(when, time.localtime(job.deadline))),
-        ("max price", job.max_price),
-        ("signal", job.signal),
-        ("output", job.output),
-        ("error", job.error),
-        ("input", job.input),
-        ("workdir", job.workdir or job.submit_dir),
+        ("array", None if array is None else f"{array}_{job.get('array_task_id')}"),
+        ("dependency", job.get("dependency")),
+        ("cpus per node", job.get("cpus_per_node")),
+        ("memory per node", f"{mem} MiB" if mem else None),
+        ("begin", _when(job.get("begin_at"))),
+        ("deadline", _when(job.get("deadline"))),
+        ("max price", job.get("max_price")),
+        ("signal", job.get("signal")),
+        ("output", job.get("output")),
+        ("error", job.get("error")),
+        ("input", job.get("input")),
+        ("workdir", job.get("workdir") or job.get("submit_dir")),
     ]
 
 
-def show_lines(job: JobDetail, *, now: float) -> list[str]:
-    command, script = command_lines(job.command)
+def show_lines(given: Job | JobDetail, *, now: float) -> list[str]:
+    job: Job = given if isinstance(given, Mapping) else given.model_dump()
+    command, script = command_lines(job["command"])
     label, where = placement(job)
+    limit = job.get("time_limit_s")
     fields: list[tuple[str, object]] = [
-        ("id", job.id),
-        ("name", job.name),
-        ("user", job.user),
-        ("team", job.team),
-        ("pool", job.pool),
-        ("state", job.state),
-        ("gpus", gpus_label(job.gpus, job.gpu_type)),
-        ("gpu type", job.gpu_type),
-        ("priority", job.priority),
-        ("time limit", None if job.time_limit_s is None else format_duration(job.time_limit_s)),
+        ("id", job["id"]),
+        ("name", job["name"]),
+        ("user", job["user"]),
+        ("team", job["team"]),
+        ("pool", job["pool"]),
+        ("state", job["state"]),
+        ("gpus", gpus_label(job["gpus"], job.get("gpu_type"))),
+        ("gpu type", job.get("gpu_type")),
+        ("priority", job.get("priority")),
+        ("time limit", None if limit is None else format_duration(limit)),
         ("command", command),
     ]
     lines = [f"{k:>{_LABEL}}: {'-' if v is None else v}" for k, v in fields]
@@ -132,16 +148,16 @@ def show_lines(job: JobDetail, *, now: float) -> list[str]:
     lines += [f"{k:>{_LABEL}}: {v}" for k, v in batch_fields(job) if v not in (None, "", 0)]
     tail: list[tuple[str, object]] = [
         (label, where),
-        ("position", job.queue_position),
-        ("estimated start", _eta(job.estimated_start, now)),
-        ("reason", job.wait_reason),
-        ("exit code", job.exit_code),
-        ("cost", f"{job.cost:.2f}" if job.cost else None),
-        ("energy", f"{job.energy_kwh:.3f} kWh" if job.energy_kwh else None),
+        ("position", job.get("queue_position")),
+        ("estimated start", _eta(job.get("estimated_start"), now)),
+        ("reason", job.get("wait_reason")),
+        ("exit code", job.get("exit_code")),
+        ("cost", f"{job['cost']:.2f}" if job.get("cost") else None),
+        ("energy", f"{job['energy_kwh']:.3f} kWh" if job.get("energy_kwh") else None),
     ]
     lines += [f"{k:>{_LABEL}}: {'-' if v is None else v}" for k, v in tail]
     lines.append("events:")
-    lines += [_event(e) for e in job.events]
+    lines += [_event(e) for e in job.get("events") or ()]
     return lines
 
 
