@@ -60,6 +60,7 @@ import dataclasses
 import logging
 import os
 import random
+import shutil
 import signal
 import threading
 import time
@@ -88,13 +89,17 @@ from gpufleet.agent.probe import (
     ProcessProbe,
 )
 from gpufleet.agent.replicas import ReplicaProbes, free_port
-from gpufleet.agent.runners import VANISHED, JobRunner
+from gpufleet.agent.runners import VANISHED, JobRunner, ProcessRunner
+from gpufleet.agent.slurmbin import write_launchers
+from gpufleet.agent.steps import StepTasks, prepare_job
 from gpufleet.agent.transport import AgentTransportError, SyncTransport, WaitTransport
 from gpufleet.api.nodes import DesiredJob, MigChange, SyncReply
+from gpufleet.api.steps import DesiredStep
 from gpufleet.server.clock import Clock, SystemClock
 from gpufleet.slurmopts import signal_parts
 
 log = logging.getLogger("gpufleet.agent")
+_SLEEP = shutil.which("sleep", path="/usr/bin:/bin") or "/bin/sleep"
 Key = tuple[int, int]
 Layout = tuple[str, ...]
 
@@ -277,6 +282,18 @@ class Agent:
         """The last sync was refused as too large: the next carries no log chunks."""
         self._log_shrink = 1
         """Divides the log budget after a refusal (413), back to 1 after good syncs."""
+        self._slurm_bin = ""
+        """The Slurm launchers on every process job's PATH (``slurmbin.py``; "": none)."""
+        try:
+            self._slurm_bin = str(write_launchers(Path(config.work_dir)))
+        except OSError as exc:
+            log.warning("node %s: no Slurm commands for jobs: %s", config.node, exc)
+        process = self.runners.get("process")
+        self.steps: StepTasks | None = None
+        """Job step tasks (``srun``, ``agent/steps.py``): process jobs' only."""
+        if isinstance(process, ProcessRunner):
+            work = Path(config.work_dir)
+            self.steps = StepTasks(work_dir=work, node=config.node, runner=process, watch=self._exits.watch)
 
     # -- local state ------------------------------------------------------------------------
     def restore(self) -> int:
@@ -324,6 +341,8 @@ class Agent:
                     cur = dataclasses.replace(cur, exit_code=code, ended_at=now)
                     ended = True
                 self._save(cur)
+            if self.steps is not None and self.steps.poll(now=now, grace_s=self.config.grace_s):
+                ended = True
             self._feed_probe()
             probing = [j for j in self.jobs.values() if j.port is not None and j.exit_code is None]
         if self.replicas.probe(probing, simulated=isinstance(self.probe, LoadSink)):
@@ -495,6 +514,11 @@ class Agent:
             ]
         self._log_backlog = budget < self.config.log_limits.sync_bytes // (2 * self._log_shrink)
         body: dict[str, Any] = {"gpus": gpus, "telemetry": telemetry, "jobs": jobs, "logs": logs}
+        if self.steps is not None:
+            with self._lock:
+                tasks = self.steps.report()
+            if tasks:  # only then: an older server refuses the key
+                body["steps"] = tasks
         if mig_results:
             body["mig_results"] = mig_results
         for k in ("leaf", "rack", "address"):
@@ -552,6 +576,7 @@ class Agent:
                 runner = self.runners.get(kind)
                 if runner is None:
                     continue
+                spec = self._prepare(spec, kind, service=d.service is not None)
                 port = None
                 if d.service is not None:
                     port = free_port()
@@ -570,8 +595,37 @@ class Agent:
                 busy |= set(spec.gpus)
                 self.stats.started += 1
                 self._news = True
+            self._step_tasks(parsed, now, sent)
             self._feed_probe()
             self._mig_step(parsed.mig)
+
+    def _prepare(self, spec: JobSpec, kind: str, *, service: bool) -> JobSpec:
+        """``steps.prepare_job`` with this agent's server and launchers."""
+        return prepare_job(
+            spec,
+            kind=kind,
+            service=service,
+            server_url=getattr(self.transport, "url", "") or "",
+            ca_file=getattr(self.transport, "ca_file", "") or "",
+            slurm_bin=self._slurm_bin,
+            sleep=_SLEEP,
+        )
+
+    def _step_tasks(self, parsed: SyncReply, now: float, sent: dict[str, Any]) -> None:
+        """The reply's step tasks (caller holds the lock): acknowledged ones forgotten,
+        missing ones started, unwanted ones stopped (``agent/steps.py``)."""
+        if self.steps is None:
+            return
+        self.steps.acked(parsed.step_acks, sent=sent.get("steps", []))
+        wanted: list[tuple[JobSpec, DesiredStep]] = []
+        for d in parsed.jobs:
+            if d.steps:
+                spec = JobSpec.from_desired(d)
+                spec = dataclasses.replace(spec, devices=self._devices(spec.gpus) or ())
+                spec = self._prepare(spec, "process", service=False)
+                wanted.extend((spec, st) for st in d.steps)
+        if self.steps.apply(wanted, self.jobs, now=now, grace_s=self.config.grace_s):
+            self._news = True
 
     def _devices(self, gpus: Sequence[int]) -> tuple[str, ...] | None:
         """``JobSpec.devices`` for these indices: () for whole GPUs; for MIG slices their
@@ -747,6 +801,8 @@ class Agent:
             return True
         if self._urgent:
             return since >= self.config.urgent_gap_s
+        if self.steps is not None and self.steps.pending():  # srun waits on it
+            return since >= self.config.urgent_gap_s
         if self._news or self._log_backlog:  # a backlog of log: as often as news
             return since >= self.config.news_gap_s
         return since >= self.config.log_gap_s and self._pending_logs()
@@ -852,6 +908,9 @@ class Agent:
         with self._lock:
             for job in self.running():
                 self._save(self.runners[job.kind].stop(job, now=now, grace_s=grace))
+        if self.steps is not None:
+            with self._lock:
+                self.steps.stop_all()
         deadline = time.monotonic() + grace + 2.0
         while self.running() and time.monotonic() < deadline:
             self.tick()

@@ -91,6 +91,15 @@ class JobSpec:
     agent from the units ``gpus`` holds (``migindex.share_of``) and the GPU's memory."""
     mps_pipe_dir: str = ""
     """The MPS control daemon's pipe directory a share's job talks to ("": CUDA's default)."""
+    credential: str = ""
+    """The job's own credential (``GPUFLEET_TOKEN``: its owner's while it runs, from the
+    sync reply; issue 31), with ``server_url`` and ``ca_file`` the way back to the server
+    for the Slurm commands a job calls."""
+    server_url: str = ""
+    ca_file: str = ""
+    slurm_bin: str = ""
+    """The directory of the Slurm launchers (``srun``, ``scontrol``, ...: ``slurmbin.py``),
+    put first on the job's PATH ("": none, a container job)."""
 
     @classmethod
     def from_desired(cls, d: DesiredJob) -> JobSpec:
@@ -123,6 +132,7 @@ class JobSpec:
             ntasks_per_node=d.ntasks_per_node,
             cpus_per_node=d.cpus_per_node,
             mem_per_node_mb=d.mem_per_node_mb,
+            credential=d.credential or "",
         )
 
     @property
@@ -246,7 +256,26 @@ def launch_env(
     )
     env.update(share_env(spec))
     env.update(slurm_env(spec, node=node, peers=peers, submit_dir=submit_dir))
+    env.update(server_env(spec, path=env.get("PATH", "")))
     return env
+
+
+def server_env(spec: JobSpec, *, path: str) -> dict[str, str]:
+    """The way back to the server, set after the job's own environment so it is never
+    shadowed (issue 31): ``GPUFLEET_URL``, ``GPUFLEET_TOKEN`` (the job's own credential,
+    never the node's), ``GPUFLEET_CA_FILE`` where the node trusts a private CA, and
+    ``PATH`` (``path``: the job's) starting with the Slurm launchers (``srun``,
+    ``scontrol``, ...)."""
+    out: dict[str, str] = {}
+    if spec.credential and spec.server_url:
+        out["GPUFLEET_URL"] = spec.server_url
+        out["GPUFLEET_TOKEN"] = spec.credential
+        if spec.ca_file:
+            out["GPUFLEET_CA_FILE"] = spec.ca_file
+    if spec.slurm_bin:
+        rest = [p for p in path.split(os.pathsep) if p and p != spec.slurm_bin]
+        out["PATH"] = os.pathsep.join([spec.slurm_bin, *rest]) if rest else spec.slurm_bin
+    return out
 
 
 MPS_PIPE_DIR = "/tmp/nvidia-mps"

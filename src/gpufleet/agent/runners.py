@@ -304,6 +304,55 @@ class ProcessRunner:
         uid = switch.uid if switch is not None else None
         return _replace(job, pid=proc.pid, create_time=created, cgroup=cgroup, uid=uid)
 
+    def start_task(
+        self,
+        spec: JobSpec,
+        *,
+        task_dir: Path,
+        env: Mapping[str, str],
+        command: tuple[str, ...],
+        workdir: str | None,
+        cgroup: str | None,
+    ) -> tuple[subprocess.Popen[bytes] | None, str | None]:
+        """A job step's task (``agent/steps.py``): ``command`` under the wrapper as the
+        job's owner, with ``env`` (through the env file, as a job's), inside the job
+        attempt's ``cgroup``, output to ``task_dir/output.log``. The child, or why not
+        (a line in the log says so too)."""
+        acct = self.run_as.resolve(spec.user)
+        if isinstance(acct, Refusal):
+            return None, acct.reason
+        switch = acct if isinstance(acct, PosixAccount) and self.run_as.privileged else None
+        log_path = task_dir / "output.log"
+        _private(log_path)
+        argv = [sys.executable, "-I", "-S", str(self.wrapper), str(task_dir / "exit_code")]
+        try:
+            argv += ["--env-file", str(write_env(task_dir / "env", env))]
+        except (OSError, ValueError) as exc:
+            return None, f"cannot start the task: {exc}"
+        if cgroup:
+            argv += ["--cgroup", cgroup]
+        if switch is not None:
+            argv += ["--uid", str(switch.uid), "--gid", str(switch.gid)]
+            argv += ["--groups", ",".join(map(str, switch.groups))]
+        if workdir:
+            argv += ["--workdir", "./" + workdir if workdir.startswith("-") else workdir]
+        argv += ["--", *command]
+        run = self.store.job_dir(spec.job_id, spec.attempt) / "run"
+        with open(log_path, "ab") as log:
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=run if run.is_dir() else task_dir,
+                    env=dict(ROOT_ENV),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except (OSError, ValueError) as exc:
+                return None, f"cannot start the task: {exc}"
+        return proc, None
+
     def recover(self, job: LocalJob) -> LocalJob:
         if job.pid is not None or job.exit_code is not None:
             return job

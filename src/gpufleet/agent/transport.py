@@ -77,6 +77,8 @@ class HttpTransport:
             self.servers = Servers(parse_urls(url))
         except ValueError as exc:
             raise AgentTransportError(f"server URL: {exc}") from exc
+        self.ca_file = ca_file or ""
+        """For jobs' ``GPUFLEET_CA_FILE`` (their Slurm commands trust what the agent trusts)."""
         verify: ssl.SSLContext | bool = True
         if ca_file or cert:
             verify = ssl.create_default_context(cafile=ca_file)

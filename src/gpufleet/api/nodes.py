@@ -11,6 +11,7 @@ from pydantic import (
 )
 
 from gpufleet.api.base import INT32, MAX_GPU_INDEX, Name, NodeName, Reply, Request, clean_text
+from gpufleet.api.steps import DesiredStep, StepAck, StepTaskIn
 
 
 class MigInstanceIn(Request):
@@ -175,6 +176,9 @@ class NodeSync(Request):
         default=None,
         description="what the agent cannot enforce on this node (e.g. no cgroups: no job limits)",
     )
+    steps: list[StepTaskIn] = Field(
+        default_factory=list, max_length=10_000, description="job step tasks (srun) and their output"
+    )
 
 
 class PeerNode(Reply):
@@ -232,6 +236,12 @@ class DesiredJob(Reply):
     ntasks_per_node: int = 0
     cpus_per_node: int = 0
     mem_per_node_mb: int = 0
+    steps: list[DesiredStep] = Field(default_factory=list, description="job step tasks to run here (srun)")
+    credential: str | None = Field(
+        default=None,
+        description="the job's own credential (GPUFLEET_TOKEN in its environment): its owner's, "
+        "valid while the job runs",
+    )
 
 
 class LogAck(Reply):
@@ -254,6 +264,7 @@ class SyncReply(Reply):
     jobs: list[DesiredJob]
     log_acks: list[LogAck] = Field(default_factory=list)
     mig: list[MigChange] = Field(default_factory=list)
+    step_acks: list[StepAck] = Field(default_factory=list)
 
 
 class WaitReply(Reply):

@@ -11,7 +11,7 @@ time; your own jobs unless ``-a`` or ``-u`` (others': operators).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -52,7 +52,7 @@ def history(
     parsable2: bool = flag("--parsable2", "-P", help="`|` between fields, header first (sacct -P)."),
     parsable: bool = flag("--parsable", "-p", help="As --parsable2 with a `|` after the last field too."),
     noheader: bool = flag("--noheader", "-n", help="No header line."),
-    allocations: bool = flag("--allocations", "-X", help="Accepted: gpufleet's jobs have no steps."),
+    allocations: bool = flag("--allocations", "-X", help="Jobs only, not their steps (123.0, 123.1: srun)."),
     json_out: bool = json_flag(),
 ) -> None:
     """Jobs that were in the system in a window of time, like sacct (default: since
@@ -77,17 +77,70 @@ def history(
         found = [j for j in found if any(_is(j, r) for r in refs)]
     if name is not None:
         found = [j for j in found if j.name == name]
+    step_ids: dict[int, str] = {}
+    if not allocations and not json_out and found:
+        with client() as c:
+            found, step_ids = _with_steps(c, found)
     if json_out:
         print_json([j.model_dump() for j in found])
     elif parsable or parsable2:
         lines = sacct.parsable(found, cols, now=now, trailing=parsable, header=not noheader)
-        for line in lines:
+        for line in _step_cells(lines, cols, step_ids, sep="|", header=not noheader):
             typer.echo(line)
     elif noheader:
-        for row in sacct.rows(found, cols, now=now):
+        for row in _step_rows(sacct.rows(found, cols, now=now), cols, step_ids):
             typer.echo("  ".join(row))
     else:
-        print_table([n for n, _ in cols], sacct.rows(found, cols, now=now))
+        print_table([n for n, _ in cols], _step_rows(sacct.rows(found, cols, now=now), cols, step_ids))
+
+
+def _with_steps(c: GpufleetClient, jobs: list[JobOut]) -> tuple[list[JobOut], dict[int, str]]:
+    """Each job followed by its steps (``srun``: ``123.0``, ``123.1``, as sacct lists
+    them), a step shown as a copy of its job with the step's name, state, times and exit
+    code; and the index of each step line -> its id (the JobID cells)."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    started = [j.id for j in jobs if j.started_at is not None or j.scheduled_at is not None]
+    for i in range(0, len(started), 500):
+        got = c.request("GET", "/steps", params={"job": started[i : i + 500]})
+        for st in got["steps"]:
+            found.setdefault(int(st["job_id"]), []).append(st)
+    out: list[JobOut] = []
+    ids: dict[int, str] = {}
+    for j in jobs:
+        out.append(j)
+        for st in found.get(j.id, []):
+            ids[len(out)] = str(st["id"])
+            changes = {
+                "name": st["name"],
+                "state": st["state"],
+                "exit_code": st["exit_code"],
+                "started_at": st["created_at"],
+                "ended_at": st["ended_at"] if st["ended_at"] is not None else j.ended_at,
+            }
+            out.append(j.model_copy(update=changes))
+    return out, ids
+
+
+def _step_rows(
+    rows: list[list[str]], cols: list[tuple[str, int | None]], ids: dict[int, str]
+) -> list[list[str]]:
+    """The JobID/JobIDRaw cells of step lines: the step's id."""
+    where = [k for k, (name, _) in enumerate(cols) if name in ("JobID", "JobIDRaw")]
+    for i, sid in ids.items():
+        for k in where:
+            rows[i][k] = sid
+    return rows
+
+
+def _step_cells(
+    lines: list[str], cols: list[tuple[str, int | None]], ids: dict[int, str], *, sep: str, header: bool
+) -> list[str]:
+    """``_step_rows`` for ``--parsable`` lines (after the header line, if any)."""
+    if not ids:
+        return lines
+    first = 1 if header else 0
+    rows = [line.split(sep) for line in lines[first:]]
+    return lines[:first] + [sep.join(r) for r in _step_rows(rows, cols, ids)]
 
 
 def _window(

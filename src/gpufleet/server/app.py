@@ -42,6 +42,7 @@ from gpufleet.server.routers import agents, jobs, logs, maintenance, nodes, secu
 from gpufleet.server.routers import chargeback as chargeback_router
 from gpufleet.server.routers import reservations as reservations_router
 from gpufleet.server.routers import servers as servers_router
+from gpufleet.server.routers import steps as steps_router
 from gpufleet.server.services import chargeback
 from gpufleet.server.services.auth import TokenCache
 from gpufleet.server.services.caps import PendingCounts
@@ -285,6 +286,8 @@ def create_app(
     v1 = APIRouter(prefix="/v1")
     v1.include_router(_health_router())
     v1.include_router(jobs.router)
+    v1.include_router(steps_router.router)
+    v1.include_router(steps_router.bulk)
     v1.include_router(nodes.router)
     v1.include_router(users.router)
     v1.include_router(agents.router)

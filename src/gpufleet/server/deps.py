@@ -22,7 +22,8 @@ from gpufleet.server.db import Database
 from gpufleet.server.ledger import Readings, no_readings
 from gpufleet.server.loops.runner import Runner
 from gpufleet.server.problems import ProblemError
-from gpufleet.server.services.auth import Principal, Refused, TokenCache, check_token, hash_token
+from gpufleet.server.services import steps
+from gpufleet.server.services.auth import Principal, Refused, TokenCache, check_token, hash_token, hasher_for
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.chargeback import BudgetWarnings
 from gpufleet.server.services.inventory import FleetCache
@@ -78,6 +79,12 @@ async def get_principal(
     if scheme.lower() != "bearer" or not token.strip():
         raise ProblemError(401, "expected 'Authorization: Bearer <token>'", title="Unauthorized")
     token = token.strip()
+    if token.startswith(steps.PREFIX):  # a job's own credential (issue 31): checked every time
+        hasher = hasher_for(parts.db, parts.hasher)
+        job = await run_in_threadpool(steps.check_job_credential, parts.db, token, hasher)
+        if isinstance(job, Refused):
+            raise ProblemError(401, job.detail, title="Unauthorized")
+        return job
     who: Principal | Refused | None = parts.tokens.get(hash_token(token))
     if who is None:
         who = await run_in_threadpool(check_token, db=parts.db, token=token, cache=parts.tokens)

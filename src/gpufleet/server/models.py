@@ -437,6 +437,58 @@ class JobLogChunk(Base):
     at: Mapped[float] = mapped_column(Float)
 
 
+class JobStep(Base):
+    """A Slurm job step (``srun`` inside an allocation, issue 31): ``step`` counts from 0
+    per job (``123.0``). ``layout`` is the step's nodes in order with how many tasks each
+    runs (block distribution: PROCIDs run on in that order). ``state`` RUNNING until every
+    task reported its exit, then COMPLETED/FAILED (``exit_code``: the highest of the tasks
+    that ended on their own); CANCELLED when ``srun`` was interrupted or the job ended
+    first; ``stopping`` once its tasks are told to stop (cancel, ``--kill-on-bad-exit``)."""
+
+    __tablename__ = "job_steps"
+    __table_args__ = (UniqueConstraint("job_id", "step", name="uq_job_steps_step"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(BigInteger)
+    name: Mapped[str] = mapped_column(String(128))
+    command: Mapped[list[str]] = mapped_column(JSON)
+    env: Mapped[dict[str, Any]] = mapped_column(JSON)
+    layout: Mapped[list[Any]] = mapped_column(JSON)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16))
+    stopping: Mapped[bool] = mapped_column(Boolean, default=False)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class JobStepTask(Base):
+    """One task of a step: where it runs, its exit, how much of its output is stored."""
+
+    __tablename__ = "job_step_tasks"
+    __table_args__ = (UniqueConstraint("step_id", "procid", name="uq_job_step_tasks_task"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step_id: Mapped[int] = mapped_column(ForeignKey("job_steps.id", ondelete="CASCADE"), index=True)
+    procid: Mapped[int] = mapped_column(Integer)
+    node: Mapped[str] = mapped_column(String(128))
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    killed: Mapped[bool] = mapped_column(Boolean, default=False)
+    output_end: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class JobStepOutput(Base):
+    """A piece of one task's output (stdout and stderr as they came), in the order it was
+    stored: ``srun`` prints the step's pieces by ``id``, which merges its tasks."""
+
+    __tablename__ = "job_step_output"
+    __table_args__ = (Index("ix_job_step_output_step_id_id", "step_id", "id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step_id: Mapped[int] = mapped_column(ForeignKey("job_steps.id", ondelete="CASCADE"))
+    procid: Mapped[int] = mapped_column(Integer)
+    data: Mapped[str] = mapped_column(Text)
+
+
 class GpuEvent(Base):
     """The fleet's health and maintenance log (a GPU cordoned by a rule, a node lost,
     a drain...). ``gpu_index`` NULL: about the whole node. Rows of severity

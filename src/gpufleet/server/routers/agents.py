@@ -31,8 +31,8 @@ from gpufleet.server.dispatch import NodeBell
 from gpufleet.server.errors import ProblemError
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
-from gpufleet.server.services import fleet, nodecreds, sync
-from gpufleet.server.services.auth import hash_token
+from gpufleet.server.services import fleet, nodecreds, steps, sync
+from gpufleet.server.services.auth import hash_token, hasher_for
 from gpufleet.server.tlsproto import peer_certificate
 
 router = APIRouter(tags=["nodes"])
@@ -203,8 +203,11 @@ def sync_node(
         readings=parts.readings,
         log_max_bytes=parts.config.job_log_max_bytes,
     )
+    reply = unwrap(out)
+    if reply.jobs:  # each job's own credential (``services/steps.py``), derived, never stored
+        reply = steps.with_credentials(reply, hasher_for(parts.db, parts.hasher))
     hot.latencies.add(time.perf_counter() - t0)
-    return unwrap(out)
+    return reply
 
 
 WAIT_MAX_S = 60.0

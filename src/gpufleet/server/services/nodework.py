@@ -31,6 +31,7 @@ from gpufleet.server.jobstate.transitions import attempt_of, move, ref, release_
 from gpufleet.server.models import Allocation, Job, NodeRow, User
 from gpufleet.server.services.logs import open_tails
 from gpufleet.server.services.nodeops import add_event
+from gpufleet.server.services.steps import desired_steps
 
 log = logging.getLogger("gpufleet.server")
 ACTOR = "sync"
@@ -71,7 +72,9 @@ def desired(s: Session, node: str) -> list[DesiredJob]:
             gpus.append(idx)
     names = {n for p in placement.values() for n in p}
     addresses = dict(s.execute(select(NodeRow.name, NodeRow.address).where(NodeRow.name.in_(names))).all())
-    return [_desired_job(job, user, node, placement[jid], addresses) for jid, (job, user) in jobs.items()]
+    out = [_desired_job(job, user, node, placement[jid], addresses) for jid, (job, user) in jobs.items()]
+    steps = desired_steps(s, node, {d.job_id: d.attempt for d in out})  # srun's tasks here (issue 31)
+    return [d.model_copy(update={"steps": steps[d.job_id]}) if d.job_id in steps else d for d in out]
 
 
 def _desired_job(

@@ -74,6 +74,7 @@ from gpufleet.server.services import miglayouts
 from gpufleet.server.services.logs import LOG_MAX_BYTES, ingest_logs
 from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
 from gpufleet.server.services.nodework import desired, observe, quarantine, scope_of, would_change
+from gpufleet.server.services.steps import ingest_tasks
 from gpufleet.server.writer import Writer
 
 log = logging.getLogger("gpufleet.server")
@@ -181,7 +182,7 @@ def _fast_reply(db: Database, name: str, body: NodeSync) -> _Answer | None:
     """The answer when this sync changes nothing durable, else None. Most syncs of a
     fleet end here (a heartbeat and telemetry): plain Core statements, no ORM objects
     unless the node reports jobs."""
-    if body.logs or body.mig_results:
+    if body.logs or body.mig_results or body.steps:
         return None
     with db.read() as s:
         n = s.connection().execute(_NODE, {"node": name}).first()
@@ -251,11 +252,18 @@ def _write(
         s.flush()
     changed = observe(s, name, body, scope, actor, now, readings)
     acks = ingest_logs(s, name, scope.logs, now, max_bytes=log_max_bytes)
+    step_acks = ingest_tasks(s, name, body.steps, now)  # srun's tasks (``services/steps.py``)
     if body.mig_results and miglayouts.record(s, name, body.mig_results, actor=actor, now=now):
         reshaped = True
     s.flush()
     return _Written(
-        reply=SyncReply(node=name, jobs=desired(s, name), log_acks=acks, mig=miglayouts.changes(s, name)),
+        reply=SyncReply(
+            node=name,
+            jobs=desired(s, name),
+            log_acks=acks,
+            mig=miglayouts.changes(s, name),
+            step_acks=step_acks,
+        ),
         rejected=scope.rejected,
         reshaped=reshaped,
         changed=changed,

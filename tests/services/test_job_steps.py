@@ -1,0 +1,230 @@
+"""Slurm job steps end to end (issue 31): a real server, two agents on simulated GPUs in
+this process running real job processes as the job account, and the real ``srun`` the
+agent puts on every job's PATH. The batch script runs once, on the first node; ``srun``
+fans tasks out over both nodes with Slurm's variables, labels, exit codes, cancel, and
+the steps are recorded (``JOB.0``) and shown by ``gpufleet history``.
+
+SQLite only: the step rules are in one service (``server/services/steps.py``) whose
+statements are plain; these tests are about processes on nodes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from failover.conftest import FAST
+from jobaccounts import passable
+from server.conftest import (
+    ADMIN_TOKEN,
+    Server,
+    make_pool,
+    make_team,
+    make_user,
+    ok,
+    start_server,
+    stop_server,
+    wait_for,
+)
+from services.simnodes import sim_node
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(f"sqlite:///{tmp_path_factory.mktemp('steps') / 'g.db'}", extra=FAST)
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="module")
+def pool(srv: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A pool of two nodes with two simulated GPUs each, their agents running."""
+    work = tmp_path_factory.mktemp("stepnodes")
+    passable(work)
+    name = make_pool(srv)
+    nodes = [sim_node(srv, work, pool=name, gpus=2, grace_s=2.0) for _ in range(2)]
+    yield name
+    for n in nodes:
+        n.close()
+
+
+def run_job(srv: Server, pool: str, script: str, *, token: str = ADMIN_TOKEN, **spec: Any) -> dict[str, Any]:
+    with srv.client(token) as c:
+        job = ok(
+            c.post(
+                "/jobs", json={"command": ["bash", "-c", script], "nodes": 2, "gpus": 4, "pool": pool, **spec}
+            ),
+            201,
+        )
+    return dict(job)
+
+
+def ended(srv: Server, job_id: int, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    with srv.client() as c:
+        while True:
+            job = ok(c.get(f"/jobs/{job_id}"))
+            if job["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+                return dict(job)
+            assert time.monotonic() < deadline, job
+            time.sleep(0.1)
+
+
+def log_of(srv: Server, job_id: int) -> str:
+    deadline = time.monotonic() + 10
+    with srv.client() as c:
+        while True:
+            text = c.get(f"/jobs/{job_id}/logs").text
+            if "script-end" in text or time.monotonic() > deadline:
+                return text
+            time.sleep(0.1)
+
+
+def steps_of(srv: Server, job_id: int) -> list[dict[str, Any]]:
+    with srv.client() as c:
+        return list(ok(c.get(f"/jobs/{job_id}/steps"))["steps"])
+
+
+def test_script_runs_once_and_srun_fans_out_tasks_with_slurm_variables(srv: Server, pool: str) -> None:
+    script = (
+        "echo batch-on-$SLURMD_NODENAME; "
+        "srun -l -N2 --ntasks-per-node=2 bash -c "
+        "'echo P=$SLURM_PROCID L=$SLURM_LOCALID N=$SLURM_NODEID S=$SLURM_STEP_ID T=$SLURM_NTASKS "
+        "H=$SLURMD_NODENAME'; "
+        "echo rc=$?; srun hostname >/dev/null; echo script-end"
+    )
+    job = ended(srv, run_job(srv, pool, script)["id"])
+    assert job["state"] == "COMPLETED", job
+    text = log_of(srv, job["id"])
+    assert text.count("batch-on-") == 1, text
+    tasks = sorted(line for line in text.splitlines() if "P=" in line)
+    assert len(tasks) == 4, text
+    seen = {}
+    for line in tasks:
+        label, rest = line.split(": ", 1)
+        fields = dict(kv.split("=") for kv in rest.split())
+        assert fields["P"] == label.strip()
+        assert fields["S"] == "0" and fields["T"] == "4"
+        seen[int(fields["P"])] = (int(fields["L"]), int(fields["N"]), fields["H"])
+    assert [seen[p][:2] for p in range(4)] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert seen[0][2] == seen[1][2] != seen[2][2] == seen[3][2]
+    assert "rc=0" in text
+    steps = steps_of(srv, job["id"])
+    assert [(s["id"], s["state"], s["ntasks"]) for s in steps] == [
+        (f"{job['id']}.0", "COMPLETED", 4),
+        (f"{job['id']}.1", "COMPLETED", 2),
+    ]
+    history = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet",
+            "history",
+            "-j",
+            str(job["id"]),
+            "-P",
+            "-o",
+            "JobID,State,ExitCode",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **srv.env()},
+        check=True,
+    ).stdout.splitlines()
+    jid = job["id"]
+    assert history[1:] == [f"{jid}|COMPLETED|0:0", f"{jid}.0|COMPLETED|0:0", f"{jid}.1|COMPLETED|0:0"], (
+        history
+    )
+
+
+def test_exit_code_is_the_worst_tasks_and_kill_on_bad_exit_stops_the_rest(srv: Server, pool: str) -> None:
+    script = (
+        "srun -N2 bash -c 'exit $((SLURM_PROCID * 3))'; echo worst=$?; "
+        "srun -K -N2 bash -c 'if [ $SLURM_PROCID = 1 ]; then exit 5; fi; sleep 60'; echo killed=$?; "
+        "echo script-end"
+    )
+    t0 = time.monotonic()
+    job = ended(srv, run_job(srv, pool, script)["id"])
+    assert time.monotonic() - t0 < 30
+    text = log_of(srv, job["id"])
+    assert "worst=3" in text and "killed=5" in text, text
+    assert "task 1: Exited with exit code 3" in text
+    steps = steps_of(srv, job["id"])
+    assert [(s["state"], s["exit_code"]) for s in steps] == [("FAILED", 3), ("FAILED", 5)]
+
+
+def test_cancel_of_the_job_ends_the_steps_tasks_on_every_node(srv: Server, pool: str, tmp_path: Path) -> None:
+    job = run_job(srv, pool, "srun -N2 bash -c 'echo up-$SLURM_PROCID; sleep 300'; echo script-end")
+    job_id = job["id"]
+    wait_for(srv, job_id, "RUNNING")
+    deadline = time.monotonic() + 15
+    while True:
+        steps = steps_of(srv, job_id)
+        if steps and all(t for t in steps):
+            with srv.client() as c:
+                step = ok(c.get(f"/jobs/{job_id}/steps/0", params={"after": 0}))
+            if sum("up-" in o["data"] for o in step["output"]) == 2:
+                break
+        assert time.monotonic() < deadline, steps
+        time.sleep(0.1)
+    with srv.client() as c:
+        ok(c.post(f"/jobs/{job_id}/cancel"))
+    deadline = time.monotonic() + 15
+    while _sleepers(job_id):
+        assert time.monotonic() < deadline, "step tasks outlived their job"
+        time.sleep(0.1)
+    assert steps_of(srv, job_id)[0]["state"] == "CANCELLED"
+
+
+def _sleepers(job_id: int) -> list[str]:
+    """Processes of this job's step tasks still alive (by their environment mark)."""
+    out = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in out:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job_id}".encode() in env:
+            found.append(pid)
+    return found
+
+
+def test_job_credential_works_only_while_the_job_runs_and_only_as_its_owner(srv: Server, pool: str) -> None:
+    owner = make_user(srv, team=make_team(srv))
+    with srv.client() as c:  # someone else's job (the admin's), waiting in a pool of no nodes
+        theirs = ok(c.post("/jobs", json={"command": ["true"], "pool": make_pool(srv)}), 201)["id"]
+    probe = 'curl -s -o /dev/null -w "%{http_code}" -H "Authorization: Bearer $GPUFLEET_TOKEN"'
+    script = (
+        f'echo own=$({probe} "$GPUFLEET_URL/v1/jobs/$SLURM_JOB_ID"); '
+        f'echo theirs=$({probe} "$GPUFLEET_URL/v1/jobs/{theirs}"); '
+        f'echo nodecred=$({probe} -X POST "$GPUFLEET_URL/v1/nodes/x/sync" -d "{{}}"); '
+        'echo on-cmdline=$(grep -l -- "$GPUFLEET_TOKEN" /proc/[0-9]*/cmdline 2>/dev/null | wc -l); '
+        'echo "token=$GPUFLEET_TOKEN"; echo script-end'
+    )
+    job = ended(srv, run_job(srv, pool, script, token=owner)["id"])
+    text = log_of(srv, job["id"])
+    assert job["state"] == "COMPLETED", text
+    lines = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    assert lines["own"] == "200" and lines["theirs"] == "404", text
+    assert lines["nodecred"] in ("401", "403"), text  # a job's credential never speaks for a node
+    assert lines["on-cmdline"] == "0", text
+    token = lines["token"]
+    assert token.startswith("gfj."), "the job's own credential, not the node's"
+    with srv.client(token) as c:  # its job is over: so is its credential
+        gone = c.get(f"/jobs/{job['id']}")
+    assert gone.status_code == 401 and "no longer valid" in gone.text
+
+
+def test_srun_outside_an_allocation_says_so(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "GPUFLEET_URL": "http://127.0.0.1:9"}
+    out = subprocess.run(
+        [sys.executable, "-m", "gpufleet.slurm", "srun", "hostname"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 1 and "no job allocation" in out.stderr
