@@ -22,12 +22,29 @@ taken the launch cost away; both figures are the same server's with the same cli
 
     .venv/bin/python bench/bench_batching.py [--runs 2] [--seconds 3] [--p99-bound-ms 50]
     .venv/bin/python bench/bench_batching.py --quick
+
+``--text``: what continuous batching buys text generation (``/v1/completions``) over
+static batching, on the same load (issue 30). Each mode's server differs only in
+``--batching``; the simulated step costs ``--step-ms`` plus ``--per-seq-us`` a sequence
+in the batch (``gpufleet.modelserver.engine``: a GPU's decoding step grows little with
+the batch), at most ``--max-num-seqs`` sequences. Requests (not streamed) ask for
+``max_tokens`` drawn uniformly from ``--min-tokens``..``--max-tokens``, Poisson arrivals
+at rates climbing x``--factor`` a level, the same seeded loads for both modes. A level
+passes with every request answered and p99 latency (from the scheduled send to the last
+byte) under ``--p99-bound-s`` (default: 3x the longest request's time alone, so the
+bound is about queueing, not length); a mode's figure is the rate served at its last
+level that passed, the table the medians over ``--runs`` and the median ratio
+continuous/static of requests/s:
+
+    .venv/bin/python bench/bench_batching.py --text [--runs 3] [--seconds 12]
+    .venv/bin/python bench/bench_batching.py --text --quick
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import socket
 import statistics
 import subprocess
@@ -39,7 +56,7 @@ from typing import Any
 
 import httpx
 
-from gpufleet.loadgen import LoadShape, Report, Target, kserve_body, run_load
+from gpufleet.loadgen import LoadShape, Report, Target, kserve_body, percentile, run_load, schedule
 
 GOAL_RATIO = 3.0
 
@@ -150,7 +167,7 @@ def best(levels: list[Level], bound_ms: float) -> Level | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=3.0, help="per level")
+    ap.add_argument("--seconds", type=float, default=None, help="per level (3; --text: 12)")
     ap.add_argument("--p99-bound-ms", type=float, default=50.0)
     ap.add_argument("--launch-overhead-us", type=float, default=2000.0)
     ap.add_argument("--delay-us", type=int, default=2000, help="batching on: --max-queue-delay-us")
@@ -159,8 +176,23 @@ def main() -> None:
     ap.add_argument("--factor", type=float, default=1.25, help="each level's rate over the last")
     ap.add_argument("--max-qps", type=float, default=5000.0)
     ap.add_argument("--retries", type=int, default=1, help="measures of a failed level before it counts")
-    ap.add_argument("--quick", action="store_true", help="--runs 1 --seconds 1.5 --factor 1.5")
+    ap.add_argument("--quick", action="store_true", help="--runs 1 --seconds 1.5 --factor 1.5 (--text: 8 s)")
+    text = ap.add_argument_group("--text: continuous against static batching of text generation")
+    text.add_argument("--text", action="store_true", help="measure text generation, not infer")
+    text.add_argument("--step-ms", type=float, default=2.0, help="a decoding step's fixed cost")
+    text.add_argument("--per-seq-us", type=float, default=20.0, help="what each sequence adds to a step")
+    text.add_argument("--max-num-seqs", type=int, default=32, help="the batch's most sequences")
+    text.add_argument("--min-tokens", type=int, default=16)
+    text.add_argument("--max-tokens", type=int, default=512)
+    text.add_argument("--text-start-qps", type=float, default=8.0)
+    text.add_argument("--text-max-qps", type=float, default=400.0)
+    text.add_argument("--p99-bound-s", type=float, default=None, help="default: 3x the longest request alone")
     args = ap.parse_args()
+    if args.text:
+        args.seconds = 12.0 if args.seconds is None else args.seconds
+        text_main(args)
+        return
+    args.seconds = 3.0 if args.seconds is None else args.seconds
     if args.quick:
         args.runs, args.seconds, args.factor = 1, 1.5, 1.5
     levels = []
@@ -214,13 +246,197 @@ def report(results: dict[str, list[list[Level]]], args: argparse.Namespace, elap
         "on": f"on ({args.delay_us} us, pref {args.preferred})",
     }
     for mode in ("off", "on"):
-        ratio = "1.00" if mode == "off" else f"{statistics.median(ratios):.2f}"
+        shown = "1.00" if mode == "off" else f"{statistics.median(ratios):.2f}"
         figures = f"{med(mode, 'qps'):>18.0f}{med(mode, 'achieved'):>10.1f}{med(mode, 'p50_ms'):>8.2f}"
-        figures += f"{med(mode, 'p99_ms'):>8.2f}{med(mode, 'mean_batch'):>10.1f}{ratio:>7}"
+        figures += f"{med(mode, 'p99_ms'):>8.2f}{med(mode, 'mean_batch'):>10.1f}{shown:>7}"
         print(f"{labels[mode]:<28}{figures}")
     ratio = statistics.median(ratios)
     verdict = "met" if ratio >= GOAL_RATIO else "NOT met"
     print(f"\ngoal: >= {GOAL_RATIO:g}x requests/s at the same p99 bound: {ratio:.2f}x ({verdict})")
+
+
+# --- text generation: continuous against static batching (issue 30) --------------------------
+
+TEXT_GOAL_RATIO = 1.3
+"""Continuous batching's requests/s at the p99 bound over static batching's: the field
+reports' "+30 %"."""
+
+
+@dataclass(frozen=True)
+class TextLevel:
+    qps: float
+    sent: int
+    ok: int
+    errors: int
+    req_s: float
+    tok_s: float
+    p50_s: float
+    p99_s: float
+
+    def passed(self, bound_s: float) -> bool:
+        return self.errors == 0 and self.ok == self.sent and self.p99_s <= bound_s
+
+
+def text_load(qps: float, seconds: float, seed: int, lo: int, hi: int) -> list[tuple[float, int]]:
+    """(send time, max_tokens) of every request: Poisson arrivals, output lengths uniform
+    in ``lo..hi``; the same seed gives both modes the same load."""
+    rng = random.Random(seed)
+    return [(at, rng.randint(lo, hi)) for at in schedule(LoadShape(qps=qps, duration_s=seconds), seed=seed)]
+
+
+async def text_level(port: int, load: list[tuple[float, int]], qps: float, seconds: float) -> TextLevel:
+    """Send ``load`` open loop (latency from each request's scheduled time, so queueing
+    shows), not streamed; throughput: what was answered over the level's time (the rate
+    served, when the level passes: every request answered within the bound)."""
+    import aiohttp
+
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    tokens = 0
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
+        t0 = loop.time()
+
+        async def one(k: int, at: float, max_tokens: int) -> None:
+            nonlocal tokens, errors
+            body = {"model": "mlp", "prompt": f"request {k}", "max_tokens": max_tokens}
+            try:
+                async with session.post(url, json=body) as resp:
+                    doc = await resp.json(content_type=None)
+                    ok = resp.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                ok = False
+            now = loop.time()
+            if ok:
+                latencies.append(now - (t0 + at))
+                tokens += int(doc["usage"]["completion_tokens"])
+            else:
+                errors += 1
+
+        tasks = []
+        for k, (at, max_tokens) in enumerate(load):
+            wait = t0 + at - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            tasks.append(loop.create_task(one(k, at, max_tokens)))
+        await asyncio.gather(*tasks)
+    lat = sorted(latencies)
+    return TextLevel(
+        qps=qps,
+        sent=len(load),
+        ok=len(lat),
+        errors=errors,
+        req_s=len(lat) / seconds,
+        tok_s=tokens / seconds,
+        p50_s=percentile(lat, 0.5) or float("inf"),
+        p99_s=percentile(lat, 0.99) or float("inf"),
+    )
+
+
+def text_climb(port: int, args: argparse.Namespace, run: int) -> list[TextLevel]:
+    """Rates from ``--text-start-qps``, x``--factor`` a level, until one fails (measured
+    ``1 + --retries`` times first); every level's load is seeded by run and level only."""
+    out: list[TextLevel] = []
+    qps = args.text_start_qps
+    i = 0
+    while qps <= args.text_max_qps:
+        for attempt in range(1 + args.retries):
+            load = text_load(
+                qps, args.seconds, 1000 * run + 10 * i + attempt, args.min_tokens, args.max_tokens
+            )
+            level = _run_text(text_level(port, load, qps, args.seconds))
+            print(
+                f"  {qps:6.1f}/s  sent {level.sent:4d}  {level.req_s:6.1f} req/s  {level.tok_s:7.0f} tok/s"
+                f"  p50 {level.p50_s:6.2f} s  p99 {level.p99_s:6.2f} s  errors {level.errors}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if level.passed(args.p99_bound_s):
+                break
+        out.append(level)
+        if not level.passed(args.p99_bound_s):
+            break
+        qps *= args.factor
+        i += 1
+    return out
+
+
+def _run_text(coro: Coroutine[Any, Any, TextLevel]) -> TextLevel:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+def text_main(args: argparse.Namespace) -> None:
+    """Continuous against static batching: the same server flags but ``--batching``, the
+    same loads (seeded per run and level), the modes' order alternating between runs."""
+    if args.quick:
+        args.runs, args.seconds, args.factor = 1, 8.0, 1.5
+    if args.p99_bound_s is None:  # 3x the longest request alone: queueing, not its length
+        args.p99_bound_s = 3 * args.max_tokens * (args.step_ms / 1000 + args.per_seq_us / 1e6)
+    flags = ["--token-delay-ms", str(args.step_ms), "--token-delay-per-seq-us", str(args.per_seq_us)]
+    flags += ["--max-num-seqs", str(args.max_num_seqs), "--max-waiting", "100000", "--no-access-log"]
+    modes = ("static", "continuous")
+    results: dict[str, list[list[TextLevel]]] = {m: [] for m in modes}
+    t0 = time.monotonic()
+    for run in range(args.runs):
+        for mode in modes if run % 2 == 0 else tuple(reversed(modes)):
+            print(f"run {run + 1}: batching {mode}", file=sys.stderr, flush=True)
+            port = _port()
+            proc = start_server(port, [*flags, "--batching", mode], args.launch_overhead_us)
+            try:
+                results[mode].append(text_climb(port, args, run))
+            finally:
+                proc.terminate()
+                proc.wait(15)
+    text_report(results, args, time.monotonic() - t0)
+
+
+def text_report(
+    results: dict[str, list[list[TextLevel]]], args: argparse.Namespace, elapsed_s: float
+) -> None:
+    bound = args.p99_bound_s
+
+    def top(levels: list[TextLevel]) -> TextLevel | None:
+        passed = [lv for lv in levels if lv.passed(bound)]
+        return passed[-1] if passed else None
+
+    tops = {m: [top(r) for r in runs] for m, runs in results.items()}
+
+    def med(mode: str, attr: str) -> float:
+        return statistics.median([getattr(lv, attr) if lv else 0.0 for lv in tops[mode]])
+
+    ratios = [
+        (c.req_s if c else 0.0) / s.req_s if s else float("nan")
+        for c, s in zip(tops["continuous"], tops["static"], strict=True)
+    ]
+    ratio = statistics.median(ratios)
+    print(
+        f"\nmodel server text generation: a step costs {args.step_ms:g} ms + {args.per_seq_us:g} us a"
+        f" sequence, at most {args.max_num_seqs} sequences; max_tokens uniform {args.min_tokens}-"
+        f"{args.max_tokens}, not streamed; open-loop Poisson, {args.seconds:g} s a level, x{args.factor:g}"
+        f" per level; p99 bound {bound:.2f} s; median of {args.runs} run(s), {elapsed_s:.0f} s in all\n"
+    )
+    header = (
+        f"{'batching':<12}{'offered/s':>10}{'req/s':>8}{'tok/s':>9}{'p50 s':>8}{'p99 s':>8}{'x static':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for mode in ("static", "continuous"):
+        shown = "1.00" if mode == "static" else f"{ratio:.2f}"
+        print(
+            f"{mode:<12}{med(mode, 'qps'):>10.1f}{med(mode, 'req_s'):>8.1f}{med(mode, 'tok_s'):>9.0f}"
+            f"{med(mode, 'p50_s'):>8.2f}{med(mode, 'p99_s'):>8.2f}{shown:>10}"
+        )
+    verdict = "met" if ratio >= TEXT_GOAL_RATIO else "NOT met"
+    print(f"\ngoal: >= {TEXT_GOAL_RATIO:g}x requests/s at the same p99 bound: {ratio:.2f}x ({verdict})")
 
 
 if __name__ == "__main__":
