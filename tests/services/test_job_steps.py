@@ -205,7 +205,7 @@ def test_job_credential_works_only_while_the_job_runs_and_only_as_its_owner(srv:
         f'echo own=$({probe} "$GPUFLEET_URL/v1/jobs/$SLURM_JOB_ID"); '
         f'echo theirs=$({probe} "$GPUFLEET_URL/v1/jobs/{theirs}"); '
         f'echo nodecred=$({probe} -X POST "$GPUFLEET_URL/v1/nodes/x/sync" -d "{{}}"); '
-        'echo on-cmdline=$(grep -l -- "$GPUFLEET_TOKEN" /proc/[0-9]*/cmdline 2>/dev/null | wc -l); '
+        'echo on-cmdline=$(grep -lF -f <(printf %s "$GPUFLEET_TOKEN") /proc/[0-9]*/cmdline 2>/dev/null | wc -l); '
         'echo "token=$GPUFLEET_TOKEN"; echo script-end'
     )
     job = ended(srv, run_job(srv, pool, script, token=owner)["id"])

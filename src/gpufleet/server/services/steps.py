@@ -457,6 +457,8 @@ def _settle(s: Session, step: JobStep, now: float) -> None:
     if any(code is None for code, _ in rows):
         return
     step.exit_code = max(own) if own else max((c for c, _ in rows if c is not None), default=0)
-    cancelled = bool(step.options.get("cancelled"))
+    job = s.get(Job, step.job_id)
+    over = job is None or JobState(job.state) not in ACTIVE or attempt_of(job.scheduled_at) != step.attempt
+    cancelled = bool(step.options.get("cancelled")) or over  # ended with its job (a cancel, a limit)
     step.state = "CANCELLED" if cancelled else ("COMPLETED" if step.exit_code == 0 and own else "FAILED")
     step.ended_at = now
