@@ -280,23 +280,40 @@ def test_a_client_that_leaves_frees_its_slots(server: Server, stream: bool) -> N
     assert time.monotonic() - t0 < 1.0
 
 
+def metric(base: str, name: str) -> float:
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
 def test_a_full_queue_is_a_503_with_retry_after_in_openais_shape(server: Server) -> None:
     """Two slots and two places in the queue: the fifth sequence is refused, nothing of
-    it runs; once the queue has room, requests are taken again."""
+    it runs; /metrics shows the batch and the queue; once the queue has room, requests
+    are taken again."""
     base = f"http://{server.url}"
     wait_ready(base)
+    tokens_before = metric(base, "gpufleet_model_generated_tokens_total")
 
-    async def main() -> tuple[list[httpx.Response], httpx.Response]:
+    async def main() -> tuple[list[httpx.Response], httpx.Response, tuple[float, float]]:
         async with httpx.AsyncClient(base_url=base, timeout=20) as c:
             busy = [
                 asyncio.create_task(c.post("/v1/completions", json=completion(60, f"b{k}"))) for k in range(4)
             ]
             await asyncio.sleep(0.15)  # all four in: two run, two wait
             refused = await c.post("/v1/completions", json=completion(1, "late"))
-            return list(await asyncio.gather(*busy)), refused
+            text = (await c.get("/metrics")).text
+            seen = tuple(
+                float(line.rsplit(" ", 1)[1])
+                for name in ("gpufleet_model_sequences_running", "gpufleet_model_sequences_waiting")
+                for line in text.splitlines()
+                if line.startswith(name + "{")
+            )
+            return list(await asyncio.gather(*busy)), refused, (seen[0], seen[1])
 
-    busy, refused = run(main())
+    busy, refused, (running, waiting) = run(main())
     assert [r.status_code for r in busy] == [200] * 4
+    assert (running, waiting) == (2, 2)
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
     error = refused.json()["error"]
     assert error["type"] == "server_error" and error["code"] == "queue_full" and "queue" in error["message"]
@@ -305,6 +322,7 @@ def test_a_full_queue_is_a_503_with_retry_after_in_openais_shape(server: Server)
         model="mlp", messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )
     assert again.usage is not None and again.usage.completion_tokens == 2
+    assert metric(base, "gpufleet_model_generated_tokens_total") - tokens_before == 4 * 60 + 2
 
 
 def test_static_batching_makes_a_late_short_request_wait() -> None:

@@ -166,10 +166,14 @@ def create_app(
         name=model_name,
         version=version,
         seed=seed,
-        engine=TextEngine(generation or EnginePolicy(step_s=max(0.0, token_delay_ms) / 1000.0)),
+        engine=TextEngine(
+            generation or EnginePolicy(step_s=max(0.0, token_delay_ms) / 1000.0), on_step=stats.decoded
+        ),
         ready=served.ready,
         created=int(time.time()),
     )
+    stats.metrics.sequences_running.set_function(lambda: len(text.engine.running))
+    stats.metrics.sequences_waiting.set_function(lambda: len(text.engine.waiting))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -171,10 +171,14 @@ class Group:
 
 class TextEngine:
     """The batch and its queue; one per served text model. Started on first use (it must
-    run on the server's loop)."""
+    run on the server's loop). ``on_step`` sees every step (tokens decoded, its simulated
+    seconds), for the statistics."""
 
-    def __init__(self, policy: EnginePolicy | None = None) -> None:
+    def __init__(
+        self, policy: EnginePolicy | None = None, *, on_step: Callable[[int, float], None] = lambda n, s: None
+    ) -> None:
         self.policy = policy or EnginePolicy()
+        self.on_step = on_step
         self.running: list[Sequence] = []
         self.waiting: deque[Sequence] = deque()
         self.steps = 0
@@ -251,15 +255,21 @@ class TextEngine:
             now = loop.time()
             if idle or now - clock > MAX_LAG_S:
                 clock = now
-            clock += self.policy.step_cost_s(len(self.running))
+            cost = self.policy.step_cost_s(len(self.running))
+            clock += cost
             await asyncio.sleep(max(0.0, clock - loop.time()))  # 0: still let the loop serve
             try:
-                self._step()
+                decoded = self._step()
             except Exception as exc:  # a bug in a decoder must not leave its clients hanging
                 log.exception("decoding step failed")
                 for seq in self.running:
                     seq.group._fail(exc)
                 self.running.clear()
+                continue
+            try:
+                self.on_step(decoded, cost)
+            except Exception:  # statistics must not stop the model
+                log.exception("on_step failed")
 
     def _admit(self) -> None:
         """Drop cancelled sequences, then let waiting ones join: continuous, up to
@@ -273,9 +283,11 @@ class TextEngine:
             if not seq.group.cancelled:
                 self.running.append(seq)
 
-    def _step(self) -> None:
-        """One token for every sequence in the batch; finished ones leave it."""
+    def _step(self) -> int:
+        """One token for every sequence in the batch; finished ones leave it. Returns
+        the tokens decoded."""
         self.steps += 1
+        before = self.tokens
         still: list[Sequence] = []
         for seq in self.running:
             group = seq.group
@@ -290,6 +302,7 @@ class TextEngine:
                 group.unfinished -= 1
             group._add(Update(seq.index, piece, finish))
         self.running = still
+        return self.tokens - before
 
 
 __all__ = [

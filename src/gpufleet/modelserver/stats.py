@@ -90,6 +90,17 @@ class ModelMetrics:
         self.inflight = Gauge(
             "gpufleet_model_inflight", "Infer requests in the server.", label, registry=r
         ).labels(model)
+        # text generation (``engine``), as vLLM's num_requests_running/waiting and
+        # generation_tokens: the queue is the signal a saturated replica's utilisation hides
+        self.sequences_running = Gauge(
+            "gpufleet_model_sequences_running", "Text sequences in the decoding batch.", label, registry=r
+        ).labels(model)
+        self.sequences_waiting = Gauge(
+            "gpufleet_model_sequences_waiting", "Text sequences waiting for a batch slot.", label, registry=r
+        ).labels(model)
+        self.generated_tokens = Counter(
+            "gpufleet_model_generated_tokens", "Text tokens generated.", label, registry=r
+        ).labels(model)
         self._codes: dict[int, Any] = {}
 
     def answered(self, code: int) -> None:
@@ -131,6 +142,12 @@ class ModelStats:
         per_size.compute_input.add(run.input_ns)
         per_size.compute_infer.add(run.infer_ns)
         per_size.compute_output.add(run.output_ns)
+
+    def decoded(self, tokens: int, seconds: float) -> None:
+        """One decoding step of text generation (the engine's ``on_step``): the device
+        is busy for it, as for a forward call."""
+        self.metrics.busy_seconds.inc(seconds)
+        self.metrics.generated_tokens.inc(tokens)
 
     def succeeded(self, *, rows: int, total_ns: int, queue_ns: int, run: Execution) -> None:
         """One request answered with the model's output."""
