@@ -50,14 +50,30 @@ def test_the_gpu_is_required(runner: CliRunner) -> None:
 
 
 class FakeClient:
-    """Stands in for ``GpufleetClient``: records the request, answers a node."""
+    """Stands in for ``GpufleetClient``: records the request, answers a node whose GPU 3
+    has the layout pending; then, one answer at a time, ``later`` (GETs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, later: list[dict[str, Any]] | None = None) -> None:
         self.calls: list[tuple[str, str, Any]] = []
+        self.later = list(later or [])
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         self.calls.append((method, path, kw.get("json")))
-        return {"name": "n1", "gpus": [{"index": 3, "mig_pending": kw["json"]["layout"] or []}]}
+        if method == "GET":
+            return {"name": "n1", "gpus": [{"index": 3, **self.later.pop(0)}]} if self.later else self.pending
+        self.pending = {"name": "n1", "gpus": [{"index": 3, "mig_pending": kw["json"]["layout"] or []}]}
+        return self.pending
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, fake: FakeClient) -> None:
+    from gpufleet.cli import node_cmds
+
+    @contextmanager
+    def client() -> Iterator[FakeClient]:
+        yield fake
+
+    monkeypatch.setattr(node_cmds, "client", client)
+    monkeypatch.setattr(node_cmds, "WAIT_POLL_S", 0.01)
 
 
 @pytest.mark.parametrize(
@@ -66,13 +82,15 @@ class FakeClient:
         (
             ["--layout", "2G.20GB, 2g.20gb,3g.40gb"],
             {"layout": ["2g.20gb", "2g.20gb", "3g.40gb"], "whole": False},
-            "node n1 GPU 3: MIG layout 2g.20gb,2g.20gb,3g.40gb asked; "
-            "the GPU is cordoned until its agent applies it",
+            "node n1 GPU 3: MIG layout 2g.20gb,2g.20gb,3g.40gb asked, pending: the GPU takes no new "
+            "job until its agent applies it (once no job holds it); jobs asking for its slices wait "
+            "for it (--wait waits too)",
         ),
         (
             ["--whole"],
             {"layout": None, "whole": True},
-            "node n1 GPU 3: whole GPU asked; the GPU is cordoned until its agent applies it",
+            "node n1 GPU 3: whole GPU asked, pending: the GPU takes no new job until its agent "
+            "applies it (once no job holds it); jobs asking for its slices wait for it (--wait waits too)",
         ),
     ],
     ids=["layout", "whole"],
@@ -156,3 +174,131 @@ def test_agent_simulated_mig_needs_simulated_gpus(runner: CliRunner, tmp_path: A
     argv = ["agent", "--server", "http://127.0.0.1:9", "--token", "t", "--simulate-mig", "0=7g.80gb"]
     done = runner.invoke(app, [*argv, "--work-dir", str(tmp_path)])
     assert done.exit_code == 2 and "--simulate-mig needs --simulate-gpus" in done.output, done.output
+
+
+GPU = {
+    "uuid": "GPU-x",
+    "model": "H100",
+    "memory_mb": 81_559,
+    "nvlink_domain": 0,
+    "healthy": True,
+    "job_id": None,
+}
+
+
+def _instances(*profiles: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "uuid": f"MIG-{n}",
+            "profile": p,
+            "gpu_instance_id": n,
+            "compute_instance_id": 0,
+            "start": n,
+            "size": 1,
+            "memory_mb": 1,
+        }
+        for n, p in enumerate(profiles)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "asked", "want"),
+    [
+        ({"mig_pending": ["1g.10gb", "1g.10gb"]}, ["1g.10gb", "1g.10gb"], None),
+        ({"mig_pending": ["7g.80gb"]}, ["1g.10gb", "1g.10gb"], "replaced"),
+        (
+            {"mig_enabled": True, "mig_instances": _instances("1g.10gb", "1g.10gb")},
+            ["1g.10gb"] * 2,
+            "applied",
+        ),
+        ({"mig_enabled": True, "mig_instances": _instances("7g.80gb")}, ["1g.10gb"] * 2, "replaced"),
+        ({"mig_enabled": True, "mig_error": "no permission"}, ["1g.10gb"] * 2, "failed"),
+        ({"mig_enabled": False}, [], "applied"),
+        ({"mig_enabled": True, "mig_instances": []}, [], "replaced"),
+        ({"mig_pending": []}, [], None),
+    ],
+    ids=[
+        "pending",
+        "other-pending",
+        "applied",
+        "other-applied",
+        "failed",
+        "whole",
+        "still-mig",
+        "whole-pending",
+    ],
+)
+def test_where_a_layout_stands(gpu: dict[str, Any], asked: list[str], want: str | None) -> None:
+    from gpufleet.cli.node_cmds import mig_state
+
+    assert mig_state({"index": 3, **gpu}, asked) == want
+
+
+def test_wait_returns_once_the_agent_applied_it(runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = ["1g.10gb"] * 7
+    applied = {**GPU, "mig_enabled": True, "mig_instances": _instances(*layout)}
+    fake = FakeClient([{"mig_pending": layout}, {"mig_pending": layout}, applied])
+    _use(monkeypatch, fake)
+    done = runner.invoke(app, ["node", "mig", "n1", "--gpu", "3", "--layout", ",".join(layout), "--wait"])
+    assert done.exit_code == 0, done.output
+    assert [m for m, _, _ in fake.calls] == ["PUT", "GET", "GET", "GET"]
+    assert done.output.strip() == (
+        "node n1 GPU 3: MIG layout 1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb in effect "
+        "mig=[1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb]"
+    )
+
+
+def test_wait_says_why_the_node_refused_it(runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    _use(monkeypatch, FakeClient([{**GPU, "mig_enabled": True, "mig_error": "no permission"}]))
+    done = runner.invoke(app, ["node", "mig", "n1", "--gpu", "3", "--layout", "7g.80gb", "--wait"])
+    assert done.exit_code == 1, done.output
+    assert "MIG layout 7g.80gb failed on the node: no permission (the GPU stays cordoned)" in done.output
+
+
+def test_wait_gives_up_after_its_timeout_and_says_so(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _use(monkeypatch, FakeClient())  # pending for ever
+    argv = ["node", "mig", "n1", "--gpu", "3", "--layout", "7g.80gb", "--wait", "--timeout", "1s"]
+    done = runner.invoke(app, argv)
+    assert done.exit_code == 1, done.output
+    assert "MIG layout 7g.80gb still pending after 1s" in done.output and "stays asked" in done.output
+    assert runner.invoke(app, [*argv[:-1], "0s"]).exit_code == 2  # a timeout must be > 0
+
+
+class ShareClient:
+    """A node that syncs (last_seen moves on) only from the third GET on."""
+
+    def __init__(self, *, ready: bool = True) -> None:
+        self.gets = 0
+        self.ready = ready
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        if method == "GET":
+            self.gets += 1
+        seen = 100.0 + (1.0 if self.gets >= 3 and self.ready else 0.0)
+        return {"name": "n1", "state": "Ready" if self.ready else "NotReady", "last_seen": seen, "gpus": []}
+
+
+@pytest.mark.parametrize("ready", [True, False], ids=["synced", "node-away"])
+def test_share_wait_waits_for_the_node_to_sync(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, ready: bool
+) -> None:
+    from gpufleet.cli import node_cmds
+
+    fake = ShareClient(ready=ready)
+
+    @contextmanager
+    def client() -> Iterator[ShareClient]:
+        yield fake
+
+    monkeypatch.setattr(node_cmds, "client", client)
+    monkeypatch.setattr(node_cmds, "WAIT_POLL_S", 0.01)
+    done = runner.invoke(app, ["node", "share", "n1", "--gpu", "3", "--wait", "--timeout", "1s"])
+    if ready:
+        assert done.exit_code == 0 and fake.gets == 3, done.output
+        assert done.output.strip() == (
+            "node n1 GPU 3: shared (GPU shares only, no whole-GPU jobs); its agent has synced since"
+        )
+    else:
+        assert done.exit_code == 1 and "has not synced in 1s" in done.output, done.output

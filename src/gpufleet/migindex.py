@@ -183,3 +183,15 @@ def slice_share_of(model: str) -> float:
     _, sep, profile = model.partition(f" {SLICE_TAG} ")
     m = PROFILE_NAME.fullmatch(profile) if sep else None
     return 1.0 if m is None else min(1.0, int(m["g"]) / 7)
+
+
+def layout_words(profiles: list[str] | tuple[str, ...]) -> str:
+    """A MIG layout in few words, each profile once with its count, in the layout's
+    order: ``1g.10gb x7``, ``2g.20gb x2, 3g.40gb``; ``whole GPU`` for the empty layout
+    (MIG off). What the CLI, the demo and wait reasons print."""
+    counts: dict[str, int] = {}
+    for p in profiles:
+        counts[p] = counts.get(p, 0) + 1
+    if not counts:
+        return "whole GPU"
+    return ", ".join(p if n == 1 else f"{p} x{n}" for p, n in counts.items())

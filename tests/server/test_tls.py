@@ -120,7 +120,7 @@ def test_revoking_a_node_refuses_its_next_sync(tls_server: Server, tmp_path: Pat
     try:
         agent.sync(node, _sync_body())
         done = gpufleet("node", "revoke", node, env=tls_server.env())
-        assert done.returncode == 0 and "1 certificate(s)" in done.stdout, done.stderr
+        assert done.returncode == 0 and "and 1 certificate of" in done.stdout, done.stderr
         with pytest.raises(AgentTransportError) as refused:
             agent.sync(node, _sync_body())
         assert refused.value.status == 401 and "revoked" in str(refused.value)

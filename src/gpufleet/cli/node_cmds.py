@@ -11,7 +11,7 @@ A driver upgrade rolling through the fleet, two nodes at a time::
 
 Slicing GPU 3 of n1 with MIG (the agent applies it once no job runs there), and back::
 
-    gpufleet node mig n1 --gpu 3 --layout 2g.20gb,2g.20gb,3g.40gb
+    gpufleet node mig n1 --gpu 3 --layout 2g.20gb,2g.20gb,3g.40gb --wait
     gpufleet node mig n1 --gpu 3 --whole
     gpufleet node share n1 --gpu 3          # GPU shares (--gpu-fraction) under MPS
 """
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from gpufleet.cli import words
 from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table
 from gpufleet.cli.apps import node_app
 from gpufleet.cli.options import flag, json_flag
@@ -37,7 +38,7 @@ def _node_line(n: dict[str, Any]) -> str:
         state = "draining" if n["gpus_used"] else "drained"
     bad = [f"gpu{g['index']}" for g in n["gpus"] if g.get("cordoned")]
     extra = f"; cordoned GPUs: {','.join(bad)}" if bad else ""
-    return f"node {n['name']}: {state}, {n['gpus_used']} GPU(s) in use{extra}"
+    return f"node {n['name']}: {state}, {words.count(n['gpus_used'], 'GPU')} in use{extra}"
 
 
 def _mig_text(g: GpuOut) -> str:
@@ -223,7 +224,8 @@ def revoke(
     with client() as c:
         got = c.request("POST", f"/nodes/{node}/revoke")
     typer.echo(
-        f"revoked {got['join_tokens']} join token(s) and {got['certificates']} certificate(s) of {node}"
+        f"revoked {words.count(got['join_tokens'], 'join token')} and "
+        f"{words.count(got['certificates'], 'certificate')} of {node}"
     )
 
 
@@ -250,6 +252,60 @@ def uncordon(
     typer.echo(_node_line(n))
 
 
+@node_app.command("label", context_settings={"ignore_unknown_options": True})
+def label(
+    node: str = typer.Argument(...),
+    changes: list[str] = typer.Argument(
+        ..., help="+FEATURE adds it, -FEATURE takes it off (a bare word adds)."
+    ),
+) -> None:
+    """Add or take off a node's features (operators), which jobs' --constraint matches
+    as they match what the node's agent reports (gpufleet agent --features)."""
+    add = [c.removeprefix("+") for c in changes if not c.startswith("-")]
+    remove = [c[1:] for c in changes if c.startswith("-")]
+    with client() as c:
+        n = c.request("POST", f"/nodes/{node}/labels", json={"add": add, "remove": remove})
+    labels, features = ",".join(n["labels"]) or "-", ",".join(n["features"]) or "-"
+    typer.echo(f"{n['name']}: labels {labels}; features (its agent's) {features}")
+
+
+WAIT_POLL_S = 0.5
+"""How often ``--wait`` reads the node."""
+
+
+def _wait_timeout(text: str) -> float:
+    from gpufleet.timefmt import parse_duration
+
+    try:
+        secs = parse_duration(text)
+    except ValueError as exc:
+        raise fail(f"--timeout: {exc}", BAD_INPUT) from None
+    if not 0 < secs <= 86_400:
+        raise fail("--timeout: between 1 second and 1 day", BAD_INPUT)
+    return secs
+
+
+def _gpu_of(n: dict[str, Any], index: int) -> dict[str, Any]:
+    found: dict[str, Any] = next((g for g in n["gpus"] if g["index"] == index), {})
+    return found
+
+
+def mig_state(g: dict[str, Any], profiles: list[str]) -> str | None:
+    """Where a layout asked for GPU ``g`` (a ``GpuOut`` as JSON) stands: None while it is
+    pending; "applied" once the node's agent reported it in effect (no layout pending, its
+    instances the profiles asked: none and MIG mode off for the whole GPU); "failed" when
+    the node refused it (``mig_error``); "replaced" when another layout was asked since."""
+    pending = g.get("mig_pending")
+    if pending is not None:
+        return None if list(pending) == profiles else "replaced"
+    if g.get("mig_error"):
+        return "failed"
+    have = sorted(m["profile"] for m in g.get("mig_instances") or ())
+    if profiles:
+        return "applied" if have == sorted(profiles) else "replaced"
+    return "replaced" if have or g.get("mig_enabled") else "applied"
+
+
 @node_app.command("mig")
 def mig_layout(
     node: str = typer.Argument(...),
@@ -258,12 +314,16 @@ def mig_layout(
         None, "--layout", help="MIG profiles for the GPU's model, e.g. 2g.20gb,2g.20gb,3g.40gb."
     ),
     whole: bool = flag("--whole", help="Make the GPU whole again: no MIG instances, MIG mode off."),
+    wait: bool = flag("--wait", help="Return once the node's agent has applied it (or refused it)."),
+    timeout: str = typer.Option("10m", "--timeout", help="With --wait: give up after this long (30s, 10m)."),
     json_out: bool = json_flag("the line"),
 ) -> None:
     """Slice a GPU with MIG, or make it whole again. The GPU is cordoned until its agent
-    has applied the layout, which it does once no job runs there."""
+    has applied the layout, which it does once no job runs there; jobs asking for the
+    layout's slices wait for it meanwhile. --wait returns once it is in effect."""
     if (layout is None) == (not whole):
         raise fail("give either --layout PROFILES or --whole", BAD_INPUT)
+    limit = _wait_timeout(timeout) if wait else 0.0
     profiles: list[str] | None = None
     if layout is not None:
         try:
@@ -272,13 +332,44 @@ def mig_layout(
             profiles = parse_layout(layout)
         except ValueError as exc:
             raise fail(str(exc), BAD_INPUT) from None
+    asked = "whole GPU" if profiles is None else f"MIG layout {','.join(profiles)}"
     with client() as c:
         n = c.request("PUT", f"/nodes/{node}/gpus/{gpu}/mig", json={"layout": profiles, "whole": whole})
+        state = mig_state(_gpu_of(n, gpu), profiles or [])
+        deadline = time.monotonic() + limit
+        while wait and state is None and time.monotonic() < deadline:
+            time.sleep(WAIT_POLL_S)
+            n = c.request("GET", f"/nodes/{node}")
+            state = mig_state(_gpu_of(n, gpu), profiles or [])
     if json_out:
         print_json(n)
+    g = _gpu_of(n, gpu)
+    where = f"node {node} GPU {gpu}"
+    if state == "failed":
+        raise fail(f"{where}: {asked} failed on the node: {g.get('mig_error')} (the GPU stays cordoned)")
+    if state == "replaced":
+        raise fail(f"{where}: another MIG layout was asked since {asked}: gpufleet nodes {node} shows it")
+    if wait and state is None:
+        held = f" (job {g['job_id']} holds it)" if g.get("job_id") else ""
+        raise fail(
+            f"{where}: {asked} still pending after {timeout}{held}: the node's agent applies it once no "
+            f"job holds the GPU; it stays asked (gpufleet nodes {node} shows it)"
+        )
+    if json_out:
         return
-    asked = "whole GPU" if profiles is None else f"MIG layout {','.join(profiles)}"
-    typer.echo(f"node {node} GPU {gpu}: {asked} asked; the GPU is cordoned until its agent applies it")
+    if state == "applied":
+        typer.echo(f"{where}: {asked} in effect{_mig_text_of(g)}")
+    else:
+        typer.echo(
+            f"{where}: {asked} asked, pending: the GPU takes no new job until its agent applies it "
+            "(once no job holds it); jobs asking for its slices wait for it (--wait waits too)"
+        )
+
+
+def _mig_text_of(g: dict[str, Any]) -> str:
+    from gpufleet.api.nodes import GpuOut
+
+    return _mig_text(GpuOut.model_validate(g))
 
 
 @node_app.command("share")
@@ -286,20 +377,41 @@ def share_gpu(
     node: str = typer.Argument(...),
     gpu: list[int] = typer.Option(..., "--gpu", min=0, help="The GPU index (again for several)."),
     off: bool = flag("--off", help="Make the GPU whole again (no job may hold a share of it)."),
+    wait: bool = flag("--wait", help="Return once the node's agent has synced since, and is Ready."),
+    timeout: str = typer.Option("2m", "--timeout", help="With --wait: give up after this long (30s, 2m)."),
     json_out: bool = json_flag("the node"),
 ) -> None:
     """Share a GPU: it takes jobs asking for part of one (``--gpu-fraction``,
     ``--gpu-memory``), run under MPS with their compute and memory limits, and no longer
-    whole-GPU jobs. Refused while a job holds the GPU: cordon it and wait."""
+    whole-GPU jobs. Refused while a job holds the GPU: cordon it and wait.
+
+    The switch is the server's: a job submitted once this returns is judged against it.
+    --wait also waits for the node's agent to sync since (a share starts nowhere else)."""
+    limit = _wait_timeout(timeout) if wait else 0.0
     n: dict[str, Any] = {}
     with client() as c:
         for g in gpu:
             n = c.request("PUT", f"/nodes/{node}/gpus/{g}/share", json={"shared": not off})
+        seen = n.get("last_seen") or 0.0
+        deadline = time.monotonic() + limit
+        while wait and not _synced_since(n, seen) and time.monotonic() < deadline:
+            time.sleep(WAIT_POLL_S)
+            n = c.request("GET", f"/nodes/{node}")
+    gpus = ",".join(map(str, gpu))
+    if wait and not _synced_since(n, seen):
+        raise fail(
+            f"node {node} GPU {gpus}: {'whole again' if off else 'shared'} on the server, but the node "
+            f"({n.get('state')}) has not synced in {timeout}: its jobs start once its agent is back"
+        )
     if json_out:
         print_json(n)
         return
     what = "whole again" if off else "shared (GPU shares only, no whole-GPU jobs)"
-    typer.echo(f"node {node} GPU {','.join(map(str, gpu))}: {what}")
+    typer.echo(f"node {node} GPU {gpus}: {what}" + ("; its agent has synced since" if wait else ""))
+
+
+def _synced_since(n: dict[str, Any], seen: float) -> bool:
+    return n.get("state") == "Ready" and (n.get("last_seen") or 0.0) > seen
 
 
 def _rollout_lines(r: dict[str, Any]) -> None:

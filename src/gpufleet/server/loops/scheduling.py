@@ -75,6 +75,7 @@ from gpufleet.server.loops import dependencies, eligibility
 from gpufleet.server.loops.reservations import Booked, load_booked, step_reservations
 from gpufleet.server.loops.runner import Loop
 from gpufleet.server.models import Allocation, Job, ServiceRow, Team, User
+from gpufleet.server.services import layoutwait
 from gpufleet.server.services.inventory import LiveFleet
 
 log = logging.getLogger("gpufleet.scheduling")
@@ -379,6 +380,9 @@ class SchedulingPass:
             held_back, kill = eligibility.judge(
                 timed, now=now, schedule=None if prices is None else prices[0], pool_models=models
             )
+        if any(mig.wants_slices(p.gpu_type) for p in pending):  # slices a pending MIG layout makes
+            for jid, b in layoutwait.judge(pending, fleet=fleet, awaited=layoutwait.load(s)).items():
+                held_back.setdefault(jid, b)
         if waiting:  # judged every pass: a verdict changes when another job ends
             for jid, b in dependencies.blocked(s, waiting).items():
                 if b.never and self._pending.rows[jid][0].kill_on_invalid_dep:

@@ -37,6 +37,7 @@ from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import event_row
 from gpufleet.server.models import GpuRow, Job, NodeRow, ReservationRow, Team
 from gpufleet.server.problems import Failure, forbidden, invalid
+from gpufleet.server.services import layoutwait
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.inventory import FleetCache
@@ -276,6 +277,10 @@ def _shape_problem(ctx: _Ctx, spec: JobSubmit, fleets: FleetCache) -> Failure | 
     if problem is not None and spec.gpu_type and not _has_model(fleet, spec.gpu_type):
         models = [(n.pool, n.model) for n in fleet.nodes] + _models_elsewhere(ctx.s, spec.pool)
         problem = invalid(f"cannot ever run: {no_such_model(spec.gpu_type, spec.pool, models=models)}")
+    if problem is not None and mig.wants_slices(spec.gpu_type):  # early, not impossible: it waits
+        awaited = layoutwait.load(ctx.s, pool=spec.pool)
+        if layoutwait.reason(awaited, pool=spec.pool, gpu_type=spec.gpu_type, gpus=spec.gpus):
+            problem = None
     ctx.shapes[key] = problem
     return problem
 
@@ -576,6 +581,17 @@ def _fit_gpu_memory(ctx: _Ctx, new: NewJob) -> NewJob | Failure:
     fleet = ctx.fleets.get(spec.pool)
     if fleet is None:
         fleet = ctx.fleets[spec.pool] = new.fleets.registered(ctx.s, spec.pool, stale_ok=True)
+    fitted = _fit_on(new, fleet, mb)
+    if isinstance(fitted, Failure) and not new.fleets.is_fresh(spec.pool, fleet):
+        # confirm on today's fleet: a GPU shared a moment ago is not in a stale one (issue
+        # 30: a submit right after `gpufleet node share` was refused)
+        fleet = ctx.fleets[spec.pool] = new.fleets.registered(ctx.s, spec.pool)
+        fitted = _fit_on(new, fleet, mb)
+    return fitted
+
+
+def _fit_on(new: NewJob, fleet: Fleet, mb: int) -> NewJob | Failure:
+    spec = new.spec
     if spec.gpu_fraction is not None:
         return _share(new, fleet, mb)
     best = fit_memory(fleet, spec.pool, mb)
