@@ -141,13 +141,28 @@ def test_below_twice_the_ready_replicas_is_no_panic() -> None:
 
 
 def test_panic_is_capped_by_max_and_holds_scale_down() -> None:
+    p = ScalePolicy(min_replicas=1, max_replicas=4, scale_down_cooldown_s=100.0, panic_hold_s=60.0)
+    state = ScaleState(per_replica=1.0)
+    assert step(p, state, seen(1, 100.0, 50.0), now=0.0).desired == 4
+    assert step(p, state, seen(4, 100.0, 50.0), now=90.0).desired == 4  # at max, still panicking
+    for t in (120.0, 140.0):  # past the cooldown, load gone: held by the last panic reading
+        d = step(p, state, seen(4, 10.0, 0.1), now=t)
+        assert d.desired == 4 and d.kind == "held-down" and "panic" in d.reason
+    d = step(p, state, seen(4, 10.0, 0.1), now=151.0)  # panic over; t=90's reading is in the window
+    assert d.kind == "held-down" and "panic" not in d.reason
+    assert step(p, state, seen(4, 10.0, 0.1), now=191.0).kind == "down"
+
+
+def test_the_panic_hold_is_never_longer_than_the_services_cooldown() -> None:
+    """A service that asks to scale down after 10 s of calm gets that after a panic too,
+    not the 60-s hold (the e2e test's 4-s cooldown once waited a minute)."""
     p = ScalePolicy(min_replicas=1, max_replicas=4, scale_down_cooldown_s=10.0, panic_hold_s=60.0)
     state = ScaleState(per_replica=1.0)
     assert step(p, state, seen(1, 100.0, 50.0), now=0.0).desired == 4
-    for t in (20.0, 40.0):  # past the cooldown, load gone: held by panic
-        d = step(p, state, seen(4, 10.0, 0.1), now=t)
-        assert d.desired == 4 and d.kind == "held-down" and "panic" in d.reason
-    assert step(p, state, seen(4, 10.0, 0.1), now=61.0).kind == "down"
+    assert step(p, state, seen(4, 100.0, 50.0), now=5.0).desired == 4  # panics again at max: held to 15
+    d = step(p, state, seen(4, 10.0, 0.1), now=12.0)
+    assert d.kind == "held-down" and "panic" in d.reason
+    assert step(p, state, seen(4, 10.0, 0.1), now=16.0).kind == "down"
 
 
 def test_inflight_metric_panics_on_its_own_target() -> None:
@@ -273,3 +288,22 @@ def test_a_surge_in_a_gateway_report(before: int, now: int, surge: bool) -> None
     assert first == (["svc"] if surged(0, before) else [])
     assert t.put("g1", 2.0, {"svc": ServiceCounters(codes={}, inflight=now)}) == (["svc"] if surge else [])
     assert t.put("g2", 2.0, {"svc": ServiceCounters(codes={}, inflight=0)}) == []  # per gateway
+
+
+def test_a_step_keeps_waking_until_the_panic_windows_mean_caught_up() -> None:
+    """The panic rule reads the mean over its window: a gateway reporting every 0.2 s
+    shows a step in one report but moves that mean only a tenth of the way; each report
+    of the step wakes the autoscaler again until the mean is half of it."""
+    from gpufleet.api.services import ServiceCounters
+    from gpufleet.server.traffic import TrafficStore
+
+    t = TrafficStore()
+    at = 0.0
+    for _ in range(10):
+        at += 0.2
+        assert t.put("g1", at, {"svc": ServiceCounters(codes={}, inflight=1)}) == []
+    woken = []
+    for _ in range(15):
+        at += 0.2
+        woken.append(bool(t.put("g1", at, {"svc": ServiceCounters(codes={}, inflight=12)})))
+    assert woken[:5] == [True] * 5 and not any(woken[-5:]), woken

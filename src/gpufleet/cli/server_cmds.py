@@ -68,6 +68,12 @@ def server(
         "--service-drain",
         help="Stop a service replica this long after the gateways stopped sending it requests.",
     ),
+    service_interval: str = typer.Option(
+        "1s",
+        "--service-interval",
+        help="The replica controller and autoscaler's period (a service change or a load surge a "
+        "gateway reports wakes it at once).",
+    ),
     auto_mig: bool = flag(
         "--auto-mig",
         help="The MIG planner: lay out idle MIG-mode GPUs anew when MIG slice jobs wait and "
@@ -233,6 +239,9 @@ def server(
         queue_wait_s = parse_duration(queue_wait_alert)
         idle_release_s = parse_duration(idle_release)
         service_drain_s = parse_duration(service_drain)
+        service_interval_s = parse_duration(service_interval)
+        if service_interval_s <= 0:
+            raise ValueError("--service-interval must be above 0")
         auto_mig_interval_s = parse_duration(auto_mig_interval)
         auto_mig_cooldown_s = parse_duration(auto_mig_cooldown)
         leader_ttl_s = parse_duration(leader_ttl)
@@ -271,6 +280,7 @@ def server(
         queue_wait_alert_s=queue_wait_s,
         reservation_idle_release_s=idle_release_s,
         service_drain_s=service_drain_s,
+        service_interval_s=service_interval_s,
         auto_mig=auto_mig,
         auto_mig_interval_s=auto_mig_interval_s,
         auto_mig_cooldown_s=auto_mig_cooldown_s,

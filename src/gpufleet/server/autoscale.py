@@ -24,8 +24,10 @@ was observed, and its own recent history (Kubernetes' HorizontalPodAutoscaler ru
   learned while the load is calm (in flight per ready replica, scaled to the target,
   smoothed; ``ScaleState.per_replica``). When the replicas that demand needs are at
   least ``panic_threshold`` (2) times the ready ones, the count goes to that demand in
-  one step, past the scale-up stabilisation; for ``panic_hold_s`` (60 s) after, nothing
-  scales down.
+  one step, past the scale-up stabilisation; for ``panic_hold_s`` (60 s, Knative's
+  stable window) after, or the service's own ``scale_down_cooldown_s`` if shorter,
+  nothing scales down (a service that asks to scale down after 4 s of calm is not held
+  for a minute because a step once panicked it).
 
 Every decision carries its inputs as a sentence, written as the service's event, and
 says what it is as a value (``Decision.kind``): no caller parses the sentence.
@@ -161,7 +163,7 @@ def step(policy: ScalePolicy, state: ScaleState, obs: Observation, now: float) -
     learn(policy, state, obs)
     if need is not None:
         target = min(policy.max_replicas, max(need, rec))
-        state.panic_until = now + policy.panic_hold_s
+        state.panic_until = now + min(policy.panic_hold_s, policy.scale_down_cooldown_s)
         if target > current:
             state.last_up_at = now
             k = capacity(policy, state) or 0.0

@@ -87,7 +87,9 @@ class ServerConfig:
     """A replica taken out of the gateways is stopped this long after (``--service-drain``):
     gateways poll every second, and requests sent before then finish meanwhile."""
     service_interval_s: float = 1.0
-    """The replica controller's period (it is also woken by every service change)."""
+    """The replica controller's and autoscaler's period (``--service-interval``); it is also
+    woken by every service change and by a gateway report whose in-flight requests surged
+    (``traffic.surged``), so a load step is decided on as it is reported."""
     auto_mig: bool = False
     """``--auto-mig``: the MIG planner (``loops/automig.py``, ``scheduler/migplan.py``) lays
     out idle MIG GPUs anew for waiting slice jobs, and makes them whole again for waiting

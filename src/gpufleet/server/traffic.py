@@ -58,13 +58,16 @@ def quantile(q: float, le: tuple[float, ...], increments: list[int]) -> float | 
     return prev_bound
 
 
-SURGE_FACTOR, SURGE_MIN = 2.0, 4
+SURGE_FACTOR, SURGE_MIN, SURGE_WINDOW_S = 2.0, 4, 2.0
 """A report's in-flight requests for a service surged when they are at least
-``SURGE_FACTOR`` times the gateway's previous report's and ``SURGE_MIN`` more: the
-panic rule's own factor, and a floor so that 0 -> 1 -> 2 at a light load wakes nothing."""
+``SURGE_FACTOR`` times the mean of the gateway's reports over the last
+``SURGE_WINDOW_S`` and ``SURGE_MIN`` more: the panic rule's own factor and window (its
+demand is that mean: every report of a step wakes the autoscaler until the mean has
+caught up, however often the gateway reports), and a floor so that 0 -> 1 -> 2 at a
+light load wakes nothing."""
 
 
-def surged(before: int, now: int) -> bool:
+def surged(before: float, now: int) -> bool:
     return now >= SURGE_FACTOR * before and now - before >= SURGE_MIN
 
 
@@ -111,7 +114,8 @@ class TrafficStore:
                 series = self._series.setdefault((gateway, name), deque())
                 if series and sum(series[-1].codes.values()) > sum(rep.codes.values()):
                     series.clear()  # the gateway restarted: its counters began again
-                if surged(series[-1].inflight if series else 0, rep.inflight):
+                recent = [r.inflight for r in series if r.at >= at - SURGE_WINDOW_S]
+                if surged(sum(recent) / len(recent) if recent else 0.0, rep.inflight):
                     surging.append(name)
                 series.append(rep)
                 while series and series[0].at < at - KEEP_S:
