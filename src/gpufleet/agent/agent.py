@@ -506,6 +506,9 @@ class Agent:
                 if job.port is not None and job.exit_code is None:
                     seen["endpoint"] = self.endpoint(job)
                     seen["ready"] = self.replicas.ready(job.key)
+                    models = self.replicas.models.seen(job.key)  # issue 30 (agent/replicamodels.py)
+                    if models is not None:
+                        seen["models"] = models
                 if job.key not in self._released:  # released: only the rest of its log
                     jobs.append(seen)
             mig_results = [
@@ -596,6 +599,10 @@ class Agent:
                 self.stats.started += 1
                 self._news = True
             self._step_tasks(parsed, now, sent)
+            self.replicas.models.want(  # the services' wished models (agent/replicamodels.py)
+                {k: d.service.models for k, d in desired.items() if d.service is not None},
+                serving=[k for k in self.jobs if self.replicas.ready(k)],
+            )
             self._feed_probe()
             self._mig_step(parsed.mig)
 

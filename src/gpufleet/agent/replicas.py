@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import httpx
 
 from gpufleet.agent.jobs import LocalJob
+from gpufleet.agent.replicamodels import ModelConverger
 
 Key = tuple[int, int]
 BUSY_METRIC = "gpufleet_model_busy_seconds_total"
@@ -28,9 +29,12 @@ class ReplicaProbes:
         self._busy: dict[Key, tuple[float, float, float]] = {}
         """(busy seconds, when read, utilisation 0..1 since the reading before)."""
         self._http: httpx.Client | None = None
+        self.models = ModelConverger(timeout_s=timeout_s)
+        """The service's wished models on each replica (``replicamodels``): converged at
+        each successful probe; a replica with wishes is ready once one pass ran."""
 
     def ready(self, key: Key) -> bool:
-        return self._ready.get(key, (False, 0.0))[0]
+        return self._ready.get(key, (False, 0.0))[0] and not self.models.gates(key)
 
     def util(self, key: Key) -> float | None:
         got = self._busy.get(key)
@@ -46,12 +50,15 @@ class ReplicaProbes:
             for key in [k for k in table if k not in live]:
                 del table[key]
         for job in jobs:
-            was, at = self._ready.get(job.key, (False, -1e18))
+            at = self._ready.get(job.key, (False, -1e18))[1]
             if now - at < self.interval_s:
                 continue
+            was = self.ready(job.key)
             ok = self._get_ok(job, job.health_path or "/")
             self._ready[job.key] = (ok, now)
-            changed |= ok != was
+            if ok and job.port is not None:
+                changed |= self.models.converge(job.key, job.port, self._client())
+            changed |= self.ready(job.key) != was
             if ok and simulated:
                 self._read_busy(job, now)
         return changed

@@ -11,6 +11,7 @@ from pydantic import (
 )
 
 from gpufleet.api.base import INT32, MAX_GPU_INDEX, Name, NodeName, Reply, Request, clean_text
+from gpufleet.api.servicemodels import MAX_MODELS, ReplicaModel
 from gpufleet.api.steps import DesiredStep, StepAck, StepTaskIn
 
 
@@ -75,6 +76,11 @@ class ObservedJob(Request):
         default=None, description="a service replica: where it serves (its node's address and $PORT)"
     )
     ready: bool | None = Field(default=None, description="a service replica: its health path answers 2xx")
+    models: list[ReplicaModel] | None = Field(
+        default=None,
+        max_length=MAX_MODELS,
+        description="a service replica: its wished models as it has them (api/servicemodels.py)",
+    )
 
 
 class MigTelemetry(Request):
@@ -193,6 +199,9 @@ class ServiceProbe(Reply):
 
     health_path: str
     port: int
+    models: dict[str, bool] = Field(
+        default_factory=dict, description="the service's wished models: name -> loaded (api/servicemodels.py)"
+    )
 
 
 class ArrayTask(Reply):

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, RootModel, StringConstraints, ValidationError, model_validator
 
 from gpufleet.api.base import Name, Reply, Request
+from gpufleet.api.servicemodels import ServiceModelOut
 
 SERVICE_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 """A DNS label (Kubernetes' Service names): it is a path segment of the gateway's URLs."""
@@ -258,6 +259,9 @@ class ServiceOut(Reply):
     traffic: ServiceTraffic | None = Field(default=None, description="from the gateways' reports, last 30 s")
     rollout: RolloutOut | None = Field(default=None, description="the current generation's rollout")
     replicas: list[ReplicaOut] = Field(default_factory=list)
+    models: list[ServiceModelOut] = Field(
+        default_factory=list, description="models wished loaded or unloaded on every replica (issue 30)"
+    )
     events: list[ServiceEventOut] = Field(default_factory=list)
     created_at: float
     updated_at: float

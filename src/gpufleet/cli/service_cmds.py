@@ -34,6 +34,7 @@ from gpufleet.cli import words
 from gpufleet.cli._common import BAD_INPUT, client, fail, print_json, print_table, stream_logs
 from gpufleet.cli.apps import service_app
 from gpufleet.cli.options import flag, json_flag
+from gpufleet.cli.servicemodel_cmds import model_app, print_models
 from gpufleet.cli.servicespec import env_pairs, read_spec_file, spec_fields, validated
 from gpufleet.client import GpufleetClient
 from gpufleet.placefmt import gpu_ranges
@@ -195,6 +196,7 @@ def _print(svc: ServiceOut) -> None:
                 for r in sorted(svc.replicas, key=lambda r: (r.replica, r.generation, r.job_id))
             ],
         )
+    print_models(svc.models)
     if svc.events:
         typer.echo("\nevents:")
         for e in svc.events:
@@ -202,6 +204,8 @@ def _print(svc: ServiceOut) -> None:
 
 
 # -- commands -------------------------------------------------------------------------------
+
+service_app.add_typer(model_app, name="model")  # service model load|unload|list|forget (issue 30)
 
 
 @service_app.command("deploy")

@@ -228,6 +228,9 @@ class Job(Base):
     warm: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """A standby replica of a service's warm pool: ready, not in rotation (priced at the
     price schedule's ``warm`` factor)."""
+    model_states: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    """A replica's wished models as its agent last saw them (``api.servicemodels.
+    ReplicaModel`` as JSON: name, state, reason); None: nothing reported."""
     # Job arrays and dependencies (Slurm's ``--array``, ``--dependency``).
     array_job_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     """The array this job is a task of: the id of its first task (Slurm's ArrayJobId)."""
@@ -294,6 +297,19 @@ class ServiceSpecRow(Base):
     service_id: Mapped[int] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), index=True)
     generation: Mapped[int] = mapped_column(Integer)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    at: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str] = mapped_column(String(140))
+
+
+class ServiceModelRow(Base):
+    """A model a service wants loaded or unloaded on every replica (``gpufleet service
+    model load|unload``, issue 30): ``wanted`` is ``loaded`` or ``unloaded``; the agents
+    converge their replicas to it (``agent/replicamodels.py``)."""
+
+    __tablename__ = "service_models"
+    service_id: Mapped[int] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    wanted: Mapped[str] = mapped_column(String(16))
     at: Mapped[float] = mapped_column(Float)
     actor: Mapped[str] = mapped_column(String(140))
 

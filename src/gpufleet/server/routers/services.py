@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
+from gpufleet.api.servicemodels import MODEL_NAME, ServiceModelIn, ServiceModelOut
 from gpufleet.api.services import (
     SERVICE_NAME,
     GatewayFeed,
@@ -19,7 +20,7 @@ from gpufleet.api.services import (
 )
 from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.problems import ObjectId, ProblemError, unwrap
-from gpufleet.server.services import gatewayfeed, inference, servicetokens
+from gpufleet.server.services import gatewayfeed, inference, servicemodels, servicetokens
 
 router = APIRouter(prefix="/services", tags=["services"])
 gateway_router = APIRouter(prefix="/gateway", tags=["services"])
@@ -97,6 +98,36 @@ def delete(name: ServiceNameIn, parts: PartsDep, me: Me) -> ServiceOut:
     return unwrap(
         inference.delete(db=parts.db, actor=me, name=name, now=parts.now(), waker=parts.replicas.wake)
     )
+
+
+ModelNameIn = Annotated[str, Path(pattern=MODEL_NAME, description="a model's name in a repository")]
+
+
+@router.get("/{name}/models", response_model=list[ServiceModelOut])
+def list_models(name: ServiceNameIn, parts: PartsDep, me: Me) -> list[ServiceModelOut]:
+    """The models wished loaded or unloaded on every replica, and where each replica
+    stands (``api/servicemodels.py``)."""
+    return unwrap(servicemodels.list_models(db=parts.db, actor=me, name=name))
+
+
+@router.put("/{name}/models/{model}", response_model=ServiceModelOut)
+def set_model(
+    name: ServiceNameIn, model: ModelNameIn, body: ServiceModelIn, parts: PartsDep, me: Me
+) -> ServiceModelOut:
+    """Want the model loaded (or unloaded) on every replica, later ones included; each
+    replica's agent converges it through Triton's repository API (``gpufleet service
+    model load|unload``)."""
+    return unwrap(
+        servicemodels.set_model(
+            db=parts.db, actor=me, name=name, model=model, wanted=body.state, now=parts.now()
+        )
+    )
+
+
+@router.delete("/{name}/models/{model}", response_model=ServiceModelOut)
+def forget_model(name: ServiceNameIn, model: ModelNameIn, parts: PartsDep, me: Me) -> ServiceModelOut:
+    """Forget the wish: replicas keep what they have, new ones start as their server does."""
+    return unwrap(servicemodels.forget_model(db=parts.db, actor=me, name=name, model=model, now=parts.now()))
 
 
 @router.post("/{name}/tokens", response_model=ServiceTokenOut, status_code=201)

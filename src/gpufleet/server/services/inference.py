@@ -50,6 +50,7 @@ from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_
 from gpufleet.server.replicas import Replica, Wish
 from gpufleet.server.services import rollouts
 from gpufleet.server.services.auth import Principal
+from gpufleet.server.services.modelwishes import summarize
 
 Waker = Callable[[], None]
 LIVE = (JobState.PENDING, JobState.HELD, JobState.SCHEDULED, JobState.RUNNING)
@@ -218,6 +219,7 @@ def _out(
         traffic=traffic,
         rollout=rollout,
         replicas=reps,
+        models=summarize(s, row),
         events=[ServiceEventOut(at=e.at, actor=e.actor, kind=e.kind, reason=e.reason) for e in reversed(evs)],
         created_at=row.created_at,
         updated_at=row.updated_at,

@@ -30,6 +30,7 @@ from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import attempt_of, move, ref, release_attempt
 from gpufleet.server.models import Allocation, Job, NodeRow, User
 from gpufleet.server.services.logs import open_tails
+from gpufleet.server.services.modelwishes import wishes
 from gpufleet.server.services.nodeops import add_event
 from gpufleet.server.services.steps import desired_steps
 
@@ -73,6 +74,7 @@ def desired(s: Session, node: str) -> list[DesiredJob]:
     names = {n for p in placement.values() for n in p}
     addresses = dict(s.execute(select(NodeRow.name, NodeRow.address).where(NodeRow.name.in_(names))).all())
     out = [_desired_job(job, user, node, placement[jid], addresses) for jid, (job, user) in jobs.items()]
+    out = _with_models(s, out, jobs)  # the services' wished models (issue 30)
     steps = desired_steps(s, node, {d.job_id: d.attempt for d in out})  # srun's tasks here (issue 31)
     return [d.model_copy(update={"steps": steps[d.job_id]}) if d.job_id in steps else d for d in out]
 
@@ -114,6 +116,19 @@ def _desired_job(
         cpus_per_node=job.cpus_per_node,
         mem_per_node_mb=job.mem_per_node_mb,
     )
+
+
+def _with_models(s: Session, out: list[DesiredJob], jobs: dict[int, tuple[Job, str]]) -> list[DesiredJob]:
+    """Each replica's ``ServiceProbe.models``: its service's wished models now
+    (``modelwishes``; unlike the rest of the probe they change while it runs)."""
+    ids = {jid: job.service_id for jid, (job, _) in jobs.items() if job.service_id is not None}
+    wished = wishes(s, ids.values())
+    return [
+        d.model_copy(update={"service": d.service.model_copy(update={"models": wished[ids[d.job_id]]})})
+        if d.service is not None and ids.get(d.job_id) in wished
+        else d
+        for d in out
+    ]
 
 
 def _array(job: Job) -> ArrayTask | None:
@@ -305,9 +320,12 @@ def _readiness(o: ObservedJob, job: Job, now: float) -> dict[str, object]:
         return {}
     if JobState(job.state) not in ACTIVE:
         return {}
-    if (job.ready, job.endpoint) == (o.ready, o.endpoint):
+    models = None if o.models is None else [m.model_dump() for m in o.models]
+    if (job.ready, job.endpoint) == (o.ready, o.endpoint) and models in (None, job.model_states):
         return {}
     values: dict[str, object] = {"ready": o.ready, "endpoint": o.endpoint}
+    if models is not None:  # a replica's wished models as its agent saw them (issue 30)
+        values["model_states"] = models
     if o.ready and not job.ready:
         values["ready_at"] = now
     return values
