@@ -162,7 +162,7 @@ def test_exit_code_is_the_worst_tasks_and_kill_on_bad_exit_stops_the_rest(srv: S
 def test_cancel_of_the_job_ends_the_steps_tasks_on_every_node(srv: Server, pool: str, tmp_path: Path) -> None:
     job = run_job(srv, pool, "srun -N2 bash -c 'echo up-$SLURM_PROCID; sleep 300'; echo script-end")
     job_id = job["id"]
-    wait_for(srv, job_id, "RUNNING")
+    wait_for(srv, job_id, "RUNNING", timeout=30)
     deadline = time.monotonic() + 15
     while True:
         steps = steps_of(srv, job_id)
@@ -184,7 +184,7 @@ def test_cancel_of_the_job_ends_the_steps_tasks_on_every_node(srv: Server, pool:
 
 def _sleepers(job_id: int) -> list[str]:
     """Processes of this job's step tasks still alive (by their environment mark)."""
-    out = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True, text=True).stdout.split()
     found = []
     for pid in out:
         try:
@@ -205,7 +205,8 @@ def test_job_credential_works_only_while_the_job_runs_and_only_as_its_owner(srv:
         f'echo own=$({probe} "$GPUFLEET_URL/v1/jobs/$SLURM_JOB_ID"); '
         f'echo theirs=$({probe} "$GPUFLEET_URL/v1/jobs/{theirs}"); '
         f'echo nodecred=$({probe} -X POST "$GPUFLEET_URL/v1/nodes/x/sync" -d "{{}}"); '
-        'echo on-cmdline=$(grep -lF -f <(printf %s "$GPUFLEET_TOKEN") /proc/[0-9]*/cmdline 2>/dev/null | wc -l); '
+        'echo on-cmdline=$(grep -lF -f <(printf %s "$GPUFLEET_TOKEN") /proc/[0-9]*/cmdline 2>/dev/null '
+        "| wc -l); "
         'echo "token=$GPUFLEET_TOKEN"; echo script-end'
     )
     job = ended(srv, run_job(srv, pool, script, token=owner)["id"])
@@ -228,3 +229,59 @@ def test_srun_outside_an_allocation_says_so(tmp_path: Path) -> None:
         [sys.executable, "-m", "gpufleet.slurm", "srun", "hostname"], capture_output=True, text=True, env=env
     )
     assert out.returncode == 1 and "no job allocation" in out.stderr
+
+
+def test_torchrun_style_script_with_scontrol_and_exported_variables(srv: Server, pool: str) -> None:
+    """The multi-node launcher pattern of real scripts: MASTER_ADDR from ``scontrol show
+    hostnames``, exported, one task per node that sees it and its own node rank."""
+    script = (
+        "export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1); "
+        "export MASTER_PORT=29500; "
+        "srun --ntasks-per-node=1 bash -c "
+        "'echo M=$MASTER_ADDR:$MASTER_PORT R=$SLURM_NODEID W=$SLURM_NNODES H=$SLURMD_NODENAME'; "
+        "echo first=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1); echo script-end"
+    )
+    job = ended(srv, run_job(srv, pool, script)["id"])
+    text = log_of(srv, job["id"])
+    assert job["state"] == "COMPLETED", text
+    first = next(line.split("=", 1)[1] for line in text.splitlines() if line.startswith("first="))
+    tasks = sorted(line for line in text.splitlines() if line.startswith("M="))
+    assert len(tasks) == 2, text
+    fields = [dict(kv.split("=", 1) for kv in line.split()) for line in tasks]
+    assert {f["M"] for f in fields} == {f"{first}:29500"}
+    assert sorted(f["R"] for f in fields) == ["0", "1"] and {f["W"] for f in fields} == {"2"}
+    assert {f["H"] for f in fields if f["R"] == "0"} == {first}
+
+
+def test_sigterm_to_srun_cancels_its_step(srv: Server, pool: str) -> None:
+    script = (
+        "srun -N2 bash -c 'echo up; sleep 300' & pid=$!; "
+        'until pgrep -f "^sleep 300$" >/dev/null; do sleep 0.1; done; '  # its tasks run
+        "kill -TERM $pid; wait $pid; echo rc=$?; echo script-end"
+    )
+    t0 = time.monotonic()
+    job = ended(srv, run_job(srv, pool, script)["id"])
+    text = log_of(srv, job["id"])
+    assert time.monotonic() - t0 < 40, text
+    assert job["state"] == "COMPLETED", text
+    rc = next(line for line in text.splitlines() if line.startswith("rc="))
+    assert rc != "rc=0", text
+    assert [s["state"] for s in steps_of(srv, job["id"])] == ["CANCELLED"]
+    assert not _sleepers(job["id"])
+
+
+def test_steps_refused_outside_a_running_job_and_on_others_jobs(srv: Server) -> None:
+    owner = make_user(srv, team=make_team(srv))
+    with srv.client() as c:
+        waiting = ok(c.post("/jobs", json={"command": ["true"], "pool": make_pool(srv)}), 201)["id"]
+        assert c.post(f"/jobs/{waiting}/steps", json={"command": ["true"]}).status_code == 409
+        assert c.post(f"/jobs/{waiting}/steps", json={"command": []}).status_code == 422
+        assert c.post(f"/jobs/{waiting}/steps", json={"command": ["x"], "ntasks": 0}).status_code == 422
+        assert c.get(f"/jobs/{waiting}/steps/0").status_code == 404
+        assert c.get(f"/jobs/{waiting}/steps/99999999999").status_code in (404, 422)
+    with srv.client(owner) as c:  # the admin's job: not the owner's to see
+        assert c.post(f"/jobs/{waiting}/steps", json={"command": ["true"]}).status_code == 404
+        assert c.get(f"/jobs/{waiting}/steps").status_code == 404
+        assert ok(c.get("/steps", params={"job": [waiting]}))["steps"] == []
+    with srv.client("gfj.1.2.forged") as c:
+        assert c.get(f"/jobs/{waiting}").status_code == 401

@@ -32,7 +32,7 @@ def launcher_text(name: str, *, as_other_account: bool) -> str:
     if path:
         run = f"PYTHONPATH={shlex.quote(path)} exec {shlex.quote(python)} -s -m gpufleet.slurm {name}"
     else:
-        run = f"exec {shlex.quote(python)} -s -m gpufleet.slurm {name}"
+        run = f"exec {shlex.quote(python)} -I -m gpufleet.slurm {name}"  # -I: nothing of the job's PYTHON*
     return f'#!/bin/sh\n{run} "$@"\n'
 
 

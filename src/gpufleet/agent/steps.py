@@ -42,6 +42,11 @@ TaskKey = tuple[int, int, int, int]
 CHUNK_BYTES = 64 * 1024
 """At most this much of one task's output per sync."""
 LOST = -1
+JOB_WIDE = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
+"""Variables gpufleet sets for a job that are the same on every node: a task takes them
+from the step's environment, where a script's ``export MASTER_ADDR=...`` (the launcher
+pattern of real multi-node scripts) has replaced them. Per-node ones (``NODE_RANK``,
+``CUDA_VISIBLE_DEVICES``, ``SLURM_NODEID``...) stay the node's."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -163,6 +168,7 @@ class StepTasks:
             base=base_env(acct if isinstance(acct, PosixAccount) else None),
             submit_dir=spec.submit_dir or spec.workdir,
         )
+        env |= {k: d.env[k] for k in JOB_WIDE if k in d.env}  # srun's (the script's export) win
         visible = env.get("CUDA_VISIBLE_DEVICES", "")
         env = task_env(env, d, procid=key[3], localid=localid, visible=[v for v in visible.split(",") if v])
         proc, why = self.runner.start_task(
