@@ -3,19 +3,25 @@ SLO with a warm pool and without one, and whether a noisy steady load ever makes
 autoscaler flap.
 
 **Step** (real processes: a ``gpufleet server`` on SQLite, ``--nodes`` in-process agents
-with simulated GPUs, a ``gpufleet gateway``, ``gpufleet model-server`` replicas run as
-jobs, the load from ``gpufleet.loadgen``): the service ``bench`` (min 1, max
-``--max-replicas``, metric ``inflight``, target ``--target`` per replica) serves
-``--qps`` requests/s for ``--before`` seconds, then ``5 x --qps`` for ``--after``
-seconds. Each model server spends ``--compute-ms`` per request (``--launch-overhead-us``:
-a GPU-like fixed cost, a sleep, so replicas add capacity as GPUs would on this 2-core
-machine) and needs ``--load-delay`` seconds to load its model before it is ready (the
-cold start a warm pool saves). ``--max-replicas`` (3) is what the load needs: every
-further replica is a process start on the same two cores as the serving path, during the
-recovery, which a GPU fleet would not have (with 6: warm 10.5 s, cold 34.5 s). Reported:
+with simulated GPUs syncing every ``--sync-interval`` (10 s, the agent's default), a
+``gpufleet gateway`` reading its feed and reporting every ``--refresh`` (1 s, its
+default), ``gpufleet model-server`` replicas run as jobs, the load from
+``gpufleet.loadgen``): the service ``bench`` (min 1, max ``--max-replicas``, metric
+``--metric`` (``inflight``; ``gpu_util`` as in issue 30), target ``--target`` per replica
+(the metric's default)) serves ``--qps`` requests/s for ``--before`` seconds, then ``5 x
+--qps`` for ``--after`` seconds. Each model server spends ``--compute-ms`` per request
+(``--launch-overhead-us``: a GPU-like fixed cost, a sleep, so replicas add capacity as
+GPUs would on this 2-core machine) and needs ``--load-delay`` seconds to load its model
+before it is ready (the cold start a warm pool saves). ``--max-replicas`` (3) is what the
+load needs: every further replica is a process start on the same two cores as the
+serving path, during the recovery, which a GPU fleet would not have. Reported:
 *recovery*, the time from the step until the p99 of every 1-second interval stays under
-``--slo-ms`` for 3 seconds, with ``warm: 2`` and with ``warm: 0`` (cold), the median over
-``--runs`` (the order alternates).
+``--slo-ms`` for 3 seconds (and no request failed in them), with ``warm: --warm`` (1)
+and with ``warm: 0`` (cold), the median over ``--runs`` (the order alternates);
+``--verbose`` prints the scaling events against the step and the p99 of each second.
+Issue 30's cases: ``--metric gpu_util --qps 40 --compute-ms 8`` and ``--metric gpu_util
+--qps 100 --compute-ms 2``. The figures are only as good as the machine is idle: the
+load generator, the gateway and every replica share its cores.
 
 **Flaps** (the autoscaler's own code on a fake clock, 20 minutes in 15-second steps):
 a steady load worth 4 replicas at the target with +-``--noise`` on every reading, each
