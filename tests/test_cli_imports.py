@@ -125,3 +125,48 @@ def test_quick_exit_keeps_the_exit_code_and_the_message() -> None:
         check=False,
     )
     assert done.returncode != 0 and "cannot reach server" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["squeue", "-h"],
+        ["sinfo"],
+        ["scontrol", "show", "job", "1"],
+        ["scontrol", "update", "JobId=1", "TimeLimit=5"],
+        ["scancel", "1"],
+    ],
+    ids=lambda argv: "-".join(argv[:2]),
+)
+def test_in_job_commands_import_no_cli_nor_models(argv: list[str]) -> None:
+    """The Slurm commands a job calls (issue 31) read the server's JSON as it comes: no
+    Typer, click or Rich (the CLI's), no pydantic (the API's models), no server code. Run
+    against a server that is not there: everything up to the request is imported, and the
+    error is Slurm's line, exit 1."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gpufleet.slurm", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "GPUFLEET_URL": "http://127.0.0.1:9", "GPUFLEET_TOKEN": "x"},
+        check=False,
+    )
+    assert done.returncode == 1 and f"{argv[0]}: error: cannot reach server" in done.stderr, done.stderr[
+        -2000:
+    ]
+    lines = done.stderr.splitlines()
+    modules = {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
+    slow = ("typer", "click", "rich", "pydantic", *HEAVY)
+    heavy = sorted(m for m in modules if m.split(".")[0] in slow)
+    ours = sorted(
+        m
+        for m in modules
+        if m == "gpufleet.cli" or m.startswith(("gpufleet.cli.", "gpufleet.api", "gpufleet.server"))
+    )
+    assert "gpufleet.client" in modules and not heavy and not ours, (heavy[:10], ours)
+
+
+def test_slurm_install_and_its_help_import_no_server_machinery() -> None:
+    modules = _imported("slurm", "install", "--help")
+    heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
+    assert not heavy and not any(m.startswith("gpufleet.server.") for m in modules), heavy[:10]
