@@ -1,8 +1,9 @@
-"""Throughput and added latency of one ``gpufleet gateway`` process, against going
-straight to the replicas and against nginx in front of the same replicas.
+"""Throughput, CPU and added latency of one ``gpufleet gateway`` process against nginx and
+haproxy in front of the same replicas, and the burst-idle pattern of issue 30 through all
+three.
 
 Starts ``--replicas`` upstream replicas (each a process: uvicorn + httptools + uvloop,
-a raw ASGI app answering a 40-byte JSON), then measures three targets, each
+a raw ASGI app answering a 40-byte JSON), then measures four targets, each
 ``--runs`` times (the order rotates between runs):
 
 * *direct*: the load generator's connections spread round robin over the replicas
@@ -10,7 +11,10 @@ a raw ASGI app answering a 40-byte JSON), then measures three targets, each
 * *gateway*: ``gpufleet gateway --endpoints-file`` (one process), ``/s/bench/`` with a
   service token (auth, request id, balancing, metrics: the whole path);
 * *nginx*: ``/usr/sbin/nginx``, one worker, ``least_conn`` upstream with ``keepalive
-  64`` (skipped when nginx is not installed).
+  64`` (skipped, with a message, when nginx is not installed);
+* *haproxy*: ``haproxy``, ``nbthread 1`` (one thread, as nginx's one worker and the
+  gateway's one process), ``balance leastconn``, ``http-reuse always`` (skipped, with a
+  message, when haproxy is not installed).
 
 For each: *saturation* (``--concurrency`` keep-alive connections back to back for
 ``--seconds``: requests/s) and *fixed rate* (``--rate`` requests/s spread evenly for
@@ -19,7 +23,20 @@ written to its last byte; at this rate nothing queues, so the time a request wai
 for the load generator's timer is not counted). ``added`` is the target's figure minus
 direct's of the same run; ``CPU us/req`` is the proxy's CPU time (its processes') per request
 during the saturation window (psutil), the figure that moves least when the machine
-is busy with something else.
+is busy with something else. ``x best`` compares a target with the better reference
+proxy (nginx or haproxy, whichever served more requests/s) *of the same run*: its
+requests/s and its CPU per request as ratios, medians over runs (issue 30's goals:
+requests/s at least 0.8x, CPU per request at most 2x).
+
+*Burst-idle* (issue 30, item 6; ``--bursts``, 0: skipped): two replicas of the real
+``gpufleet model-server`` with a keep-alive of ``--replica-keep-alive`` (5 s: uvicorn's
+default, the setting that made the gateway answer 502s), behind a fresh gateway, nginx
+and haproxy (the same settings as above). Each cycle sends a burst of ``--burst`` KServe
+infer requests (POST, 64 at once over fresh client connections, so that only the proxy's
+idle upstream connections can be stale) through each proxy in turn, then waits
+``--gap`` seconds (longer than the replicas' keep-alive, so they close every pooled
+connection as the proxies are about to reuse them). A failure is any answer but 200, or
+none; the gateway's resends and ejections are read from its ``/metrics``.
 
 The load generator is one process (this one) on uvloop: ``--client raw`` (default)
 writes prepared requests on sockets and parses status and Content-Length (~25 us of
@@ -54,8 +71,15 @@ import psutil
 
 TOKEN = "gf_bench_service_token_0123456789"
 NGINX = "/usr/sbin/nginx"
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 GOAL_RPS = 2000.0
 GOAL_ADDED_P99_MS = 5.0
+GOAL_RPS_VS_BEST = 0.8
+"""Issue 30: the gateway's requests/s at least this share of the better reference proxy's."""
+GOAL_CPU_VS_BEST = 2.0
+"""Issue 30: the gateway's CPU per request at most this multiple of the better proxy's."""
+PROXIES = ("nginx", "haproxy")
+INFER = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}]})
 
 
 # -- the upstream replica (run as: bench_gateway.py --upstream PORT) ------------------------
@@ -250,7 +274,7 @@ def _wait(url: str, proc: subprocess.Popen[bytes], headers: dict[str, str] | Non
     raise RuntimeError(f"{url}: not up after 30 s")
 
 
-def start_nginx(tmp: Path, ports: list[int]) -> tuple[subprocess.Popen[bytes], int]:
+def start_nginx(tmp: Path, ports: list[int], ready: str = "v1/ping") -> tuple[subprocess.Popen[bytes], int]:
     port = _port()
     servers = "\n".join(f"    server 127.0.0.1:{p};" for p in ports)
     user = "user root;\n" if os.geteuid() == 0 else ""
@@ -282,17 +306,52 @@ http {{
 }}
 """)
     proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(tmp)], stderr=subprocess.DEVNULL)
-    _wait(f"http://127.0.0.1:{port}/s/bench/v1/ping", proc)
+    _wait(f"http://127.0.0.1:{port}/s/bench/{ready}", proc)
     return proc, port
 
 
-def start_gateway(tmp: Path, ports: list[int]) -> tuple[subprocess.Popen[bytes], int]:
+def start_haproxy(tmp: Path, ports: list[int], ready: str = "v1/ping") -> tuple[subprocess.Popen[bytes], int]:
+    """haproxy as an operator would put it in front of these replicas: one thread,
+    ``leastconn``, idle server connections shared by every client (``http-reuse
+    always``), the ``/s/bench`` prefix stripped as nginx's ``proxy_pass .../`` does.
+    Its other settings are its defaults (``retries 3``, ``retry-on conn-failure``)."""
+    port = _port()
+    servers = "\n".join(f"  server r{i} 127.0.0.1:{p}" for i, p in enumerate(ports))
+    conf = tmp / "haproxy.cfg"
+    conf.write_text(f"""global
+  nbthread 1
+  maxconn 4096
+  pidfile {tmp}/haproxy.pid
+defaults
+  mode http
+  option http-keep-alive
+  timeout connect 2s
+  timeout client 300s
+  timeout server 300s
+  timeout http-keep-alive 300s
+frontend bench
+  bind 127.0.0.1:{port}
+  default_backend replicas
+backend replicas
+  balance leastconn
+  http-reuse always
+  http-request replace-path /s/bench(/.*) \\1
+{servers}
+""")
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(conf)], stderr=(tmp / "haproxy.log").open("wb"))
+    _wait(f"http://127.0.0.1:{port}/s/bench/{ready}", proc)
+    return proc, port
+
+
+def start_gateway(
+    tmp: Path, ports: list[int], protocol: str = "http", ready: str = "v1/ping"
+) -> tuple[subprocess.Popen[bytes], int]:
     feed = {
         "at": time.time(),
         "services": [
             {
                 "name": "bench",
-                "protocol": "http",
+                "protocol": protocol,
                 "tokens": [hashlib.sha256(TOKEN.encode()).hexdigest()],
                 "rate": None,
                 "endpoints": [
@@ -310,12 +369,12 @@ def start_gateway(tmp: Path, ports: list[int]) -> tuple[subprocess.Popen[bytes],
             }
         ],
     }
-    path = tmp / "endpoints.json"
+    path = tmp / f"endpoints-{ports[0]}.json"
     path.write_text(json.dumps(feed))
     port = _port()
     cmd = [sys.executable, "-m", "gpufleet", "gateway", "--endpoints-file", str(path), "--port", str(port)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
-    _wait(f"http://127.0.0.1:{port}/s/bench/v1/ping", proc, {"Authorization": f"Bearer {TOKEN}"})
+    proc = subprocess.Popen([*cmd, "--metrics-public"], stderr=subprocess.DEVNULL)
+    _wait(f"http://127.0.0.1:{port}/s/bench/{ready}", proc, {"Authorization": f"Bearer {TOKEN}"})
     return proc, port
 
 
@@ -338,6 +397,22 @@ def measure(target: Target, pid: int | None, args: argparse.Namespace) -> Figure
     return uvloop.run(go())
 
 
+def _reference_proxies(
+    tmp: Path, ports: list[int], ready: str = "v1/ping"
+) -> list[tuple[str, subprocess.Popen[bytes], int]]:
+    """nginx and haproxy in front of ``ports``: those installed (a message for the others)."""
+    out = []
+    for name, exe, start in (("nginx", NGINX, start_nginx), ("haproxy", HAPROXY, start_haproxy)):
+        if not Path(exe).exists():
+            print(f"({name} not found at {exe}: no {name} figures)", flush=True)
+            continue
+        sub = tmp / name
+        sub.mkdir(exist_ok=True)
+        proc, port = start(sub, ports, ready)
+        out.append((name, proc, port))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
@@ -347,13 +422,17 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--rate", type=float, default=1000.0)
     ap.add_argument("--client", choices=("raw", "aiohttp"), default="raw")
-    ap.add_argument("--quick", action="store_true", help="--seconds 1.5 --runs 1")
+    ap.add_argument("--bursts", type=int, default=10, help="burst-idle cycles (0: no burst-idle phase)")
+    ap.add_argument("--burst", type=int, default=200, help="requests in one burst")
+    ap.add_argument("--gap", type=float, default=5.5, help="idle seconds between bursts")
+    ap.add_argument("--replica-keep-alive", default="5s", help="the model servers' --keep-alive")
+    ap.add_argument("--quick", action="store_true", help="--seconds 1.5 --runs 1 --bursts 3")
     args = ap.parse_args()
     if args.upstream:
         serve_upstream(args.upstream)
         return
     if args.quick:
-        args.seconds, args.runs = 1.5, 1
+        args.seconds, args.runs, args.bursts = 1.5, 1, min(args.bursts, 3)
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     try:
@@ -368,31 +447,116 @@ def main() -> None:
             (Target("direct", [(p, "/") for p in ports]), None),
             (Target("gateway", [(gw_port, "/s/bench/")], f"Authorization: Bearer {TOKEN}\r\n"), gw.pid),
         ]
-        if Path(NGINX).exists():
-            ng, ng_port = start_nginx(tmp, ports)
-            procs.append(ng)
-            targets.append((Target("nginx", [(ng_port, "/s/bench/")]), ng.pid))
-        else:
-            print(f"({NGINX} not found: no nginx figures)")
+        for name, proc, port in _reference_proxies(tmp, ports):
+            procs.append(proc)
+            targets.append((Target(name, [(port, "/s/bench/")]), proc.pid))
         results: dict[str, list[Figures]] = {t.name: [] for t, _ in targets}
         for run in range(args.runs):
             for i in range(len(targets)):
                 target, pid = targets[(run + i) % len(targets)]
                 print(f"run {run + 1}: {target.name}", file=sys.stderr, flush=True)
                 results[target.name].append(measure(target, pid, args))
-        report(results, args)
+        for proc in procs:
+            proc.terminate()
+        _reap(procs)
+        procs.clear()
+        bursts = burst_idle(tmp, args, procs) if args.bursts > 0 else None
+        report(results, bursts, args)
     finally:
         for proc in reversed(procs):
             proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _reap(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def report(results: dict[str, list[Figures]], args: argparse.Namespace) -> None:
+def _reap(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# -- burst-idle ---------------------------------------------------------------------------
+
+
+@dataclass
+class Bursts:
+    sent: int
+    failed: int
+    kinds: dict[str, int]
+    """Failures by kind (status code, or the client's exception)."""
+    note: str = ""
+
+
+def burst_idle(
+    tmp: Path, args: argparse.Namespace, procs: list[subprocess.Popen[bytes]]
+) -> dict[str, Bursts]:
+    """Issue 30's burst-idle pattern through every proxy (see the module docstring)."""
+    ports = [_port() for _ in range(2)]
+    for p in ports:
+        cmd = [sys.executable, "-m", "gpufleet", "model-server", "--port", str(p), "--no-access-log",
+               "--launch-overhead-us", "0", "--keep-alive", args.replica_keep_alive]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stderr=subprocess.DEVNULL))
+    for p, proc in zip(ports, procs, strict=True):
+        _wait(f"http://127.0.0.1:{p}/v2/health/ready", proc)
+    sub = tmp / "bursts"
+    sub.mkdir()
+    ready = "v2/health/ready"
+    gw, gw_port = start_gateway(sub, ports, "kserve-v2", ready)
+    procs.append(gw)
+    targets = [("gateway", gw_port, {"Authorization": f"Bearer {TOKEN}"})]
+    for name, proc, port in _reference_proxies(sub, ports, ready):
+        procs.append(proc)
+        targets.append((name, port, {}))
+    got = {name: Bursts(0, 0, {}) for name, _, _ in targets}
+
+    async def one_burst(port: int, headers: dict[str, str], into: Bursts) -> None:
+        import aiohttp
+
+        url = f"http://127.0.0.1:{port}/s/bench/v2/models/mlp/infer"
+        headers = {**headers, "Content-Type": "application/json"}
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+
+            async def post() -> None:
+                try:
+                    async with session.post(url, data=INFER, headers=headers) as r:
+                        await r.read()
+                        kind = "" if r.status == 200 else str(r.status)
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    kind = type(exc).__name__
+                into.sent += 1
+                if kind:
+                    into.failed += 1
+                    into.kinds[kind] = into.kinds.get(kind, 0) + 1
+
+            await asyncio.gather(*(post() for _ in range(args.burst)))
+
+    async def go() -> None:
+        for cycle in range(args.bursts):
+            print(f"burst-idle: cycle {cycle + 1}/{args.bursts}", file=sys.stderr, flush=True)
+            for name, port, headers in targets:
+                await one_burst(port, headers, got[name])
+            await asyncio.sleep(args.gap)
+
+    import uvloop
+
+    uvloop.run(go())
+    text = httpx.get(f"http://127.0.0.1:{gw_port}/metrics", timeout=5).text
+    counts = {
+        key: sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(key))
+        for key in ("gpufleet_gateway_retries_total", "gpufleet_gateway_ejections_total")
+    }
+    got["gateway"].note = (
+        f"resent {counts['gpufleet_gateway_retries_total']:.0f}, "
+        f"ejected {counts['gpufleet_gateway_ejections_total']:.0f}"
+    )
+    return got
+
+
+def report(
+    results: dict[str, list[Figures]], bursts: dict[str, Bursts] | None, args: argparse.Namespace
+) -> None:
     def med(name: str, attr: str) -> float:
         return statistics.median(getattr(f, attr) for f in results[name])
 
@@ -400,30 +564,67 @@ def report(results: dict[str, list[Figures]], args: argparse.Namespace) -> None:
         runs = zip(results[name], results["direct"], strict=True)
         return statistics.median(getattr(f, attr) - getattr(d, attr) for f, d in runs)
 
+    proxies = [p for p in PROXIES if p in results]
+
+    def vs_best(name: str, attr: str) -> float:
+        """Median over runs of ``name``'s figure over the better proxy's of the same run."""
+        if not proxies:
+            return float("nan")
+        ratios = []
+        for run in range(args.runs):
+            best = max((results[p][run] for p in proxies), key=lambda f: f.rps)
+            ratios.append(getattr(results[name][run], attr) / getattr(best, attr))
+        return statistics.median(ratios)
+
+    def num(x: float, fmt: str) -> str:
+        return "-" if x != x else format(x, fmt)
+
     print(
         f"\n{args.replicas} replicas, {args.client} client; saturation: {args.concurrency} connections; "
         f"fixed rate: {args.rate:g} req/s; {args.seconds:g}s each, {args.runs} runs (medians); "
         f"{os.cpu_count()} cores\n"
     )
-    print(f"{'target':<8} {'req/s':>8} {'vs direct':>9} {'CPU us/req':>10} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'added p50':>9} {'added p99':>9}")  # fmt: skip
+    print(f"{'target':<8} {'req/s':>8} {'vs direct':>9} {'x best':>6} {'CPU us/req':>10} {'x best':>6} "
+          f"{'p50 ms':>7} {'p99 ms':>7} {'added p50':>9} {'added p99':>9}")  # fmt: skip
     for name in results:
-        cpu = med(name, "cpu_us")
+        cpu_x = vs_best(name, "cpu_us") if name != "direct" else float("nan")
+        rps, rps_x, cpu = med(name, "rps"), vs_best(name, "rps"), med(name, "cpu_us")
         print(
-            f"{name:<8} {med(name, 'rps'):>8.0f} {med(name, 'rps') / med('direct', 'rps'):>9.2f} "
-            f"{'-' if cpu != cpu else f'{cpu:.0f}':>10} {med(name, 'p50'):>7.2f} {med(name, 'p99'):>7.2f} "
+            f"{name:<8} {rps:>8.0f} {rps / med('direct', 'rps'):>9.2f} {num(rps_x, '.2f'):>6} "
+            f"{num(cpu, '.0f'):>10} {num(cpu_x, '.2f'):>6} {med(name, 'p50'):>7.2f} {med(name, 'p99'):>7.2f} "
             f"{added(name, 'p50'):>9.2f} {added(name, 'p99'):>9.2f}"
         )
+    print(f"(x best: against the better of {', '.join(proxies) or 'no reference proxy'} in the same run)")
     gw_rps, gw_p99 = med("gateway", "rps"), added("gateway", "p99")
-    print(f"\ngoal: >= {GOAL_RPS:.0f} req/s through one gateway process: {gw_rps:.0f} "
-          f"({'met' if gw_rps >= GOAL_RPS else 'NOT met'})")  # fmt: skip
-    print(f"goal: added p99 <= {GOAL_ADDED_P99_MS:g} ms at {args.rate:g} req/s: {gw_p99:.2f} ms "
-          f"({'met' if gw_p99 <= GOAL_ADDED_P99_MS else 'NOT met'})")  # fmt: skip
-    if "nginx" in results:
-        ratio = statistics.median(
-            g.rps / n.rps for g, n in zip(results["gateway"], results["nginx"], strict=True)
+
+    def goal(text: str, ok: bool) -> None:
+        print(f"goal: {text} ({'met' if ok else 'NOT met'})")
+
+    print()
+    goal(f">= {GOAL_RPS:.0f} req/s through one gateway process: {gw_rps:.0f}", gw_rps >= GOAL_RPS)
+    goal(
+        f"added p99 <= {GOAL_ADDED_P99_MS:g} ms at {args.rate:g} req/s: {gw_p99:.2f} ms",
+        gw_p99 <= GOAL_ADDED_P99_MS,
+    )
+    if proxies:
+        rps_x, cpu_x = vs_best("gateway", "rps"), vs_best("gateway", "cpu_us")
+        goal(f"req/s >= {GOAL_RPS_VS_BEST:g}x the better proxy's: {rps_x:.2f}x", rps_x >= GOAL_RPS_VS_BEST)
+        goal(
+            f"CPU per request <= {GOAL_CPU_VS_BEST:g}x the better proxy's: {cpu_x:.2f}x",
+            cpu_x <= GOAL_CPU_VS_BEST,
         )
-        print(f"gateway / nginx req/s: {ratio:.2f}")
+    if bursts:
+        print(
+            f"\nburst-idle: {args.bursts} bursts of {args.burst} infer requests, {args.gap:g} s idle between"
+            f" (model servers with --keep-alive {args.replica_keep_alive})\n"
+        )
+        print(f"{'target':<8} {'requests':>8} {'failed':>6}  failures by kind")
+        for name, b in bursts.items():
+            kinds = ", ".join(f"{k}: {n}" for k, n in sorted(b.kinds.items())) or "-"
+            print(f"{name:<8} {b.sent:>8} {b.failed:>6}  {kinds}{'  (' + b.note + ')' if b.note else ''}")
+        print()
+        goal(f"0 failed requests through the gateway in burst-idle: {bursts['gateway'].failed}",
+             bursts["gateway"].failed == 0)  # fmt: skip
 
 
 if __name__ == "__main__":

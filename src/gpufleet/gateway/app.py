@@ -3,7 +3,7 @@ routing is two byte-string checks and a dict lookup).
 
 ``create_app(source)`` answers ``/s/{service}/{rest}`` by proxying to one of the
 service's replicas, plus ``/healthz``, ``/readyz`` and ``/metrics``. The upstream pool
-(an aiohttp ``ClientSession``) and the feed's poll loop start with the ASGI lifespan,
+(``upstream.Upstream``) and the feed's poll loop start with the ASGI lifespan,
 or on the first request when the server runs without one.
 """
 
@@ -20,17 +20,24 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from yarl import URL
 
 from gpufleet.gateway.balancer import Balancer, Feed, Outcome, OutlierPolicy, Pool, Slot
 from gpufleet.gateway.errors import error, guess_protocol, reply
 from gpufleet.gateway.fanout import ask_all, combine, fanout_kind
 from gpufleet.gateway.feed import EndpointSource, load_once, poll
 from gpufleet.gateway.metrics import GatewayMetrics, scrape_refused
-from gpufleet.gateway.relay import read_body, stream, upstream_session
+from gpufleet.gateway.relay import read_body, stream
 from gpufleet.gateway.report import traffic_report
+from gpufleet.gateway.upstream import (
+    ConnectFailed,
+    ConnectTimeout,
+    Disconnected,
+    ReadTimeout,
+    Response,
+    Upstream,
+    UpstreamError,
+)
 from gpufleet.server.ratelimit import Buckets, retry_after_header
 
 log = logging.getLogger("gpufleet.gateway")
@@ -43,7 +50,7 @@ Send = Callable[[Message], Awaitable[None]]
 HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
 )
-# Host and Content-Length are aiohttp's to write; Authorization is the service token,
+# Host and Content-Length are the upstream client's to write; Authorization is the service token,
 # which stays here; X-Request-Id is set once, by us; Expect was answered by uvicorn.
 DROP_REQUEST = HOP_BY_HOP | {b"host", b"content-length", b"authorization", b"x-request-id", b"expect"}
 DROP_RESPONSE = HOP_BY_HOP | {b"x-request-id", b"x-gpufleet-replica"}
@@ -115,33 +122,23 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.buckets = Buckets(now=clock)
         self.feed_at: float | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._fresh: aiohttp.ClientSession | None = None
-        """Resends go here: a new connection each (``force_close``), never a pooled one
-        that may be as stale as the one that failed."""
+        self._upstream: Upstream | None = None
+        """Connections to replicas (``upstream``); a resend goes on a fresh one
+        (``fresh=True``), never a pooled one that may be as stale as the one that failed."""
         self._poller: asyncio.Task[None] | None = None
         self._starting: asyncio.Lock | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._session is not None:
+        if self._upstream is not None:
             return
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=None,
-            sock_connect=self.config.connect_timeout_s,
-            sock_read=self.config.read_timeout_s,
+        self._upstream = Upstream(
+            connect_timeout_s=self.config.connect_timeout_s,
+            read_timeout_s=self.config.read_timeout_s,
+            keepalive_s=self.config.upstream_keepalive_s,
+            limit_per_host=self.config.limit_per_host,
         )
-        self._session = upstream_session(
-            timeout,
-            aiohttp.TCPConnector(
-                limit=0,
-                limit_per_host=self.config.limit_per_host,
-                keepalive_timeout=self.config.upstream_keepalive_s,
-            ),
-        )
-        self._fresh = upstream_session(timeout, aiohttp.TCPConnector(limit=0, force_close=True))
         await load_once(self.source, self._apply, self._feed_failed)
         self._poller = asyncio.create_task(self._poll())
 
@@ -150,10 +147,9 @@ class Gateway:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
             self._poller = None
-        for session in (self._session, self._fresh):
-            if session is not None:
-                await session.close()
-        self._session = self._fresh = None
+        if self._upstream is not None:
+            await self._upstream.close()
+        self._upstream = None
         await self.source.aclose()
 
     async def _poll(self) -> None:
@@ -196,7 +192,7 @@ class Gateway:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            if self._session is None:
+            if self._upstream is None:
                 await self._start_lazily()
             path: bytes = scope.get("raw_path") or scope["path"].encode()
             if path.startswith(b"/s/"):
@@ -256,7 +252,7 @@ class Gateway:
         rest = b"/" if slash < 0 else path[slash:]
         auth = rid = b""
         length = -1
-        forward: list[tuple[str, str]] = []
+        forward: list[tuple[bytes, bytes]] = []
         for k, v in scope["headers"]:
             if k in DROP_REQUEST:
                 if k == b"authorization":
@@ -266,7 +262,7 @@ class Gateway:
                 elif k == b"content-length":
                     length = int(v) if v.isdigit() else -1
                 continue
-            forward.append((k.decode("latin-1"), v.decode("latin-1")))
+            forward.append((k, v))
         if not rid or REQUEST_ID.fullmatch(rid) is None:
             rid = os.urandom(12).hex().encode()
         pool = self.balancer.pools.get(name)
@@ -297,8 +293,8 @@ class Gateway:
             return await error(send, proto, 413, "Content Too Large", detail, rid)
         client = scope.get("client")
         if client:
-            forward.append(("X-Forwarded-For", client[0]))
-        forward.append(("X-Request-Id", rid.decode()))
+            forward.append((b"X-Forwarded-For", client[0].encode("latin-1")))
+        forward.append((b"X-Request-Id", rid))
         qs: bytes = scope.get("query_string", b"")
         target = (rest + b"?" + qs if qs else rest).decode("latin-1")
         latency, gauge = self.metrics.service(name)
@@ -321,15 +317,14 @@ class Gateway:
         kind: str,
         method: str,
         target: str,
-        headers: list[tuple[str, str]],
+        headers: list[tuple[bytes, bytes]],
         body: bytes,
         rid: bytes,
         send: Send,
     ) -> int:
         """A request every ready replica must see (``fanout``), answered once."""
-        assert self._session is not None and self._fresh is not None
-        sessions = (self._session, self._fresh)
-        answers = await ask_all(sessions, list(pool.slots), method, target, headers, body)
+        assert self._upstream is not None
+        answers = await ask_all(self._upstream, list(pool.slots), method, target, headers, body)
         got = combine(kind, answers)
         extra = [(b"x-request-id", rid), (b"x-gpufleet-replicas", got.replicas.encode())]
         await reply(send, got.status, b"application/json", got.body, extra)
@@ -340,7 +335,7 @@ class Gateway:
         pool: Pool,
         method: str,
         target: str,
-        headers: list[tuple[str, str]],
+        headers: list[tuple[bytes, bytes]],
         body: bytes,
         rid: bytes,
         receive: Receive,
@@ -372,12 +367,12 @@ class Gateway:
                     return 502
                 self.metrics.retries.inc()
                 slot = again
-            except aiohttp.ServerTimeoutError:
+            except ReadTimeout:
                 self._end(pool, slot, Outcome.HTTP_5XX)
                 detail = f"replica {slot.endpoint.id} did not answer"
                 await error(send, proto, 504, "Gateway Timeout", detail, rid)
                 return 504
-            except aiohttp.ClientError as exc:
+            except UpstreamError as exc:
                 self._end(pool, slot, Outcome.CONNECTION_FAILED)
                 await error(send, proto, 502, "Bad Gateway", f"replica {slot.endpoint.id}: {exc!r}", rid)
                 return 502
@@ -418,31 +413,28 @@ class Gateway:
         slot: Slot,
         method: str,
         target: str,
-        headers: list[tuple[str, str]],
+        headers: list[tuple[bytes, bytes]],
         body: bytes,
         attempt: int,
-    ) -> aiohttp.ClientResponse:
+    ) -> Response:
         """The replica's response (headers read); in flight on ``slot`` until ``_end``.
         Raises _NotAnswered when no byte of an answer came, with the slot's verdict
         recorded: refused, or a connect timeout while idle, is a failure; a connect
         timeout while it serves others is a busy replica; a connection closed before any
         answer is an idle connection the replica retired (a failure only the second time)."""
-        session = self._session if attempt == 1 else self._fresh
-        assert session is not None
+        upstream = self._upstream
+        assert upstream is not None
         pool.begin(slot)
-        url = URL(slot.endpoint.url + target, encoded=True)
         try:
-            return await session.request(
-                method, url, headers=headers, data=body or None, allow_redirects=False
-            )
-        except aiohttp.ConnectionTimeoutError as exc:
+            return await upstream.request(slot.endpoint.url, method, target, headers, body, fresh=attempt > 1)
+        except ConnectTimeout as exc:
             busy = slot.in_flight > 1
             self._end(pool, slot, Outcome.BUSY if busy else Outcome.CONNECTION_FAILED)
             raise _NotAnswered(repr(exc), closed=False, busy=busy) from exc
-        except aiohttp.ClientConnectorError as exc:
+        except ConnectFailed as exc:
             self._end(pool, slot, Outcome.CONNECTION_FAILED)
             raise _NotAnswered(repr(exc), closed=False) from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        except Disconnected as exc:
             self._end(pool, slot, Outcome.CLOSED if attempt == 1 else Outcome.CONNECTION_FAILED)
             raise _NotAnswered(repr(exc), closed=True) from exc
 
@@ -458,7 +450,7 @@ class Gateway:
             )
 
     async def _relay(
-        self, resp: aiohttp.ClientResponse, slot: Slot, method: str, rid: bytes, receive: Receive, send: Send
+        self, resp: Response, slot: Slot, method: str, rid: bytes, receive: Receive, send: Send
     ) -> Outcome | None:
         """Stream ``resp`` to the client. None: as the status says; else the outcome
         that overrides it (the replica broke off, or the client left)."""
@@ -475,7 +467,7 @@ class Gateway:
                 await send({"type": "http.response.body", "body": await resp.read()})
                 return None
             return await stream(resp, receive, send, self.config.client_write_timeout_s)
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except UpstreamError as exc:
             log.warning("replica %s broke off a response: %r", slot.endpoint.id, exc)
             return Outcome.CONNECTION_FAILED  # the client's response is left unfinished
         finally:

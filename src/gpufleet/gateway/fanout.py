@@ -25,10 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-from yarl import URL
-
 from gpufleet.gateway.balancer import Slot
+from gpufleet.gateway.upstream import Disconnected, Upstream, UpstreamError
 
 STATS = re.compile(rb"/v2/models/(?:[^/]+/(?:versions/[^/]+/)?)?stats")
 REPOSITORY = re.compile(rb"/v2/repository/models/[^/]+/(?:load|unload)")
@@ -62,29 +60,32 @@ class Combined:
 
 
 async def ask_all(
-    sessions: tuple[aiohttp.ClientSession, aiohttp.ClientSession],
+    upstream: Upstream,
     slots: Iterable[Slot],
     method: str,
     target: str,
-    headers: list[tuple[str, str]],
+    headers: list[tuple[bytes, bytes]],
     body: bytes,
 ) -> list[Answer]:
-    """Every replica's answer (or why there is none), asked at once. ``sessions``: the
-    pooled one, and one of fresh connections for a request whose kept-alive connection
-    was found closed before any answer (asked again once, as the gateway's proxy does)."""
+    """Every replica's answer (or why there is none), asked at once: on a pooled
+    connection, and once more on a fresh one when that was found closed before any
+    answer (as the gateway's proxy does)."""
 
     async def one(slot: Slot) -> Answer:
-        url = URL(slot.endpoint.url + target, encoded=True)
-        for session in sessions:
+        url = slot.endpoint.url
+        for fresh in (False, True):
             try:
-                async with session.request(method, url, headers=headers, data=body or None) as resp:
+                resp = await upstream.request(url, method, target, headers, body, fresh=fresh)
+                try:
                     return Answer(replica=slot.endpoint.id, status=resp.status, body=await resp.read())
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                if session is sessions[-1] or isinstance(exc, aiohttp.ClientConnectorError):
+                finally:
+                    resp.release()
+            except Disconnected as exc:
+                if fresh:
                     return Answer(replica=slot.endpoint.id, status=0, body=b"", error=repr(exc))
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except UpstreamError as exc:
                 return Answer(replica=slot.endpoint.id, status=0, body=b"", error=repr(exc))
-        raise AssertionError("unreachable: the last session returns")
+        raise AssertionError("unreachable: the fresh attempt returns")
 
     return list(await asyncio.gather(*(one(s) for s in slots)))
 

@@ -1,6 +1,6 @@
 """Bodies through the gateway: a request's read whole (a resend must replay it), a
 response's streamed chunk by chunk (SSE), with the client's departure and a client that
-stops reading both noticed; and the upstream sessions' common settings."""
+stops reading both noticed."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import aiohttp
-
 from gpufleet.gateway.balancer import Outcome
+from gpufleet.gateway.upstream import Response
 
 log = logging.getLogger("gpufleet.gateway")
 
@@ -20,16 +19,14 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
-async def stream(
-    resp: aiohttp.ClientResponse, receive: Receive, send: Send, write_timeout_s: float
-) -> Outcome | None:
+async def stream(resp: Response, receive: Receive, send: Send, write_timeout_s: float) -> Outcome | None:
     """Chunks as they come (SSE, chunked, large bodies). uvicorn's ``send`` ignores a
     client that left, so a watcher on ``receive`` notices it and the replica's
     response is closed (it stops generating); one that stays but stops reading is
     given ``write_timeout_s`` per chunk (uvicorn then closes the unfinished response)."""
     watcher = asyncio.ensure_future(receive())
     try:
-        async for chunk in resp.content.iter_any():
+        async for chunk in resp.chunks():
             try:
                 async with asyncio.timeout(write_timeout_s):  # no task per chunk, unlike wait_for
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -66,18 +63,4 @@ async def read_body(receive: Receive, limit: int) -> bytes | None:
     return b"".join(parts)
 
 
-def upstream_session(
-    timeout: aiohttp.ClientTimeout, connector: aiohttp.TCPConnector
-) -> aiohttp.ClientSession:
-    """An aiohttp session to replicas over ``connector``: no cookies, bodies as they come."""
-    return aiohttp.ClientSession(
-        connector=connector,
-        timeout=timeout,
-        cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another
-        auto_decompress=False,  # bodies pass through as the replica encoded them
-        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-        trust_env=False,
-    )
-
-
-__all__ = ["read_body", "stream", "upstream_session"]
+__all__ = ["read_body", "stream"]
