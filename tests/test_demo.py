@@ -1,6 +1,8 @@
 """``gpufleet demo`` end to end: 50 agents (real HTTP clients) come up Ready with 400
 GPUs within 30 s, a job submitted with the CLI runs as a real process and its log is
-readable, the inference service answers through the embedded gateway, and Ctrl-C
+readable, a MIG layout asked with ``node mig --wait`` on node-007 (in MIG mode) is in
+effect when the command returns and a job runs on its slice, the inference service
+answers through the embedded gateway, and Ctrl-C
 (SIGINT) stops everything with exit 0 and no process left."""
 
 from __future__ import annotations
@@ -65,6 +67,31 @@ def test_demo_fleet_runs_jobs_and_stops_cleanly(tmp_path: Path) -> None:
             logs = gpufleet("logs", str(jid), env=cli)
             assert logs.returncode == 0 and logs.stdout == f"hi from {jid}\n", logs.stderr
             assert c.get("/fleet/summary").json()["jobs"].get("COMPLETED", 0) >= 1
+
+            # MIG as the README shows it: node-007's GPUs are in MIG mode; a layout asked
+            # with --wait is in effect when the command returns, and a job runs on its slice
+            # (4g.40gb: a profile only this new layout has)
+            mig = gpufleet(
+                *("node", "mig", "node-007", "--gpu", "4", "--layout", "4g.40gb,3g.40gb"),
+                *("--wait", "--timeout", "60s"),
+                env=cli,
+            )
+            assert mig.returncode == 0 and "in effect mig=[4g.40gb,3g.40gb]" in mig.stdout, mig
+            sub = gpufleet(
+                "submit", "--mig", "4g.40gb", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES", env=cli
+            )
+            assert sub.returncode == 0, sub.stderr
+            jid = int(sub.stdout.strip())
+            deadline = time.monotonic() + 30
+            while (job := c.get(f"/jobs/{jid}").json())["state"] != "COMPLETED":
+                assert job["state"] in ("PENDING", "SCHEDULED", "RUNNING") and time.monotonic() < deadline, (
+                    job
+                )
+                time.sleep(0.2)
+            gpu4 = c.get("/nodes/node-007").json()["gpus"][4]
+            slices = {m["uuid"] for m in gpu4["mig_instances"] if m["profile"] == "4g.40gb"}
+            assert job["allocation"][0]["node"] == "node-007"
+            assert gpufleet("logs", str(jid), env=cli).stdout.strip() in slices
 
             # the inference service, through the demo's gateway, with a token of its own
             svc_token = c.post("/services/mlp/tokens").json()["token"]

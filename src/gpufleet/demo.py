@@ -5,7 +5,9 @@
   migrated by the demo itself;
 - ``--nodes`` agents (default 50) in this process, each a real HTTP client of the server
   over loopback with ``--gpus-per-node`` simulated H100s, ``--nodes-per-leaf`` per leaf switch, each
-  with its own node credential; prices from the bundled ``data/prices-example.json``
+  with its own node credential; one node's GPUs in MIG mode (``MIG_LAYOUTS``: node-007, or
+  the last node of a smaller fleet) so that ``gpufleet node mig`` and jobs on slices
+  (``--mig 1g.10gb:2``) run as the README shows them; prices from the bundled ``data/prices-example.json``
   (off-peak 22:00-08:00 Europe/Berlin x0.5, weekends x0.6) and a budget for team speech;
 - an inference service (``demoservice.py``): ``gpufleet model-server`` as service ``mlp``
   on the fleet (autoscaled 1..4 replicas on GPU utilisation, 1 warm), a gateway on
@@ -60,6 +62,7 @@ from gpufleet.agent import (
 from gpufleet.agent.jobs import SIMULATE_ENV, SIMULATE_UTIL_ENV
 from gpufleet.client import tls_verify
 from gpufleet.demoservice import DemoService
+from gpufleet.migindex import layout_words
 from gpufleet.sim.config import NODES_PER_LEAF
 from gpufleet.sim.trace import TraceJob
 
@@ -68,6 +71,24 @@ ADMIN_TEAM = "demo"
 DEMO_ACCOUNT = "nobody"
 """The POSIX account every demo user's real jobs run as when the demo runs as root:
 not even the demo runs a job as root. (Run as another user, jobs run as that user.)"""
+MIG_NODE = 7
+"""The node whose GPUs are in MIG mode (node-007); a fleet of fewer nodes: its last node
+(none on a one-node fleet, whose whole GPUs the README's first job needs)."""
+MIG_LAYOUTS: dict[int, tuple[str, ...]] = {
+    0: ("1g.10gb",) * 7,
+    1: ("2g.20gb", "2g.20gb", "3g.40gb"),
+    2: ("3g.40gb", "3g.40gb"),
+    3: ("7g.80gb",),
+    4: (),
+    5: (),
+    6: (),
+    7: (),
+}
+"""GPU index -> its MIG instances on the MIG node (``gpufleet.mig``'s H100-80GB profiles):
+a few laid out for slice jobs at once, the rest in MIG mode with no instance yet, for
+``gpufleet node mig`` (or ``gpufleet server --auto-mig``) to lay out. A node of fewer GPUs
+takes the first ones. A MIG GPU is never handed out whole: the demo's 400 GPUs are 392
+whole ones and this node's slices."""
 BUDGETS = {"speech": (25.0, 60.0)}
 """Monthly budgets: a few minutes into the demo team speech passes its soft budget (the
 page and ``gpufleet admin teams`` show it) and later its hard one (its new jobs wait)."""
@@ -92,6 +113,15 @@ class DemoOptions:
     gateway_port: int = 8081
     service: bool = True
     """Deploy the inference service ``mlp`` and embed a gateway for it."""
+    mig: bool = True
+    """One node's GPUs in MIG mode (``mig_node``, ``MIG_LAYOUTS``)."""
+
+    @property
+    def mig_node(self) -> str | None:
+        """The node whose GPUs are in MIG mode, or None."""
+        if not self.mig or self.nodes < 2:
+            return None
+        return f"node-{min(MIG_NODE, self.nodes - 1):03d}"
 
 
 def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
@@ -235,7 +265,12 @@ class Demo:
         is admitted against registered GPUs): team vision's daily 09:00-13:00 window for 16
         GPUs on 2 nodes this week, an evaluation run of team language in two hours, and a
         maintenance window on the last node tomorrow. Skipped on a reused data dir that has
-        them already."""
+        them already.
+
+        A small fleet gets only the bookings that leave three quarters of its nodes free
+        (``_fits_fleet``): a booking keeps off its nodes every job whose time limit (4 h by
+        default, a service replica's too) reaches into its window, so two windows on a
+        4-node demo left a service's 3 replicas one node to share (issue 30)."""
         from gpufleet.cli.reservation_cmds import local_zone
 
         o = self.opts
@@ -285,7 +320,7 @@ class Demo:
                     },
                 ]
                 for spec in wants:
-                    if spec["name"] not in booked:
+                    if spec["name"] not in booked and _fits_fleet(spec, o):
                         c.post("/reservations", json=spec)
 
     # -- agents -----------------------------------------------------------------------------
@@ -333,7 +368,13 @@ class Demo:
                 sync_interval_s=o.sync_interval_s,
                 grace_s=5.0,
             )
-            probe = SimulatedProbe(node=name, spec=SimSpec(gpus=o.gpus_per_node, model="H100-80GB"))
+            probe = SimulatedProbe(
+                node=name,
+                spec=SimSpec(gpus=o.gpus_per_node, model="H100-80GB"),
+                mig={g: p for g, p in MIG_LAYOUTS.items() if g < o.gpus_per_node}
+                if name == o.mig_node
+                else None,
+            )
             bot = make_agent(
                 config=config,
                 probe=probe,
@@ -501,6 +542,15 @@ class Demo:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def _fits_fleet(spec: dict[str, Any], o: DemoOptions) -> bool:
+    """Whether a demo booking leaves at least three quarters of the nodes unbooked (a
+    maintenance window, tomorrow, always does: no job's limit reaches it)."""
+    if spec.get("maintenance"):
+        return True
+    nodes = spec.get("nodes") or -(-int(spec["gpus"]) // o.gpus_per_node)
+    return 4 * int(nodes) <= o.nodes
+
+
 @contextlib.contextmanager
 def _signals(stop: threading.Event) -> Iterator[None]:
     def handler(_sig: int, _frame: FrameType | None) -> None:
@@ -543,6 +593,22 @@ def _service_lines(svc: DemoService | None, cli: str) -> str:
     )
 
 
+def _mig_lines(opts: DemoOptions, cli: str) -> str:
+    node = opts.mig_node
+    if node is None:
+        return ""
+    gpus = {g: p for g, p in MIG_LAYOUTS.items() if g < opts.gpus_per_node}
+    sliced = [f"gpu{g} {layout_words(p)}" for g, p in gpus.items() if p]
+    empty = [g for g, p in gpus.items() if not p]
+    free = f"; gpu{','.join(map(str, empty))}: MIG mode on, no instance yet" if empty else ""
+    asked = empty[0] if empty else next(iter(gpus))
+    return (
+        f"  MIG      {node}: {'; '.join(sliced)}{free}\n"
+        f"           {cli} node mig {node} --gpu {asked} --layout 2g.20gb,2g.20gb,3g.40gb --wait\n"
+        f"           {cli} submit --mig 1g.10gb:2 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'\n"
+    )
+
+
 def run_demo(opts: DemoOptions) -> int:
     from rich.console import Console
     from rich.live import Live
@@ -575,6 +641,7 @@ def run_demo(opts: DemoOptions) -> int:
                 f"  try      export GPUFLEET_URL={demo.url} GPUFLEET_TOKEN={demo.token}"
                 + (f" GPUFLEET_CA_FILE={demo.ca_file}" if demo.ca_file else "")
                 + f"\n           {cli} submit -- echo hi; {cli} logs <id>\n"
+                + _mig_lines(opts, cli)
                 + _service_lines(demo.service, cli)
                 + "  Ctrl-C stops everything.",
                 highlight=False,
