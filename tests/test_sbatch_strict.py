@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from gpufleet.api.nodes import NodeOut
 from gpufleet.cli import batch, sbatch
 from gpufleet.cli.localtime import parse_slurm_time
 from gpufleet.cli.slurmflags import OPTIONS, SHORT, UNLIMITED, SbatchOptions, total_gpus
@@ -162,14 +161,9 @@ CORPUS: list[tuple[str, str, dict[str, Any], list[tuple[int, bool, str]]]] = [
             "output": "logs/%x-%j.out",
             "signal": "B:USR1@300",
             "requeue": True,
+            "mem": 0,  # all of each node's memory (the server resolves it)
         },
-        [
-            (
-                7,
-                True,
-                "#SBATCH --mem=0: gpufleet cannot honour this (0, all of a node's memory, is not a request",
-            )
-        ],
+        [],
     ),
     (
         "pytorch-ddp",
@@ -304,14 +298,13 @@ CORPUS: list[tuple[str, str, dict[str, Any], list[tuple[int, bool, str]]]] = [
     (
         "per-gpu-and-socket",
         CPU_GPU,
-        {},
+        {"gpus_per_task": 1},
         [
             (
                 2,
                 True,
                 "--cpus-per-gpu=8: gpufleet cannot honour this (CPUs are counted per task here); use -c",
             ),
-            (3, True, "--gpus-per-task=1: gpufleet cannot honour this"),
             (4, True, "--ntasks-per-socket=2: gpufleet cannot honour this"),
             (5, True, "--gres=gpu:1,mps:50: gpufleet cannot honour this (mps is not a generic resource here"),
         ],
@@ -321,7 +314,7 @@ CORPUS: list[tuple[str, str, dict[str, Any], list[tuple[int, bool, str]]]] = [
         "constraint-model-deadline-singleton",
         CONSTRAINT,
         {
-            "gpu_type": "h100",
+            "constraint": "h100",  # a GPU model is a node feature
             "gpus": 8,
             "deadline": dt.datetime(2026, 3, 11, 12, 0).timestamp(),
             "dependency": "singleton",
@@ -331,14 +324,8 @@ CORPUS: list[tuple[str, str, dict[str, Any], list[tuple[int, bool, str]]]] = [
     (
         "constraint-expression",
         CONSTRAINT_EXPR,
-        {},
-        [
-            (
-                2,
-                True,
-                "--constraint=a100&ib: gpufleet cannot honour this (a constraint here names one GPU model",
-            )
-        ],
+        {"constraint": "a100&ib"},  # node features (issue 31)
+        [],
     ),
 ]
 
@@ -347,7 +334,7 @@ def given(o: SbatchOptions) -> dict[str, Any]:
     return {
         k: getattr(o, k)
         for k in SbatchOptions.__slots__
-        if getattr(o, k) is not None and k not in ("problems", "origins")
+        if getattr(o, k) is not None and k not in ("problems", "origins", "gpu_type_by")
     }
 
 
@@ -374,7 +361,7 @@ def test_corpus(text: str, want: dict[str, Any], problems: list[tuple[int, bool,
         ("#SBATCH --cpus-per-task=0", {"cpus_per_task": "0"}),
         ("#SBATCH --begin=someday", {"begin": "someday"}),
         ("#SBATCH --kill-on-invalid-dep=maybe", {"kill_on_invalid_dep": "maybe"}),
-        ("#SBATCH --constraint=a|b", {"constraint": "a|b"}),
+        ("#SBATCH --constraint=a|", {"constraint": "a|"}),
     ],
 )
 def test_a_bad_value_reads_the_same_in_a_script_and_on_the_command_line(
@@ -442,38 +429,33 @@ def test_export_leaves_behind_a_value_the_api_would_refuse() -> None:
     ]
 
 
-def node(name: str, gpus: int, model: str = "H100") -> NodeOut:
-    return NodeOut.model_validate(
-        {"name": name, "pool": "p", "leaf": "l", "rack": "r", "state": "Ready", "cordoned": False,
-         "last_seen": None, "model": model, "gpus_total": gpus, "gpus_used": 0, "gpus_free": gpus, "gpus": []}
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize(
-    ("sizes", "opts", "want"),
+    ("sizes", "shape", "want"),
     [
-        ([8, 8], SbatchOptions(nodes=2), (8, 2)),
-        ([8], SbatchOptions(), (8, 1)),
-        ([8, 8], SbatchOptions(gpus=16), (8, 2)),
-        ([4, 8], SbatchOptions(gpus_per_node=8, nodes=2), (8, 2)),
-        ([4, 8], SbatchOptions(nodes=2), "nodes of 4 and 8 GPUs"),
-        ([8], SbatchOptions(gpus_per_node=4), "ask for --gpus-per-node=8"),
-        ([8], SbatchOptions(gpus=12), "ask for --gpus-per-node=8"),
-        ([0], SbatchOptions(), "has no GPU nodes to take whole"),
-        ([], SbatchOptions(), "has no GPU nodes to take whole"),
+        ([8, 8], {"nodes": 2}, {"gpus": 16, "gpus_per_node": 8, "nodes": 2}),
+        ([8], {}, {"gpus": 8, "gpus_per_node": 8, "nodes": 1}),
+        ([8, 8], {"gpus": 16}, {"gpus_per_node": 8, "nodes": 2}),
+        ([4, 8], {"gpus": 16, "gpus_per_node": 8, "nodes": 2}, {}),
+        ([4, 8], {"nodes": 2}, "nodes of 4 and 8 GPUs"),
+        ([8], {"gpus": 4, "gpus_per_node": 4}, "ask for gpus_per_node=8"),
+        ([8], {"gpus": 12}, "ask for gpus_per_node=8"),
     ],
-    ids=["two-nodes", "one", "total", "big-enough", "mixed", "half", "not-a-multiple", "cpu-pool", "empty"],
+    ids=["two-nodes", "one", "total", "big-enough", "mixed", "half", "not-a-multiple"],
 )
 def test_exclusive_means_whole_nodes_or_is_refused(
-    sizes: list[int], opts: SbatchOptions, want: tuple[int, int] | str
+    sizes: list[int], shape: dict[str, int], want: dict[str, int] | str
 ) -> None:
-    nodes = [node(f"n{i}", s) for i, s in enumerate(sizes)]
-    if isinstance(want, tuple):
-        assert batch.whole_nodes(nodes, opts, pool="p") == want
+    """The server's part of --exclusive (``submissions.whole_gpus``): the GPU shape that
+    fills the pool's nodes (CPUs and memory: tests/server/test_slurm_defaults.py)."""
+    from gpufleet.api.jobs import JobSubmit
+    from gpufleet.server.problems import Failure
+    from gpufleet.server.services.submissions import whole_gpus
+
+    got = whole_gpus(JobSubmit(command=["x"], **shape), sorted(set(sizes)), "p")
+    if isinstance(want, dict):
+        assert got == want
     else:
-        with pytest.raises(batch.Unhonoured, match=want) as err:
-            batch.whole_nodes(nodes, opts, pool="p")
-        assert str(err.value).startswith("--exclusive: gpufleet cannot honour this (pool p ")
+        assert isinstance(got, Failure) and want in got.detail
 
 
 def test_total_gpus_counts_per_node_requests_times_nodes() -> None:

@@ -420,12 +420,17 @@ class GpufleetClient:
 
         return self._list(PoolOut, "/pools")
 
-    def create_pool(self, name: str, *, gpu: bool, description: str = "") -> PoolOut:
+    def create_pool(self, name: str, *, gpu: bool, description: str = "", default: bool = False) -> PoolOut:
         from gpufleet.api.users import PoolOut
 
-        return self._get(
-            PoolOut, "POST", "/pools", json={"name": name, "gpu": gpu, "description": description}
-        )
+        body = {"name": name, "gpu": gpu, "description": description, "default": default}
+        return self._get(PoolOut, "POST", "/pools", json=body)
+
+    def update_pool(self, name: str, **fields: Any) -> PoolOut:
+        """``PATCH /pools/NAME`` with the fields given (``description``, ``default``)."""
+        from gpufleet.api.users import PoolOut
+
+        return self._get(PoolOut, "PATCH", f"/pools/{name}", json=fields)
 
     def delete_pool(self, name: str) -> PoolOut:
         from gpufleet.api.users import PoolOut

@@ -80,7 +80,7 @@ class Running:
 
 
 def submit(url: str, *, pool: str, team: str, command: list[str], **spec: Any) -> int:
-    body = {"command": command, "pool": pool, "team": team, **spec}
+    body = {"command": command, "pool": pool, "team": team, "gpus": 1, **spec}
     with httpx.Client(base_url=url + "/v1", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as c:
         return int(ok(c.post("/jobs", json=body), 201)["id"])
 

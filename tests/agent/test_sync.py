@@ -100,9 +100,8 @@ def submit(
     server: Server, *, pool: str, team: str, command: list[str], token: str = ADMIN_TOKEN, **kw: Any
 ) -> int:
     with server.client(token) as c:
-        return int(
-            ok(c.post("/jobs", json={"command": command, "pool": pool, "team": team, **kw}), 201)["id"]
-        )
+        body = {"command": command, "pool": pool, "team": team, "gpus": 1, **kw}
+        return int(ok(c.post("/jobs", json=body), 201)["id"])
 
 
 def test_agent_registers_its_gpus_and_telemetry(server: Server, tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ def register(srv: Server, *, pool: str, gpus: int = 2, name: str | None = None) 
 
 def submit(srv: Server, *, token: str = ADMIN_TOKEN, **spec: Any) -> dict[str, Any]:
     with srv.client(token) as c:
-        return ok(c.post("/jobs", json={"command": ["python", "train.py"], **spec}), 201)  # type: ignore[no-any-return]
+        return ok(c.post("/jobs", json={"command": ["python", "train.py"], "gpus": 1, **spec}), 201)  # type: ignore[no-any-return]
 
 
 def attempt_of(job: dict[str, Any]) -> int:

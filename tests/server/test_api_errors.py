@@ -29,11 +29,24 @@ def world(server: Server) -> dict[str, str]:
 
 BAD: list[tuple[str, Req, int]] = [
     ("negative-gpus", lambda c, w: c.post("/jobs", json=job(gpus=-1, team=w["team"])), 422),
+    # issue 31: 0 GPUs in a GPU pool is Slurm's default now (CPUs only); these are not
     (
-        "zero-gpus-in-gpu-pool",
-        lambda c, w: c.post("/jobs", json=job(gpus=0, team=w["team"], pool=w["gpu"])),
+        "bad-constraint",
+        lambda c, w: c.post("/jobs", json=job(constraint="a&", team=w["team"], pool=w["gpu"])),
         422,
     ),
+    (
+        "feature-no-node-has",
+        lambda c, w: c.post("/jobs", json=job(constraint="nvlink9", team=w["team"], pool=w["gpu"])),
+        422,
+    ),
+    (
+        "partition-list-unknown",
+        lambda c, w: c.post("/jobs", json=job(pool=f"{w['gpu']},nope", team=w["team"])),
+        422,
+    ),
+    ("exclude-not-a-name", lambda c, w: c.post("/jobs", json=job(exclude=["a b"], team=w["team"])), 422),
+    ("mem-and-per-cpu", lambda c, w: c.post("/jobs", json=job(mem=0, mem_per_cpu="1G", team=w["team"])), 422),
     ("gpus-in-cpu-pool", lambda c, w: c.post("/jobs", json=job(gpus=1, team=w["team"], pool=w["cpu"])), 422),
     (
         "more-gpus-than-fleet",

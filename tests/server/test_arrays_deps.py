@@ -18,7 +18,7 @@ from server.conftest import ADMIN_TOKEN, Server, make_node, make_pool, make_team
 
 def submit(srv: Server, token: str = ADMIN_TOKEN, status: int = 201, **spec: Any) -> Any:
     with srv.client(token) as c:
-        return ok(c.post("/jobs", json={"command": ["true"], **spec}), status)
+        return ok(c.post("/jobs", json={"command": ["true"], "gpus": 1, **spec}), status)
 
 
 def job(srv: Server, jid: int, token: str = ADMIN_TOKEN) -> Any:

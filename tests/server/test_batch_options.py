@@ -20,7 +20,7 @@ def team(server: Server) -> str:
 
 def submit(srv: Server, status: int = 201, **spec: Any) -> Any:
     with srv.client() as c:
-        return ok(c.post("/jobs", json={"command": ["true"], **spec}), status)
+        return ok(c.post("/jobs", json={"command": ["true"], "gpus": 1, **spec}), status)
 
 
 @pytest.mark.parametrize(

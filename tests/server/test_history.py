@@ -23,7 +23,7 @@ def team(server: Server) -> str:
 
 def submit(srv: Server, token: str | None = None, **spec: Any) -> Any:
     with srv.client(token) if token else srv.client() as c:
-        return ok(c.post("/jobs", json={"command": ["true"], **spec}), 201)
+        return ok(c.post("/jobs", json={"command": ["true"], "gpus": 1, **spec}), 201)
 
 
 def listed(srv: Server, token: str | None = None, **params: Any) -> list[int]:

@@ -18,7 +18,7 @@ def team(server: Server) -> str:
 
 def submit(srv: Server, token: str = ADMIN_TOKEN, **spec: Any) -> Any:
     with srv.client(token) as c:
-        return ok(c.post("/jobs", json={"command": ["true"], **spec}), 201)
+        return ok(c.post("/jobs", json={"command": ["true"], "gpus": 1, **spec}), 201)
 
 
 def call(srv: Server, method: str, path: str, token: str = ADMIN_TOKEN, **kw: Any) -> Any:

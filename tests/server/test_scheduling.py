@@ -20,7 +20,7 @@ def team(server: Server) -> str:
 
 def submit(server: Server, **spec: Any) -> dict[str, Any]:
     with server.client() as c:
-        return ok(c.post("/jobs", json={"command": ["python", "train.py"], **spec}), 201)  # type: ignore[no-any-return]
+        return ok(c.post("/jobs", json={"command": ["python", "train.py"], "gpus": 1, **spec}), 201)  # type: ignore[no-any-return]
 
 
 def sync(server: Server, node: str, jobs: list[dict[str, Any]]) -> dict[str, Any]:

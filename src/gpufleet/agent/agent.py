@@ -129,6 +129,8 @@ class AgentConfig:
     leaf: str | None = None
     rack: str | None = None
     address: str | None = None
+    features: tuple[str, ...] = ()
+    """Slurm's node features this node reports (``--features ib,nvme``; none: none sent)."""
     sync_interval_s: float = 10.0
     news_gap_s: float = 0.3
     """At most this often when there is news (a job started or stopped)."""
@@ -528,6 +530,8 @@ class Agent:
             v = getattr(self.config, k)
             if v:
                 body[k] = v
+        if self.config.features:
+            body["features"] = list(self.config.features)
         if inv.driver_version:
             body["driver_version"] = inv.driver_version[:64]
         if inv.cuda_version:

@@ -11,20 +11,30 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from gpufleet.api.base import INT32, MAX_ENV, EnvKey, Id, Label, Name, Reply, Request
+from gpufleet.api.base import INT32, MAX_ENV, EnvKey, Id, Label, Name, NodeName, Reply, Request
+
+POOL_LIST = r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63}(?:,[A-Za-z0-9][A-Za-z0-9._-]{0,63}){0,15})?$"
+"""A pool's name, or up to 16 of them comma-separated (Slurm's ``-p a,b``), or nothing."""
 
 
 class JobSubmit(Request):
     command: list[Annotated[str, StringConstraints(max_length=65_536)]] = Field(min_length=1, max_length=4096)
     name: Label = ""
     gpus: int = Field(
-        default=1, ge=0, le=100_000, description="GPUs in all: at least 1; 0 only in a CPU-only pool"
+        default=0,
+        ge=0,
+        le=100_000,
+        description="GPUs in all (0, the default as in Slurm: none; a CPU-only pool takes only 0)",
     )
     gpus_per_node: int = Field(default=0, ge=0, le=1024)
     nodes: int = Field(default=0, ge=0, le=10_000)
     gpu_type: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
     team: Name | None = None
-    pool: Name = "default"
+    pool: Annotated[str, StringConstraints(pattern=POOL_LIST)] = Field(
+        default="",
+        description="the pool (Slurm's partition), or several, comma-separated: the first that can "
+        "ever run the job; empty: the operator's default pool (admin create-pool --default)",
+    )
     priority: int = Field(default=0, ge=-1000, le=1000)
     time_limit: str | float | None = Field(
         default=None, description="seconds, or a duration such as 90s, 30m, 2h, 1-00:00:00"
@@ -69,10 +79,23 @@ class JobSubmit(Request):
     signal: Annotated[str, StringConstraints(min_length=1, max_length=32)] | None = Field(
         default=None, description="--signal=[B:]SIG[@SECONDS]: sent that long before the time limit"
     )
+    exclusive: bool = Field(
+        default=False, description="whole nodes (sbatch --exclusive): all their GPUs, CPUs and memory"
+    )
+    constraint: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
+        default=None,
+        description="node features, as sbatch --constraint: ib, a100&ib, a|b, [rack1|rack2] "
+        "(a GPU model is a feature too)",
+    )
+    exclude: list[NodeName] | None = Field(
+        default=None, max_length=1024, description="nodes it never runs on (sbatch --exclude)"
+    )
     cpus_per_task: int | None = Field(default=None, ge=1, le=4096)
     ntasks: int | None = Field(default=None, ge=1, le=1_000_000)
     ntasks_per_node: int | None = Field(default=None, ge=1, le=4096)
-    mem: str | int | None = Field(default=None, description="memory per node: 16G, 512M, 16000 (MB)")
+    mem: str | int | None = Field(
+        default=None, description="memory per node: 16G, 512M, 16000 (MB); 0: all of each node's"
+    )
     mem_per_cpu: str | int | None = None
     mem_per_gpu: str | int | None = None
     begin: str | float | None = Field(
@@ -105,11 +128,10 @@ class JobSubmit(Request):
     @field_validator("gpus", mode="before")
     @classmethod
     def _gpus_not_negative(cls, value: object) -> object:
-        """Below 0: say what is allowed, not only the schema's bound (0 is refused in a
-        GPU pool, which only the service knows)."""
+        """Below 0: say what is allowed, not only the schema's bound."""
         if isinstance(value, int) and not isinstance(value, bool) and value < 0:
             raise PydanticCustomError(
-                "gpus_negative", "a job needs at least 1 GPU (0 only in a CPU-only pool)"
+                "gpus_negative", "gpus: 0 (none) or more; a negative count means nothing"
             )
         return value
 

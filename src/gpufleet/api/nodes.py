@@ -14,6 +14,9 @@ from gpufleet.api.base import INT32, MAX_GPU_INDEX, Name, NodeName, Reply, Reque
 from gpufleet.api.servicemodels import MAX_MODELS, ReplicaModel
 from gpufleet.api.steps import DesiredStep, StepAck, StepTaskIn
 
+Feature = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,63}$")]
+"""A node feature (``--constraint`` matches them): a word of letters, digits, ``_.:+-``."""
+
 
 class MigInstanceIn(Request):
     """One MIG device of a GPU as its agent reports it (``nvidia-smi -L``'s MIG lines)."""
@@ -51,6 +54,14 @@ class GpuPut(GpuIn):
     """A GPU as an operator registers it (``PUT /v1/nodes/{name}``): a bad index is a 422."""
 
     index: int = Field(ge=0, le=MAX_GPU_INDEX)
+
+
+class NodeLabels(Request):
+    """``POST /nodes/{name}/labels`` (``gpufleet node label NODE +a -b``): features an
+    operator adds to a node or takes off, for jobs' ``--constraint``."""
+
+    add: list[Feature] = Field(default_factory=list, max_length=64)
+    remove: list[Feature] = Field(default_factory=list, max_length=64)
 
 
 class NodePut(Request):
@@ -177,6 +188,9 @@ class NodeSync(Request):
     cuda_version: Annotated[str, StringConstraints(max_length=32)] | None = None
     cpus: int | None = Field(default=None, ge=0, le=1_000_000)
     memory_mb: int | None = Field(default=None, ge=0, le=2**40)
+    features: list[Feature] | None = Field(
+        default=None, max_length=64, description="Slurm's node features (gpufleet agent --features)"
+    )
     mig_results: list[MigResult] = Field(default_factory=list, max_length=1024)
     warning: Annotated[str, StringConstraints(max_length=512)] | None = Field(
         default=None,
@@ -379,3 +393,5 @@ class NodeOut(Reply):
     cpus: int = Field(default=0, description="as its agent reports them (0: not reported)")
     memory_mb: int = Field(default=0, description="as its agent reports it, MiB (0: not reported)")
     warning: str | None = Field(default=None, description="what its agent says it cannot enforce")
+    features: list[str] = Field(default_factory=list, description="as its agent reports them (--features)")
+    labels: list[str] = Field(default_factory=list, description="features operators added (node label)")

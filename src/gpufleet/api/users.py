@@ -16,10 +16,16 @@ class PoolIn(Request):
     name: Name
     gpu: bool = Field(default=True, description="false: a CPU-only pool, for 0-GPU jobs")
     description: Annotated[str, StringConstraints(max_length=256)] = ""
+    default: bool = Field(
+        default=False, description="jobs that name no pool go here (Slurm's Default=YES; one pool at most)"
+    )
 
 
 class PoolPatch(Request):
     description: Annotated[str, StringConstraints(max_length=256)] | None = None
+    default: bool | None = Field(
+        default=None, description="true: make it the default pool (the previous one stops being it)"
+    )
 
 
 class PoolOut(Reply):
@@ -27,6 +33,7 @@ class PoolOut(Reply):
     gpu: bool
     description: str
     nodes: int
+    default: bool = False
 
 
 class UserIn(Request):

@@ -84,11 +84,24 @@ def create_pool(
     name: str = typer.Argument(...),
     cpu_only: bool = flag("--cpu-only", help="A pool for 0-GPU jobs."),
     description: str = typer.Option("", "--description"),
+    default: bool = flag(
+        "--default", help="Jobs that name no pool (-p) go here (Slurm's Default=YES; replaces the last)."
+    ),
 ) -> None:
     """Create a pool (partition)."""
     with client() as c:
-        p = c.create_pool(name, gpu=not cpu_only, description=description)
-    typer.echo(f"pool {p.name} created ({'GPU' if p.gpu else 'CPU-only'})")
+        p = c.create_pool(name, gpu=not cpu_only, description=description, default=default)
+    kind = "GPU" if p.gpu else "CPU-only"
+    typer.echo(f"pool {p.name} created ({kind}{', the default pool' if p.default else ''})")
+
+
+@admin_app.command("default-pool")
+def default_pool(name: str = typer.Argument(..., help="The pool jobs without -p go to.")) -> None:
+    """Make an existing pool the default (Slurm's Default=YES): jobs that name no pool go
+    there. Without one marked, the pool named default is."""
+    with client() as c:
+        p = c.update_pool(name, default=True)
+    typer.echo(f"pool {p.name} is the default pool")
 
 
 @admin_app.command("delete-pool")
@@ -145,7 +158,10 @@ def list_pools(json_out: bool = json_flag()) -> None:
     else:
         print_table(
             ("POOL", "KIND", "NODES", "DESCRIPTION"),
-            [(p.name, "gpu" if p.gpu else "cpu", p.nodes, p.description) for p in items],
+            [
+                (f"{p.name}*" if p.default else p.name, "gpu" if p.gpu else "cpu", p.nodes, p.description)
+                for p in items
+            ],
         )
 
 
@@ -190,6 +206,7 @@ __all__ = [
     "create_pool",
     "create_team",
     "create_user",
+    "default_pool",
     "delete_pool",
     "list_pools",
     "list_teams",

@@ -88,6 +88,33 @@ def _bytes(value: str, what: str) -> int:
     return n
 
 
+def _features(value: str) -> tuple[str, ...]:
+    """``--features a,b``: each a word of letters, digits and ``_.:+-`` (what the server
+    takes), refused here rather than at every sync."""
+    import re
+
+    names = tuple(f.strip() for f in value.split(",") if f.strip())
+    bad = [f for f in names if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,63}", f)]
+    if bad:
+        raise fail(f"--features: {bad[0]!r} is not a feature name (letters, digits, _.:+-)", BAD_INPUT)
+    if len(names) > 64:
+        raise fail("--features: at most 64", BAD_INPUT)
+    return names
+
+
+def _node_memory(value: str | None) -> int | None:
+    """``--simulate-memory`` in MiB, read as sbatch reads ``--mem`` (bare = megabytes), so
+    a node's memory and a job's request are written alike."""
+    if value is None:
+        return None
+    from gpufleet.slurmopts import parse_mem
+
+    try:
+        return parse_mem(value, flag="--simulate-memory")
+    except ValueError as exc:
+        raise fail(str(exc), BAD_INPUT) from None
+
+
 def agent(
     server: str = typer.Option(
         ...,
@@ -120,6 +147,19 @@ def agent(
         False, "--cpu-only", help="A node without GPUs (a CPU-only pool): no NVML, its CPUs and memory only."
     ),
     gpu_model: str = typer.Option("H100-80GB", "--gpu-model", help="Model of the simulated GPUs."),
+    simulate_cpus: int | None = typer.Option(
+        None,
+        "--simulate-cpus",
+        min=1,
+        help="CPUs the simulated node reports (a real node's, e.g. 224; default 8 per GPU).",
+        show_default=False,
+    ),
+    simulate_memory: str | None = typer.Option(
+        None,
+        "--simulate-memory",
+        help="Memory the simulated node reports (2T, 1536G, MB bare; default 64G per GPU).",
+        show_default=False,
+    ),
     simulate_mig: list[str] = typer.Option(
         [],
         "--simulate-mig",
@@ -137,6 +177,12 @@ def agent(
     ),
     leaf: str | None = typer.Option(None, "--leaf", help="Leaf switch this node hangs off."),
     rack: str | None = typer.Option(None, "--rack"),
+    features: str = typer.Option(
+        "",
+        "--features",
+        help="Slurm's node features, comma-separated (ib,nvme,gpu80): what jobs' --constraint matches.",
+        show_default=False,
+    ),
     address: str | None = typer.Option(None, "--address", help="Address peers reach this node at."),
     work_dir: Path | None = typer.Option(None, "--work-dir", help="Job state, logs, checkpoints."),
     checkpoint_root: Path | None = typer.Option(
@@ -236,12 +282,17 @@ def agent(
             raise fail("--cpu-only and --simulate-gpus exclude each other")
         if simulate_mig and not simulate_gpus:
             raise fail("--simulate-mig needs --simulate-gpus", BAD_INPUT)
+        if (simulate_cpus is not None or simulate_memory is not None) and not simulate_gpus:
+            raise fail("--simulate-cpus and --simulate-memory need --simulate-gpus", BAD_INPUT)
+        node_memory_mb = _node_memory(simulate_memory)
         probe = (
             HostProbe()
             if cpu_only
             else SimulatedProbe(
                 node=node,
-                spec=SimSpec(gpus=simulate_gpus, model=gpu_model),
+                spec=SimSpec(
+                    gpus=simulate_gpus, model=gpu_model, cpus=simulate_cpus, node_memory_mb=node_memory_mb
+                ),
                 mig=_mig_layouts(simulate_mig, simulate_gpus),
             )
             if simulate_gpus
@@ -256,6 +307,7 @@ def agent(
         work_dir=wd,
         leaf=leaf,
         rack=rack,
+        features=_features(features),
         address=address or _local_address(servers[0]),
         sync_interval_s=_seconds(sync_interval, "--sync-interval"),
         grace_s=_seconds(grace, "--grace"),

@@ -7,12 +7,11 @@ server to be honoured exactly, and are resolved here before the submit:
 
 - ``-A/--account``: the team of that name, when it is one of yours (admins: any team);
 - ``--reservation``: an id, or the name of a reservation you may see;
-- ``--exclusive``: whole nodes. gpufleet never shares a GPU, and a job in a GPU pool
-  needs GPUs, so a job holding every GPU of its nodes has them to itself: accepted when
-  the GPUs per node asked for are at least every node's count (without a count, all the
-  GPUs of the pool's nodes when they are all the same size); refused otherwise;
-- a job that counts no GPUs gets 1 in a GPU pool and 0 in a CPU-only pool (Slurm's "no
-  GPUs unless asked", where gpufleet's API defaults to one).
+
+The server resolves the rest, as slurmctld does: the default pool of a job without
+``-p`` (``admin create-pool --default``), the first of a pool list that can run it,
+``--exclusive`` (every GPU, CPU and memory of its nodes) and ``--mem=0``. A job that
+counts no GPUs gets none (Slurm's "no GPUs unless asked").
 
 ``--export`` (Slurm's default ``ALL``) sends the submitter's environment, less what must
 not or cannot travel: see :func:`export_env`.
@@ -32,10 +31,8 @@ import typer
 
 from gpufleet.cli import sbatch, slurmflags
 from gpufleet.cli.options import flag
-from gpufleet.client import ClientError
 
 if TYPE_CHECKING:
-    from gpufleet.api.nodes import NodeOut
     from gpufleet.client import GpufleetClient
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,7 +54,8 @@ def _opt(directive: str | None, *names: str, help: str, annotation: Any = str | 
 
 
 JOB_FLAGS: dict[str, JobFlag] = {
-    "gpus": _opt("gpus", "--gpus", "-G", help="GPUs in all, or TYPE:N (default 1; 0 in a CPU-only pool)."),
+    "gpus": _opt("gpus", "--gpus", "-G", help="GPUs in all, or TYPE:N (default none, as in Slurm)."),
+    "gpus_per_task": _opt("gpus-per-task", "--gpus-per-task", help="GPUs for each task (x --ntasks)."),
     "gpus_per_node": _opt("gpus-per-node", "--gpus-per-node", help="GPUs on each node, or TYPE:N."),
     "gres": _opt("gres", "--gres", help="gpu[:TYPE]:N: GPUs on each node, as Slurm's --gres."),
     "nodes": _opt("nodes", "--nodes", "-N", help="Nodes (N, or MIN-MAX: the fewest)."),
@@ -73,16 +71,30 @@ JOB_FLAGS: dict[str, JobFlag] = {
         "--gpu-fraction",
         help="Part of one shared GPU (0.25): that share of its compute and memory, enforced by MPS.",
     ),
-    "constraint": _opt("constraint", "--constraint", "-C", help="A GPU model, as --gpu-type."),
+    "constraint": _opt(
+        "constraint",
+        "--constraint",
+        "-C",
+        help="Node features: ib, 'a100&ib', 'a|b', '[r1|r2]' (GPU models too).",
+    ),
+    "exclude": _opt("exclude", "--exclude", "-x", help="Nodes it never runs on: gpu01,gpu[03-05]."),
     "ntasks": _opt("ntasks", "--ntasks", "-n", help="Tasks in all (CPUs: tasks x --cpus-per-task)."),
-    "ntasks_per_node": _opt("ntasks-per-node", "--ntasks-per-node", help="Tasks on each node."),
+    "ntasks_per_node": _opt(
+        "ntasks-per-node", "--ntasks-per-node", "--tasks-per-node", help="Tasks on each node."
+    ),
     "cpus_per_task": _opt("cpus-per-task", "--cpus-per-task", "-c", help="CPUs for each task."),
     "mem": _opt("mem", "--mem", help="Memory per node: 16G, 512M, 16000 (MB)."),
     "mem_per_cpu": _opt("mem-per-cpu", "--mem-per-cpu", help="Memory per CPU."),
     "mem_per_gpu": _opt("mem-per-gpu", "--mem-per-gpu", help="Memory per GPU."),
     "time_limit": _opt("time", "--time", "-t", help="2h, 90m, D-HH:MM:SS, UNLIMITED; bare = minutes."),
     "name": _opt("job-name", "--name", "--job-name", "-J", help="The job's name (default: the script's)."),
-    "pool": _opt("partition", "--pool", "--partition", "-p", help="The pool (default: default)."),
+    "pool": _opt(
+        "partition",
+        "--pool",
+        "--partition",
+        "-p",
+        help="The pool, or a,b: the first that can run it (default: the operator's default pool).",
+    ),
     "team": _opt(None, "--team", help="Charge this team (default: your default team)."),
     "account": _opt("account", "--account", "-A", help="Slurm's account: one of your teams."),
     "array": _opt("array", "--array", "-a", help="A job array: 0-15, 0,6,16-32, 0-15:4, 0-99%10."),
@@ -112,6 +124,10 @@ JOB_FLAGS: dict[str, JobFlag] = {
     "mail_type": _opt("mail-type", "--mail-type", help="Accepted; gpufleet sends no mail."),
     "mail_user": _opt("mail-user", "--mail-user", help="Accepted; gpufleet sends no mail."),
     "comment": _opt("comment", "--comment", help="Accepted and not kept."),
+    "wait_all_nodes": _opt(
+        "wait-all-nodes", "--wait-all-nodes", help="Accepted: a job's nodes always start together here."
+    ),
+    "hint": _opt("hint", "--hint", help="Accepted: CPUs are counted, not bound to cores or threads, here."),
     "requeue": JobFlag(
         "requeue",
         bool | None,
@@ -123,10 +139,20 @@ JOB_FLAGS: dict[str, JobFlag] = {
         ),
     ),
     "exclusive": JobFlag(
-        "exclusive", bool, flag("--exclusive", help="Whole nodes: all the GPUs of each node it gets.")
+        "exclusive", bool, flag("--exclusive", help="Whole nodes: every GPU, CPU and memory of each.")
     ),
     "hold": JobFlag(
         "hold", bool, flag("--hold", "-H", help="Submit it held: it waits until `gpufleet release`.")
+    ),
+    "overcommit": JobFlag(
+        "overcommit",
+        bool,
+        flag("--overcommit", "-O", help="Accepted: a job runs as many processes as it starts here."),
+    ),
+    "get_user_env": JobFlag(
+        "get-user-env",
+        bool,
+        flag("--get-user-env", help="Accepted: a job runs in its owner's login identity (HOME, USER)."),
     ),
     "max_attempts": JobFlag(
         None, int, typer.Option(5, "--max-attempts", min=1, help="Attempts in all, the first included.")
@@ -194,6 +220,8 @@ def from_flags(
     replaced = {d for d, _ in given}
     if replaced & {"requeue", "no-requeue"}:
         replaced |= {"requeue", "no-requeue"}
+    for directive in replaced:
+        opts = slurmflags.forget(opts, directive)
     problems = [p for p in opts.problems if p.option not in replaced]
     origins = [(o, w) for o, w in opts.origins if o not in replaced]
     for directive, value in given:
@@ -362,12 +390,11 @@ def job_spec(
 ) -> tuple[dict[str, Any], list[str]]:
     """(the ``POST /v1/jobs`` body, warnings). Asks the server only for what an option
     needs (see the module docstring). Raises :class:`Unhonoured`."""
-    pool = opts.pool or "default"
     env, warnings = export_env(opts.export, environ)
     spec: dict[str, Any] = {
         "command": command,
         "name": opts.name or "",
-        "pool": pool,
+        "pool": opts.pool or "",
         "env": env,
         "submit_dir": cwd,
         "requeue": True if opts.requeue is None else opts.requeue,
@@ -375,16 +402,13 @@ def job_spec(
         "max_attempts": flags.get("max_attempts", 5),
         "requeue_backoff": flags.get("requeue_backoff", "10s"),
     }
-    gpus_per_node, nodes = opts.gpus_per_node, opts.nodes
     ignore = bool(flags.get("ignore_unsupported"))
+    spec["gpus"] = slurmflags.total_gpus(opts)
+    spec |= {"gpus_per_node": slurmflags.gpus_per_node(opts) or 0, "nodes": opts.nodes or 0}
     if opts.exclusive:
-        with _unless(ignore, warnings):
-            gpus_per_node, nodes = whole_nodes(c.nodes(pool=pool), opts, pool=pool)
-    shaped = replace(opts, gpus_per_node=gpus_per_node, nodes=nodes)
-    spec["gpus"] = (
-        slurmflags.total_gpus(shaped) if slurmflags.asks_gpus(shaped) else _pool_default_gpus(c, pool)
-    )
-    spec |= {"gpus_per_node": gpus_per_node or 0, "nodes": nodes or 0}
+        spec["exclusive"] = True
+    if opts.exclude:
+        spec["exclude"] = list(opts.exclude)
     if opts.time_limit_s is not None and opts.time_limit_s != slurmflags.UNLIMITED:
         spec["time_limit"] = opts.time_limit_s
     if opts.chdir is not None:
@@ -426,6 +450,7 @@ _SAME = (
     "mem_per_cpu",
     "mem_per_gpu",
     "max_price",
+    "constraint",
 )
 """Options that are the API's field of the same name, as they are."""
 
@@ -440,18 +465,6 @@ def _unless(ignore: bool, warnings: list[str]) -> Iterator[None]:
         if not (ignore and exc.refused):
             raise
         warnings.append(f"{exc} (ignored: --ignore-unsupported)")
-
-
-def _pool_default_gpus(c: GpufleetClient, pool: str) -> int:
-    """1 in a GPU pool, 0 in a CPU-only one (a pool the server does not know: 1, and
-    the submit says so). Read as plain JSON: one boolean is not worth the pools'
-    models' import on every submit."""
-    try:
-        return 1 if c.request("GET", f"/pools/{pool}").get("gpu", True) else 0
-    except ClientError as exc:
-        if exc.status != 404:
-            raise
-        return 1
 
 
 def _team_of_account(c: GpufleetClient, opts: slurmflags.SbatchOptions) -> str:
@@ -481,43 +494,6 @@ def _reservation_id(c: GpufleetClient, opts: slurmflags.SbatchOptions) -> int:
     )
 
 
-def whole_nodes(
-    nodes: list[NodeOut], opts: slurmflags.SbatchOptions, *, pool: str
-) -> tuple[int | None, int | None]:
-    """(GPUs per node, nodes) that give the job whole nodes of ``pool`` (see the module
-    docstring); raises :class:`Unhonoured` with why not."""
-    where = where_given(opts, "exclusive", True)
-    if opts.gpu_type:
-        from gpufleet.scheduler.options import gpu_type_matches  # only for --exclusive with a model
-
-        nodes = [n for n in nodes if gpu_type_matches(opts.gpu_type, n.model)]
-    sizes = sorted({n.gpus_total for n in nodes})
-    if not sizes or sizes == [0]:
-        model = f" of {opts.gpu_type}" if opts.gpu_type else ""
-        raise Unhonoured(
-            sbatch.refusal(
-                where,
-                f"pool {pool} has no GPU nodes{model} to take whole; "
-                "a CPU-only pool's nodes are shared: ask for the CPUs and memory you need",
-            )
-        )
-    per_node = opts.gpus_per_node
-    if per_node is None and opts.gpus is not None and len(sizes) == 1 and opts.gpus % sizes[0] == 0:
-        return sizes[0], opts.gpus // sizes[0]
-    if per_node is None and opts.gpus is None and len(sizes) == 1:
-        return sizes[0], opts.nodes or 1
-    if per_node is not None and per_node >= sizes[-1]:
-        return per_node, opts.nodes
-    have = " and ".join(str(s) for s in sizes)
-    raise Unhonoured(
-        sbatch.refusal(
-            where,
-            f"pool {pool} has nodes of {have} GPUs, so the job's GPUs would not fill them; "
-            f"ask for --gpus-per-node={sizes[-1]} (or --gres=gpu:{sizes[-1]})",
-        )
-    )
-
-
 __all__ = [
     "JOB_FLAGS",
     "NoScript",
@@ -529,6 +505,5 @@ __all__ = [
     "job_spec",
     "script_of",
     "where_given",
-    "whole_nodes",
     "with_job_flags",
 ]

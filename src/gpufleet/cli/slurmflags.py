@@ -42,6 +42,13 @@ class SbatchOptions:
     gpus_per_node: int | None = None
     nodes: int | None = None
     gpu_type: str | None = None
+    gpu_type_by: str | None = None
+    """The option that set ``gpu_type`` (``gres``, ``gpus``, ``constraint``...): a flag
+    that replaces it on the command line takes its GPU model with it, as Slurm replaces
+    the whole option."""
+    gpus_per_task: int | None = None
+    exclude: tuple[str, ...] | None = None
+    constraint: str | None = None  # canonical (gpufleet.constraint)
     time_limit_s: float | None = None  # UNLIMITED: no limit
     name: str | None = None
     pool: str | None = None
@@ -97,7 +104,7 @@ def _refused(why: str, arg: Arg = "required") -> Option:
 
 
 _H, _OK = Option("honoured"), Option("harmless")
-_NO_PLACEMENT = "gpufleet places jobs itself; use -p POOL, --gpu-type or -C MODEL to steer it"
+_NO_PLACEMENT = "gpufleet places jobs itself; use -p POOL, -C FEATURE or --exclude NODES to steer it"
 _NO_CORES = "gpufleet counts CPUs per task and per node, not sockets, cores or threads; use -c N"
 OPTIONS: dict[str, Option] = {
     # honoured: each becomes an API field with the same meaning
@@ -106,6 +113,9 @@ OPTIONS: dict[str, Option] = {
     "nodes": _H,
     "ntasks": _H,
     "ntasks-per-node": _H,
+    "tasks-per-node": _H,  # sbatch's own alias of --ntasks-per-node
+    "gpus-per-task": _H,
+    "exclude": _H,
     "cpus-per-task": _H,
     "mem": _H,
     "mem-per-cpu": _H,
@@ -146,10 +156,13 @@ OPTIONS: dict[str, Option] = {
     "wckey": _OK,
     "acctg-freq": _OK,
     "profile": _OK,
+    "wait-all-nodes": _OK,  # 0 or 1: a job's nodes all start together here, so it waits anyway
+    "hint": _OK,  # nomultithread and the like: CPUs are counted, not bound, here
+    "overcommit": Option("harmless", "none"),  # a job's tasks run as many as it starts
+    "get-user-env": Option("harmless", "optional"),  # the job gets the owner's login identity
     "open-mode": _H,  # append is what the agent does; truncate is refused (``_open_mode``)
     # refused: gpufleet cannot give them their meaning
     "nodelist": _refused(f"no job is pinned to named nodes; {_NO_PLACEMENT}"),
-    "exclude": _refused("no job avoids named nodes; an operator cordons a bad node (gpufleet node cordon)"),
     "nodefile": _refused(f"no job is pinned to named nodes; {_NO_PLACEMENT}"),
     "switches": _refused("placement keeps a multi-node job in one leaf when it can; remove it"),
     "licenses": _refused("gpufleet has no licenses; remove it"),
@@ -159,7 +172,6 @@ OPTIONS: dict[str, Option] = {
     "wait": _refused("sbatch returns once the job is in; use `gpufleet run` to wait for it", "none"),
     "wrap": _refused("a script holds its command; give one after --: gpufleet submit -- COMMAND"),
     "test-only": _refused("gpufleet has no dry run; remove it", "none"),
-    "hint": _refused(_NO_CORES),
     "sockets-per-node": _refused(_NO_CORES),
     "cores-per-socket": _refused(_NO_CORES),
     "threads-per-core": _refused(_NO_CORES),
@@ -171,7 +183,6 @@ OPTIONS: dict[str, Option] = {
     "thread-spec": _refused(_NO_CORES),
     "mincpus": _refused("CPUs are counted per task here; use -c/--cpus-per-task"),
     "cpus-per-gpu": _refused("CPUs are counted per task here; use -c/--cpus-per-task"),
-    "gpus-per-task": _refused("GPUs are counted per job or per node here; use --gpus or --gpus-per-node"),
     "gpus-per-socket": _refused("GPUs are counted per job or per node here; use --gpus or --gpus-per-node"),
     "gpu-bind": _refused("a job sees exactly its GPUs (CUDA_VISIBLE_DEVICES); remove it"),
     "cpu-bind": _refused("no CPU binding here; remove it"),
@@ -179,7 +190,6 @@ OPTIONS: dict[str, Option] = {
     "distribution": _refused("no task distribution here; remove it"),
     "cpu-freq": _refused("no CPU frequency control here; remove it"),
     "gpu-freq": _refused("no GPU frequency control here; remove it"),
-    "overcommit": _refused("a job gets the CPUs it asks for; remove it", "none"),
     "oversubscribe": _refused("GPUs are never shared between jobs; remove it", "none"),
     "no-kill": _refused(
         "a failed node requeues the job or fails it; choose with --requeue/--no-requeue", "optional"
@@ -189,10 +199,7 @@ OPTIONS: dict[str, Option] = {
     "use-min-nodes": _refused("a job gets the fewest of -N MIN-MAX already; remove it", "none"),
     "contiguous": _refused(f"{_NO_PLACEMENT}", "none"),
     "spread-job": _refused(f"{_NO_PLACEMENT}", "none"),
-    "prefer": _refused("constraints are a GPU model (-C MODEL), never soft; remove it"),
-    "get-user-env": _refused(
-        "no login environment is loaded on the node; --export (ALL by default) sends yours", "optional"
-    ),
+    "prefer": _refused("constraints are never soft here; use -C, or remove it"),
     "export-file": _refused("no environment files here; use --export=VAR=value,..."),
     "propagate": _refused("limits are not carried to the nodes; remove it", "optional"),
     "uid": _refused("a job runs as its owner's account; remove it"),
@@ -266,7 +273,7 @@ def _gpu_count(value: str, flag: str) -> tuple[str | None, int]:
     if not re.fullmatch(r"-?\d+", count):
         raise ValueError(f"{flag}={value}: expected N or TYPE:N GPUs, e.g. 4 or a100:4")
     if int(count) < 0:
-        raise ValueError(f"{flag}={value}: a job needs at least 1 GPU (0 only in a CPU-only pool)")
+        raise ValueError(f"{flag}={value}: a GPU count is 0 or more (0, the default: none)")
     return kind or None, int(count)
 
 
@@ -354,11 +361,17 @@ def _export(value: str, flag: str) -> str:
     return value
 
 
+ALL_MEMORY = 0
+"""``mem`` of ``--mem=0``: all of each node's memory (the server resolves it)."""
+
+
 def _mem(value: str, flag: str) -> int:
-    """MiB (``slurmopts.parse_mem``); ``0``, Slurm's "all of each node's memory", is
-    refused, not a bad value: it means something gpufleet does not give."""
+    """MiB (``slurmopts.parse_mem``); ``--mem=0`` is Slurm's "all of each node's memory"
+    (:data:`ALL_MEMORY`); for ``--mem-per-cpu``/``--mem-per-gpu`` 0 means nothing."""
     if re.fullmatch(r"0+(?:\.0*)?\s*[kmgt]?i?b?", value.strip().lower()):
-        raise Refused("0, all of a node's memory, is not a request here; give a size such as 480G")
+        if flag == "--mem":
+            return ALL_MEMORY
+        raise ValueError(f"{flag}={value}: give a size of at least 1M")
     return parse_mem(value, flag=flag)
 
 
@@ -379,17 +392,40 @@ def _price(value: str, flag: str) -> float:
 
 
 def _constraint(value: str, flag: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", value):
-        raise Refused("a constraint here names one GPU model (e.g. -C a100); no features or & | [] lists")
+    """Node features (``gpufleet.constraint``: ``a``, ``a&b``, ``a|b``, ``[a|b]``; a GPU
+    model is a feature); counts (``a*2``) are refused, not a bad value."""
+    from gpufleet.constraint import Unsupported, parse
+
+    try:
+        return str(parse(value))
+    except Unsupported:
+        raise Refused("feature counts (a*2) are not supported; ask for the feature on every node") from None
+
+
+def _pools(value: str, flag: str) -> str:
+    """One pool, or a comma list (Slurm's ``-p a,b``: the first that can run the job)."""
+    names = value.split(",")
+    if not value or not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", n) for n in names):
+        raise ValueError(f"{flag}={value}: expected a pool name, or several separated by commas")
+    if len(names) > 16:
+        raise ValueError(f"{flag}={value}: at most 16 pools")
     return value
 
 
-def _one_pool(value: str, flag: str) -> str:
-    if "," in value:
-        raise Refused("a job waits in one pool here; name one")
-    if not value:
-        raise ValueError(f"{flag}: give a pool name")
-    return value
+def _nodes_list(value: str, flag: str) -> tuple[str, ...]:
+    """``--exclude``: node names, comma-separated, with Slurm's ranges (``gpu[01-04,07]``)."""
+    from gpufleet.slurm.hostlist import expand
+
+    try:
+        names = expand(value)
+    except ValueError as exc:
+        raise ValueError(f"{flag}={value}: {exc}") from None
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", n)]
+    if not names or bad:
+        raise ValueError(f"{flag}={value}: expected node names, e.g. gpu01,gpu02 or gpu[01-04]")
+    if len(names) > 1024:
+        raise ValueError(f"{flag}={value}: at most 1024 nodes")
+    return tuple(names)
 
 
 def _text(value: str, flag: str) -> str:
@@ -417,14 +453,17 @@ def _open_mode(value: str, flag: str) -> None:
 Parse = Callable[[str, str], Any]
 _FIELDS: dict[str, tuple[str, Parse]] = {
     "job-name": ("name", _text),
-    "partition": ("pool", _one_pool),
+    "partition": ("pool", _pools),
     "ntasks": ("ntasks", _whole),
     "ntasks-per-node": ("ntasks_per_node", lambda v, f: _whole(v, f, most=4096)),
+    "tasks-per-node": ("ntasks_per_node", lambda v, f: _whole(v, f, most=4096)),
+    "gpus-per-task": ("gpus_per_task", lambda v, f: _whole(v, f, least=0, most=1024)),
+    "exclude": ("exclude", _nodes_list),
+    "constraint": ("constraint", _constraint),
     "cpus-per-task": ("cpus_per_task", lambda v, f: _whole(v, f, most=4096)),
     "mem": ("mem", _mem),
     "mem-per-cpu": ("mem_per_cpu", _mem),
     "mem-per-gpu": ("mem_per_gpu", _mem),
-    "constraint": ("gpu_type", _constraint),
     "time": ("time_limit_s", _time),
     "output": ("output", _pattern),
     "error": ("error", _pattern),
@@ -472,11 +511,11 @@ def _apply_special(opts: SbatchOptions, name: str, value: str | None, *, now: fl
         case "gres":
             assert value is not None
             kind, n = _gres(value)
-            return replace(opts, gpu_type=_kind(kind) or opts.gpu_type, gpus_per_node=n)
+            return replace(_typed(opts, _kind(kind), name), gpus_per_node=n)
         case "gpus" | "gpus-per-node":
             assert value is not None
             kind, n = _gpu_count(value, flag)
-            opts = replace(opts, gpu_type=_kind(kind) or opts.gpu_type)
+            opts = _typed(opts, _kind(kind), name)
             return replace(opts, gpus=n) if name == "gpus" else replace(opts, gpus_per_node=n)
         case "nodes":
             assert value is not None
@@ -504,16 +543,52 @@ def _apply_special(opts: SbatchOptions, name: str, value: str | None, *, now: fl
     raise AssertionError(f"honoured option {name} has no handler")
 
 
-def total_gpus(opts: SbatchOptions, *, default: int = 1) -> int:
+def _typed(opts: SbatchOptions, gpu_type: str | None, by: str) -> SbatchOptions:
+    """``opts`` with the GPU model option ``by`` gave (none given: the one it had)."""
+    if gpu_type is None:
+        return opts
+    return replace(opts, gpu_type=gpu_type, gpu_type_by=by)
+
+
+def forget(opts: SbatchOptions, option: str) -> SbatchOptions:
+    """``opts`` without what ``option`` set (a command-line flag replaces a directive
+    whole, as in Slurm: ``--gres gpu:1`` drops a script's ``--gres=gpu:v100:1``'s model)."""
+    if opts.gpu_type_by == option:
+        opts = replace(opts, gpu_type=None, gpu_type_by=None)
+    return opts
+
+
+def total_gpus(opts: SbatchOptions, *, default: int = 0) -> int:
     """Slurm's arithmetic: ``--gpus`` is the total; ``--gres``/``--gpus-per-node`` count
-    per node. With no GPU request at all the job gets ``default`` GPUs."""
+    per node; ``--gpus-per-task`` per task (tasks: ``-n``, else tasks per node x nodes,
+    else 1). With no GPU request at all the job gets ``default`` GPUs: none, as in Slurm."""
     if opts.gpus is not None:
         return opts.gpus
     if opts.gpus_per_node is not None:
         return opts.gpus_per_node * (opts.nodes or 1)
+    if opts.gpus_per_task is not None:
+        return opts.gpus_per_task * tasks(opts)
     return default
 
 
+def tasks(opts: SbatchOptions) -> int:
+    """Tasks in all: ``-n``, else ``--ntasks-per-node`` x nodes, else 1."""
+    if opts.ntasks is not None:
+        return opts.ntasks
+    return (opts.ntasks_per_node or 1) * (opts.nodes or 1)
+
+
+def gpus_per_node(opts: SbatchOptions) -> int | None:
+    """GPUs per node as counted: ``--gres``/``--gpus-per-node``, or ``--gpus-per-task``
+    x ``--ntasks-per-node`` (Slurm's per-node count of that pair); None: the scheduler
+    splits the total."""
+    if opts.gpus_per_node is not None:
+        return opts.gpus_per_node
+    if opts.gpus is None and opts.gpus_per_task is not None and opts.ntasks_per_node is not None:
+        return opts.gpus_per_task * opts.ntasks_per_node
+    return None
+
+
 def asks_gpus(opts: SbatchOptions) -> bool:
-    """Whether any option counted GPUs (without one, a job gets its pool's default)."""
-    return opts.gpus is not None or opts.gpus_per_node is not None
+    """Whether any option counted GPUs (without one, a job gets none, as in Slurm)."""
+    return opts.gpus is not None or opts.gpus_per_node is not None or opts.gpus_per_task is not None

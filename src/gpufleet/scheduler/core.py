@@ -38,6 +38,7 @@ from gpufleet.scheduler.cache import PlanCache
 from gpufleet.scheduler.capacity import Capacity, FleetIndex
 from gpufleet.scheduler.cpu import CpuPlacer
 from gpufleet.scheduler.estimate import Estimator, release_events
+from gpufleet.scheduler.features import NodeFilter, node_filters
 from gpufleet.scheduler.model import (
     JobRequest,
     PendingStatus,
@@ -160,7 +161,7 @@ class _Pass(Preempting):
         self.shadow: _Shadow | None = None
         self.strict_blocker: str | None = None
         self.init_preemption()
-        self.nofit: dict[tuple[int, bool, int, int], _Wait] = {}
+        self.nofit: dict[tuple[int, bool, int, int, str | None, frozenset[str]], _Wait] = {}
         self.reasons: dict[int, str] = {}  # id(options) -> "Resources: ..." (explain only)
         self.array_counts: dict[str, int] | None = None  # tasks running per array (built on use)
         self.res = NodeResources.build(snapshot.fleet, snapshot.running, snapshot.pending)
@@ -255,7 +256,7 @@ class _Pass(Preempting):
         # job shaped like one that did not fit will not fit either: skip the search.
         same = None
         if not self.policy.preemptive and not self.book and job.reservation is None:
-            same = (id(opts), self._is_long(limit), job.cpus, job.mem_mb)
+            same = (id(opts), self._is_long(limit), job.cpus, job.mem_mb, job.constraint, job.exclude)
             hit = self.nofit.get(same)
             if hit is not None:
                 self.waits[job.id] = hit
@@ -265,7 +266,8 @@ class _Pass(Preempting):
         if placement is None and job.reservation is not None:
             self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, "Reservation", self.reservation_wait(job), opts)
             return
-        if placement is None and self.policy.preemptive and not asks:  # (resources.py: never for CPUs)
+        filtered = job.constraint is not None or bool(job.exclude)  # victims are chosen on any node
+        if placement is None and self.policy.preemptive and not asks and not filtered:  # nor for CPUs
             placement = self.preempt_for(key, job, opts, self.general_view(job, limit))
         if placement is not None:
             self.record_start(job, placement)
@@ -451,29 +453,46 @@ class _Pass(Preempting):
         """Inside the job's own active reservation first, then (unless it named one) in
         its general view: free GPUs less those reserved for others, and for EASY
         backfill's long jobs, less what the reserved head job needs."""
+        tries: list[NodeFilter | None] = [*node_filters(job)] or [None]
+        for only in tries:  # a [a|b] constraint: each alternative in turn
+            placement = self._place_filtered(job, opts, limit, only)
+            if placement is not None:
+                return placement
+        return None
+
+    def _place_filtered(
+        self, job: JobRequest, opts: Options, limit: float, only: NodeFilter | None
+    ) -> Placement | None:
         own = self.book.owned_active(job) if self.book else None
         spread = job.spread
         if own is not None:
-            view = self._fitting(self.book.view(ViewSpec(own=own.id)), opts, job)
+            view = self._fitting(self.book.view(ViewSpec(own=own.id)), opts, job, only)
             placement = self._place_in(view, opts, own=own.id, spread=spread)
             if placement is not None or job.reservation is not None:
                 return placement
         elif job.reservation is not None:
             return None
-        view = self._fitting(self.general_view(job, limit), opts, job)
+        view = self._fitting(self.general_view(job, limit), opts, job, only)
         return self._place_in(view, opts, long=self._is_long(limit), spread=spread)
 
-    def _fitting(self, view: Capacity, opts: Options, job: JobRequest) -> Capacity:
+    def _fitting(self, view: Capacity, opts: Options, job: JobRequest, only: NodeFilter | None) -> Capacity:
         """``view`` without the free GPUs of nodes where ``job``'s CPUs or memory do not
-        fit now (a copy, only when there are such nodes)."""
-        if self.res is None or not (job.cpus or job.mem_mb):
+        fit now, or that its ``--constraint``/``--exclude`` rule out (``only``; a copy,
+        only when there are such nodes)."""
+        sized = self.res is not None and bool(job.cpus or job.mem_mb)
+        if not sized and only is None:
             return view
         nodes = self.index.nodes
+        res = self.res
         lacking = [
             nid
             for gk, _ in opts
             for nid in self.index.groups[gk].nodes
-            if view.free[nid] and not self.res.fits(nodes[nid].name, job)
+            if view.free[nid]
+            and (
+                (only is not None and not only(self.index.fleet.nodes[nid]))
+                or (sized and res is not None and not res.fits(nodes[nid].name, job))
+            )
         ]
         if not lacking:
             return view

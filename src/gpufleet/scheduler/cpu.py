@@ -6,12 +6,11 @@ Why this shape:
 * A node's count of jobs is the load measure until CPU and memory become resources (a
   later issue): every job that runs on a node counts once (GPU jobs included, whatever
   their width), plus the starts this pass decided, less the jobs it preempts.
-* The pool is the only filter (a 0-GPU job's ``gpus_per_node``, ``nodes``, ``gpu_type``
-  and ``reservation`` do not apply). A 0-GPU job may land on any schedulable node of its
-  pool, with or without GPUs: that is the server's rule from before the core placed
-  these jobs. Keeping 0-GPU jobs off GPU servers is the operator's pool layout: the
-  server refuses ``gpus=0`` in a GPU pool and ``gpus>=1`` in a CPU-only pool
-  (``server/services/submissions.py``), so in practice they meet only CPU-only nodes.
+* The pool, ``--constraint`` and ``--exclude`` filter (a 0-GPU job's ``gpus_per_node``,
+  ``nodes``, ``gpu_type`` and ``reservation`` do not apply). A 0-GPU job may land on any
+  schedulable node of its pool, with or without GPUs, as in Slurm, where a job gets no
+  GPU unless it asks (a CPU-only pool refuses GPU jobs; a GPU pool takes both). Their
+  CPUs and memory are what keeps them from crowding a GPU server (``resources.py``).
 * They never compete with GPU jobs: they take no queue position, no GPU, no shadow
   reservation, and GPU quotas do not apply to them; they are never preempted, never
   victims, never wait behind a GPU job, and a GPU job never waits behind them. A job
@@ -24,6 +23,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Collection, Iterable, Sequence
 
+from gpufleet.scheduler.features import NodeFilter, node_filters
 from gpufleet.scheduler.model import Fleet, JobRequest, NodeGpus, RunningJob, Start
 from gpufleet.scheduler.resources import NodeResources
 
@@ -73,15 +73,26 @@ class CpuPlacer:
                 return f"Unschedulable: no schedulable node in pool '{job.pool}' (all cordoned or not ready)"
             return f"Unschedulable: no node in pool '{job.pool}'"
         res = self.resources
-        if res is None or not (job.cpus or job.mem_mb):
+        filters = node_filters(job)
+        if (res is None or not (job.cpus or job.mem_mb)) and not filters:
             jobs, name = heap[0]
             heapq.heapreplace(heap, (jobs + 1, name))
             return Start(job_id=job.id, placement=(NodeGpus(node=name, gpus=()),))
+        allowed = self._allowed(filters)
         for jobs, name in sorted(heap):  # the least-loaded node where it fits
-            if res.fits(name, job):
+            if name not in allowed:
+                continue
+            if res is None or not (job.cpus or job.mem_mb) or res.fits(name, job):
                 heap.remove((jobs, name))
                 heapq.heapify(heap)
                 heapq.heappush(heap, (jobs + 1, name))
-                res.take([name], job)
+                if res is not None:
+                    res.take([name], job)
                 return Start(job_id=job.id, placement=(NodeGpus(node=name, gpus=()),))
+        if res is None or not (job.cpus or job.mem_mb):
+            return f"Unschedulable: no node of pool '{job.pool}' has its features or is not excluded"
         return f"Resources: needs {res.describe(job)} per node, free on no node of pool '{job.pool}'"
+
+    def _allowed(self, filters: list[NodeFilter]) -> set[str]:
+        """The node names any of ``filters`` lets the job use (no filters: all)."""
+        return {n.name for n in self.fleet.nodes if not filters or any(f(n) for f in filters)}

@@ -42,6 +42,8 @@ class Node:
     cpus: int = 0
     """CPUs jobs may hold here (0: not tracked, no limit); likewise ``mem_mb``, MiB."""
     mem_mb: int = 0
+    features: frozenset[str] = frozenset()
+    """Slurm's node features (its agent's and operators' labels), for ``--constraint``."""
 
     def __post_init__(self) -> None:
         models = {g.model for g in self.gpus}
@@ -74,6 +76,7 @@ def shared_gpu_node(node: Node, gpu: Gpu) -> Node:
         rack=node.rack,
         pool=node.pool,
         schedulable=node.schedulable,
+        features=node.features,
     )
 
 
@@ -157,6 +160,10 @@ class JobRequest:
     cpus: int = 0
     """CPUs it holds on each of its nodes (0: none asked); likewise ``mem_mb``, MiB."""
     mem_mb: int = 0
+    constraint: str | None = None
+    """``--constraint`` over node features, canonical (``features.py``); None: any node."""
+    exclude: frozenset[str] = frozenset()
+    """``--exclude``: nodes it never runs on."""
 
     @property
     def units(self) -> int:

@@ -86,6 +86,9 @@ class Pool(Base):
     ``DefCpuPerGPU``). A 0-GPU job that says nothing asks for 1 CPU."""
     default_mem_per_cpu_mb: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """Memory per requested CPU when a job says nothing (0: none; ``DefMemPerCPU``)."""
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Slurm's ``Default=YES``: a job that names no pool goes here (at most one pool;
+    none: the pool ``default``)."""
 
 
 class NodeRow(Base):
@@ -111,6 +114,11 @@ class NodeRow(Base):
     drain_requeue: Mapped[bool] = mapped_column(Boolean, default=False)
     warning: Mapped[str | None] = mapped_column(String(512), nullable=True)
     """What its agent says it cannot enforce (no cgroups: no memory/pids limits)."""
+    features: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    """Slurm's node features as its agent reports them (``gpufleet agent --features``)."""
+    labels: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    """Features an operator added (``gpufleet node label``); ``--constraint`` matches
+    both, and the GPU model."""
 
 
 class GpuRow(Base):
@@ -263,6 +271,10 @@ class Job(Base):
     max_price: Mapped[float | None] = mapped_column(Float, nullable=True)
     """``--max-price``: waits until a GPU-hour costs at most this (but starts in time for
     ``deadline``)."""
+    constraint: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    """``--constraint`` over node features, canonical (``scheduler/features.py``)."""
+    exclude: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    """``--exclude``: nodes it never runs on."""
 
 
 class ServiceRow(Base):

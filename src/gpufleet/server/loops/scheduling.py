@@ -119,6 +119,8 @@ class _JobRow(NamedTuple):
     begin_at: float | None
     deadline: float | None
     max_price: float | None
+    constraint: str | None
+    exclude: list[str] | None
 
     def ref(self) -> JobRef:
         return JobRef(id=self.id, state=_STATES[self.state], version=self.version)
@@ -547,6 +549,8 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str]) -> JobR
         array_limit=job.array_limit or 0,
         cpus=job.cpus_per_node or 0,
         mem_mb=job.mem_per_node_mb or 0,
+        constraint=job.constraint,
+        exclude=frozenset(job.exclude or ()),
     )
 
 

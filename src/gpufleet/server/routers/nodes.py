@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gpufleet.api.nodes import NodeOut, NodePut
+from gpufleet.api.nodes import NodeLabels, NodeOut, NodePut
 from gpufleet.server.deps import Me, NodeNameIn, PartsDep
 from gpufleet.server.pages import NodePage
 from gpufleet.server.problems import unwrap
@@ -37,6 +37,22 @@ def put(name: NodeNameIn, spec: NodePut, parts: PartsDep, me: Me) -> NodeOut:
             name=name,
             spec=spec,
             now=parts.now(),
+            live_since=parts.live_since(),
+            fleets=parts.fleets,
+            waker=parts.scheduler.wake,
+        )
+    )
+
+
+@router.post("/{name}/labels", response_model=NodeOut)
+def label(name: str, change: NodeLabels, parts: PartsDep, me: Me) -> NodeOut:
+    """Operators' features on a node, for ``--constraint`` (``gpufleet node label``)."""
+    return unwrap(
+        nodes.label_node(
+            db=parts.db,
+            actor=me,
+            name=name,
+            change=change,
             live_since=parts.live_since(),
             fleets=parts.fleets,
             waker=parts.scheduler.wake,

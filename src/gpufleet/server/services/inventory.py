@@ -42,6 +42,8 @@ def _rows(s: Session, pool: str | None) -> tuple[NodeKey, NodeKey]:
         NodeRow.last_seen,
         NodeRow.cpus,
         NodeRow.memory_mb,
+        NodeRow.features,
+        NodeRow.labels,
     ).order_by(NodeRow.name)
     gq = select(
         GpuRow.node,
@@ -57,7 +59,8 @@ def _rows(s: Session, pool: str | None) -> tuple[NodeKey, NodeKey]:
     if pool is not None:
         q = q.where(NodeRow.pool == pool)
         gq = gq.join(NodeRow, NodeRow.name == GpuRow.node).where(NodeRow.pool == pool)
-    return tuple(tuple(r) for r in s.execute(q)), tuple(tuple(r) for r in s.execute(gq))
+    nodes = tuple((*r[:-2], frozenset([*(r[-2] or ()), *(r[-1] or ())])) for r in s.execute(q))  # hashable
+    return nodes, tuple(tuple(r) for r in s.execute(gq))
 
 
 def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[Fleet, dict[str, str]]:
@@ -98,7 +101,7 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
                 slices.setdefault(node, {}).setdefault(str(m["profile"]), []).append(g)
     out: list[Node] = []
     skipped: dict[str, str] = {}
-    for name, pool, leaf, rack, cordoned, last_seen, cpus, memory_mb in nodes:
+    for name, pool, leaf, rack, cordoned, last_seen, cpus, memory_mb, features in nodes:
         live = live_since is None or (
             not cordoned and last_seen is not None and float(last_seen) >= live_since  # type: ignore[arg-type]
         )
@@ -112,6 +115,7 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
                 schedulable=live,
                 cpus=int(cpus or 0),  # type: ignore[call-overload]
                 mem_mb=int(memory_mb or 0),  # type: ignore[call-overload]
+                features=features,  # type: ignore[arg-type]
             )
             parts = [
                 Node(
@@ -121,6 +125,7 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
                     rack=str(rack),
                     pool=str(pool),
                     schedulable=live,
+                    features=features,  # type: ignore[arg-type]
                 )
                 for profile, devices in sorted(slices.get(name, {}).items())
             ]

@@ -14,7 +14,7 @@ from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.base import MAX_GPU_INDEX
-from gpufleet.api.nodes import GpuIn, GpuOut, MigInstanceOut, NodeOut, NodePut
+from gpufleet.api.nodes import GpuIn, GpuOut, MigInstanceOut, NodeLabels, NodeOut, NodePut
 from gpufleet.mig import device_gpu
 from gpufleet.server.agentstate import AgentState
 from gpufleet.server.db import Database
@@ -88,6 +88,8 @@ def _node_out(s: Session, n: NodeRow, live_since: float, hot: AgentState | None 
         gpus_cordoned=sum(1 for g in gpus if g.cordoned),
         cpus=n.cpus or 0,
         memory_mb=n.memory_mb or 0,
+        features=list(n.features or ()),
+        labels=list(n.labels or ()),
     )
 
 
@@ -231,6 +233,36 @@ def put_node(
         node.last_seen = now
         s.flush()
         set_gpus(s, name, spec.gpus)
+        s.flush()
+        out = _node_out(s, node, live_since)
+    fleets.invalidate()
+    waker()
+    return out
+
+
+def label_node(
+    *,
+    db: Database,
+    actor: Principal,
+    name: str,
+    change: NodeLabels,
+    live_since: float,
+    fleets: FleetCache,
+    waker: Waker,
+) -> NodeOut | Failure:
+    """An operator's features on a node (``--constraint`` matches them with the agent's):
+    ``remove`` first, then ``add``; at most 64. A pending job they now admit is placed
+    at the next pass."""
+    if not actor.is_operator:
+        return forbidden("only operators and admins label nodes")
+    with db.write() as s:
+        node = s.get(NodeRow, name)
+        if node is None:
+            return not_found(f"no node {name}")
+        labels = (set(node.labels or ()) - set(change.remove)) | set(change.add)
+        if len(labels) > 64:
+            return invalid(f"labels: at most 64 on a node ({len(labels)} asked)")
+        node.labels = sorted(labels)
         s.flush()
         out = _node_out(s, node, live_since)
     fleets.invalidate()

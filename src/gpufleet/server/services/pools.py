@@ -1,9 +1,11 @@
 """Pools (Slurm's partitions): named sets of nodes. A pool with ``gpu=False`` is
-CPU-only and takes only 0-GPU jobs; GPU pools take only GPU jobs."""
+CPU-only and takes only 0-GPU jobs; GPU pools take any job (0 GPUs: CPUs and memory on
+any of its nodes, as in Slurm). One pool may be the default (Slurm's ``Default=YES``):
+jobs that name no pool go there; with none marked, the pool ``default`` is."""
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.users import PoolIn, PoolOut, PoolPatch
@@ -17,7 +19,14 @@ from gpufleet.server.services.auth import Principal
 
 def _out(s: Session, p: Pool) -> PoolOut:
     nodes = s.scalar(select(func.count()).select_from(NodeRow).where(NodeRow.pool == p.name)) or 0
-    return PoolOut(name=p.name, gpu=p.gpu, description=p.description, nodes=nodes)
+    return PoolOut(name=p.name, gpu=p.gpu, description=p.description, nodes=nodes, default=p.is_default)
+
+
+def _make_default(s: Session, p: Pool) -> None:
+    """``p`` becomes the one default pool (the write that unmarks the others is in the
+    same transaction)."""
+    s.execute(update(Pool).where(Pool.name != p.name, Pool.is_default).values(is_default=False))
+    p.is_default = True
 
 
 def list_pools(*, db: Database, actor: Principal, limit: int = 100, cursor: str | None = None) -> PoolPage:
@@ -44,6 +53,8 @@ def create_pool(*, db: Database, actor: Principal, spec: PoolIn) -> PoolOut | Fa
         p = Pool(name=spec.name, gpu=spec.gpu, description=spec.description)
         s.add(p)
         s.flush()
+        if spec.default:
+            _make_default(s, p)
         return _out(s, p)
 
 
@@ -56,6 +67,10 @@ def update_pool(*, db: Database, actor: Principal, name: str, patch: PoolPatch) 
             return not_found(f"no pool {name}")
         if patch.description is not None:
             p.description = patch.description
+        if patch.default:
+            _make_default(s, p)
+        elif patch.default is False:
+            p.is_default = False
         return _out(s, p)
 
 

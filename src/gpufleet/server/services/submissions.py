@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from gpufleet import mig, slurmopts
+from gpufleet import constraint, mig, slurmopts
 from gpufleet.api.jobs import JobDetail, JobEventOut, JobSubmit
 from gpufleet.arrayspec import ArraySpec, parse_array
 from gpufleet.scheduler import Fleet, JobRequest, deps
@@ -35,7 +35,7 @@ from gpufleet.scheduler.deps import Dependency
 from gpufleet.scheduler.options import no_such_model
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import event_row
-from gpufleet.server.models import GpuRow, Job, NodeRow, ReservationRow, Team
+from gpufleet.server.models import DEFAULT_POOL, GpuRow, Job, NodeRow, ReservationRow, Team
 from gpufleet.server.problems import Failure, forbidden, invalid
 from gpufleet.server.services import layoutwait
 from gpufleet.server.services.auth import Principal
@@ -54,7 +54,8 @@ _POOLS_Q = select(
     _T["pools"].c.gpu,
     _T["pools"].c.default_cpus_per_gpu,
     _T["pools"].c.default_mem_per_cpu_mb,
-).where(_T["pools"].c.name.in_(bindparam("names", expanding=True)))
+    _T["pools"].c.is_default,
+)  # all of them: a handful of rows, and a job naming none goes to the default one
 _TEAMS_Q = (
     select(_T["memberships"].c.user_id, _T["teams"].c.name, _T["teams"].c.id, _T["memberships"].c.is_default)
     .join(_T["teams"], _T["teams"].c.id == _T["memberships"].c.team_id)
@@ -98,7 +99,7 @@ class BatchOptions:
     tasks_per_node: int = 0
     cpus_per_task: int = 0
     cpus_per_node: int = 0  # 0: not asked (the pool's default applies)
-    mem: tuple[str, int] | None = None  # ("node" | "cpu" | "gpu", MiB)
+    mem: tuple[str, int] | None = None  # ("node" | "cpu" | "gpu", MiB); ("all", 0): --mem=0
     begin_at: float | None = None
     deadline: float | None = None
     signal: str | None = None
@@ -112,9 +113,11 @@ def batch_options(spec: JobSubmit, *, now: float, time_limit_s: float | None) ->
     given = [
         (k, v) for k, v in (("node", spec.mem), ("cpu", spec.mem_per_cpu), ("gpu", spec.mem_per_gpu)) if v
     ]
-    if len(given) > 1:
+    if len(given) > 1 or (spec.mem is not None and len(given) == 1 and given[0][0] != "node"):
         return invalid("mem, mem_per_cpu and mem_per_gpu exclude each other (as in Slurm): give one")
     mem: tuple[str, int] | None = None
+    if spec.mem is not None and str(spec.mem).strip() in ("0", "0M", "0G", "0MB", "0GB"):
+        given, mem = [], ("all", 0)  # Slurm's --mem=0: all of each node's memory (``whole_nodes``)
     if given:
         kind, raw = given[0]
         flag = {"node": "--mem", "cpu": "--mem-per-cpu", "gpu": "--mem-per-gpu"}[kind]
@@ -227,6 +230,139 @@ class _Ctx:
     defaults: dict[int, str] = field(default_factory=dict)  # user id -> their default team
     fleets: dict[str, Fleet] = field(default_factory=dict)
     shapes: dict[tuple[object, ...], Failure | None] = field(default_factory=dict)
+    default_pool: str = DEFAULT_POOL
+    """Where a job that names no pool goes (``Pool.is_default``, else ``default``)."""
+
+    def fleet(self, new: NewJob, pool: str) -> Fleet:
+        """``pool``'s registered fleet, loaded once per batch (a recent one will do)."""
+        fleet = self.fleets.get(pool)
+        if fleet is None:
+            fleet = self.fleets[pool] = new.fleets.registered(self.s, pool, stale_ok=True)
+        return fleet
+
+
+def _counted(spec: JobSubmit) -> JobSubmit:
+    """GPUs in all when ``gpus`` is left at 0 (Slurm's default: none) but the job asks
+    for GPUs another way: ``gpus_per_node`` (times its nodes), a GPU model, memory or
+    share (one GPU)."""
+    if spec.gpus:
+        return spec
+    if spec.gpus_per_node:
+        return spec.model_copy(update={"gpus": spec.gpus_per_node * (spec.nodes or 1)})
+    if spec.gpu_type is not None or spec.gpu_memory is not None or spec.gpu_fraction is not None:
+        return spec.model_copy(update={"gpus": 1})
+    return spec
+
+
+def _choose_pool(ctx: _Ctx, new: NewJob) -> NewJob | Failure:
+    """The job with its one pool: the default pool when it names none; of a list
+    (Slurm's ``-p a,b``), the first that could ever run it (Slurm starts it in whichever
+    frees first: placement across pools is a scheduler change left for later), else the
+    first's reason. An unknown name is refused in Slurm's words. ``--exclusive`` and
+    ``--mem=0`` are then resolved on that pool's nodes (:func:`_whole_nodes`)."""
+    spec = new.spec
+    names = spec.pool.split(",") if spec.pool else [ctx.default_pool]
+    for name in names:
+        if name not in ctx.pools:
+            known = ", ".join(sorted(ctx.pools))
+            return invalid(f"pool: invalid partition specified: {name} (pools: {known})")
+    first: Failure | None = None
+    for name in names:
+        shaped = _whole_nodes(ctx, dataclasses.replace(new, spec=spec.model_copy(update={"pool": name})))
+        problem = (
+            shaped
+            if isinstance(shaped, Failure)
+            else _feature_problem(ctx, shaped) or _shape_problem(ctx, shaped.spec, new.fleets)
+        )
+        if problem is None and not isinstance(shaped, Failure):
+            return shaped
+        first = first or problem
+    assert first is not None
+    return first
+
+
+def _feature_problem(ctx: _Ctx, new: NewJob) -> Failure | None:
+    """Slurm's "Invalid feature specification": no node of the pool has the features
+    the job's ``--constraint`` asks for (an empty pool: it waits for nodes)."""
+    spec = new.spec
+    if spec.constraint is None:
+        return None
+    terms = constraint.parse(spec.constraint).terms
+    fleet = ctx.fleet(new, spec.pool)
+    for fresh in (False, True):
+        if fresh:  # a refusal is confirmed on today's fleet (a label may have just been added)
+            if new.fleets.is_fresh(spec.pool, fleet):
+                break
+            fleet = ctx.fleets[spec.pool] = new.fleets.registered(ctx.s, spec.pool)
+        nodes = [n for n in fleet.nodes if ":" not in n.name]  # real nodes only
+        if not nodes:
+            return None
+        for n in nodes:
+            if constraint.holds(terms, constraint.node_has(n.features, n.model, gpu_type_matches)):
+                return None
+    have = sorted({f for n in nodes for f in n.features} | {n.model for n in nodes if n.model})
+    return invalid(
+        f"constraint: invalid feature specification: no node of pool {spec.pool} has {spec.constraint} "
+        f"(its features and GPU models: {', '.join(have[:20]) or 'none'})"
+    )
+
+
+def _whole_nodes(ctx: _Ctx, new: NewJob) -> NewJob | Failure:
+    """``--exclusive``: every GPU, CPU and memory of each node it gets (Slurm's whole
+    node); ``--mem=0``: all of each node's memory. Nodes differ, so the job asks for what
+    its pool's smallest node (of its GPU model) has: it fits on every one, and holds all
+    of the smallest (on a larger node, CPUs or memory beyond that stay free for 0-GPU
+    jobs, which is the one way this is less than Slurm's). GPUs: with no count, all of
+    each node's when the pool's nodes are all one size; with one, at least each node's."""
+    spec, opts = new.spec, new.options
+    all_mem = opts.mem is not None and opts.mem[0] == "all"
+    if not (spec.exclusive or all_mem):
+        return new
+    pool = spec.pool
+    nodes = [
+        n
+        for n in ctx.fleet(new, pool).nodes
+        if not (n.gpus and (mig.is_share_model(n.model) or mig.is_slice_model(n.model)))
+        and (spec.gpu_type is None or not n.gpus or gpu_type_matches(spec.gpu_type, n.model))
+    ]
+    mems = [n.mem_mb for n in nodes if n.mem_mb]
+    update: dict[str, Any] = {}
+    options = dataclasses.replace(opts, mem=("node", min(mems)) if mems else None) if all_mem else opts
+    if spec.exclusive:
+        if not nodes:
+            model = f" of {spec.gpu_type}" if spec.gpu_type else ""
+            return invalid(f"exclusive: pool {pool} has no nodes{model} to take whole")
+        cpus = [n.cpus for n in nodes if n.cpus]
+        options = dataclasses.replace(
+            options,
+            cpus_per_node=max(options.cpus_per_node, min(cpus)) if cpus else options.cpus_per_node,
+            mem=("node", min(mems)) if mems else options.mem,
+        )
+        sizes = sorted({len(n.gpus) for n in nodes})
+        if sizes != [0] and ctx.pools[pool].gpu:
+            shape = whole_gpus(spec, sizes, pool)
+            if isinstance(shape, Failure):
+                return shape
+            update = shape
+    spec = spec.model_copy(update=update) if update else spec
+    return dataclasses.replace(new, spec=spec, options=options)
+
+
+def whole_gpus(spec: JobSubmit, sizes: list[int], pool: str) -> dict[str, Any] | Failure:
+    """The GPU shape of an exclusive job in a GPU pool whose nodes have ``sizes`` GPUs."""
+    nodes = spec.nodes or 0
+    if spec.gpus_per_node:
+        if spec.gpus_per_node >= sizes[-1]:
+            return {}
+    elif spec.gpus and len(sizes) == 1 and spec.gpus % sizes[0] == 0:
+        return {"gpus_per_node": sizes[0], "nodes": spec.gpus // sizes[0]}
+    elif not spec.gpus and len(sizes) == 1:
+        return {"gpus": sizes[0] * (nodes or 1), "gpus_per_node": sizes[0], "nodes": nodes or 1}
+    have = " and ".join(str(n) for n in sizes)
+    return invalid(
+        f"exclusive: pool {pool} has nodes of {have} GPUs, so the job's GPUs would not fill them; "
+        f"ask for gpus_per_node={sizes[-1]} (--gres=gpu:{sizes[-1]})"
+    )
 
 
 def _team_for(ctx: _Ctx, actor: Principal, team: str | None) -> tuple[int, str] | Failure:
@@ -260,8 +396,8 @@ def _shape_problem(ctx: _Ctx, spec: JobSubmit, fleets: FleetCache) -> Failure | 
     gpu_pool = ctx.pools[spec.pool].gpu
     if not gpu_pool:
         return invalid(f"pool {spec.pool} is CPU-only: gpus must be 0") if spec.gpus else None
-    if spec.gpus == 0:
-        return invalid(f"pool {spec.pool} is a GPU pool: a job there needs gpus >= 1")
+    if spec.gpus == 0:  # Slurm's default: no GPU unless asked; CPUs and memory on any node
+        return None
     if spec.gpus_per_node and spec.nodes and spec.gpus_per_node * spec.nodes != spec.gpus:
         return invalid(f"gpus ({spec.gpus}) != nodes ({spec.nodes}) x gpus_per_node ({spec.gpus_per_node})")
     key = (spec.pool, spec.gpus, spec.gpus_per_node, spec.nodes, spec.gpu_type)
@@ -422,6 +558,8 @@ def _row(new: NewJob, team_id: int) -> dict[str, Any]:
         "begin_at": new.options.begin_at,
         "deadline": new.options.deadline,
         "max_price": spec.max_price,
+        "exclude": sorted(set(spec.exclude)) if spec.exclude else None,
+        "constraint": spec.constraint,
     }
 
 
@@ -432,10 +570,12 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
     (prepared Core statements: this is the API's hottest path). A refused job is a
     Failure and writes nothing."""
     conn = s.connection()
-    pools = {
-        name: PoolDefaults(gpu=gpu, cpus_per_gpu=cpg or 0, mem_per_cpu_mb=mpc or 0)
-        for name, gpu, cpg, mpc in conn.execute(_POOLS_Q, {"names": list({n.spec.pool for n in batch})})
-    }
+    pools: dict[str, PoolDefaults] = {}
+    default_pool = DEFAULT_POOL
+    for name, gpu, cpg, mpc, is_default in conn.execute(_POOLS_Q):
+        pools[name] = PoolDefaults(gpu=gpu, cpus_per_gpu=cpg or 0, mem_per_cpu_mb=mpc or 0)
+        if is_default:
+            default_pool = name
     teams: dict[int, dict[str, int]] = {}
     defaults: dict[int, str] = {}
     users = list({n.actor.user_id for n in batch})
@@ -443,18 +583,20 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
         teams.setdefault(uid, {})[name] = tid
         if is_default:
             defaults[uid] = name
-    ctx = _Ctx(s=s, pools=pools, teams=teams, defaults=defaults)
+    ctx = _Ctx(s=s, pools=pools, teams=teams, defaults=defaults, default_pool=default_pool)
     out: list[Failure | None] = []  # None: accepted
     rows: list[dict[str, Any]] = []
     accepted: list[tuple[int, NewJob, str, list[dict[str, Any]]]] = []
     for new in batch:
-        if new.spec.pool not in pools:
-            out.append(invalid(f"pool: no pool {new.spec.pool}"))
-            continue
         team = _team_for(ctx, new.actor, new.spec.team)
         if isinstance(team, Failure):
             out.append(team)
             continue
+        placed = _choose_pool(ctx, new)
+        if isinstance(placed, Failure):
+            out.append(placed)
+            continue
+        new = placed
         if new.spec.gpu_memory is not None or new.spec.gpu_fraction is not None:
             fitted = _fit_gpu_memory(ctx, new)
             if isinstance(fitted, Failure):
@@ -697,6 +839,12 @@ async def submit(
             f"priority {spec.priority}: only operators and admins give a job a priority above 0 "
             "(0 or below is anyone's)"
         )
+    spec = _counted(spec)
+    if spec.constraint is not None:
+        try:
+            spec = spec.model_copy(update={"constraint": str(constraint.parse(spec.constraint))})
+        except ValueError as exc:
+            return invalid(f"constraint: {exc}")
     shaped = one_node_of_slices(spec)
     if isinstance(shaped, Failure):
         return shaped

@@ -117,6 +117,7 @@ _NODE = select(
     NodeRow.cpus,
     NodeRow.memory_mb,
     NodeRow.warning,
+    NodeRow.features,
 ).where(NodeRow.name == bindparam("node"))
 
 
@@ -154,11 +155,15 @@ class _Placed(Protocol):
     @property
     def memory_mb(self) -> int: ...
     @property
+    def features(self) -> list[str]: ...
+    @property
     def warning(self) -> str | None: ...
 
 
 def _node_differs(n: _Placed, body: NodeSync) -> bool:
     if (body.warning or None) != n.warning:  # None clears it: the agent no longer says it
+        return True
+    if body.features is not None and sorted(set(body.features)) != list(n.features or ()):
         return True
     return any(
         new is not None and new != old
@@ -241,6 +246,8 @@ def _write(
         node.cpus = body.cpus
     if body.memory_mb is not None:
         node.memory_mb = body.memory_mb
+    if body.features is not None:  # ``--constraint`` matches them (``scheduler/features.py``)
+        node.features = sorted(set(body.features))
     node.warning = body.warning or None
     s.flush()
     if body.gpus is not None and new_gpus:
