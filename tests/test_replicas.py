@@ -57,13 +57,13 @@ CASES = [
     pytest.param(
         wish(1),
         [rep(1, 0), rep(2, 1, ready=False)],
-        [Stop(job_id=2, reason="scaled down to 1 replicas")],
+        [Stop(job_id=2, reason="scaled down to 1 replica")],
         id="scale-down-stops-not-ready-first",
     ),
     pytest.param(
         wish(1),
         [rep(1, 0), rep(2, 1)],
-        [Drain(job_id=2, reason="scaled down to 1 replicas")],
+        [Drain(job_id=2, reason="scaled down to 1 replica")],
         id="scale-down-drains-highest-slot",
     ),
     pytest.param(
@@ -198,7 +198,7 @@ CASES = [
     pytest.param(
         wish(1, warm=1),
         [],
-        [Create(slot=0, reason="0 of 1 replicas"), Create(slot=1, reason="warm pool 0 of 1", warm=True)],
+        [Create(slot=0, reason="0 of 1 replica"), Create(slot=1, reason="warm pool 0 of 1", warm=True)],
         id="warm-pool-created-behind-the-replicas",
     ),
     pytest.param(wish(1, warm=1), [rep(1, 0), rep(2, 1, warm=True)], [], id="warm-steady"),
@@ -224,13 +224,13 @@ CASES = [
     pytest.param(
         wish(1, warm=1),
         [rep(1, 0), rep(2, 1)],
-        [Demote(job_id=2, reason="scaled down to 1 replicas: to the warm pool")],
+        [Demote(job_id=2, reason="scaled down to 1 replica: to the warm pool")],
         id="scale-down-demotes-to-a-short-pool",
     ),
     pytest.param(
         wish(1, warm=1),
         [rep(1, 0), rep(2, 1), rep(3, 2, warm=True)],
-        [Drain(job_id=2, reason="scaled down to 1 replicas")],
+        [Drain(job_id=2, reason="scaled down to 1 replica")],
         id="scale-down-drains-when-the-pool-is-full",
     ),
     pytest.param(

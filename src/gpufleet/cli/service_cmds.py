@@ -122,7 +122,7 @@ def summary_lines(svc: ServiceOut, *, now: float) -> list[str]:
         ("owner", svc.owner),
         ("team", svc.team),
         ("state", svc.state),
-        ("ready", f"{svc.replicas_ready}/{svc.replicas_desired} replicas" + _warm(svc)),
+        ("ready", f"{svc.replicas_ready}/{words.count(svc.replicas_desired, 'replica')}" + _warm(svc)),
         ("autoscaling", _scaling(spec)),
         ("traffic", _traffic(svc)),
         ("generation", svc.generation),

@@ -190,24 +190,24 @@ def _scale(n: int, pool: int, current: list[Replica], warm: list[Replica]) -> li
         for r in warm[:short]:
             out.append(
                 Promote(
-                    job_id=r.job_id, reason=f"{len(current)} of {n} replicas: promoted from the warm pool"
+                    job_id=r.job_id, reason=f"{len(current)} of {_replicas(n)}: promoted from the warm pool"
                 )
             )
         made = len(current) + min(short, len(warm))
         warm = warm[short:]
         for slot in _free_slots(taken)[: n - made]:
-            out.append(Create(slot=slot, reason=f"{made} of {n} replicas"))
+            out.append(Create(slot=slot, reason=f"{made} of {_replicas(n)}"))
             taken.add(slot)
     elif len(current) > n:
         extra = sorted(current, key=lambda r: (r.ready, -r.slot, -r.job_id))[: len(current) - n]
         for r in extra:
             if not r.ready:
-                out.append(Stop(job_id=r.job_id, reason=f"scaled down to {n} replicas"))
+                out.append(Stop(job_id=r.job_id, reason=f"scaled down to {_replicas(n)}"))
             elif len(warm) < pool:
-                out.append(Demote(job_id=r.job_id, reason=f"scaled down to {n} replicas: to the warm pool"))
+                out.append(Demote(job_id=r.job_id, reason=f"scaled down to {_replicas(n)}: to the warm pool"))
                 warm.append(r)
             else:
-                out.append(Drain(job_id=r.job_id, reason=f"scaled down to {n} replicas"))
+                out.append(Drain(job_id=r.job_id, reason=f"scaled down to {_replicas(n)}"))
     if len(warm) < pool:
         for slot in _free_slots(taken)[: pool - len(warm)]:
             out.append(Create(slot=slot, reason=f"warm pool {len(warm)} of {pool}", warm=True))
@@ -216,6 +216,12 @@ def _scale(n: int, pool: int, current: list[Replica], warm: list[Replica]) -> li
         for r in sorted(warm, key=lambda r: (r.ready, -r.slot))[: len(warm) - pool]:
             out.append(Stop(job_id=r.job_id, reason=f"warm pool down to {pool}"))
     return out
+
+
+def _replicas(n: int) -> str:
+    """``1 replica``, ``3 replicas`` (the CLI's ``words.count``: the server imports nothing
+    of the CLI)."""
+    return f"{n} replica{'' if n == 1 else 's'}"
 
 
 STALL_EXITS = 3
@@ -253,8 +259,8 @@ def rollout_status(wish: Wish, replicas: Sequence[Replica], progress: Progress, 
     old = [r for r in live if r.generation != gen]
     ready = sum(1 for r in live if r.generation == gen and r.ready)
     if ready >= n and not old:
-        return Rollout(state="complete", generation=gen, reason=f"{ready} of {n} replicas ready")
-    what = f"{ready} of {n} replicas of generation {gen} ready"
+        return Rollout(state="complete", generation=gen, reason=f"{ready} of {_replicas(n)} ready")
+    what = f"{ready} of {_replicas(n)} of generation {gen} ready"
     if old:
         what += f", {len(old)} older still serving"
     if progress.exits >= STALL_EXITS:

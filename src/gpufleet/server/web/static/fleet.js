@@ -549,7 +549,7 @@
     S.svcJobs = jobs;
     var ready = 0, desired = 0;
     list.forEach(function (s) { ready += s.replicas_ready; desired += s.replicas_desired; });
-    $("svc-count").textContent = list.length ? GF.plural(list.length, "service") + " · " + ready + " / " + desired + " replicas ready" : "";
+    $("svc-count").textContent = list.length ? GF.plural(list.length, "service") + " · " + ready + " / " + GF.plural(desired, "replica") + " ready" : "";
     if (!list.length) {
       $("services").replaceChildren(el("p", { class: "empty", text: (operator() ? "No inference services." : "You have no inference services.") +
         " Deploy one with gpufleet service deploy." }));
@@ -560,7 +560,7 @@
       return [el("span", { class: "svc-name" }, [el("strong", { text: s.name }),
                 el("span", { class: "muted small", text: s.owner + " · " + s.team + " · " + s.protocol })]),
               el("span", { class: "states", title: GF.readyText(s) }, [
-                el("span", { class: "pill svc-" + h, title: HEALTH[h], "aria-label": s.replicas_ready + " of " + s.replicas_desired + " replicas ready: " + HEALTH[h],
+                el("span", { class: "pill svc-" + h, title: HEALTH[h], "aria-label": s.replicas_ready + " of " + GF.plural(s.replicas_desired, "replica") + " ready: " + HEALTH[h],
                              text: s.replicas_ready + " / " + s.replicas_desired }),
                 s.replicas_warm ? el("span", { class: "pill rep-warm", title: "standby replicas: started and ready, not in rotation",
                                                text: s.replicas_warm + " warm" }) : null,
