@@ -325,6 +325,14 @@ def test_a_full_queue_is_a_503_with_retry_after_in_openais_shape(server: Server)
     assert metric(base, "gpufleet_model_generated_tokens_total") - tokens_before == 4 * 60 + 2
 
 
+def test_more_choices_than_slots_and_queue_together_is_a_400(server: Server) -> None:
+    base = f"http://{server.url}"
+    wait_ready(base)
+    r = httpx.post(f"{base}/v1/completions", json=completion(2, n=5))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    assert httpx.post(f"{base}/v1/completions", json=completion(2, n=4)).status_code == 200
+
+
 def test_static_batching_makes_a_late_short_request_wait() -> None:
     """``--batching static``: a short request sent while a long one runs is answered only
     after the long one ends (what continuous batching removes: the test above)."""

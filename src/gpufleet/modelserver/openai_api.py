@@ -119,7 +119,9 @@ class TextModel:
                 headers={"Retry-After": str(exc.retry_after_s)},
             ) from None
         except ValueError as exc:
-            raise OpenAIError(f"n: {exc}", code="invalid_parameter") from None
+            err = OpenAIError(f"n: {exc}", code="invalid_parameter")
+            err.param = "n"
+            raise err from None
 
 
 def openai_router(served: TextModel) -> APIRouter:
