@@ -33,10 +33,13 @@ requests/s at least 0.8x, CPU per request at most 2x).
 default, the setting that made the gateway answer 502s), behind a fresh gateway, nginx
 and haproxy (the same settings as above). Each cycle sends a burst of ``--burst`` KServe
 infer requests (POST, 64 at once over fresh client connections, so that only the proxy's
-idle upstream connections can be stale) through each proxy in turn, then waits
-``--gap`` seconds (longer than the replicas' keep-alive, so they close every pooled
-connection as the proxies are about to reuse them). A failure is any answer but 200, or
-none; the gateway's resends and ejections are read from its ``/metrics``.
+idle upstream connections can be stale) through each proxy, then waits a gap
+drawn (seeded) from ``--gap`` (``LO-HI`` seconds, 4.9-5.9 by default: around the
+replicas' keep-alive, so that some reuses meet a connection just as the replica
+closes it, the race of issue 30, and others one it closed a moment before). The proxies
+run their cycles side by side (the same gaps), so each one's idle time is its gap. A
+failure is any answer but 200, or none; the gateway's resends and ejections are read
+from its ``/metrics``.
 
 The load generator is one process (this one) on uvloop: ``--client raw`` (default)
 writes prepared requests on sockets and parses status and Content-Length (~25 us of
@@ -55,6 +58,7 @@ import asyncio
 import hashlib
 import json
 import os
+import random
 import shutil
 import socket
 import statistics
@@ -424,7 +428,7 @@ def main() -> None:
     ap.add_argument("--client", choices=("raw", "aiohttp"), default="raw")
     ap.add_argument("--bursts", type=int, default=10, help="burst-idle cycles (0: no burst-idle phase)")
     ap.add_argument("--burst", type=int, default=200, help="requests in one burst")
-    ap.add_argument("--gap", type=float, default=5.5, help="idle seconds between bursts")
+    ap.add_argument("--gap", default="4.9-5.9", help="idle seconds between bursts: LO-HI, drawn uniformly")
     ap.add_argument("--replica-keep-alive", default="5s", help="the model servers' --keep-alive")
     ap.add_argument("--quick", action="store_true", help="--seconds 1.5 --runs 1 --bursts 3")
     args = ap.parse_args()
@@ -532,12 +536,18 @@ def burst_idle(
 
             await asyncio.gather(*(post() for _ in range(args.burst)))
 
-    async def go() -> None:
+    lo, _, hi = args.gap.partition("-")
+
+    async def cycles(name: str, port: int, headers: dict[str, str]) -> None:
+        draw = random.Random(30)  # the same gaps for every proxy
         for cycle in range(args.bursts):
-            print(f"burst-idle: cycle {cycle + 1}/{args.bursts}", file=sys.stderr, flush=True)
-            for name, port, headers in targets:
-                await one_burst(port, headers, got[name])
-            await asyncio.sleep(args.gap)
+            if name == "gateway":
+                print(f"burst-idle: cycle {cycle + 1}/{args.bursts}", file=sys.stderr, flush=True)
+            await one_burst(port, headers, got[name])
+            await asyncio.sleep(draw.uniform(float(lo), float(hi or lo)))
+
+    async def go() -> None:
+        await asyncio.gather(*(cycles(*t) for t in targets))
 
     import uvloop
 
@@ -615,7 +625,7 @@ def report(
         )
     if bursts:
         print(
-            f"\nburst-idle: {args.bursts} bursts of {args.burst} infer requests, {args.gap:g} s idle between"
+            f"\nburst-idle: {args.bursts} bursts of {args.burst} infer requests, {args.gap} s idle between"
             f" (model servers with --keep-alive {args.replica_keep_alive})\n"
         )
         print(f"{'target':<8} {'requests':>8} {'failed':>6}  failures by kind")

@@ -57,6 +57,8 @@ DROP_RESPONSE = HOP_BY_HOP | {b"x-request-id", b"x-gpufleet-replica"}
 REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 SMALL_BODY = 64 * 1024
 """Answers with a Content-Length up to this are read whole and sent in one message."""
+DIGESTS_KEPT = 1024
+"""Valid bearer tokens whose digests ``Gateway._digest`` keeps."""
 UPSTREAM_KEEPALIVE_S = 30.0
 """How long an idle upstream connection stays in the pool. The rule: below the
 replica's own keep-alive timeout, so the gateway always retires an idle connection
@@ -127,6 +129,9 @@ class Gateway:
         (``fresh=True``), never a pooled one that may be as stale as the one that failed."""
         self._poller: asyncio.Task[None] | None = None
         self._starting: asyncio.Lock | None = None
+        self._digests: dict[bytes, str] = {}
+        self._rid_prefix = os.urandom(6).hex()
+        self._rid_count = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -179,6 +184,7 @@ class Gateway:
     def _apply(self, feed: Feed) -> None:
         self.balancer.update(feed)
         self.feed_at = feed.at
+        self._digests.clear()  # no revoked token stays in memory
         self.metrics.endpoints.clear()
         for name, svc in feed.services.items():
             self.metrics.endpoints.labels(name).set(len(svc.endpoints))
@@ -246,6 +252,29 @@ class Gateway:
 
     # -- the proxy ----------------------------------------------------------------------
 
+    def _new_request_id(self) -> bytes:
+        """24 hex digits: 12 random to this process, then a count (unique without a
+        ``getrandom`` call per request; a request id is no secret)."""
+        self._rid_count += 1
+        return b"%s%012x" % (self._rid_prefix.encode(), self._rid_count & 0xFFFFFFFFFFFF)
+
+    def _digest(self, auth: bytes) -> str:
+        """The sha256 hex digest of a bearer token ("" for none). Digests of the tokens
+        that were valid are kept (at most ``DIGESTS_KEPT``): a service's callers send the
+        same few tokens, and hashing is the larger part of checking one. Only tokens the
+        feed listed are kept, so a caller trying tokens grows nothing."""
+        if auth[:7].lower() != b"bearer ":
+            return ""
+        token = auth[7:]
+        digest = self._digests.get(token)
+        if digest is None:
+            digest = hashlib.sha256(token).hexdigest()
+            if any(digest in pool.service.tokens for pool in self.balancer.pools.values()):
+                if len(self._digests) >= DIGESTS_KEPT:
+                    self._digests.clear()
+                self._digests[token] = digest
+        return digest
+
     async def _proxy(self, scope: Scope, path: bytes, receive: Receive, send: Send) -> None:
         slash = path.find(b"/", 3)
         name = (path[3:] if slash < 0 else path[3:slash]).decode("latin-1")
@@ -264,7 +293,7 @@ class Gateway:
                 continue
             forward.append((k, v))
         if not rid or REQUEST_ID.fullmatch(rid) is None:
-            rid = os.urandom(12).hex().encode()
+            rid = self._new_request_id()
         pool = self.balancer.pools.get(name)
         if pool is None:  # counted apart: a stray name is no service, nor in any report
             self.metrics.unknown.inc()
@@ -272,7 +301,7 @@ class Gateway:
             return await error(send, guess_protocol(rest), 404, "Not Found", detail, rid)
         svc = pool.service
         proto = svc.protocol
-        digest = hashlib.sha256(auth[7:]).hexdigest() if auth[:7].lower() == b"bearer " else ""
+        digest = self._digest(auth)
         if digest not in svc.tokens:
             self.metrics.answered(name, 401)
             detail = "a service token is required: Authorization: Bearer <token>"
