@@ -67,7 +67,7 @@ def test_an_array_script_is_one_submit_shown_collapsed_and_cancelled_by_task_or_
     array = int(sub.stdout.split()[-1])
     got = tasks(server, array)
     assert [t["array_task_id"] for t in got] == [0, 1, 2, 3, 4]
-    assert {(t["name"], t["time_limit_s"], t["gpus"]) for t in got} == {("sweep", 1800.0, 1)}
+    assert {(t["name"], t["time_limit_s"], t["gpus"]) for t in got} == {("sweep", 1800.0, 0)}  # none asked
     queue = gpufleet("queue", "--pool", pool, env=env).stdout.splitlines()
     assert [line.split()[0] for line in queue[1:]] == [f"{array}_[0-4]"]
     one = gpufleet("cancel", f"{array}_1", f"{array}_[3-4]", env=env)
@@ -100,7 +100,7 @@ def test_a_script_gpufleet_cannot_honour_is_refused_with_its_lines_unless_told(
         f"gpufleet: error: {path} line 3: #SBATCH --switches=1: gpufleet cannot honour this (placement keeps "
         "a multi-node job in one leaf when it can); remove it",
         f"gpufleet: error: {path} line 4: #SBATCH -w node7: gpufleet cannot honour this (no job is pinned to "
-        "named nodes); gpufleet places jobs itself; use -p POOL, --gpu-type or -C MODEL to steer it",
+        "named nodes); gpufleet places jobs itself; use -p POOL, -C FEATURE or --exclude NODES to steer it",
         "gpufleet: error: nothing submitted; "
         "--ignore-unsupported submits without what gpufleet cannot honour",
     ]
@@ -195,9 +195,9 @@ def test_export_account_cpu_pool_and_exclusive(server: Server, team: str, tmp_pa
     half = gpufleet(
         "submit", "--team", team, "-p", gpu, "--gres", "gpu:4", "--exclusive", "--", "true", env=env
     )
-    assert half.returncode == 2 and "ask for --gpus-per-node=8" in half.stderr
+    assert half.returncode == 2 and "ask for gpus_per_node=8 (--gres=gpu:8)" in half.stderr
     shared = gpufleet("submit", "--team", team, "-p", cpu, "--exclusive", "--", "true", env=env)
-    assert shared.returncode == 2 and "a CPU-only pool's nodes are shared" in shared.stderr
+    assert shared.returncode == 2 and "has no nodes to take whole" in shared.stderr  # (the pool has none)
     gpufleet("cancel", whole.stdout.strip(), env=env)
 
 
