@@ -46,8 +46,10 @@ if __name__ == "__main__":
     gc.disable()
     try:
         result = main(args)
-    except SystemExit as exc:  # argparse's usage errors
-        result = exc.code if isinstance(exc.code, int) else 1
+    except SystemExit as exc:  # argparse's usage errors, sys.exit("why")
+        if exc.code is not None and not isinstance(exc.code, int):
+            sys.stderr.write(f"{exc.code}\n")
+        result = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:
         result = 130
     _quick_exit(result)

@@ -330,11 +330,20 @@ def node_state(node: dict[str, Any]) -> str:
     return "ALLOCATED" if used >= total else "MIXED"
 
 
+def features_of(node: dict[str, Any]) -> list[str]:
+    """Slurm's node features: what its agent reports and the labels operators added."""
+    out: list[str] = []
+    for f in [*(node.get("features") or ()), *(node.get("labels") or ())]:
+        if str(f) not in out:
+            out.append(str(f))
+    return out
+
+
 def node_record(node: dict[str, Any]) -> Record:
     gpus, used = int(node.get("gpus_total") or 0), int(node.get("gpus_used") or 0)
     model = str(node.get("model") or "gpu").lower()
     cpus, mem = int(node.get("cpus") or 0), int(node.get("memory_mb") or 0)
-    features = node.get("features") or []
+    features = features_of(node)
     cfg = f"cpu={cpus},mem={mem}M,billing={cpus}" + (f",gres/gpu={gpus}" if gpus else "")
     return [
         [("NodeName", node["name"]), ("Arch", "x86_64")],
@@ -451,4 +460,4 @@ def _update(rest: list[str]) -> int:
     return 0
 
 
-__all__ = ["job_record", "main", "node_record", "node_state", "tres"]
+__all__ = ["features_of", "job_record", "main", "node_record", "node_state", "tres"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpufleet.slurm import hostlist
 from gpufleet.slurm._common import SlurmError, connect, run
-from gpufleet.slurm.scontrol import node_state
+from gpufleet.slurm.scontrol import features_of, node_state
 
 PROG = "sinfo"
 DEFAULT = "%#P %.5a %.10l %.6D %.6t %N"
@@ -62,7 +62,7 @@ FORMATS: dict[str, tuple[str, Field]] = {
             else "(null)"
         ),
     ),
-    "f": ("AVAIL_FEATURES", lambda n, p: ",".join(map(str, n.get("features") or ())) or "(null)"),
+    "f": ("AVAIL_FEATURES", lambda n, p: ",".join(features_of(n)) or "(null)"),
     "E": ("REASON", lambda n, p: n.get("cordon_reason") or "none"),
     "z": ("S:C:T", lambda n, p: f"1:{n.get('cpus') or 0}:1" if n else "0:0:0"),
     "d": ("TMP_DISK", lambda n, p: 0),
