@@ -28,7 +28,7 @@ from gpufleet.gateway.fanout import ask_all, combine, fanout_kind
 from gpufleet.gateway.feed import EndpointSource, load_once, poll
 from gpufleet.gateway.metrics import GatewayMetrics, scrape_refused
 from gpufleet.gateway.relay import read_body, stream
-from gpufleet.gateway.report import traffic_report
+from gpufleet.gateway.report import Surges, traffic_report
 from gpufleet.gateway.upstream import (
     ConnectFailed,
     ConnectTimeout,
@@ -99,6 +99,12 @@ GATEWAY_ID = f"{os.uname().nodename}:{os.getpid()}:{int(time.time())}"
 """This gateway process, as its reports name it."""
 
 
+FAST_REFRESH_S = 0.1
+"""How often the feed is read after a surge (``Gateway._poll``)."""
+FAST_FOR_S = 5.0
+"""How long it is read that often."""
+
+
 class _NotAnswered(Exception):
     """No byte of an answer came back, so the request may be resent (its body is held
     whole): the replica could not be connected to (``closed`` False), or a connection
@@ -159,17 +165,33 @@ class Gateway:
 
     async def _poll(self) -> None:
         """Read the feed every refresh, then report this gateway's counters to the
-        source (the server: its services' QPS, latency and in-flight requests)."""
+        source (the server: its services' QPS, latency and in-flight requests). After a
+        report that shows a surge (``Surges``), the feed is read every
+        ``FAST_REFRESH_S`` for ``FAST_FOR_S``: the server promotes a warm replica on
+        that very report, and this gateway should send it requests within a tenth of a
+        second, not a refresh later. Reports keep their pace."""
         report = getattr(self.source, "report", None)
         if report is None:
             await poll(self.source, self._apply, self._feed_failed, refresh_s=self.config.refresh_s)
             return
         failing = False
+        surges = Surges()
+        fast_until = next_report = 0.0
         while True:
-            await asyncio.sleep(self.config.refresh_s)
+            now = self.clock()
+            fast = now < fast_until
+            wait = min(FAST_REFRESH_S, max(0.0, next_report - now)) if fast else self.config.refresh_s
+            await asyncio.sleep(wait)
             await load_once(self.source, self._apply, self._feed_failed)
+            now = self.clock()
+            if fast and now < next_report:
+                continue
+            next_report = now + self.config.refresh_s
+            doc = self.traffic_report()
+            if surges.seen(now, {name: svc["inflight"] for name, svc in doc["services"].items()}):
+                fast_until = now + FAST_FOR_S
             try:
-                await report(self.traffic_report())
+                await report(doc)
             except Exception as exc:  # the server blinked: next time; said once, counted always
                 self.metrics.report_failures.inc()
                 (log.debug if failing else log.warning)("traffic report refused or lost: %s", exc)

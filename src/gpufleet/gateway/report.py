@@ -12,6 +12,8 @@ so that no stray name can make the server refuse a report."""
 from __future__ import annotations
 
 import re
+from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -53,3 +55,30 @@ def traffic_report(registry: CollectorRegistry, gateway: str) -> dict[str, Any]:
             elif sample.name == "gpufleet_gateway_upstream_seconds_count":
                 latency(name)["count"] = int(sample.value)
     return {"gateway": gateway, "services": services}
+
+
+SURGE_WINDOW_S = 2.0
+
+
+class Surges:
+    """Whether a report's in-flight counts surged: for some service, at least twice the
+    mean of this gateway's reports of the last ``SURGE_WINDOW_S`` and at least 4 more.
+    The server's rule for waking the autoscaler (``server/traffic.surged``), copied: the
+    gateway imports nothing of the server, and reads its feed fast when the server is
+    about to change it."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, deque[tuple[float, int]]] = {}
+
+    def seen(self, now: float, inflight: Mapping[str, int]) -> bool:
+        surged = False
+        for name, count in inflight.items():
+            past = self._seen.setdefault(name, deque())
+            while past and past[0][0] < now - SURGE_WINDOW_S:
+                past.popleft()
+            mean = sum(c for _, c in past) / len(past) if past else 0.0
+            surged = surged or (count >= 2 * mean and count - mean >= 4)
+            past.append((now, count))
+        for name in self._seen.keys() - inflight.keys():
+            del self._seen[name]
+        return surged
