@@ -241,7 +241,7 @@ CORPUS: list[tuple[str, str, dict[str, Any], list[tuple[int, bool, str]]]] = [
     (
         "unsupported-directives",
         UNSUPPORTED,
-        {"name": "legacy", "gpus_per_node": 1},
+        {"name": "legacy", "gpus_per_node": 1, "qos": "high"},
         [
             (3, True, "#SBATCH --switches=1: gpufleet cannot honour this"),
             (4, True, "#SBATCH --licenses=matlab:1: gpufleet cannot honour this (gpufleet has no licenses)"),
@@ -250,7 +250,6 @@ CORPUS: list[tuple[str, str, dict[str, Any], list[tuple[int, bool, str]]]] = [
                 True,
                 "#SBATCH -w gpu-node-07: gpufleet cannot honour this (no job is pinned to named nodes)",
             ),
-            (6, True, "#SBATCH --qos=high: gpufleet cannot honour this (gpufleet has no QOS"),
         ],
     ),
     (

@@ -134,3 +134,31 @@ def test_no_gpu_is_asked_so_none_is_given(server: Server, world: dict[str, str])
         "submit", "--team", world["team"], "-p", world["pool"], "-C", label, "--", "true", env=server.env()
     )
     assert res.returncode == 2 and "invalid feature specification" in res.stderr, res.stderr
+
+
+def test_admin_qos_and_a_script_that_names_one(server: Server, world: dict[str, str], tmp_path: Path) -> None:
+    env = server.env()
+    name = unique("high")
+    made = gpufleet(
+        "admin",
+        "qos",
+        "create",
+        name,
+        "--priority",
+        "5",
+        "--max-gpus-per-user",
+        "4",
+        "--no-preemptable",
+        env=env,
+    )
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.strip() == f"qos {name}: priority 5, max 4 GPUs and - jobs per user, not preemptable"
+    listed = gpufleet("admin", "qos", "list", env=env).stdout.splitlines()
+    assert any(line.split()[:5] == [name, "5", "4", "-", "no"] for line in listed), listed
+    path = tmp_path / "q.sh"
+    path.write_text(
+        f"#!/bin/bash\n#SBATCH --qos={name}\n#SBATCH --gres=gpu:1\n#SBATCH -p {world['pool']}\ntrue\n"
+    )
+    assert submitted(server, "--team", world["team"], str(path))["qos"] == name
+    gone = gpufleet("admin", "qos", "delete", name, env=env)
+    assert gone.stdout.strip() == f"qos {name} deleted", gone.stderr

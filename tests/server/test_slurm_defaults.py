@@ -5,6 +5,7 @@ labels for ``--constraint``, ``--exclude``."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -177,3 +178,37 @@ def test_exclude_keeps_a_job_off_the_nodes_it_names(server: Server, world: dict[
         assert placed_on(server, job["id"])[0] == world[other]
     cpu = post(server, pool=world["pool"], team=world["team"], exclude=[world["ib"]])
     assert placed_on(server, cpu["id"])[0] == world["plain"]
+
+
+def test_a_qos_limits_each_users_running_jobs_and_names_slurms_reason(
+    server: Server, world: dict[str, str]
+) -> None:
+    name = unique("qos")
+    body = {"name": name, "priority": 10, "max_jobs_per_user": 1, "preemptable": False}
+    with server.client() as c:
+        made = ok(c.put(f"/qos/{name}", json=body))
+        assert (made["max_jobs_per_user"], made["preemptable"], made["default"]) == (1, False, False)
+        user = ok(c.post("/users", json={"name": unique("u"), "role": "user", "teams": [world["team"]]}), 201)
+    with server.client(user["token"]) as mine:
+        assert mine.put(f"/qos/{name}", json=body).status_code == 403
+        assert name in {q["name"] for q in ok(mine.get("/qos"))["items"]}
+    refused = post(server, 422, pool=world["pool"], team=world["team"], qos=unique("nope"))
+    assert "invalid qos specification" in refused["detail"]
+    first = post(server, pool=world["pool"], team=world["team"], gpus=1, qos=name)
+    second = post(server, pool=world["pool"], team=world["team"], gpus=1, qos=name)
+    assert (first["qos"], second["qos"]) == (name, name)
+    wait_for(server, first["id"], "SCHEDULED")
+    with server.client() as c:
+        for _ in range(100):
+            reason = ok(c.get(f"/jobs/{second['id']}"))["wait_reason"] or ""
+            if reason:
+                break
+            time.sleep(0.05)
+        assert reason.startswith("QOSMaxJobsPerUserLimit"), reason
+        ok(c.post("/jobs/cancel", json={"ids": [first["id"], second["id"]]}))
+        ok(c.put(f"/qos/{name}", json=body | {"default": True}))
+        try:
+            assert post(server, pool=world["pool"], team=world["team"], gpus=1, hold=True)["qos"] == name
+        finally:  # the session's other tests submit without a QOS
+            ok(c.put(f"/qos/{name}", json=body | {"default": False}))
+        assert ok(c.delete(f"/qos/{name}"))["name"] == name

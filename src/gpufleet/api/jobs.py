@@ -87,6 +87,9 @@ class JobSubmit(Request):
         description="node features, as sbatch --constraint: ib, a100&ib, a|b, [rack1|rack2] "
         "(a GPU model is a feature too)",
     )
+    qos: Name | None = Field(
+        default=None, description="its QOS (sbatch --qos; gpufleet admin qos list); none: the default QOS"
+    )
     exclude: list[NodeName] | None = Field(
         default=None, max_length=1024, description="nodes it never runs on (sbatch --exclude)"
     )
@@ -223,6 +226,7 @@ class JobOut(Reply):
     begin_at: float | None = None
     deadline: float | None = None
     max_price: float | None = None
+    qos: str | None = Field(default=None, description="its QOS (--qos, else the default QOS)")
 
 
 class JobDetail(JobOut):

@@ -165,6 +165,82 @@ def list_pools(json_out: bool = json_flag()) -> None:
         )
 
 
+qos_app = typer.Typer(help="QOS: priority, per-user limits, preemptability (Slurm's sacctmgr qos).")
+admin_app.add_typer(qos_app, name="qos")
+
+
+@qos_app.command("create")
+def qos_create(
+    name: str = typer.Argument(...),
+    priority: int = typer.Option(0, "--priority", min=-1000, max=1000, help="Added to its jobs' priority."),
+    max_gpus_per_user: int | None = typer.Option(
+        None, "--max-gpus-per-user", min=0, help="GPUs one user's running jobs of it may hold."
+    ),
+    max_jobs_per_user: int | None = typer.Option(
+        None, "--max-jobs-per-user", min=0, help="Jobs of it one user may run at once."
+    ),
+    preemptable: bool = typer.Option(
+        True, "--preemptable/--no-preemptable", help="Whether its jobs may be preempted."
+    ),
+    default: bool = flag("--default", help="Jobs without --qos get it (replaces the last default)."),
+    description: str = typer.Option("", "--description"),
+) -> None:
+    """Create a QOS, or replace the one of that name (say it whole). Jobs name it with
+    --qos; a job over a per-user limit waits (QOSMaxGRESPerUser, QOSMaxJobsPerUserLimit)."""
+    body = {
+        "name": name,
+        "priority": priority,
+        "max_gpus_per_user": max_gpus_per_user,
+        "max_jobs_per_user": max_jobs_per_user,
+        "preemptable": preemptable,
+        "default": default,
+        "description": description,
+    }
+    with client() as c:
+        q = c.request("PUT", f"/qos/{name}", json=body)
+    typer.echo(f"qos {q['name']}: {_qos_terms(q)}")
+
+
+def _qos_terms(q: dict[str, object]) -> str:
+    gpus, jobs = q["max_gpus_per_user"], q["max_jobs_per_user"]
+    return (
+        f"priority {q['priority']}, max {'-' if gpus is None else gpus} GPUs and "
+        f"{'-' if jobs is None else jobs} jobs per user, "
+        f"{'preemptable' if q['preemptable'] else 'not preemptable'}{', the default' if q['default'] else ''}"
+    )
+
+
+@qos_app.command("list")
+def qos_list(json_out: bool = json_flag()) -> None:
+    """Every QOS (anyone may list them: they say why a job waits)."""
+    with client() as c:
+        items = c.request("GET", "/qos")["items"]
+    if json_out:
+        print_json(items)
+        return
+    print_table(
+        ("QOS", "PRIORITY", "MAXGPUS/USER", "MAXJOBS/USER", "PREEMPT", "DEFAULT"),
+        [
+            (
+                q["name"],
+                q["priority"],
+                "-" if q["max_gpus_per_user"] is None else q["max_gpus_per_user"],
+                "-" if q["max_jobs_per_user"] is None else q["max_jobs_per_user"],
+                "yes" if q["preemptable"] else "no",
+                "*" if q["default"] else "",
+            )
+            for q in items
+        ],
+    )
+
+
+@qos_app.command("delete")
+def qos_delete(name: str = typer.Argument(...)) -> None:
+    """Delete a QOS; its jobs keep running, without its limits."""
+    with client() as c:
+        typer.echo(f"qos {c.request('DELETE', f'/qos/{name}')['name']} deleted")
+
+
 @admin_app.command("audit")
 def audit(
     user: str | None = typer.Option(None, "--user", help="Only this user's requests."),
@@ -211,5 +287,8 @@ __all__ = [
     "list_pools",
     "list_teams",
     "list_users",
+    "qos_create",
+    "qos_delete",
+    "qos_list",
     "set_quota",
 ]

@@ -78,6 +78,7 @@ JOB_FLAGS: dict[str, JobFlag] = {
         help="Node features: ib, 'a100&ib', 'a|b', '[r1|r2]' (GPU models too).",
     ),
     "exclude": _opt("exclude", "--exclude", "-x", help="Nodes it never runs on: gpu01,gpu[03-05]."),
+    "qos": _opt("qos", "--qos", "-q", help="Its QOS (gpufleet admin qos list; default: the default QOS)."),
     "ntasks": _opt("ntasks", "--ntasks", "-n", help="Tasks in all (CPUs: tasks x --cpus-per-task)."),
     "ntasks_per_node": _opt(
         "ntasks-per-node", "--ntasks-per-node", "--tasks-per-node", help="Tasks on each node."
@@ -451,6 +452,7 @@ _SAME = (
     "mem_per_gpu",
     "max_price",
     "constraint",
+    "qos",
 )
 """Options that are the API's field of the same name, as they are."""
 

@@ -49,6 +49,7 @@ class SbatchOptions:
     gpus_per_task: int | None = None
     exclude: tuple[str, ...] | None = None
     constraint: str | None = None  # canonical (gpufleet.constraint)
+    qos: str | None = None
     time_limit_s: float | None = None  # UNLIMITED: no limit
     name: str | None = None
     pool: str | None = None
@@ -116,6 +117,7 @@ OPTIONS: dict[str, Option] = {
     "tasks-per-node": _H,  # sbatch's own alias of --ntasks-per-node
     "gpus-per-task": _H,
     "exclude": _H,
+    "qos": _H,
     "cpus-per-task": _H,
     "mem": _H,
     "mem-per-cpu": _H,
@@ -166,7 +168,6 @@ OPTIONS: dict[str, Option] = {
     "nodefile": _refused(f"no job is pinned to named nodes; {_NO_PLACEMENT}"),
     "switches": _refused("placement keeps a multi-node job in one leaf when it can; remove it"),
     "licenses": _refused("gpufleet has no licenses; remove it"),
-    "qos": _refused("gpufleet has no QOS (priorities and quotas are per team); remove it, use --nice"),
     "clusters": _refused("one gpufleet server is one cluster; remove it"),
     "cluster-constraint": _refused("one gpufleet server is one cluster; remove it"),
     "wait": _refused("sbatch returns once the job is in; use `gpufleet run` to wait for it", "none"),
@@ -460,6 +461,7 @@ _FIELDS: dict[str, tuple[str, Parse]] = {
     "gpus-per-task": ("gpus_per_task", lambda v, f: _whole(v, f, least=0, most=1024)),
     "exclude": ("exclude", _nodes_list),
     "constraint": ("constraint", _constraint),
+    "qos": ("qos", _text),
     "cpus-per-task": ("cpus_per_task", lambda v, f: _whole(v, f, most=4096)),
     "mem": ("mem", _mem),
     "mem-per-cpu": ("mem_per_cpu", _mem),

@@ -62,6 +62,7 @@ from gpufleet.scheduler.placement import (
 from gpufleet.scheduler.policies import Policy, make_policy
 from gpufleet.scheduler.policies.base import Context, Key
 from gpufleet.scheduler.preempt import Preempting
+from gpufleet.scheduler.qos import QosUsage
 from gpufleet.scheduler.reservations import ReservationBook, ViewSpec
 from gpufleet.scheduler.resources import NodeResources
 from gpufleet.scheduler.victims import RunningKeys, caches_running_keys
@@ -165,6 +166,7 @@ class _Pass(Preempting):
         self.reasons: dict[int, str] = {}  # id(options) -> "Resources: ..." (explain only)
         self.array_counts: dict[str, int] | None = None  # tasks running per array (built on use)
         self.res = NodeResources.build(snapshot.fleet, snapshot.running, snapshot.pending)
+        self.qos = QosUsage(snapshot.qos, snapshot.running)
         self.pool_nodes: dict[str, list[str]] = {}
         self.masked = False  # the last placement hid nodes lacking CPUs or memory
         self._share_mix: sharing.Fragmentation | None = None
@@ -242,6 +244,9 @@ class _Pass(Preempting):
         if job.array_limit > 0 and (full := self.array_full(job)) is not None:
             self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, "JobArrayTaskLimit", full, opts)
             return
+        if self.qos.limits and (over := self.qos.blocked(job)) is not None:
+            self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, over[0], over[1], opts)
+            return
         asks = self.res is not None and (job.cpus > 0 or job.mem_mb > 0)
         if asks and (never := self.never_fits(job)) is not None:
             self.waits[job.id] = _Wait(Status.UNRESOLVABLE, "Unschedulable", never)
@@ -313,6 +318,9 @@ class _Pass(Preempting):
             if job.array_limit > 0 and (full := self.array_full(job)) is not None:
                 unplaced.append((job, f"JobArrayTaskLimit: {full}"))
                 continue
+            if self.qos.limits and (over := self.qos.blocked(job)) is not None:
+                unplaced.append((job, f"{over[0]}: {over[1]}"))
+                continue
             if (
                 self.res is not None
                 and (job.cpus or job.mem_mb)
@@ -325,6 +333,7 @@ class _Pass(Preempting):
                 unplaced.append((job, got))
             else:
                 starts.append(got)
+                self.qos.take(job)
                 if job.array is not None:
                     self._count_array(job.array)
         return starts, unplaced
@@ -427,6 +436,7 @@ class _Pass(Preempting):
         self.starts.append(Start(job_id=job.id, placement=placement))
         self.started[job.id] = job
         self.ctx.add_team_gpus(job.team, job.gpu_weight)
+        self.qos.take(job)
         if job.array is not None:
             self._count_array(job.array)
         if self.res is not None and (job.cpus or job.mem_mb):

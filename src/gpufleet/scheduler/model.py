@@ -164,6 +164,8 @@ class JobRequest:
     """``--constraint`` over node features, canonical (``features.py``); None: any node."""
     exclude: frozenset[str] = frozenset()
     """``--exclude``: nodes it never runs on."""
+    qos: str | None = None
+    """Its QOS (``--qos``), whose per-user limits the core enforces (``qos.py``)."""
 
     @property
     def units(self) -> int:
@@ -215,6 +217,16 @@ class Quota:
     team: str
     gpus: int
     limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QosLimit:
+    """A QOS's per-user limits (Slurm's ``MaxTRESPerUser=gres/gpu``, ``MaxJobsPerUser``;
+    None: no limit). Its priority and preemptability are in each job's request."""
+
+    name: str
+    max_gpus_per_user: int | None = None
+    max_jobs_per_user: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -277,6 +289,7 @@ class Snapshot:
     quotas: tuple[Quota, ...] = ()
     reservations: tuple[Reservation, ...] = ()
     holds: tuple[Hold, ...] = ()
+    qos: tuple[QosLimit, ...] = ()
 
 
 class Status(enum.Enum):

@@ -18,6 +18,7 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
     text,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -89,6 +90,21 @@ class Pool(Base):
     is_default: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """Slurm's ``Default=YES``: a job that names no pool goes here (at most one pool;
     none: the pool ``default``)."""
+
+
+class QosRow(Base):
+    """A Slurm QOS (``gpufleet admin qos``): a priority added to its jobs', per-user
+    limits the scheduler enforces (``scheduler/qos.py``), whether its jobs may be
+    preempted; one may be the default (jobs without ``--qos`` get it)."""
+
+    __tablename__ = "qos"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    max_gpus_per_user: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_jobs_per_user: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    preemptable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    description: Mapped[str] = mapped_column(String(256), default="", server_default="")
 
 
 class NodeRow(Base):
@@ -275,6 +291,8 @@ class Job(Base):
     """``--constraint`` over node features, canonical (``scheduler/features.py``)."""
     exclude: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     """``--exclude``: nodes it never runs on."""
+    qos: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """Its QOS (``--qos``, else the default QOS; None: none), by name (``QosRow``)."""
 
 
 class ServiceRow(Base):

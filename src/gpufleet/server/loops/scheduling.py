@@ -59,6 +59,7 @@ from gpufleet.scheduler import (
     Plan,
     PlanCache,
     Policy,
+    QosLimit,
     Quota,
     RunningJob,
     Snapshot,
@@ -74,7 +75,7 @@ from gpufleet.server.jobstate.transitions import JobRef, move, ref, release_atte
 from gpufleet.server.loops import dependencies, eligibility
 from gpufleet.server.loops.reservations import Booked, load_booked, step_reservations
 from gpufleet.server.loops.runner import Loop
-from gpufleet.server.models import Allocation, Job, ServiceRow, Team, User
+from gpufleet.server.models import Allocation, Job, QosRow, ServiceRow, Team, User
 from gpufleet.server.services import layoutwait
 from gpufleet.server.services.inventory import LiveFleet
 
@@ -121,6 +122,7 @@ class _JobRow(NamedTuple):
     max_price: float | None
     constraint: str | None
     exclude: list[str] | None
+    qos: str | None
 
     def ref(self) -> JobRef:
         return JobRef(id=self.id, state=_STATES[self.state], version=self.version)
@@ -151,7 +153,7 @@ class _PendingCache:
     those change."""
 
     rows: dict[int, tuple[_JobRow, JobRef, JobRequest | None]] = field(default_factory=dict)
-    names: tuple[dict[int, str], dict[int, str]] = field(default_factory=lambda: ({}, {}))
+    names: tuple[dict[int, str], dict[int, str], QosTerms] = field(default_factory=lambda: ({}, {}, {}))
 
     def load(self, s: Session, now: float) -> list[tuple[_JobRow, JobRef, JobRequest | None]]:
         """The queue in id order (a job that changed between the two reads sits this
@@ -178,17 +180,17 @@ class _PendingCache:
                 out.append(hit)
         return out
 
-    def request(self, jid: int, teams: dict[int, str], users: dict[int, str]) -> JobRequest:
+    def request(self, jid: int, teams: dict[int, str], users: dict[int, str], qos: QosTerms) -> JobRequest:
         job, jref, req = self.rows[jid]
         if req is None:
-            req = _request(job, teams, users)
+            req = _request(job, teams, users, qos)
             self.rows[jid] = (job, jref, req)
         return req
 
-    def check_names(self, teams: dict[int, str], users: dict[int, str]) -> None:
-        if (teams, users) != self.names:
+    def check_names(self, teams: dict[int, str], users: dict[int, str], qos: QosTerms) -> None:
+        if (teams, users, qos) != self.names:
             self.rows = {jid: (job, jref, None) for jid, (job, jref, _) in self.rows.items()}
-            self.names = (teams, users)
+            self.names = (teams, users, qos)
 
     def clear(self) -> None:
         self.rows = {}
@@ -323,6 +325,14 @@ class SchedulingPass:
             for t in s.scalars(select(Team).where(Team.quota_gpus.is_not(None)))
             if t.quota_gpus is not None
         )
+        qos_rows = list(s.scalars(select(QosRow)))
+        qos: QosTerms = {q.name: (q.priority, q.preemptable) for q in qos_rows}
+        limits = tuple(
+            QosLimit(
+                name=q.name, max_gpus_per_user=q.max_gpus_per_user, max_jobs_per_user=q.max_jobs_per_user
+            )
+            for q in qos_rows
+        )
         refs: dict[str, JobRef] = {}
         placements: dict[int, dict[str, list[int]]] = {}
         q = select(Allocation.job_id, Allocation.node, Allocation.gpu_index)
@@ -345,7 +355,7 @@ class SchedulingPass:
             parts = placements.get(job.id, {})
             running.append(
                 RunningJob(
-                    job=_request(job, teams, users),
+                    job=_request(job, teams, users, qos),
                     placement=tuple(
                         NodeGpus(node=n, gpus=tuple(sorted(g))) for n, g in sorted(parts.items())
                     ),
@@ -358,12 +368,12 @@ class SchedulingPass:
             for tid, b in sorted(ledger.budgets(s, now).items())
             if b.over_hard and tid in teams
         )
-        self._pending.check_names(teams, users)
+        self._pending.check_names(teams, users, qos)
         waiting: list[dependencies.Waiting] = []
         timed: list[eligibility.Timed] = []
         for job, jref, req in self._pending.load(s, now):
             refs[str(job.id)] = jref
-            pending.append(req if req is not None else self._pending.request(job.id, teams, users))
+            pending.append(req if req is not None else self._pending.request(job.id, teams, users, qos))
             if job.dependency is not None:
                 w = dependencies.Waiting(
                     id=job.id, user_id=job.user_id, name=job.name, dependency=job.dependency
@@ -406,6 +416,7 @@ class SchedulingPass:
             quotas=quotas,
             reservations=tuple(b.core for b in booked),
             holds=holds,
+            qos=limits,
         )
         return _Loaded(snapshot=snap, refs=refs, booked=booked, kill=kill)
 
@@ -525,14 +536,21 @@ def _timed(job: _JobRow) -> eligibility.Timed:
     )
 
 
-def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str]) -> JobRequest:
+QosTerms = dict[str, tuple[int, bool]]
+"""QOS name -> (its priority, whether its jobs may be preempted)."""
+
+
+def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str], qos: QosTerms) -> JobRequest:
+    """The core's view of ``job``; its QOS's priority is added to its own (within the
+    API's -1000..1000) and a QOS that is not preemptable makes it a non-victim."""
+    boost, preemptable = qos.get(job.qos, (0, True)) if job.qos is not None else (0, True)
     return JobRequest(
         id=str(job.id),
         gpus=job.gpus,
         submit_time=job.submit_time,
         user=users.get(job.user_id, ""),
         team=teams.get(job.team_id, ""),
-        priority=job.priority,
+        priority=max(-1000, min(1000, job.priority + boost)),
         gpus_per_node=job.gpus_per_node,
         nodes=job.nodes,
         gpu_type=job.gpu_type,
@@ -542,7 +560,7 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str]) -> JobR
         executed_s=job.executed_s,
         pending_since=job.pending_since,
         # An inference replica is never a victim: a service's traffic would fail.
-        preemptible=job.requeue and job.service_id is None,
+        preemptible=job.requeue and job.service_id is None and preemptable,
         reservation=None if job.reservation_id is None else str(job.reservation_id),
         spread=None if job.service_id is None else f"service:{job.service_id}",
         array=None if job.array_job_id is None else str(job.array_job_id),
@@ -551,6 +569,7 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str]) -> JobR
         mem_mb=job.mem_per_node_mb or 0,
         constraint=job.constraint,
         exclude=frozenset(job.exclude or ()),
+        qos=job.qos,
     )
 
 

@@ -97,6 +97,7 @@ def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[
         "begin_at": job.begin_at,
         "deadline": job.deadline,
         "max_price": job.max_price,
+        "qos": job.qos,
     }
 
 
@@ -191,6 +192,7 @@ _LISTED = (
     Job.begin_at,
     Job.deadline,
     Job.max_price,
+    Job.qos,
 )
 """What a list shows, named as ``JobOut``'s fields, read as plain rows: a page of 1,000
 jobs is the API's heaviest read, and ORM objects (with ``env`` and the bookkeeping

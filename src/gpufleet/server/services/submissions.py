@@ -56,6 +56,7 @@ _POOLS_Q = select(
     _T["pools"].c.default_mem_per_cpu_mb,
     _T["pools"].c.is_default,
 )  # all of them: a handful of rows, and a job naming none goes to the default one
+_QOS_Q = select(_T["qos"].c.name, _T["qos"].c.is_default)
 _TEAMS_Q = (
     select(_T["memberships"].c.user_id, _T["teams"].c.name, _T["teams"].c.id, _T["memberships"].c.is_default)
     .join(_T["teams"], _T["teams"].c.id == _T["memberships"].c.team_id)
@@ -232,6 +233,8 @@ class _Ctx:
     shapes: dict[tuple[object, ...], Failure | None] = field(default_factory=dict)
     default_pool: str = DEFAULT_POOL
     """Where a job that names no pool goes (``Pool.is_default``, else ``default``)."""
+    qos: dict[str, bool] = field(default_factory=dict)
+    """The QOS there are: name -> whether it is the default."""
 
     def fleet(self, new: NewJob, pool: str) -> Fleet:
         """``pool``'s registered fleet, loaded once per batch (a recent one will do)."""
@@ -252,6 +255,20 @@ def _counted(spec: JobSubmit) -> JobSubmit:
     if spec.gpu_type is not None or spec.gpu_memory is not None or spec.gpu_fraction is not None:
         return spec.model_copy(update={"gpus": 1})
     return spec
+
+
+def _with_qos(ctx: _Ctx, new: NewJob) -> NewJob | Failure:
+    """The job's QOS: the one it names (Slurm's "Invalid qos specification" for one that
+    does not exist), else the default QOS, else none."""
+    name = new.spec.qos
+    if name is None:
+        name = next((q for q, default in ctx.qos.items() if default), None)
+    elif name not in ctx.qos:
+        known = ", ".join(sorted(ctx.qos)) or "none (gpufleet admin qos create)"
+        return invalid(f"qos: invalid qos specification: {name} (QOS: {known})")
+    if name == new.spec.qos:
+        return new
+    return dataclasses.replace(new, spec=new.spec.model_copy(update={"qos": name}))
 
 
 def _choose_pool(ctx: _Ctx, new: NewJob) -> NewJob | Failure:
@@ -560,6 +577,7 @@ def _row(new: NewJob, team_id: int) -> dict[str, Any]:
         "max_price": spec.max_price,
         "exclude": sorted(set(spec.exclude)) if spec.exclude else None,
         "constraint": spec.constraint,
+        "qos": spec.qos,
     }
 
 
@@ -583,7 +601,8 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
         teams.setdefault(uid, {})[name] = tid
         if is_default:
             defaults[uid] = name
-    ctx = _Ctx(s=s, pools=pools, teams=teams, defaults=defaults, default_pool=default_pool)
+    qos = dict(conn.execute(_QOS_Q).tuples().all())
+    ctx = _Ctx(s=s, pools=pools, teams=teams, defaults=defaults, default_pool=default_pool, qos=qos)
     out: list[Failure | None] = []  # None: accepted
     rows: list[dict[str, Any]] = []
     accepted: list[tuple[int, NewJob, str, list[dict[str, Any]]]] = []
@@ -596,7 +615,11 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
         if isinstance(placed, Failure):
             out.append(placed)
             continue
-        new = placed
+        qosed = _with_qos(ctx, placed)
+        if isinstance(qosed, Failure):
+            out.append(qosed)
+            continue
+        new = qosed
         if new.spec.gpu_memory is not None or new.spec.gpu_fraction is not None:
             fitted = _fit_gpu_memory(ctx, new)
             if isinstance(fitted, Failure):
@@ -695,6 +718,7 @@ def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event:
         begin_at=row["begin_at"],
         deadline=row["deadline"],
         max_price=row["max_price"],
+        qos=row["qos"],
         input=row["input"],
         submit_dir=row["submit_dir"],
         workdir=row["workdir"],

@@ -1,12 +1,13 @@
-"""Slurm's defaults: the default pool, node features, what a job excludes (issue 31)
+"""Slurm's defaults: the default pool, node features, what a job excludes, QOS (issue 31)
 
 Pools: ``is_default`` (Slurm's ``Default=YES``: a job that names no pool goes there; at
 most one, kept by the service; none set: the pool ``default``). Nodes: ``features``
 (what its agent reports, ``gpufleet agent --features``) and ``labels`` (what operators
 add, ``gpufleet node label``), JSON lists matched by ``--constraint``. Jobs:
 ``constraint`` (``--constraint`` in canonical form, ``scheduler/features.py``) and
-``exclude`` (``--exclude``: node names, JSON). Columns that change nothing for existing
-rows.
+``exclude`` (``--exclude``: node names, JSON), ``qos``. A ``qos`` table (Slurm's QOS:
+priority, per-user limits, preemptable, the default). Columns that change nothing for
+existing rows.
 
 Revision ID: 0021
 Revises: 0020
@@ -35,6 +36,7 @@ def _columns() -> dict[str, tuple[sa.Column[object], ...]]:
         "jobs": (
             sa.Column("constraint", sa.String(256), nullable=True),
             sa.Column("exclude", sa.JSON(), nullable=True),
+            sa.Column("qos", sa.String(64), nullable=True),
         ),
     }
 
@@ -43,9 +45,20 @@ def upgrade() -> None:
     for table, cols in _columns().items():
         for col in cols:
             op.add_column(table, col)
+    op.create_table(
+        "qos",
+        sa.Column("name", sa.String(64), primary_key=True),
+        sa.Column("priority", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("max_gpus_per_user", sa.Integer(), nullable=True),
+        sa.Column("max_jobs_per_user", sa.Integer(), nullable=True),
+        sa.Column("preemptable", sa.Boolean(), nullable=False, server_default=sa.true()),
+        sa.Column("is_default", sa.Boolean(), nullable=False, server_default=sa.false()),
+        sa.Column("description", sa.String(256), nullable=False, server_default=""),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("qos")
     for table, cols in _columns().items():
         with op.batch_alter_table(table, schema=None) as batch_op:
             for col in reversed(cols):
