@@ -285,6 +285,9 @@ class Response:
 
     async def read(self) -> bytes:
         """The whole body."""
+        conn = self._conn
+        if conn is not None and conn._complete and conn._error is None:  # all here already
+            return conn.take() if conn._body else b""
         parts = []
         async for chunk in self.chunks():
             parts.append(chunk)
