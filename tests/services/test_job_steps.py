@@ -65,7 +65,7 @@ def run_job(srv: Server, pool: str, script: str, *, token: str = ADMIN_TOKEN, **
     return dict(job)
 
 
-def ended(srv: Server, job_id: int, timeout: float = 30.0) -> dict[str, Any]:
+def ended(srv: Server, job_id: int, timeout: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     with srv.client() as c:
         while True:
@@ -285,3 +285,15 @@ def test_steps_refused_outside_a_running_job_and_on_others_jobs(srv: Server) -> 
         assert ok(c.get("/steps", params={"job": [waiting]}))["steps"] == []
     with srv.client("gfj.1.2.forged") as c:
         assert c.get(f"/jobs/{waiting}").status_code == 401
+
+
+def test_steps_started_at_once_get_their_own_numbers(srv: Server, pool: str) -> None:
+    script = "for i in 1 2 3 4; do srun -n1 bash -c 'echo one-$SLURM_STEP_ID' & done; wait; echo script-end"
+    job = ended(srv, run_job(srv, pool, script)["id"])
+    text = log_of(srv, job["id"])
+    steps = steps_of(srv, job["id"])
+    assert sorted(s["step"] for s in steps) == [0, 1, 2, 3], text
+    assert {s["state"] for s in steps} == {"COMPLETED"}
+    assert sorted(line for line in text.splitlines() if line.startswith("one-")) == [
+        f"one-{i}" for i in range(4)
+    ]

@@ -10,8 +10,10 @@ first call sends SIGTERM, a call ``grace_s`` after it SIGKILL (cancel, preemptio
 time limit all come as "no longer desired"). ``send_signal`` is sbatch's ``--signal``:
 the agent calls it once per attempt, when the time left reaches the signal's seconds
 (``Agent.tick``), for the job's whole process group or (``B:``) its batch shell only.
-Every node of a multi-node job signals its own processes, ``B:`` included: each node
-runs the command, so each has a batch shell (Slurm's exists on the first node only).
+Every node of a multi-node job signals its own processes: the batch script runs on the
+first node only (Slurm's batch host), the others hold the attempt with a placeholder
+(``steps.HOLD``) for its steps' tasks (``ProcessRunner.start_task``, issue 31), which
+end with it.
 
 Slurm's batch options for a process job (``ProcessRunner``): the working directory is
 ``--chdir`` (relative: to the submit dir), else the directory it was submitted from

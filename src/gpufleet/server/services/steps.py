@@ -37,6 +37,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpufleet.api.nodes import SyncReply
@@ -172,6 +173,20 @@ def _alloc_nodes(s: Session, job_id: int) -> list[str]:
 
 
 def create_step(
+    *, db: Database, actor: Principal, job_id: int, spec: StepIn, now: float
+) -> StepOut | Failure:
+    """The step, numbered after the job's last: several ``srun`` of one job at once (``srun
+    ... &``) may take the same number, and all but one are refused by the unique (job,
+    step) at commit: they try again with the next (a few times, then 409)."""
+    for _ in range(8):
+        try:
+            return _create_step(db=db, actor=actor, job_id=job_id, spec=spec, now=now)
+        except IntegrityError:
+            continue
+    return conflict(f"job {job_id}: too many steps started at once; try again")
+
+
+def _create_step(
     *, db: Database, actor: Principal, job_id: int, spec: StepIn, now: float
 ) -> StepOut | Failure:
     with db.write() as s:
