@@ -35,6 +35,13 @@ batch shell only with ``B:``, else to every process of the job. Once per attempt
 record says it was sent before it is sent, so a restarted agent never sends it again
 (at most once: an agent killed between the two does not send it at all).
 
+Job steps (``srun`` inside a job, issue 31; ``agent/steps.py``): a multi-node batch job
+runs its script on its first node only, the others hold its attempt; the reply's
+``DesiredJob.steps`` are the step tasks to run here, started inside the job's attempt
+and reported with their output in ``steps`` until the server acknowledges their exit.
+Every process job gets the way back to the server (its own credential) and the Slurm
+commands first on its PATH (``agent/slurmbin.py``).
+
 Every sync also carries the node's CPUs and memory (``cpus``, ``memory_mb``: the
 probe's inventory, where it knows them).
 
