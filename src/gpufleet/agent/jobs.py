@@ -338,6 +338,9 @@ def slurm_env(
         "SLURM_NODEID": str(spec.node_rank),
         "SLURMD_NODENAME": node,
         "SLURM_NTASKS": str(tasks * nnodes),
+        "SLURM_NPROCS": str(tasks * nnodes),
+        "SLURM_PROCID": "0",  # the batch script is task 0 of its first node (``srun`` sets each task's)
+        "SLURM_LOCALID": "0",
         "SLURM_GPUS_ON_NODE": str(len(spec.devices) if spec.devices else len(spec.gpus)),
         "SLURM_JOB_GPUS": ",".join(map(str, sorted({device_gpu(g) for g in spec.gpus}))),
     }
@@ -346,6 +349,8 @@ def slurm_env(
         out["SLURM_SUBMIT_DIR"] = where
     if spec.cpus_per_task > 0:
         out["SLURM_CPUS_PER_TASK"] = str(spec.cpus_per_task)
+    if spec.gpus:
+        out["SLURM_GPUS_PER_NODE"] = out["SLURM_GPUS_ON_NODE"]
     if spec.ntasks_per_node > 0:
         out["SLURM_NTASKS_PER_NODE"] = str(spec.ntasks_per_node)
         out["SLURM_TASKS_PER_NODE"] = _per_node(spec.ntasks_per_node, nnodes)
