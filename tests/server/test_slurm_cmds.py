@@ -253,6 +253,30 @@ def test_sinfo(fleet: dict[str, Any]) -> None:
     assert nodes == [f"{prefix}n1 0 gpu:h100:2", f"{prefix}n2 0 gpu:h100:2"]
 
 
+def test_fast_commands_import_no_models_nor_scheduler(fleet: dict[str, Any]) -> None:
+    """Issue 31's fast CLI: ``jobs show`` and ``nodes`` print the server's JSON (no
+    pydantic), ``submit`` matches GPU models for its price hint without the scheduling
+    core (``gpumatch``), prices set or not."""
+    env = fleet["env"]
+
+    def imported(*argv: str) -> set[str]:
+        done = gpufleet("-X", "importtime", "-m", "gpufleet", *argv, env=env, python_flags=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return {
+            line.split("|")[-1].strip()
+            for line in done.stderr.splitlines()
+            if line.startswith("import time:")
+        }
+
+    for argv in (("jobs", "show", str(fleet["job"])), ("nodes",), ("nodes", "--json")):
+        modules = imported(*argv)
+        assert not any(m.split(".")[0] in ("pydantic", "pydantic_core") for m in modules), argv
+    submit = imported("submit", "--parsable", "-p", fleet["pool"], "--gres=gpu:1", "-t", "5", "--", "true")
+    assert not any(m.startswith("gpufleet.scheduler") for m in submit)
+    shown = gpufleet("jobs", "show", str(fleet["job"]), env=env).stdout
+    assert f"{fleet['prefix']}n1:0-1" in shown and "events:" in shown
+
+
 def test_slurm_install_writes_only_its_own(tmp_path: Path) -> None:
     where = tmp_path / "bin"
     first = gpufleet("slurm", "install", str(where))

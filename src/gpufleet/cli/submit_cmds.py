@@ -170,7 +170,7 @@ def price_hint(c: GpufleetClient, job: dict[str, Any]) -> list[str]:
     out = c.request("GET", "/prices")  # PricesOut's JSON (no pydantic: see _submitted)
     if not isinstance(out, dict) or out.get("schedule") is None:
         return []
-    from gpufleet.scheduler import gpu_type_matches  # the scheduling core: only with prices set
+    from gpufleet.gpumatch import gpu_type_matches  # the scheduler's rule, not the scheduler
 
     zone = local_zone()
     rows = [p for p in out.get("prices") or () if not wanted or gpu_type_matches(wanted, p["gpu_type"])]

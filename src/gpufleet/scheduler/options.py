@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gpufleet.gpumatch import gpu_type_matches as gpu_type_matches  # the rule lives outside the core
 from gpufleet.migindex import (
-    SHARE_TAG,
     SHARE_UNITS,
-    SLICE_TAG,
     device_kind,
     is_share_model,
     is_slice_model,
@@ -22,28 +21,6 @@ from gpufleet.scheduler.model import JobRequest
 from gpufleet.scheduler.placement import Shape, describe_shape, job_shape
 
 Options = list[tuple[GroupKey, Shape]]
-
-
-def gpu_type_matches(wanted: str, model: str) -> bool:
-    """``--gpu-type H100`` matches "H100", "H100-80GB" and "NVIDIA H100 80GB HBM3"; a slice
-    or share type matches on both sides of its tag: "H100 MIG 1g.10gb" matches
-    "H100-80GB MIG 1g.10gb", "H100 SHARED" and "SHARED" match "H100-80GB SHARED"."""
-    w = wanted.lower().replace("-", " ").split()
-    m = model.lower().replace("-", " ").split()
-    for tag in _TAGS:
-        if tag in w:
-            if tag not in m:
-                return False
-            wi, mi = w.index(tag), m.index(tag)
-            return w[wi:] == m[mi:] and _contains(m[:mi], w[:wi])
-    return _contains(m, w)
-
-
-_TAGS = (SLICE_TAG.lower(), SHARE_TAG.lower())
-
-
-def _contains(m: list[str], w: list[str]) -> bool:
-    return any(m[i : i + len(w)] == w for i in range(len(m) - len(w) + 1))
 
 
 def no_such_model(gpu_type: str, pool: str, *, models: Iterable[tuple[str, str]]) -> str:
