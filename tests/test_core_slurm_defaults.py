@@ -139,3 +139,15 @@ def test_a_qos_limits_each_user_with_slurms_reasons(
     got = placed(F, *pend, run=run, qos=LIMITED)
     for jid, w in want.items():
         assert isinstance(got[jid], tuple) if w is True else str(got[jid]).startswith(str(w)), got[jid]
+
+
+def test_licenses_are_held_by_running_jobs_and_a_job_waits_for_them() -> None:
+    """Slurm's reason Licenses; 0-GPU jobs hold them too."""
+    held = running("r", {"a": (0,)}, licenses=(("matlab", 2),))
+    jobs = (job("x", 1, licenses=(("matlab", 1),)), job("y", 0, licenses=(("matlab", 1),)), job("z", 1))
+    p = plan(Snapshot(now=1.0, fleet=F, running=(held,), pending=jobs, licenses=(("matlab", 3),)), "fifo")
+    started = {s.job_id for s in p.starts}
+    reasons = {w.job_id: w.reason for w in p.pending}
+    assert started == {"x", "z"} and reasons["y"].startswith(
+        "Licenses: needs 1 of license matlab, 0 of 3 free"
+    )

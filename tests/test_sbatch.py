@@ -46,6 +46,8 @@ CASES: list[tuple[str, str, dict[str, object], int]] = [
     ("constraint-matching-or", "#SBATCH --constraint=[rack1|rack2]", {"constraint": "[rack1|rack2]"}, 0),
     ("mem-all", "#SBATCH --mem=0", {"mem": 0}, 0),
     ("partition-list", "#SBATCH -p a100,h100", {"pool": "a100,h100"}, 0),
+    ("licenses", "#SBATCH -L matlab:2,ansys", {"licenses": (("ansys", 1), ("matlab", 2))}, 0),
+    ("qos", "#SBATCH --qos=high", {"qos": "high"}, 0),
     ("harmless", "#SBATCH --hint=nomultithread --overcommit --wait-all-nodes=1 --get-user-env", {}, 0),
 ]
 
@@ -65,7 +67,8 @@ def test_directives(text: str, want: dict[str, object], gpus: int) -> None:
 
 PROBLEMS = [
     ("unknown-eq", "#SBATCH --switches=1", "--switches=1: gpufleet cannot honour this", True),
-    ("unknown-space", "#SBATCH --licenses foo", "--licenses foo: gpufleet cannot honour this", True),
+    ("unknown-space", "#SBATCH --nodelist foo", "--nodelist foo: gpufleet cannot honour this", True),
+    ("remote-license", "#SBATCH -L fluent@flex", "remote licenses (NAME@SERVER) are not kept here", True),
     ("constraint-count", "#SBATCH -C a100*2", "feature counts (a*2) are not supported", True),
     ("bad-constraint", "#SBATCH -C 'a&'", "a feature is missing at the end", False),
     ("bad-exclude", "#SBATCH --exclude=gpu[01-", "--exclude=gpu[01-", False),

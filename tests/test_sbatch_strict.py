@@ -241,10 +241,9 @@ CORPUS: list[tuple[str, str, dict[str, Any], list[tuple[int, bool, str]]]] = [
     (
         "unsupported-directives",
         UNSUPPORTED,
-        {"name": "legacy", "gpus_per_node": 1, "qos": "high"},
+        {"name": "legacy", "gpus_per_node": 1, "qos": "high", "licenses": (("matlab", 1),)},
         [
             (3, True, "#SBATCH --switches=1: gpufleet cannot honour this"),
-            (4, True, "#SBATCH --licenses=matlab:1: gpufleet cannot honour this (gpufleet has no licenses)"),
             (
                 5,
                 True,

@@ -212,3 +212,32 @@ def test_a_qos_limits_each_users_running_jobs_and_names_slurms_reason(
         finally:  # the session's other tests submit without a QOS
             ok(c.put(f"/qos/{name}", json=body | {"default": False}))
         assert ok(c.delete(f"/qos/{name}"))["name"] == name
+
+
+def test_licenses_an_operator_declares_are_held_by_running_jobs(
+    server: Server, world: dict[str, str]
+) -> None:
+    name = unique("matlab")
+    with server.client() as c:
+        assert ok(c.put(f"/licenses/{name}", json={"count": 2})) == {"name": name, "count": 2, "used": 0}
+    unknown = post(server, 422, pool=world["pool"], team=world["team"], licenses={unique("ansys"): 1})
+    assert "invalid license specification" in unknown["detail"]
+    assert "more than there are (2)" in post(server, 422, team=world["team"], licenses={name: 3})["detail"]
+    first = post(server, pool=world["pool"], team=world["team"], gpus=1, licenses={name: 2})
+    second = post(server, pool=world["pool"], team=world["team"], licenses={name: 1})  # 0 GPUs: held too
+    assert first["licenses"] == {name: 2}
+    wait_for(server, first["id"], "SCHEDULED")
+    with server.client() as c:
+        for _ in range(100):
+            reason = ok(c.get(f"/jobs/{second['id']}"))["wait_reason"] or ""
+            if reason:
+                break
+            time.sleep(0.05)
+        assert reason.startswith("Licenses: needs 1 of license"), reason
+        listed = {i["name"]: i["used"] for i in ok(c.get("/licenses"))["items"]}
+        assert listed[name] == 2
+        ok(c.post("/jobs/cancel", json={"ids": [first["id"]]}))
+    wait_for(server, second["id"], "SCHEDULED")
+    cancel(server, second["id"])
+    with server.client() as c:
+        ok(c.delete(f"/licenses/{name}"))

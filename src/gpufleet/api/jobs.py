@@ -90,6 +90,9 @@ class JobSubmit(Request):
     qos: Name | None = Field(
         default=None, description="its QOS (sbatch --qos; gpufleet admin qos list); none: the default QOS"
     )
+    licenses: dict[Name, Annotated[int, Field(ge=1, le=1_000_000)]] | None = Field(
+        default=None, max_length=32, description="sbatch -L: license -> count it holds while it runs"
+    )
     exclude: list[NodeName] | None = Field(
         default=None, max_length=1024, description="nodes it never runs on (sbatch --exclude)"
     )
@@ -227,6 +230,7 @@ class JobOut(Reply):
     deadline: float | None = None
     max_price: float | None = None
     qos: str | None = Field(default=None, description="its QOS (--qos, else the default QOS)")
+    licenses: dict[str, int] | None = Field(default=None, description="-L: license -> count")
 
 
 class JobDetail(JobOut):

@@ -241,6 +241,43 @@ def qos_delete(name: str = typer.Argument(...)) -> None:
         typer.echo(f"qos {c.request('DELETE', f'/qos/{name}')['name']} deleted")
 
 
+license_app = typer.Typer(help="Licenses jobs ask for with -L (Slurm's Licenses=NAME:COUNT).")
+admin_app.add_typer(license_app, name="license")
+
+
+@license_app.command("set")
+def license_set(
+    name: str = typer.Argument(...),
+    count: int = typer.Argument(..., min=0, help="How many there are (0: none now)."),
+) -> None:
+    """Declare a license and how many there are (operators). Jobs name it with -L NAME[:N]
+    and wait (reason Licenses) while running jobs hold them all."""
+    with client() as c:
+        got = c.request("PUT", f"/licenses/{name}", json={"count": count})
+    typer.echo(f"license {got['name']}: {got['count']} ({got['used']} in use)")
+
+
+@license_app.command("list")
+def license_list(json_out: bool = json_flag()) -> None:
+    """Declared licenses and how many running jobs hold."""
+    with client() as c:
+        items = c.request("GET", "/licenses")["items"]
+    if json_out:
+        print_json(items)
+        return
+    print_table(
+        ("LICENSE", "TOTAL", "USED", "FREE"),
+        [(i["name"], i["count"], i["used"], i["count"] - i["used"]) for i in items],
+    )
+
+
+@license_app.command("delete")
+def license_delete(name: str = typer.Argument(...)) -> None:
+    """Forget a license (jobs that name it are refused from then on)."""
+    with client() as c:
+        typer.echo(f"license {c.request('DELETE', f'/licenses/{name}')['name']} deleted")
+
+
 @admin_app.command("audit")
 def audit(
     user: str | None = typer.Option(None, "--user", help="Only this user's requests."),
@@ -284,6 +321,9 @@ __all__ = [
     "create_user",
     "default_pool",
     "delete_pool",
+    "license_delete",
+    "license_list",
+    "license_set",
     "list_pools",
     "list_teams",
     "list_users",

@@ -79,6 +79,7 @@ JOB_FLAGS: dict[str, JobFlag] = {
     ),
     "exclude": _opt("exclude", "--exclude", "-x", help="Nodes it never runs on: gpu01,gpu[03-05]."),
     "qos": _opt("qos", "--qos", "-q", help="Its QOS (gpufleet admin qos list; default: the default QOS)."),
+    "licenses": _opt("licenses", "--licenses", "-L", help="NAME[:N],...: licenses it holds while it runs."),
     "ntasks": _opt("ntasks", "--ntasks", "-n", help="Tasks in all (CPUs: tasks x --cpus-per-task)."),
     "ntasks_per_node": _opt(
         "ntasks-per-node", "--ntasks-per-node", "--tasks-per-node", help="Tasks on each node."
@@ -410,6 +411,8 @@ def job_spec(
         spec["exclusive"] = True
     if opts.exclude:
         spec["exclude"] = list(opts.exclude)
+    if opts.licenses:
+        spec["licenses"] = dict(opts.licenses)
     if opts.time_limit_s is not None and opts.time_limit_s != slurmflags.UNLIMITED:
         spec["time_limit"] = opts.time_limit_s
     if opts.chdir is not None:

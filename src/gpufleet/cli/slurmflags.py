@@ -50,6 +50,7 @@ class SbatchOptions:
     exclude: tuple[str, ...] | None = None
     constraint: str | None = None  # canonical (gpufleet.constraint)
     qos: str | None = None
+    licenses: tuple[tuple[str, int], ...] | None = None
     time_limit_s: float | None = None  # UNLIMITED: no limit
     name: str | None = None
     pool: str | None = None
@@ -118,6 +119,7 @@ OPTIONS: dict[str, Option] = {
     "gpus-per-task": _H,
     "exclude": _H,
     "qos": _H,
+    "licenses": _H,
     "cpus-per-task": _H,
     "mem": _H,
     "mem-per-cpu": _H,
@@ -167,7 +169,6 @@ OPTIONS: dict[str, Option] = {
     "nodelist": _refused(f"no job is pinned to named nodes; {_NO_PLACEMENT}"),
     "nodefile": _refused(f"no job is pinned to named nodes; {_NO_PLACEMENT}"),
     "switches": _refused("placement keeps a multi-node job in one leaf when it can; remove it"),
-    "licenses": _refused("gpufleet has no licenses; remove it"),
     "clusters": _refused("one gpufleet server is one cluster; remove it"),
     "cluster-constraint": _refused("one gpufleet server is one cluster; remove it"),
     "wait": _refused("sbatch returns once the job is in; use `gpufleet run` to wait for it", "none"),
@@ -403,6 +404,19 @@ def _constraint(value: str, flag: str) -> str:
         raise Refused("feature counts (a*2) are not supported; ask for the feature on every node") from None
 
 
+def _licenses(value: str, flag: str) -> tuple[tuple[str, int], ...]:
+    """``-L NAME[:N],...`` (Slurm also takes ``NAME@SERVER``, remote licenses: refused)."""
+    got: dict[str, int] = {}
+    for item in value.split(","):
+        name, _, count = item.strip().partition(":")
+        if "@" in name:
+            raise Refused("remote licenses (NAME@SERVER) are not kept here; name an operator's license")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) or (count and not count.isdigit()):
+            raise ValueError(f"{flag}={value}: expected NAME[:COUNT],..., e.g. matlab:2,ansys")
+        got[name] = got.get(name, 0) + int(count or 1)
+    return tuple(sorted(got.items()))
+
+
 def _pools(value: str, flag: str) -> str:
     """One pool, or a comma list (Slurm's ``-p a,b``: the first that can run the job)."""
     names = value.split(",")
@@ -462,6 +476,7 @@ _FIELDS: dict[str, tuple[str, Parse]] = {
     "exclude": ("exclude", _nodes_list),
     "constraint": ("constraint", _constraint),
     "qos": ("qos", _text),
+    "licenses": ("licenses", lambda v, f: _licenses(v, f)),
     "cpus-per-task": ("cpus_per_task", lambda v, f: _whole(v, f, most=4096)),
     "mem": ("mem", _mem),
     "mem-per-cpu": ("mem_per_cpu", _mem),

@@ -39,6 +39,7 @@ from gpufleet.scheduler.capacity import Capacity, FleetIndex
 from gpufleet.scheduler.cpu import CpuPlacer
 from gpufleet.scheduler.estimate import Estimator, release_events
 from gpufleet.scheduler.features import NodeFilter, node_filters
+from gpufleet.scheduler.licenses import LicenseUsage
 from gpufleet.scheduler.model import (
     JobRequest,
     PendingStatus,
@@ -167,6 +168,7 @@ class _Pass(Preempting):
         self.array_counts: dict[str, int] | None = None  # tasks running per array (built on use)
         self.res = NodeResources.build(snapshot.fleet, snapshot.running, snapshot.pending)
         self.qos = QosUsage(snapshot.qos, snapshot.running)
+        self.licenses = LicenseUsage(snapshot.licenses, snapshot.running)
         self.pool_nodes: dict[str, list[str]] = {}
         self.masked = False  # the last placement hid nodes lacking CPUs or memory
         self._share_mix: sharing.Fragmentation | None = None
@@ -247,6 +249,9 @@ class _Pass(Preempting):
         if self.qos.limits and (over := self.qos.blocked(job)) is not None:
             self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, over[0], over[1], opts)
             return
+        if job.licenses and (short := self.licenses.blocked(job)) is not None:
+            self.waits[job.id] = _Wait(Status.UNSCHEDULABLE, "Licenses", short, opts)
+            return
         asks = self.res is not None and (job.cpus > 0 or job.mem_mb > 0)
         if asks and (never := self.never_fits(job)) is not None:
             self.waits[job.id] = _Wait(Status.UNRESOLVABLE, "Unschedulable", never)
@@ -321,6 +326,9 @@ class _Pass(Preempting):
             if self.qos.limits and (over := self.qos.blocked(job)) is not None:
                 unplaced.append((job, f"{over[0]}: {over[1]}"))
                 continue
+            if job.licenses and (short := self.licenses.blocked(job)) is not None:
+                unplaced.append((job, f"Licenses: {short}"))
+                continue
             if (
                 self.res is not None
                 and (job.cpus or job.mem_mb)
@@ -334,6 +342,7 @@ class _Pass(Preempting):
             else:
                 starts.append(got)
                 self.qos.take(job)
+                self.licenses.take(job)
                 if job.array is not None:
                     self._count_array(job.array)
         return starts, unplaced
@@ -437,6 +446,7 @@ class _Pass(Preempting):
         self.started[job.id] = job
         self.ctx.add_team_gpus(job.team, job.gpu_weight)
         self.qos.take(job)
+        self.licenses.take(job)
         if job.array is not None:
             self._count_array(job.array)
         if self.res is not None and (job.cpus or job.mem_mb):

@@ -166,6 +166,8 @@ class JobRequest:
     """``--exclude``: nodes it never runs on."""
     qos: str | None = None
     """Its QOS (``--qos``), whose per-user limits the core enforces (``qos.py``)."""
+    licenses: tuple[tuple[str, int], ...] = ()
+    """``-L``: (license, count) it holds while it runs (``licenses.py``)."""
 
     @property
     def units(self) -> int:
@@ -290,6 +292,8 @@ class Snapshot:
     reservations: tuple[Reservation, ...] = ()
     holds: tuple[Hold, ...] = ()
     qos: tuple[QosLimit, ...] = ()
+    licenses: tuple[tuple[str, int], ...] = ()
+    """(license, count) the operator declared (``gpufleet admin license set``)."""
 
 
 class Status(enum.Enum):

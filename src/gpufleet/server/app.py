@@ -40,6 +40,7 @@ from gpufleet.server.pgnotify import PgNotify
 from gpufleet.server.problems import BodyLimitMiddleware, UrlGuardMiddleware, install_handlers
 from gpufleet.server.routers import agents, jobs, logs, maintenance, nodes, security, services, users
 from gpufleet.server.routers import chargeback as chargeback_router
+from gpufleet.server.routers import licenses as licenses_router
 from gpufleet.server.routers import qos as qos_router
 from gpufleet.server.routers import reservations as reservations_router
 from gpufleet.server.routers import servers as servers_router
@@ -296,6 +297,7 @@ def create_app(
     v1.include_router(maintenance.router)
     v1.include_router(reservations_router.router)
     v1.include_router(qos_router.router)
+    v1.include_router(licenses_router.router)
     v1.include_router(chargeback_router.router)
     v1.include_router(security.router)
     v1.include_router(services.router)

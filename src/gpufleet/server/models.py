@@ -107,6 +107,14 @@ class QosRow(Base):
     description: Mapped[str] = mapped_column(String(256), default="", server_default="")
 
 
+class LicenseRow(Base):
+    """A license an operator declared (Slurm's ``Licenses=NAME:COUNT``), for ``-L``."""
+
+    __tablename__ = "licenses"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
 class NodeRow(Base):
     __tablename__ = "nodes"
     name: Mapped[str] = mapped_column(String(128), primary_key=True)
@@ -293,6 +301,8 @@ class Job(Base):
     """``--exclude``: nodes it never runs on."""
     qos: Mapped[str | None] = mapped_column(String(64), nullable=True)
     """Its QOS (``--qos``, else the default QOS; None: none), by name (``QosRow``)."""
+    licenses: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
+    """``-L``: license name -> count it holds while it runs."""
 
 
 class ServiceRow(Base):

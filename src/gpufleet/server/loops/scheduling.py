@@ -75,7 +75,7 @@ from gpufleet.server.jobstate.transitions import JobRef, move, ref, release_atte
 from gpufleet.server.loops import dependencies, eligibility
 from gpufleet.server.loops.reservations import Booked, load_booked, step_reservations
 from gpufleet.server.loops.runner import Loop
-from gpufleet.server.models import Allocation, Job, QosRow, ServiceRow, Team, User
+from gpufleet.server.models import Allocation, Job, LicenseRow, QosRow, ServiceRow, Team, User
 from gpufleet.server.services import layoutwait
 from gpufleet.server.services.inventory import LiveFleet
 
@@ -123,6 +123,7 @@ class _JobRow(NamedTuple):
     constraint: str | None
     exclude: list[str] | None
     qos: str | None
+    licenses: dict[str, int] | None
 
     def ref(self) -> JobRef:
         return JobRef(id=self.id, state=_STATES[self.state], version=self.version)
@@ -333,6 +334,7 @@ class SchedulingPass:
             )
             for q in qos_rows
         )
+        declared = tuple((n, c) for n, c in s.execute(select(LicenseRow.name, LicenseRow.count)).tuples())
         refs: dict[str, JobRef] = {}
         placements: dict[int, dict[str, list[int]]] = {}
         q = select(Allocation.job_id, Allocation.node, Allocation.gpu_index)
@@ -417,6 +419,7 @@ class SchedulingPass:
             reservations=tuple(b.core for b in booked),
             holds=holds,
             qos=limits,
+            licenses=declared,
         )
         return _Loaded(snapshot=snap, refs=refs, booked=booked, kill=kill)
 
@@ -570,6 +573,7 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str], qos: Qo
         constraint=job.constraint,
         exclude=frozenset(job.exclude or ()),
         qos=job.qos,
+        licenses=tuple(sorted(job.licenses.items())) if job.licenses else (),
     )
 
 

@@ -98,6 +98,7 @@ def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[
         "deadline": job.deadline,
         "max_price": job.max_price,
         "qos": job.qos,
+        "licenses": job.licenses,
     }
 
 
@@ -193,6 +194,7 @@ _LISTED = (
     Job.deadline,
     Job.max_price,
     Job.qos,
+    Job.licenses,
 )
 """What a list shows, named as ``JobOut``'s fields, read as plain rows: a page of 1,000
 jobs is the API's heaviest read, and ORM objects (with ``env`` and the bookkeeping

@@ -57,6 +57,7 @@ _POOLS_Q = select(
     _T["pools"].c.is_default,
 )  # all of them: a handful of rows, and a job naming none goes to the default one
 _QOS_Q = select(_T["qos"].c.name, _T["qos"].c.is_default)
+_LICENSES_Q = select(_T["licenses"].c.name, _T["licenses"].c.count)
 _TEAMS_Q = (
     select(_T["memberships"].c.user_id, _T["teams"].c.name, _T["teams"].c.id, _T["memberships"].c.is_default)
     .join(_T["teams"], _T["teams"].c.id == _T["memberships"].c.team_id)
@@ -235,6 +236,8 @@ class _Ctx:
     """Where a job that names no pool goes (``Pool.is_default``, else ``default``)."""
     qos: dict[str, bool] = field(default_factory=dict)
     """The QOS there are: name -> whether it is the default."""
+    licenses: dict[str, int] = field(default_factory=dict)
+    """The licenses declared (read only when a job of the batch names one)."""
 
     def fleet(self, new: NewJob, pool: str) -> Fleet:
         """``pool``'s registered fleet, loaded once per batch (a recent one will do)."""
@@ -255,6 +258,19 @@ def _counted(spec: JobSubmit) -> JobSubmit:
     if spec.gpu_type is not None or spec.gpu_memory is not None or spec.gpu_fraction is not None:
         return spec.model_copy(update={"gpus": 1})
     return spec
+
+
+def _license_problem(ctx: _Ctx, wanted: dict[str, int]) -> Failure | None:
+    """Slurm's "Invalid license specification": a license no operator declared, or more
+    than there are (the job could never start)."""
+    for name, n in sorted(wanted.items()):
+        have = ctx.licenses.get(name)
+        if have is None:
+            known = ", ".join(sorted(ctx.licenses)) or "none (gpufleet admin license set NAME COUNT)"
+            return invalid(f"licenses: invalid license specification: {name} (licenses: {known})")
+        if n > have:
+            return invalid(f"licenses: {name}:{n} is more than there are ({have})")
+    return None
 
 
 def _with_qos(ctx: _Ctx, new: NewJob) -> NewJob | Failure:
@@ -578,6 +594,7 @@ def _row(new: NewJob, team_id: int) -> dict[str, Any]:
         "exclude": sorted(set(spec.exclude)) if spec.exclude else None,
         "constraint": spec.constraint,
         "qos": spec.qos,
+        "licenses": dict(spec.licenses) if spec.licenses else None,
     }
 
 
@@ -602,7 +619,16 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
         if is_default:
             defaults[uid] = name
     qos = dict(conn.execute(_QOS_Q).tuples().all())
-    ctx = _Ctx(s=s, pools=pools, teams=teams, defaults=defaults, default_pool=default_pool, qos=qos)
+    licenses = dict(conn.execute(_LICENSES_Q).tuples().all()) if any(n.spec.licenses for n in batch) else {}
+    ctx = _Ctx(
+        s=s,
+        pools=pools,
+        teams=teams,
+        defaults=defaults,
+        default_pool=default_pool,
+        qos=qos,
+        licenses=licenses,
+    )
     out: list[Failure | None] = []  # None: accepted
     rows: list[dict[str, Any]] = []
     accepted: list[tuple[int, NewJob, str, list[dict[str, Any]]]] = []
@@ -618,6 +644,9 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
         qosed = _with_qos(ctx, placed)
         if isinstance(qosed, Failure):
             out.append(qosed)
+            continue
+        if qosed.spec.licenses and (short := _license_problem(ctx, qosed.spec.licenses)) is not None:
+            out.append(short)
             continue
         new = qosed
         if new.spec.gpu_memory is not None or new.spec.gpu_fraction is not None:
@@ -719,6 +748,7 @@ def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event:
         deadline=row["deadline"],
         max_price=row["max_price"],
         qos=row["qos"],
+        licenses=row["licenses"],
         input=row["input"],
         submit_dir=row["submit_dir"],
         workdir=row["workdir"],

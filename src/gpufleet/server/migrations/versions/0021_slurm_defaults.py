@@ -6,7 +6,8 @@ most one, kept by the service; none set: the pool ``default``). Nodes: ``feature
 add, ``gpufleet node label``), JSON lists matched by ``--constraint``. Jobs:
 ``constraint`` (``--constraint`` in canonical form, ``scheduler/features.py``) and
 ``exclude`` (``--exclude``: node names, JSON), ``qos``. A ``qos`` table (Slurm's QOS:
-priority, per-user limits, preemptable, the default). Columns that change nothing for
+priority, per-user limits, preemptable, the default), a ``licenses`` table (Slurm's
+``Licenses=``: a count per name) and ``jobs.licenses`` (``-L``, JSON). Columns that change nothing for
 existing rows.
 
 Revision ID: 0021
@@ -37,6 +38,7 @@ def _columns() -> dict[str, tuple[sa.Column[object], ...]]:
             sa.Column("constraint", sa.String(256), nullable=True),
             sa.Column("exclude", sa.JSON(), nullable=True),
             sa.Column("qos", sa.String(64), nullable=True),
+            sa.Column("licenses", sa.JSON(), nullable=True),
         ),
     }
 
@@ -55,9 +57,15 @@ def upgrade() -> None:
         sa.Column("is_default", sa.Boolean(), nullable=False, server_default=sa.false()),
         sa.Column("description", sa.String(256), nullable=False, server_default=""),
     )
+    op.create_table(
+        "licenses",
+        sa.Column("name", sa.String(64), primary_key=True),
+        sa.Column("count", sa.Integer(), nullable=False, server_default="0"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("licenses")
     op.drop_table("qos")
     for table, cols in _columns().items():
         with op.batch_alter_table(table, schema=None) as batch_op:
