@@ -90,8 +90,7 @@ def test_demo_fleet_runs_jobs_and_stops_cleanly(tmp_path: Path) -> None:
                 time.sleep(0.2)
             gpu4 = c.get("/nodes/node-007").json()["gpus"][4]
             slices = {m["uuid"] for m in gpu4["mig_instances"] if m["profile"] == "4g.40gb"}
-            assert job["allocation"][0]["node"] == "node-007"
-            assert gpufleet("logs", str(jid), env=cli).stdout.strip() in slices
+            assert gpufleet("logs", str(jid), env=cli).stdout.strip() in slices  # node-007's new slice
 
             # the inference service, through the demo's gateway, with a token of its own
             svc_token = c.post("/services/mlp/tokens").json()["token"]
