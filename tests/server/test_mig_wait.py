@@ -5,7 +5,8 @@ the layout is applied): right after ``PUT .../mig`` a job for the new profile is
 and waits with the reason naming the node and the layout; once the node reports the
 layout applied it runs on a slice. A profile that no node has and no pending layout
 makes is still refused at once (422). A layout the node refuses leaves the job to the
-core's reason (no pending layout any more)."""
+core's reason (no pending layout any more). A GPU share is the server's alone: a job
+asking for one right after ``node share`` is accepted."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from server.conftest import Server, make_pool, make_team, ok, unique
-from server.playnode import eventually, join_token, placed, sync
+from server.playnode import eventually, join_token, placed, register, sync
 
 MODEL = "NVIDIA H100 80GB HBM3"
 SEVEN = ["1g.10gb"] * 7
@@ -118,3 +119,17 @@ def test_a_refused_layout_leaves_the_job_to_the_cores_reason(server: Server, tea
         lambda: not _job(server, jid)["wait_reason"].startswith("MIGLayout") and _job(server, jid)
     )
     assert reason and reason["state"] == "PENDING" and "3g.40gb" in reason["wait_reason"], _job(server, jid)
+
+
+def test_a_share_is_in_effect_when_node_share_returns(server: Server, team: str) -> None:
+    """The submit check keeps a pool's fleet for a few seconds; a refusal is confirmed on
+    a fresh one, so the share an operator just made is there (issue 30: a submit right
+    after ``node share`` was a 422)."""
+    pool = make_pool(server)
+    node, _ = register(server, pool=pool, gpus=1)
+    ask = {"command": ["true"], "pool": pool, "team": team, "gpu_fraction": 0.5}
+    with server.client() as c:
+        assert c.post("/jobs", json=ask).status_code == 422  # no shared GPU yet: the fleet is kept
+        ok(c.put(f"/nodes/{node}/gpus/0/share", json={"shared": True}))
+        made = c.post("/jobs", json=ask)
+    assert made.status_code == 201 and made.json()["gpu_type"] == "SHARED", made.text
