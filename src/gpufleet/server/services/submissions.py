@@ -299,9 +299,17 @@ def _choose_pool(ctx: _Ctx, new: NewJob) -> NewJob | Failure:
         if name not in ctx.pools:
             known = ", ".join(sorted(ctx.pools))
             return invalid(f"pool: invalid partition specified: {name} (pools: {known})")
+    if len(names) == 1:  # no choice: the checks that follow say what is wrong, if anything
+        return _whole_nodes(ctx, dataclasses.replace(new, spec=spec.model_copy(update={"pool": names[0]})))
     first: Failure | None = None
     for name in names:
         shaped = _whole_nodes(ctx, dataclasses.replace(new, spec=spec.model_copy(update={"pool": name})))
+        if not isinstance(shaped, Failure) and (spec.gpu_memory is not None or spec.gpu_fraction is not None):
+            problem = _feature_problem(ctx, shaped)  # its device is fitted later, in the pool chosen
+            if problem is None:
+                return shaped
+            first = first or problem
+            continue
         problem = (
             shaped
             if isinstance(shaped, Failure)
@@ -657,6 +665,7 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
             new = fitted
         problem = (
             _shape_problem(ctx, new.spec, new.fleets)
+            or _feature_problem(ctx, new)
             or _reservation_problem(ctx, new)
             or _dependency_problem(ctx, new)
         )
