@@ -53,7 +53,7 @@ def test_batched_answers_are_the_unbatched_ones() -> None:
             f"prompt {k}",
             rng.choice([0, 1, 3, 17, 60]),
             rng.randint(1, 3),
-            tuple(rng.sample([" GPU", "ue q", "e", " node"], rng.randint(0, 2))),
+            tuple(rng.sample([" GPU", "ue q", "e", " node", "s the"], rng.randint(0, 2))),
         )
         for k in range(40)
     ]

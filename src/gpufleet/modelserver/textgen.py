@@ -194,7 +194,7 @@ class Decoder:
     is left). ``finish_reason`` is set by the step that ends the choice, so no step is
     spent after the last token (``max_tokens`` 0: finished before any step)."""
 
-    __slots__ = ("_stream", "finish_reason", "max_tokens", "stops", "text", "tokens")
+    __slots__ = ("_longest", "_stream", "finish_reason", "max_tokens", "stops", "text", "tokens")
 
     def __init__(
         self, *, model: str, seed: int, prompt: str, choice: int, max_tokens: int, stops: tuple[str, ...] = ()
@@ -202,6 +202,7 @@ class Decoder:
         self._stream = token_stream(model=model, seed=seed, prompt=prompt, choice=choice)
         self.max_tokens = max_tokens
         self.stops = stops
+        self._longest = max(map(len, stops), default=0)
         self.tokens: list[str] = []
         self.text = ""
         self.finish_reason: Literal["length", "stop"] | None = None if max_tokens > 0 else "length"
@@ -212,8 +213,12 @@ class Decoder:
         if self.finish_reason is not None:
             raise RuntimeError("the choice has finished")
         token = next(self._stream)
-        cut = _first_stop(self.text + token, self.stops)
+        # a stop string that is found ends in this token (the text before had none), so
+        # only the text's last characters need searching: a step costs the same at any length
+        start = max(0, len(self.text) - self._longest + 1)
+        cut = _first_stop(self.text[start:] + token, self.stops) if self.stops else None
         if cut is not None:
+            cut += start
             self.finish_reason = "stop"
             if cut <= len(self.text):
                 return None
