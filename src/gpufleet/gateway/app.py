@@ -312,6 +312,8 @@ class Gateway:
                     rid = v
                 elif k == b"content-length":
                     length = int(v) if v.isdigit() else -1
+                elif k == b"transfer-encoding":
+                    length = -2  # chunked: read to its end
                 continue
             forward.append((k, v))
         if not rid or REQUEST_ID.fullmatch(rid) is None:
@@ -337,7 +339,10 @@ class Gateway:
                 detail = f"rate limit of {svc.rate}"
                 return await error(send, proto, 429, "Too Many Requests", detail, rid, retry)
         limit = self.config.max_body_bytes
-        body = None if length > limit else await read_body(receive, limit)
+        if length == -1 or length == 0:  # neither length nor chunked: no body (RFC 9112 6.3)
+            body: bytes | None = b""
+        else:
+            body = None if length > limit else await read_body(receive, limit)
         if body is None:
             self.metrics.answered(name, 413)
             detail = f"request bodies are limited to {limit} bytes"

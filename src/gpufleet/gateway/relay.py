@@ -24,7 +24,7 @@ async def stream(resp: Response, receive: Receive, send: Send, write_timeout_s: 
     client that left, so a watcher on ``receive`` notices it and the replica's
     response is closed (it stops generating); one that stays but stops reading is
     given ``write_timeout_s`` per chunk (uvicorn then closes the unfinished response)."""
-    watcher = asyncio.ensure_future(receive())
+    watcher = asyncio.ensure_future(_disconnect(receive))
     try:
         async for chunk in resp.chunks():
             try:
@@ -41,6 +41,13 @@ async def stream(resp: Response, receive: Receive, send: Send, write_timeout_s: 
         return None
     finally:
         watcher.cancel()
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Until the client leaves. A request without a body is answered without reading
+    it (``Gateway._proxy``), so its ``http.request`` message may still come first."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:
