@@ -543,8 +543,8 @@ class Demo:
 
 
 def _fits_fleet(spec: dict[str, Any], o: DemoOptions) -> bool:
-    """Whether a demo booking leaves at least three quarters of the nodes unbooked (a
-    maintenance window, tomorrow, always does: no job's limit reaches it)."""
+    """Whether a demo booking leaves at least three quarters of the nodes unbooked; the
+    maintenance window (one node, tomorrow) is always booked."""
     if spec.get("maintenance"):
         return True
     nodes = spec.get("nodes") or -(-int(spec["gpus"]) // o.gpus_per_node)
