@@ -11,7 +11,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from gpufleet.agent.replicamodels import RETRY_S, ModelConverger, calls, clean
+from gpufleet.agent.replicamodels import RECHECK_S, RETRY_S, ModelConverger, calls, clean
 from gpufleet.modelserver.app import create_app
 
 KEY = (7, 1)
@@ -91,7 +91,11 @@ def test_unload_then_load_converges_and_reports(server: Counted) -> None:
         {"name": "mlp", "state": "UNAVAILABLE", "reason": "unloaded", "wanted": "unloaded"}
     ]
     assert server.client.post("/v2/repository/index").json()[0]["state"] == "UNAVAILABLE"
-    assert not conv.converge(KEY, PORT, server.client, now=1.0)  # nothing to do: index only
+    asked = server.paths.count("/v2/repository/index")
+    assert not conv.converge(KEY, PORT, server.client, now=1.0)  # converged: not asked again yet
+    assert server.paths.count("/v2/repository/index") == asked
+    assert not conv.converge(KEY, PORT, server.client, now=1.0 + RECHECK_S)  # read again: no call
+    assert server.paths.count("/v2/repository/index") == asked + 1
     assert server.calls("unload") == 1
     conv.want({KEY: {"mlp": True}})
     assert not conv.gates(KEY)  # a running replica is not taken out by a new wish

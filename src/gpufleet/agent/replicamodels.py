@@ -36,6 +36,10 @@ import httpx
 
 Key = tuple[int, int]
 RETRY_S = 30.0
+RECHECK_S = 5.0
+"""A converged replica's index is read again this long after (a wish that changes is
+applied at the next probe): catches drift (a direct load through the gateway) without an
+index call, and an access-log line, at every probe."""
 """A refused load or unload is tried again this long after (or at once when the wish
 for that model changes)."""
 MAX_BODY = 1 << 20
@@ -72,6 +76,9 @@ class _Replica:
     retry_at: dict[str, float] = field(default_factory=dict)
     passed: bool = False
     """A pass ran since the wishes were first given (readiness waits for it)."""
+    checked_at: float = float("-inf")
+    dirty: bool = True
+    """The wishes changed since the last pass."""
 
 
 class ModelConverger:
@@ -95,6 +102,7 @@ class ModelConverger:
                 if rep.wants.get(model) != new.get(model):
                     rep.retry_at.pop(model, None)
                     rep.seen.pop(model, None)
+                    rep.dirty = True
             rep.wants = new
 
     def gates(self, key: Key) -> bool:
@@ -121,6 +129,8 @@ class ModelConverger:
         if rep is None or not rep.wants:
             return False
         now = time.monotonic() if now is None else now
+        if rep.passed and not rep.dirty and now - rep.checked_at < RECHECK_S:
+            return False
         before = dict(rep.seen)
         base = f"http://127.0.0.1:{port}/v2/repository"
         index, why = self._index(client, base)
@@ -142,7 +152,7 @@ class ModelConverger:
                     else:
                         rep.retry_at.pop(model, None)
             rep.seen = seen
-        rep.passed = True
+        rep.passed, rep.dirty, rep.checked_at = True, False, now
         return rep.seen != before
 
     def _index(self, client: httpx.Client, base: str) -> tuple[dict[str, tuple[str, str]] | None, str]:
@@ -194,4 +204,4 @@ class ModelConverger:
         return status, doc, clean(text[:REASON_CHARS])
 
 
-__all__ = ["RETRY_S", "ModelConverger", "calls", "clean"]
+__all__ = ["RECHECK_S", "RETRY_S", "ModelConverger", "calls", "clean"]
