@@ -190,7 +190,7 @@ def test_output_alone_gets_both_streams_appended(
 
 @root_only
 @pytest.mark.parametrize("how", ["link-to-roots-file", "roots-directory", "error-through-link"])
-def test_an_output_path_the_account_may_not_write_is_not_written(
+def test_an_output_path_the_account_may_not_write_fails_the_job_unwritten(
     runner: ProcessRunner, home: Path, tmp_path: Path, how: str
 ) -> None:
     precious = tmp_path / "precious"
@@ -205,12 +205,12 @@ def test_an_output_path_the_account_may_not_write_is_not_written(
         "error-through-link": None,
     }[how]
     error = "evil" if how == "error-through-link" else None
-    s = spec(9, "sh", "-c", "echo hello; echo oops >&2", submit_dir=str(home), output=target, error=error)
+    s = spec(9, "sh", "-c", "touch ran; echo hello", submit_dir=str(home), output=target, error=error)
     job = runner.start(s, now=time.time())
-    assert run_to_end(runner, job) == 0  # the job still runs
+    assert run_to_end(runner, job) == 127  # not started, as Slurm fails it (issue 31)
     log = job.log_path.read_text()
-    assert "hello\n" in log and "oops\n" in log
-    assert f"not writing {'--error' if error else '--output'}" in log and "Permission denied" in log
+    assert f"cannot open {'--error' if error else '--output'}" in log and "Permission denied" in log
+    assert log.rstrip().endswith("not started") and not (home / "ran").exists()
     assert precious.read_text() == "root's\n" and not (closed / "x.out").exists()
 
 

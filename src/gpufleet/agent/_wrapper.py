@@ -36,9 +36,10 @@ capabilities gone), and back (the real and saved uid stay 0, so the job cannot s
 or trace it meanwhile); the child inherits the directory and the descriptors and drops
 to the account's ids for good before it ``exec``s. A working directory that cannot be
 entered leaves the job in the private one the agent started the wrapper in (``run/``),
-an output file that cannot be opened is not written (the job still runs), an input
-file that cannot be opened means the job is not started (127, as Slurm fails it); each
-says why in a ``gpufleet:`` line of the job's log.
+an output, error or input file that cannot be opened means the job is not started (127:
+it fails, as Slurm fails a batch job whose ``--output`` it cannot open, instead of
+running with nothing written where its owner looks); each says why in a ``gpufleet:``
+line of the job's log.
 
 Output: the wrapper's own stdout and stderr are the attempt's ``output.log`` (what
 ``gpufleet logs`` shows). Without ``--output``/``--error`` the child writes there
@@ -152,13 +153,14 @@ def _restore(saved: tuple[int, int, list[int]] | None) -> None:
 
 def _open_out(path: str, flag: str) -> int | None:
     """The user's output file, opened for appending (as the job's account), or None
-    and a line saying why. Not blocking on a FIFO without a reader; no controlling tty."""
+    and a line saying why (the job is then not started). Not blocking on a FIFO without
+    a reader; no controlling tty."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOCTTY | os.O_NONBLOCK, 0o666)
         os.set_blocking(fd, True)
         return fd
     except OSError as exc:
-        _say(f"not writing {flag} {path}: {exc.strerror or exc}")
+        _say(f"cannot open {flag} {path}: {exc.strerror or exc}: not started")
         return None
 
 
@@ -181,13 +183,14 @@ def _setup(opts: dict[str, str]) -> tuple[dict[int, tuple[int, str]], int | None
     out, err = opts.get("--output"), opts.get("--error")
     if out:
         fd = _open_out(out, "--output")
-        if fd is not None:
-            copies[1] = copies[2] = (fd, out)
+        if fd is None:
+            return None
+        copies[1] = copies[2] = (fd, out)
     if err and err != out:
-        copies.pop(2, None)  # stderr goes to --error, or only to output.log when that fails
         fd = _open_out(err, "--error")
-        if fd is not None:
-            copies[2] = (fd, err)
+        if fd is None:
+            return None
+        copies[2] = (fd, err)
     stdin: int | None = None
     if "--input" in opts:
         try:
