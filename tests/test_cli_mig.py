@@ -56,6 +56,7 @@ class FakeClient:
     def __init__(self, later: list[dict[str, Any]] | None = None) -> None:
         self.calls: list[tuple[str, str, Any]] = []
         self.later = list(later or [])
+        self.pending: dict[str, Any] = {}
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         self.calls.append((method, path, kw.get("json")))
