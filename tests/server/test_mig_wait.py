@@ -5,7 +5,8 @@ the layout is applied): right after ``PUT .../mig`` a job for the new profile is
 and waits with the reason naming the node and the layout; once the node reports the
 layout applied it runs on a slice. A profile that no node has and no pending layout
 makes is still refused at once (422). A layout the node refuses leaves the job to the
-core's reason (no pending layout any more). A GPU share is the server's alone: a job
+core's reason (no pending layout any more). A service's replica on such slices says the
+same in ``service show``. A GPU share is the server's alone: a job
 asking for one right after ``node share`` is accepted."""
 
 from __future__ import annotations
@@ -133,3 +134,19 @@ def test_a_share_is_in_effect_when_node_share_returns(server: Server, team: str)
         ok(c.put(f"/nodes/{node}/gpus/0/share", json={"shared": True}))
         made = c.post("/jobs", json=ask)
     assert made.status_code == 201 and made.json()["gpu_type"] == "SHARED", made.text
+
+
+def test_a_replica_on_slices_of_a_pending_layout_says_what_it_waits_for(server: Server, team: str) -> None:
+    pool = make_pool(server)
+    node, _ = _node(server, pool)
+    name = unique("mwsvc")
+    spec = {"name": name, "team": team, "pool": pool, "command": ["serve"], "gpu_type": "MIG 1g.10gb"}
+    with server.client() as c:
+        ok(c.put(f"/nodes/{node}/gpus/1/mig", json={"layout": SEVEN}))
+        ok(c.put(f"/services/{name}", json=spec))
+        want = f"MIGLayout: waiting for {node}'s MIG layout (1g.10gb x7) to take effect"
+        shown = eventually(
+            lambda: [r["reason"] for r in ok(c.get(f"/services/{name}"))["replicas"]] == [want], timeout=30
+        )
+        assert shown, ok(c.get(f"/services/{name}"))["replicas"]
+        assert c.delete(f"/services/{name}").status_code == 202
