@@ -81,6 +81,7 @@ def test_a_wish_goes_down_and_the_replicas_state_comes_back(server: Server) -> N
         assert (m["converged"], m["failed"], m["per_replica"][0]["reason"]) == (0, 1, failed["reason"])
         kinds = [e["kind"] for e in out["events"]]
         assert kinds.count("model-unload") == 1 and kinds.count("model-load") == 1, kinds
+        assert [e["reason"] for e in out["events"] if e["kind"] == "deployed"] == ["1 replica"]
 
         # another user: nothing of it, not even that the wish exists
         other = make_user(server, team=team)

@@ -77,6 +77,11 @@ ROLLING = (
 )
 
 
+def _count(n: int) -> str:
+    """``1 replica``, ``3 replicas`` (as ``replicas._replicas``; the CLI's ``words.count``)."""
+    return f"{n} replica{'' if n == 1 else 's'}"
+
+
 def add_event(s: Session, service_id: int, *, at: float, actor: str, kind: str, reason: str) -> None:
     s.add(ServiceEvent(service_id=service_id, at=at, actor=actor[:140], kind=kind, reason=reason[:512]))
 
@@ -342,9 +347,7 @@ def deploy(
             s.add(row)
             s.flush()
             _record(s, row, actor=actor.name, now=now)
-            add_event(
-                s, row.id, at=now, actor=actor.name, kind="deployed", reason=f"{spec.replicas} replicas"
-            )
+            add_event(s, row.id, at=now, actor=actor.name, kind="deployed", reason=_count(spec.replicas))
             out = _out(s, row)
         else:
             if row.owner_id != actor.user_id and not actor.is_operator:
@@ -390,7 +393,7 @@ def _replace(s: Session, row: ServiceRow, new: dict[str, Any], *, actor: str, no
             at=now,
             actor=actor,
             kind="scaled",
-            reason=f"{old.get('replicas')} -> {new['replicas']} replicas",
+            reason=f"{old.get('replicas')} -> {_count(new['replicas'])}",
         )
     if old.get("replicas") != new.get("replicas") or (old.get("min_replicas"), old.get("max_replicas")) != (
         new.get("min_replicas"),
