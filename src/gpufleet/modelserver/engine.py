@@ -31,9 +31,10 @@ A request's choices (``n`` times its prompts) are sequences of their own that ar
 scheduled one by one, as vLLM v1 fans ``n`` out into child requests; the request is
 answered once every one of its sequences has finished. The engine runs on the server's
 event loop (the toy's token costs a hash; only the step's time is simulated, as a
-sleep), so no lock is needed. Sequences wait in a bounded queue (``max_waiting``):
-``submit`` raises ``EngineFull`` beyond it, which the endpoint answers 503 with
-Retry-After. ``cancel`` takes a request's sequences out: at once from the queue, from
+sleep), so no lock is needed. Sequences wait in a bounded queue (``max_waiting``, not
+counting those that free slots take at the next step): ``submit`` raises ``EngineFull``
+beyond it, which the endpoint answers 503 with ``Retry-After: 1`` (a constant, not an
+estimate of when a slot frees). ``cancel`` takes a request's sequences out: at once from the queue, from
 the batch before the next step (a client that disconnects frees its slot).
 """
 
