@@ -38,6 +38,9 @@ string included) to one of the service's ready replicas:
 * **Fan-out** (``fanout``, kserve-v2 services): Triton statistics are summed over the
   ready replicas; repository ``load``/``unload`` go to every ready replica (200 only
   if all did).
+* **Upstream connections** (``upstream``): the gateway's own HTTP/1.1 client, a
+  keep-alive pool per replica on httptools' C parser (aiohttp's client cost more CPU a
+  request than the rest of the proxy: issue 30), idle connections reused newest first.
 * Request bodies are read whole (a retry must resend them); response bodies stream
   through chunk by chunk (SSE). Every answer carries ``X-Request-Id`` (the client's
   when sane, else a new one; also sent upstream) and, from a replica,
