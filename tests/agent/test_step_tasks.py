@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpufleet.agent.jobs import JobSpec, launch_env
-from gpufleet.agent.steps import HOLD, StepTask, StepTasks, prepare_job, task_env
+from gpufleet.agent.steps import EVERY_NODE_ENV, HOLD, StepTask, StepTasks, prepare_job, task_env
 from gpufleet.api.steps import DesiredStep, StepAck
 
 STEP = DesiredStep(
@@ -83,6 +83,12 @@ def test_the_batch_script_runs_on_the_first_node_only(
         assert env["GPUFLEET_URL"] == "http://s"
     else:
         assert "GPUFLEET_TOKEN" not in env and env["PATH"] == "/usr/bin"
+
+
+def test_gpufleet_runs_command_runs_on_every_node() -> None:
+    spec = JobSpec(job_id=1, attempt=1, command=("hostname",), node_rank=1, env={EVERY_NODE_ENV: "1"})
+    got = prepare_job(spec, kind="process", service=False, server_url="", ca_file="", slurm_bin="", sleep="s")
+    assert got.command == ("hostname",)
 
 
 def test_a_jobs_own_path_and_token_never_shadow_the_nodes() -> None:

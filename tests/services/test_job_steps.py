@@ -297,3 +297,15 @@ def test_steps_started_at_once_get_their_own_numbers(srv: Server, pool: str) -> 
     assert sorted(line for line in text.splitlines() if line.startswith("one-")) == [
         f"one-{i}" for i in range(4)
     ]
+
+
+def test_gpufleet_run_still_runs_its_command_on_every_node(srv: Server, pool: str) -> None:
+    """``gpufleet run`` is srun outside an allocation: a multi-node command runs on every
+    node (a batch script, on the first only)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "run", "-N", "2", "-G", "4", "-p", pool, "--", "bash", "-c",
+         "echo on-$SLURMD_NODENAME"],
+        capture_output=True, text=True, env={**os.environ, **srv.env()}, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert len({line for line in out.stdout.splitlines() if line.startswith("on-")}) == 2, out.stdout

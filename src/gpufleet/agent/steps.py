@@ -301,6 +301,10 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+EVERY_NODE_ENV = "GPUFLEET_EVERY_NODE"
+"""In a job's environment, ``1``: its command runs on every node of the job, as
+``srun`` outside an allocation runs it (``gpufleet run -N 2 -- CMD`` sets it); without
+it a multi-node job's command is a batch script, run on the first node only."""
 HOLD = ("sleep", "infinity")
 """What a multi-node job's other nodes run instead of its batch script: nothing but a
 process that holds the attempt (its cgroup, GPUs and mark) for its steps' tasks until
@@ -312,10 +316,11 @@ def prepare_job(
 ) -> JobSpec:
     """A job attempt as this node starts it (issue 31): the way back to the server and
     the Slurm launchers for a process job; on a node other than the first of a
-    multi-node batch job, ``HOLD`` (``sleep``: its absolute path) instead of the script."""
+    multi-node batch job, ``HOLD`` (``sleep``: its absolute path) instead of the script
+    (unless the job asks for its command on every node, ``EVERY_NODE_ENV``)."""
     if kind != "process":
         return spec
     spec = dataclasses.replace(spec, server_url=server_url, ca_file=ca_file, slurm_bin=slurm_bin)
-    if spec.node_rank > 0 and not service:
+    if spec.node_rank > 0 and not service and spec.env.get(EVERY_NODE_ENV) != "1":
         spec = dataclasses.replace(spec, command=(sleep, *HOLD[1:]))
     return spec

@@ -90,15 +90,25 @@ _FIELD_OPTION = {
 
 
 def _submitted(
-    c: GpufleetClient, opts: slurmflags.SbatchOptions, command: list[str], flags: dict[str, Any]
+    c: GpufleetClient,
+    opts: slurmflags.SbatchOptions,
+    command: list[str],
+    flags: dict[str, Any],
+    *,
+    every_node: bool = False,
 ) -> dict[str, Any]:
     """Submit; a refusal of a value that came from a script names the script's line. The
     job as the server's JSON (``JobDetail``'s fields): printed, not reasoned on, so that
-    ``gpufleet submit`` never imports pydantic and the API's models (~60 ms)."""
+    ``gpufleet submit`` never imports pydantic and the API's models (~60 ms).
+    ``every_node``: the command runs on every node of a multi-node job, as ``srun``
+    outside an allocation (``gpufleet run``); else once, on the first (a batch script's
+    way; the agent's ``steps.EVERY_NODE_ENV``)."""
     try:
         spec, warnings = batch.job_spec(c, opts, command, flags, environ=os.environ, cwd=os.getcwd())
     except batch.Unhonoured as exc:
         raise _stop([sbatch.Problem(where="", text=str(exc), refused=exc.refused)]) from None
+    if every_node:
+        spec["env"] = {**(spec.get("env") or {}), "GPUFLEET_EVERY_NODE": "1"}
     for w in warnings:
         warn(w)
     try:
@@ -202,7 +212,7 @@ def run(
     if opts.array is not None:
         raise fail("--array: run waits for one job; submit an array with gpufleet submit", BAD_INPUT)
     with client() as c:
-        job = _submitted(c, opts, command, flags)
+        job = _submitted(c, opts, command, flags, every_node=True)  # srun's way: on every node
         for w in job.get("warnings") or ():
             warn(w)
         typer.echo(f"gpufleet: job {job['id']} queued", err=True)
