@@ -31,6 +31,8 @@ class RawServer:
                 path = head.split(b" ", 2)[1]
                 if path == b"/len":
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello")
+                elif path == b"/pre/len":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nprefixed")
                 elif path == b"/head":
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
                 elif path == b"/close":
@@ -85,6 +87,13 @@ def test_kept_alive_and_reused() -> None:
         assert await fetch(up, base, "/len") == (200, b"hello")
         assert await fetch(up, base, "/len") == (200, b"hello")
         assert raw.connections == 1
+
+    run(t)
+
+
+def test_an_endpoint_url_with_a_path_prefixes_every_target() -> None:
+    async def t(up: Upstream, raw: RawServer, base: str) -> None:
+        assert await fetch(up, base + "/pre", "/len") == (200, b"prefixed")
 
     run(t)
 

@@ -39,14 +39,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httptools
 
 HIGH_WATER = 256 * 1024
 """Unread body bytes above which the replica's socket stops being read."""
-_BODYLESS_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 """Methods that carry ``Content-Length: 0`` when their body is empty (as browsers and
 aiohttp send; a replica may answer 411 otherwise)."""
 
@@ -329,11 +329,13 @@ class Response:
 class _Host:
     """The pool of one ``host:port``."""
 
-    __slots__ = ("head", "host", "idle", "open", "port", "waiters")
+    __slots__ = ("head", "host", "idle", "open", "port", "prefix", "waiters")
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, prefix: str = "") -> None:
         self.host = host
         self.port = port
+        self.prefix = prefix
+        """The endpoint URL's path, if it has one: put before every request's target."""
         name = f"[{host}]" if ":" in host else host
         self.head = f"Host: {name}{'' if port == 80 else f':{port}'}\r\n".encode("latin-1")
         """The Host header (the port left out when it is 80, as clients write it)."""
@@ -353,7 +355,7 @@ class Upstream:
         read_timeout_s: float,
         keepalive_s: float,
         limit_per_host: int = 0,
-        clock: Any = time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
@@ -383,10 +385,10 @@ class Upstream:
         if conn is None:
             conn = await self._connect(host, base, fresh)
         head = conn.begin(method == "HEAD")
-        parts = [f"{method} {target} HTTP/1.1\r\n".encode("latin-1"), host.head]
+        parts = [f"{method} {host.prefix}{target} HTTP/1.1\r\n".encode("latin-1"), host.head]
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")
-        if body or method in _BODYLESS_METHODS:
+        if body or method in _BODY_METHODS:
             parts.append(b"Content-Length: %d\r\n" % len(body))
         if fresh:
             parts.append(b"Connection: close\r\n")
@@ -517,14 +519,14 @@ def _expire_head(head: asyncio.Future[None]) -> None:
 
 
 def _host_of(base: str) -> _Host:
-    """``http://host:port`` (the feed's endpoint URL) as a pool entry."""
-    rest = base.split("://", 1)[-1].split("/", 1)[0]
+    """``http://host:port[/path]`` (the feed's endpoint URL) as a pool entry."""
+    rest, slash, path = base.split("://", 1)[-1].partition("/")
     if rest.startswith("["):  # [v6]:port
         host, _, port = rest[1:].partition("]")
         port = port.lstrip(":")
     else:
         host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
-    return _Host(host, int(port) if port else 80)
+    return _Host(host, int(port) if port else 80, (slash + path).rstrip("/"))
 
 
 __all__ = [
