@@ -17,15 +17,14 @@ MAX_MEM_MB = 2**31 - 1
 
 def parse_mem(text: str, *, flag: str = "--mem") -> int:
     """MiB in ``text``: ``16000`` (Slurm's default unit is megabytes), ``16G``, ``512M``,
-    ``1.5T``, ``64GB``. 0 is Slurm's "all the memory of the node": refused (say how much)."""
+    ``1.5T``, ``64GB``. 0 is refused here: ``--mem=0`` (Slurm's "all of each node's
+    memory") is the callers' to read before (``cli/slurmflags``, ``submissions``)."""
     m = _MEM.match(text.strip())
     if m is None:
         raise ValueError(f"{flag}={text}: expected a size such as 16G, 512M or 16000 (megabytes)")
     mb = float(m.group(1)) * _MEM_UNITS[m.group(2).lower()]
     if mb < 1:
-        raise ValueError(
-            f"{flag}={text}: give a size of at least 1M (0, all of a node's memory, is not supported)"
-        )
+        raise ValueError(f"{flag}={text}: give a size of at least 1M")
     if mb > MAX_MEM_MB:
         raise ValueError(f"{flag}={text}: more memory than any node has")
     return int(mb + 0.999)

@@ -83,7 +83,7 @@ def test_times_signal_and_files_are_kept(server: Server, team: str) -> None:
     [
         ({"mem": "16G", "mem_per_cpu": "1G"}, "exclude each other"),
         ({"mem": "lots"}, "expected a size"),
-        ({"mem": "0"}, "at least 1M"),
+        ({"mem_per_cpu": "0"}, "at least 1M"),  # (--mem=0 is all of each node's memory)
         ({"ntasks": 9, "ntasks_per_node": 2, "nodes": 2, "gpus": 2}, "ntasks (9)"),
         ({"begin": "someday"}, "begin: --begin=someday"),
         ({"deadline": 1.0}, "not after the job could start"),
