@@ -85,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-task")
     p.add_argument("-c", "--cpus-per-task", type=int)
     p.add_argument("-l", "--label", action="store_true")
-    p.add_argument("-K", "--kill-on-bad-exit", nargs="?", const="1", default=None)
+    p.add_argument("-K", "--kill-on-bad-exit", action="store_true")
     p.add_argument("--export")
     p.add_argument("--jobid")
     p.add_argument("--overlap", action="store_true")
@@ -210,8 +210,36 @@ def main(argv: list[str]) -> int:
     return run(PROG, lambda: _srun(argv))
 
 
+def kill_flag(argv: list[str], p: argparse.ArgumentParser) -> tuple[list[str], bool | None]:
+    """``-K``/``--kill-on-bad-exit`` take a value only attached (``-K0``,
+    ``--kill-on-bad-exit=1``), as in Slurm: ``srun -K python x.py`` runs python. srun's
+    options without those forms, and what they said (None: nothing)."""
+    out: list[str] = []
+    said: bool | None = None
+    takes_value = {o for o, a in p._option_string_actions.items() if a.nargs is None}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("-") or arg == "--":
+            return out + argv[i:], said  # the command
+        m = re.fullmatch(r"(?:-K|--kill-on-bad-exit=)([01])", arg)
+        if m:
+            said = m[1] == "1"
+        else:
+            out.append(arg)
+            if arg in takes_value and i + 1 < len(argv):
+                out.append(argv[i + 1])  # its value
+                i += 1
+        i += 1
+    return out, said
+
+
 def _srun(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    argv, kill = kill_flag(argv, p)
+    args = p.parse_args(argv)
+    if kill is not None:
+        args.kill_on_bad_exit = kill
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -225,7 +253,7 @@ def _srun(argv: list[str]) -> int:
         "command": command,
         "env": export_env(args.export, dict(os.environ)),
         "workdir": os.path.abspath(args.chdir) if args.chdir else os.getcwd(),
-        "kill_on_bad_exit": args.kill_on_bad_exit not in (None, "0"),
+        "kill_on_bad_exit": bool(args.kill_on_bad_exit),
         "overlap": bool(args.overlap),
     }
     nodes = _count(args.nodes, "--nodes")
