@@ -5,7 +5,9 @@ server answered, its HTTP ``status`` and problem ``detail``. httpx errors never 
 Connection settings: ``GPUFLEET_URL`` / ``GPUFLEET_TOKEN`` / ``GPUFLEET_CA_FILE`` (the
 cluster CA, for an https:// server whose certificate gpufleet's CA signed), else the file
 written by ``gpufleet login`` (``<user config dir>/gpufleet/config.json``, mode 0600).
-Pass ``transport=`` (e.g. ``httpx.MockTransport``) to test without a server.
+Requests go out on the standard library (``litehttp``: a command does not import httpx,
+~25-30 ms of its start-up); pass ``transport=`` (an httpx transport, e.g.
+``httpx.MockTransport``) to send through httpx instead, as tests without a server do.
 
 Several servers (``GPUFLEET_URL=http://a:8080,http://b:8080``: one cluster's servers,
 any of which answers any call): a request goes to the one that answered last, and moves
@@ -24,20 +26,21 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-import httpx
 import platformdirs
 
 from gpufleet.failover import CONNECT_TIMEOUT_S, NoAnswer, Servers, first_answer, parse_urls
 from gpufleet.failover import repeatable as method_repeatable
 
 if TYPE_CHECKING:
+    import ssl
+
+    import httpx
     from pydantic import BaseModel
 
     from gpufleet.api.audit import AuditOut
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from gpufleet.api.nodes import NodeOut, SyncReply
     from gpufleet.api.reservations import ReservationOut
     from gpufleet.api.users import PoolOut, TeamOut, TokenCreated, TokenOut, UserCreated, UserOut
+    from gpufleet.litehttp import LiteHTTP
 
 M = TypeVar("M", bound="BaseModel")
 
@@ -74,7 +78,29 @@ class Connection:
 
 def tls_verify(ca_file: str | None) -> ssl.SSLContext | bool:
     """httpx's ``verify``: the system's trust store, or exactly the cluster CA."""
-    return ssl.create_default_context(cafile=ca_file) if ca_file else True
+    if not ca_file:
+        return True
+    import ssl
+
+    return ssl.create_default_context(cafile=ca_file)
+
+
+class _Answer(Protocol):
+    """What the client reads of an answer: httpx's ``Response`` or ``litehttp.Response``."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def reason_phrase(self) -> str: ...
+
+    @property
+    def headers(self) -> Any: ...
+
+    @property
+    def text(self) -> str: ...
+
+    def json(self) -> Any: ...
 
 
 def load_connection() -> Connection:
@@ -139,12 +165,21 @@ class GpufleetClient:
         self.servers = Servers(urls)
         self.max_wait_s = max_wait_s
         connect = min(timeout, CONNECT_TIMEOUT_S) if len(urls) > 1 else timeout
-        self._http = httpx.Client(
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=connect),
-            transport=transport,
-            verify=tls_verify(ca_file),
-        )
+        self._http: httpx.Client | None = None
+        self._lite: LiteHTTP | None = None
+        if transport is None:
+            from gpufleet.litehttp import LiteHTTP
+
+            self._lite = LiteHTTP(headers=headers, timeout=timeout, connect_timeout=connect, ca_file=ca_file)
+        else:
+            import httpx
+
+            self._http = httpx.Client(
+                headers=headers,
+                timeout=httpx.Timeout(timeout, connect=connect),
+                transport=transport,
+                verify=tls_verify(ca_file),
+            )
 
     @property
     def url(self) -> str:
@@ -157,7 +192,10 @@ class GpufleetClient:
         return cls(conn.url, conn.token, ca_file=conn.ca_file)
 
     def close(self) -> None:
-        self._http.close()
+        if self._http is not None:
+            self._http.close()
+        if self._lite is not None:
+            self._lite.close()
 
     def __enter__(self) -> GpufleetClient:
         return self
@@ -185,16 +223,30 @@ class GpufleetClient:
         except ValueError as exc:
             raise ClientError(f"server {self.url} sent a non-JSON answer ({resp.status_code})") from exc
 
-    def _send(self, method: str, path: str, *, repeatable: bool, **kw: Any) -> httpx.Response:
-        """The first answer from the servers in turn (``failover.first_answer``). A proxy's
-        502/503/504 after which the walk ends is an error naming the servers tried; with
-        one server, the answer (as it always was)."""
+    def _send(self, method: str, path: str, *, repeatable: bool, **kw: Any) -> _Answer:
+        """The first answer from the servers in turn (``failover.first_answer``, or
+        ``litehttp.first_answer`` by the same rule). A proxy's 502/503/504 after which the
+        walk ends is an error naming the servers tried; with one server, the answer (as it
+        always was)."""
+        resp: _Answer
         try:
-            resp, _ = first_answer(
-                self.servers,
-                lambda url: self._http.request(method, f"{url}/v1{path}", **kw),
-                repeatable=repeatable,
-            )
+            if self._lite is not None:
+                from gpufleet.litehttp import first_answer as lite_first_answer
+
+                lite = self._lite
+                resp, _ = lite_first_answer(
+                    self.servers,
+                    lambda url: lite.request(method, f"{url}/v1{path}", **kw),
+                    repeatable=repeatable,
+                )
+            else:
+                http = self._http
+                assert http is not None
+                resp, _ = first_answer(
+                    self.servers,
+                    lambda url: http.request(method, f"{url}/v1{path}", **kw),
+                    repeatable=repeatable,
+                )
         except NoAnswer as exc:
             detail = None if exc.response is None else _detail(exc.response)
             raise ClientError(str(exc), status=exc.status, detail=detail) from exc.__cause__
@@ -476,7 +528,7 @@ class GpufleetClient:
         return out
 
 
-def _detail(resp: httpx.Response) -> str:
+def _detail(resp: _Answer) -> str:
     try:
         body = resp.json()
     except ValueError:
@@ -484,7 +536,7 @@ def _detail(resp: httpx.Response) -> str:
     return str(body.get("detail") or body.get("title") or "") if isinstance(body, dict) else ""
 
 
-def _problem_line(resp: httpx.Response) -> str:
+def _problem_line(resp: _Answer) -> str:
     detail = _detail(resp)
     prefix = {
         401: "not authenticated (check GPUFLEET_TOKEN or run `gpufleet login`)",
@@ -495,7 +547,7 @@ def _problem_line(resp: httpx.Response) -> str:
     return f"{prefix}: {detail}" if detail else prefix
 
 
-def _retry_after(resp: httpx.Response) -> float | None:
+def _retry_after(resp: _Answer) -> float | None:
     """Seconds to wait before retrying a 429, or None (not a 429, or no usable header)."""
     if resp.status_code != 429:
         return None

@@ -3,9 +3,9 @@
 file), Slurm's error lines (``squeue: error: ...``), Slurm's names for states and
 its ways of writing times.
 
-Nothing here imports ``gpufleet.cli`` (whose package imports Typer, ~35 ms) or the
-API's pydantic models (~60-100 ms): these commands read the server's JSON as it comes,
-as ``gpufleet queue`` does, because a job calls them at every task start.
+Nothing here imports ``gpufleet.cli`` (whose package imports Typer, ~35 ms), the API's
+pydantic models (~60-100 ms) or httpx (~25-30 ms): these commands read the server's JSON
+as it comes, as ``gpufleet queue`` does, because a job calls them at every task start.
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ class SlurmError(Exception):
 
 
 def connect() -> GpufleetClient:
-    """A client for the connection the environment or ``gpufleet login`` gives. Plain
-    ``http://`` servers get a transport that loads no trust store (~20 ms), as
-    ``gpufleet``'s own commands do (``cli/_common.client``)."""
-    import httpx
-
+    """A client for the connection the environment or ``gpufleet login`` gives, on the
+    standard library's HTTP (``gpufleet.litehttp``: no httpx imported), as ``gpufleet``'s
+    own commands (``cli/_common.client``)."""
     from gpufleet.client import ClientError, GpufleetClient, load_connection
     from gpufleet.failover import parse_urls
 
@@ -42,8 +40,7 @@ def connect() -> GpufleetClient:
         urls = parse_urls(conn.url)
     except ValueError as exc:
         raise ClientError(f"server URL: {exc}") from None
-    plain = httpx.HTTPTransport(verify=False) if all(u.startswith("http://") for u in urls) else None
-    return GpufleetClient(urls, conn.token, ca_file=conn.ca_file, transport=plain)
+    return GpufleetClient(urls, conn.token, ca_file=conn.ca_file)
 
 
 def run(prog: str, body: Callable[[], int]) -> int:
