@@ -66,6 +66,7 @@ for name, path in {"jobs-dir": os.path.dirname(sys.argv[3]), "work-dir": sys.arg
 with open(f"/proc/{agent}/cmdline", "rb") as f:
     print("agent-cmdline", f.read().replace(b"\0", b" ").decode(), flush=True)
 print("env", sorted(os.environ), flush=True)
+print("job-token", os.environ.get("GPUFLEET_TOKEN", "-"), flush=True)
 """
 
 VICTIM = (
@@ -145,7 +146,10 @@ def test_a_job_cannot_take_over_its_node(server: Server, tmp_path: Path) -> None
         assert out["jobs-dir"].startswith("DENIED") and out["work-dir"].startswith("DENIED")
         assert credential not in out["agent-cmdline"] and "--token-file" in out["agent-cmdline"]
         env = out["env"]
-        assert "GPUFLEET_AGENT_TOKEN" not in env and "GPUFLEET_TOKEN" not in env and "SECRET" not in env
+        assert "GPUFLEET_AGENT_TOKEN" not in env and "SECRET" not in env
+        # its GPUFLEET_TOKEN is its own credential (issue 31: the Slurm commands a job
+        # calls), never the node's
+        assert out["job-token"].startswith("gfj.") and credential not in out["job-token"]
         # bob's job ran as bob's account and its files are his
         victim_run = victim_dir / "run" / "secret.txt"
         assert victim_run.stat().st_uid == pwd.getpwnam(OTHER_ACCOUNT).pw_uid
