@@ -134,6 +134,16 @@ def test_a_saturated_replica_panics_to_the_demand_in_one_step() -> None:
     assert step(POLICY, state, seen(6, 100.0, 5.5, ready=1), now=6.0).desired == 6
 
 
+def test_the_panic_threshold_is_on_the_unrounded_demand() -> None:
+    """1.5 in flight where a replica holds 1.26 at the target: 1.19 replicas' worth, which
+    rounds up to 2 = twice the one ready replica; seen before a step in bench_autoscale
+    (a panic at a calm load). The HPA rule still decides (here: within its tolerance)."""
+    state = ScaleState(per_replica=1.26)
+    d = step(POLICY, state, seen(1, 38.9, 1.5), now=0.0)
+    assert d.kind != "panic" and d.desired == 1, d
+    assert step(POLICY, ScaleState(per_replica=1.26), seen(1, 38.9, 2.52), now=0.0).kind == "panic"
+
+
 def test_below_twice_the_ready_replicas_is_no_panic() -> None:
     state = ScaleState(per_replica=1.0)
     d = step(POLICY, state, seen(2, 80.0, 3.0), now=0.0)  # needs 3 < 2 x 2

@@ -22,8 +22,9 @@ was observed, and its own recent history (Kubernetes' HorizontalPodAutoscaler ru
   included) over a short window (``Observation.inflight``). A ready replica at the
   target holds ``capacity`` of them: the metric's own target for ``inflight``, else
   learned while the load is calm (in flight per ready replica, scaled to the target,
-  smoothed; ``ScaleState.per_replica``). When the replicas that demand needs are at
-  least ``panic_threshold`` (2) times the ready ones, the count goes to that demand in
+  smoothed; ``ScaleState.per_replica``). When that demand is worth at least
+  ``panic_threshold`` (2) times the ready replicas (unrounded, as Knative compares it),
+  the count goes to that demand (rounded up) in
   one step, past the scale-up stabilisation; for ``panic_hold_s`` (60 s, Knative's
   stable window) after, or the service's own ``scale_down_cooldown_s`` if shorter,
   nothing scales down (a service that asks to scale down after 4 s of calm is not held
@@ -137,8 +138,10 @@ def panic_need(policy: ScalePolicy, state: ScaleState, obs: Observation) -> int 
     k = capacity(policy, state)
     if k is None or k <= 0 or obs.inflight is None or obs.ready == 0:
         return None
-    need = math.ceil(obs.inflight / k - 1e-9)
-    return need if need >= policy.panic_threshold * obs.ready else None
+    wanted = obs.inflight / k
+    # the unrounded ratio, as Knative compares it: rounded up first, 1.3 replicas' worth of
+    # demand on one ready replica read as 2 = twice the ready ones, a panic at a calm load
+    return math.ceil(wanted - 1e-9) if wanted >= policy.panic_threshold * obs.ready else None
 
 
 def step(policy: ScalePolicy, state: ScaleState, obs: Observation, now: float) -> Decision:
