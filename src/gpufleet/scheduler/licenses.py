@@ -16,8 +16,9 @@ class LicenseUsage:
     def __init__(self, total: Iterable[tuple[str, int]], running: Iterable[RunningJob]) -> None:
         self.total = dict(total)
         self._used: dict[str, int] = {}
-        for rj in running:
-            self.take(rj.job)
+        if self.total:  # most fleets declare none: nothing to count
+            for rj in running:
+                self.take(rj.job)
 
     def take(self, job: JobRequest) -> None:
         for name, n in job.licenses:
