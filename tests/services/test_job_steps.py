@@ -309,3 +309,34 @@ def test_gpufleet_run_still_runs_its_command_on_every_node(srv: Server, pool: st
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert len({line for line in out.stdout.splitlines() if line.startswith("on-")}) == 2, out.stdout
+
+
+def test_log_retention_deletes_the_steps_output_with_the_jobs_log(srv: Server, pool: str) -> None:
+    """``--log-days`` purges a step's stored output (what ``srun`` followed) with the job's
+    own log; the job and its step records stay."""
+    from sqlalchemy import func, select
+
+    from gpufleet.server.db import Database
+    from gpufleet.server.models import JobStep, JobStepOutput
+    from gpufleet.server.services import logs
+
+    job = ended(srv, run_job(srv, pool, "srun -N2 echo kept-for-a-while; echo script-end")["id"])
+    with srv.client() as c:
+        before = ok(c.get(f"/jobs/{job['id']}/steps/0", params={"after": 0}))
+    assert sum("kept-for-a-while" in o["data"] for o in before["output"]) == 2, before
+    db = Database.connect(srv.db_url)
+    try:
+        logs.purge(db, before=time.time() + 1)
+        with db.read() as s:
+            left = s.scalar(
+                select(func.count())
+                .select_from(JobStepOutput)
+                .join(JobStep, JobStep.id == JobStepOutput.step_id)
+                .where(JobStep.job_id == job["id"])
+            )
+    finally:
+        db.dispose()
+    assert left == 0
+    with srv.client() as c:
+        after = ok(c.get(f"/jobs/{job['id']}/steps/0", params={"after": 0}))
+    assert after["output"] == [] and after["state"] == "COMPLETED", after

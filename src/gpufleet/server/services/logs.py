@@ -36,7 +36,7 @@ from gpufleet.api.nodes import LogAck, LogChunkIn
 from gpufleet.server.db import Database
 from gpufleet.server.jobstate.states import TERMINAL, JobState
 from gpufleet.server.jobstate.transitions import attempt_of
-from gpufleet.server.models import Job, JobLogChunk
+from gpufleet.server.models import Job, JobLogChunk, JobStep, JobStepOutput
 from gpufleet.server.problems import Failure, not_found
 from gpufleet.server.services.auth import Principal
 
@@ -190,8 +190,12 @@ def ingest_logs(
 
 def purge(db: Database, *, before: float, batch: int = 20) -> int:
     """Delete the logs of jobs that ended before ``before`` (in batches of jobs: one
-    transaction never holds a long lock); returns how many jobs' logs went."""
+    transaction never holds a long lock); returns how many jobs' logs went. A job's log
+    is its chunks and the output its steps' tasks sent (``srun`` follows that; the same
+    lines are in the job's own log through srun's stdout): both go. The job and its
+    steps' records stay."""
     gone = 0
+    stepped = select(JobStep.id).where(JobStep.id.in_(select(JobStepOutput.step_id).distinct()))
     while True:
         with db.write() as s:
             ids = list(
@@ -201,7 +205,15 @@ def purge(db: Database, *, before: float, batch: int = 20) -> int:
                     .limit(batch)
                 )
             )
-            if not ids:
+            steps = list(
+                s.scalars(
+                    stepped.join(Job, Job.id == JobStep.job_id).where(Job.ended_at < before).limit(batch * 8)
+                )
+            )
+            if not ids and not steps:
                 return gone
-            s.execute(delete(JobLogChunk).where(JobLogChunk.job_id.in_(ids)))
+            if ids:
+                s.execute(delete(JobLogChunk).where(JobLogChunk.job_id.in_(ids)))
+            if steps:
+                s.execute(delete(JobStepOutput).where(JobStepOutput.step_id.in_(steps)))
             gone += len(ids)
