@@ -62,9 +62,9 @@ SURGE_FACTOR, SURGE_MIN, SURGE_WINDOW_S = 2.0, 4, 2.0
 """A report's in-flight requests for a service surged when they are at least
 ``SURGE_FACTOR`` times the mean of the gateway's reports over the last
 ``SURGE_WINDOW_S`` and ``SURGE_MIN`` more: the panic rule's own factor and window (its
-demand is that mean: every report of a step wakes the autoscaler until the mean has
-caught up, however often the gateway reports), and a floor so that 0 -> 1 -> 2 at a
-light load wakes nothing."""
+demand is that mean: every report of a step, and of the window after it, wakes the
+autoscaler, so the mean has caught up at a wake however often the gateway reports), and a
+floor so that 0 -> 1 -> 2 at a light load wakes nothing."""
 
 
 def surged(before: float, now: int) -> bool:
@@ -83,6 +83,7 @@ class TrafficStore:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _rejected: dict[str, int] = field(default_factory=dict)
     _noted: set[tuple[str, str]] = field(default_factory=set)
+    _surge_until: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def reject(self, gateway: str, skipped: dict[str, str]) -> list[tuple[str, str]]:
         """Count a report's skipped entries (name: reason); answers (name cut to 64
@@ -104,9 +105,12 @@ class TrafficStore:
             return {r: self._rejected.get(r, 0) for r in REJECT_REASONS}
 
     def put(self, gateway: str, at: float, services: dict[str, ServiceCounters]) -> list[str]:
-        """Keep a report; answers the services whose demand surged at this gateway since
-        its last report (``surged``): the caller wakes the autoscaler for them rather
-        than leave a load step to its next period."""
+        """Keep a report; answers the services whose demand surged at this gateway
+        (``surged``) in this report or within ``SURGE_WINDOW_S`` before it: the caller
+        wakes the autoscaler for them at each such report rather than leave a load step
+        to its next period, until the panic window's mean has taken all of the step in
+        (a replica promoted on the first wake is ready at once, and the next decision,
+        which may need the whole step in the mean, is a report away, not a period)."""
         surging: list[str] = []
         with self._lock:
             for name, counters in services.items():
@@ -116,6 +120,8 @@ class TrafficStore:
                     series.clear()  # the gateway restarted: its counters began again
                 recent = [r.inflight for r in series if r.at >= at - SURGE_WINDOW_S]
                 if surged(sum(recent) / len(recent) if recent else 0.0, rep.inflight):
+                    self._surge_until[(gateway, name)] = at + SURGE_WINDOW_S
+                if at <= self._surge_until.get((gateway, name), -1.0):
                     surging.append(name)
                 series.append(rep)
                 while series and series[0].at < at - KEEP_S:
@@ -125,6 +131,7 @@ class TrafficStore:
     def _live(self, now: float) -> dict[tuple[str, str], deque[_Report]]:
         for key in [k for k, v in self._series.items() if not v or v[-1].at < now - self.forget_s]:
             del self._series[key]
+            self._surge_until.pop(key, None)
         return self._series
 
     def stats(self, service: str, now: float, window_s: float = 30.0) -> ServiceTraffic | None:
