@@ -340,3 +340,47 @@ def test_log_retention_deletes_the_steps_output_with_the_jobs_log(srv: Server, p
     with srv.client() as c:
         after = ok(c.get(f"/jobs/{job['id']}/steps/0", params={"after": 0}))
     assert after["output"] == [] and after["state"] == "COMPLETED", after
+
+
+def test_a_jobs_credential_passes_while_its_address_is_throttled(
+    srv: Server, pool: str, tmp_path: Path
+) -> None:
+    """Made-up tokens from loopback (where the jobs' srun calls from too) keep the address
+    throttled (429) the whole time; the job's own credential is told by its signature
+    and still gets through: its srun runs. Last in this module: it throttles loopback."""
+    import threading
+    import uuid
+
+    import httpx
+
+    passable(tmp_path)
+    mark = tmp_path / "go"
+    script = f"until [ -e {mark} ]; do sleep 0.1; done; srun -N2 bash -c 'echo through-$SLURM_PROCID'; echo script-end"
+    job_id = run_job(srv, pool, script)["id"]
+    wait_for(srv, job_id, "RUNNING", timeout=30)
+    done = threading.Event()
+    codes: list[int] = []
+
+    def flood() -> None:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            while not done.is_set():
+                bad = {"Authorization": f"Bearer gf_{uuid.uuid4().hex}"}
+                codes.append(c.get("/v1/users/me", headers=bad).status_code)
+                time.sleep(0.02)
+
+    t = threading.Thread(target=flood)
+    t.start()
+    try:
+        deadline = time.monotonic() + 20
+        while 429 not in codes:
+            assert time.monotonic() < deadline, codes[-5:]
+            time.sleep(0.05)
+        mark.touch()
+        job = ended(srv, job_id, timeout=40)
+    finally:
+        done.set()
+        t.join()
+    text = log_of(srv, job_id)
+    assert job["state"] == "COMPLETED", (job, text)
+    assert "through-0" in text and "through-1" in text, text
+    assert codes[-1] == 429, codes[-5:]

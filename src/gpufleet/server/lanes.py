@@ -91,6 +91,7 @@ from gpufleet.server.ratelimit import (
     RateLimits,
     retry_after_header,
 )
+from gpufleet.server.services import steps
 from gpufleet.server.services.auth import (
     Principal,
     TokenCache,
@@ -381,6 +382,8 @@ class Admission:
         if self.throttle.retry_after(address) <= 0:
             return None
         hasher = hasher_for(self.db, self.tokens.hasher)
+        if steps.signed_job_credential(token, hasher):
+            return None  # a job's own credential: checked by its signature, not stored
         digests = (hasher.digest(token), hasher.legacy(token))
         if self.known.holds(digests):
             return None

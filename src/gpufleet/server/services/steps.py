@@ -95,15 +95,33 @@ UNKNOWN_JOB = Refused("invalid job credential")
 ENDED = Refused("job credential no longer valid: its job attempt is over")
 
 
+def _signed(token: str, hasher: TokenHasher) -> tuple[int, int] | None:
+    """(job, attempt) of a credential this server's key signed, else None (pure: no
+    database)."""
+    parts = token[len(PREFIX) :].split(".") if token.startswith(PREFIX) else []
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    job_id, attempt = int(parts[0]), int(parts[1])
+    if job_id > 2**31 - 1 or not hmac.compare_digest(parts[2], _mac(hasher, job_id, attempt)):
+        return None
+    return job_id, attempt
+
+
+def signed_job_credential(token: str, hasher: TokenHasher) -> bool:
+    """True for a job credential this server signed (live or not): the failed-login
+    throttle lets it through to the look-up, as it does a known token's digest, so a
+    job's ``srun`` is never refused because its address is throttled; a forged one
+    costs no database read."""
+    return _signed(token, hasher) is not None
+
+
 def check_job_credential(db: Database, token: str, hasher: TokenHasher) -> Principal | Refused:
     """The job's owner (role ``user``) for a live job credential, else why not. Looked up
     every time (never cached: the job's end must end it at once)."""
-    parts = token[len(PREFIX) :].split(".")
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+    signed = _signed(token, hasher)
+    if signed is None:
         return UNKNOWN_JOB
-    job_id, attempt = int(parts[0]), int(parts[1])
-    if job_id > 2**31 - 1 or not hmac.compare_digest(parts[2], _mac(hasher, job_id, attempt)):
-        return UNKNOWN_JOB
+    job_id, attempt = signed
     with db.read() as s:
         row = s.execute(
             select(Job.state, Job.scheduled_at, Job.stopping_on, Job.stopping_attempt, User.id, User.name)
