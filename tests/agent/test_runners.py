@@ -188,6 +188,17 @@ def test_launch_env_for_a_multi_node_job() -> None:
         "NODE_RANK": "1",
         "GPUFLEET_NODES": "10.0.0.1,10.0.0.2",
     }
+    assert env["SLURM_JOB_NODELIST"] == env["SLURM_NODELIST"] == "a,b"
+    far = (
+        Peer(node="gpu-12", address="x", gpus=(0,)),
+        *(Peer(node=f"gpu-{i:02d}", address="x", gpus=(0,)) for i in (7, 8, 9)),
+    )
+    assert (
+        launch_env(spec(22, peers=far), node="gpu-12", checkpoint_dir="/ck", hostfile="/hf", base={})[
+            "SLURM_JOB_NODELIST"
+        ]
+        == "gpu-12,gpu-[07-09]"
+    )
     assert env["CUDA_VISIBLE_DEVICES"] == "4,5" and env["GPUFLEET_NNODES"] == "2" and env["PATH"] == "/bin"
 
 

@@ -150,3 +150,13 @@ def test_an_acknowledged_exit_forgets_the_task_and_an_unacknowledged_one_is_not_
     sent = tasks.report()
     tasks.acked([], sent=sent)  # the server does not take it (its step is gone)
     assert not tasks.tasks and not tasks.pending()
+
+
+def test_node_lists_are_slurms_compressed_hostlists_in_placement_order() -> None:
+    """Slurm's form (``node-[001-002]``), the batch host first as placed: ``scontrol show
+    hostnames $SLURM_JOB_NODELIST | head -n1`` names it."""
+    step = STEP.model_copy(
+        update={"nodes": ["node-003", "node-001", "node-002"], "tasks_per_node": [1, 1, 2]}
+    )
+    env = task_env({}, step, procid=2, localid=0, visible=[])
+    assert env["SLURM_STEP_NODELIST"] == env["SLURM_NODELIST"] == "node-[003,001-002]"

@@ -37,6 +37,7 @@ from typing import Any
 
 from gpufleet.api.nodes import DesiredJob
 from gpufleet.migindex import device_gpu
+from gpufleet.slurm.hostlist import compress
 
 SIMULATE_ENV = "GPUFLEET_SIMULATE_S"
 SIMULATE_UTIL_ENV = "GPUFLEET_SIMULATE_UTIL"
@@ -318,11 +319,11 @@ def slurm_env(
 ) -> dict[str, str]:
     """The Slurm variables a batch script reads (``sbatch(1)``, OUTPUT ENVIRONMENT
     VARIABLES), so scripts written for Slurm run unchanged. One task per node unless
-    the job says otherwise (``--ntasks-per-node``); ``SLURM_JOB_NODELIST`` is a
-    comma-separated list of node names (Slurm compresses it to ``node[1-3]``; both forms
-    are valid hostlists). The CPU and memory variables only where the job has those
-    numbers; ``SLURM_JOB_CPUS_PER_NODE`` in Slurm's form (``16`` on one node, ``16(x2)``
-    on two)."""
+    the job says otherwise (``--ntasks-per-node``); ``SLURM_JOB_NODELIST`` is Slurm's
+    compressed hostlist (``node-[001-003]``), in placement order (the batch host
+    first), so ``scontrol show hostnames $SLURM_JOB_NODELIST | head -n1`` is the batch
+    host. The CPU and memory variables only where the job has those numbers;
+    ``SLURM_JOB_CPUS_PER_NODE`` in Slurm's form (``16`` on one node, ``16(x2)`` on two)."""
     nnodes = len(peers)
     tasks = spec.ntasks_per_node or 1
     out = {
@@ -331,8 +332,8 @@ def slurm_env(
         "SLURM_JOB_NAME": spec.name,
         "SLURM_JOB_USER": spec.user,
         "SLURM_JOB_PARTITION": spec.pool,
-        "SLURM_JOB_NODELIST": ",".join(p.node for p in peers),
-        "SLURM_NODELIST": ",".join(p.node for p in peers),
+        "SLURM_JOB_NODELIST": compress([p.node for p in peers]),
+        "SLURM_NODELIST": compress([p.node for p in peers]),
         "SLURM_NNODES": str(len(peers)),
         "SLURM_JOB_NUM_NODES": str(len(peers)),
         "SLURM_NODEID": str(spec.node_rank),

@@ -36,6 +36,7 @@ from gpufleet.agent.jobs import JobSpec, LocalJob, launch_env
 from gpufleet.agent.runners import ProcessRunner
 from gpufleet.agent.users import PosixAccount, base_env
 from gpufleet.api.steps import DesiredStep, StepAck
+from gpufleet.slurm.hostlist import compress
 
 TaskKey = tuple[int, int, int, int]
 """(job, attempt, step, procid)."""
@@ -89,11 +90,11 @@ def task_env(
         "SLURM_NPROCS": str(d.ntasks),
         "SLURM_STEP_NUM_TASKS": str(d.ntasks),
         "SLURM_STEP_NUM_NODES": str(len(d.nodes)),
-        "SLURM_STEP_NODELIST": ",".join(d.nodes),
+        "SLURM_STEP_NODELIST": compress(list(d.nodes)),
         "SLURM_STEP_TASKS_PER_NODE": per_node,
         "SLURM_TASKS_PER_NODE": per_node,
         "SLURM_NNODES": str(len(d.nodes)),
-        "SLURM_NODELIST": ",".join(d.nodes),
+        "SLURM_NODELIST": compress(list(d.nodes)),
     }
     if d.cpus_per_task:
         env["SLURM_CPUS_PER_TASK"] = str(d.cpus_per_task)
