@@ -169,7 +169,7 @@ COMMANDS: dict[str, Lazy] = {
     "reservation": Lazy("reservation_cmds:reservation_app", "Reservations: create, list, cancel."),
     "service": Lazy(
         "service_cmds:service_app",
-        "Inference services: deploy, list, show, events, logs, update, rollback, delete, tokens.",
+        "Inference services: deploy, list, show, events, logs, update, rollback, model, delete, tokens.",
     ),
     "slurm": Lazy(
         "slurm_cmds:slurm_app", "Slurm's own commands (squeue, sbatch, scontrol...) speaking to gpufleet."

@@ -19,7 +19,7 @@ node_app = typer.Typer(
 ca_app = typer.Typer(help="The cluster's certificate authority (TLS for the server, mTLS for agents).")
 reservation_app = typer.Typer(help="Reservations: create, list, cancel.", no_args_is_help=True)
 service_app = typer.Typer(
-    help="Inference services: deploy, list, show, events, logs, update, rollback, delete, tokens.",
+    help="Inference services: deploy, list, show, events, logs, update, rollback, model, delete, tokens.",
     no_args_is_help=True,
 )
 
