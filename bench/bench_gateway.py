@@ -275,6 +275,7 @@ def _wait(url: str, proc: subprocess.Popen[bytes], headers: dict[str, str] | Non
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
+    proc.kill()  # not left running: the caller has not kept it yet
     raise RuntimeError(f"{url}: not up after 30 s")
 
 
@@ -402,9 +403,10 @@ def measure(target: Target, pid: int | None, args: argparse.Namespace) -> Figure
 
 
 def _reference_proxies(
-    tmp: Path, ports: list[int], ready: str = "v1/ping"
+    tmp: Path, ports: list[int], procs: list[subprocess.Popen[bytes]], ready: str = "v1/ping"
 ) -> list[tuple[str, subprocess.Popen[bytes], int]]:
-    """nginx and haproxy in front of ``ports``: those installed (a message for the others)."""
+    """nginx and haproxy in front of ``ports``: those installed (a message for the others);
+    each process goes into ``procs`` as it starts (stopped by the caller, whatever fails)."""
     out = []
     for name, exe, start in (("nginx", NGINX, start_nginx), ("haproxy", HAPROXY, start_haproxy)):
         if not Path(exe).exists():
@@ -413,6 +415,7 @@ def _reference_proxies(
         sub = tmp / name
         sub.mkdir(exist_ok=True)
         proc, port = start(sub, ports, ready)
+        procs.append(proc)
         out.append((name, proc, port))
     return out
 
@@ -451,8 +454,7 @@ def main() -> None:
             (Target("direct", [(p, "/") for p in ports]), None),
             (Target("gateway", [(gw_port, "/s/bench/")], f"Authorization: Bearer {TOKEN}\r\n"), gw.pid),
         ]
-        for name, proc, port in _reference_proxies(tmp, ports):
-            procs.append(proc)
+        for name, proc, port in _reference_proxies(tmp, ports, procs):
             targets.append((Target(name, [(port, "/s/bench/")]), proc.pid))
         results: dict[str, list[Figures]] = {t.name: [] for t, _ in targets}
         for run in range(args.runs):
@@ -510,8 +512,7 @@ def burst_idle(
     gw, gw_port = start_gateway(sub, ports, "kserve-v2", ready)
     procs.append(gw)
     targets = [("gateway", gw_port, {"Authorization": f"Bearer {TOKEN}"})]
-    for name, proc, port in _reference_proxies(sub, ports, ready):
-        procs.append(proc)
+    for name, _, port in _reference_proxies(sub, ports, procs, ready):
         targets.append((name, port, {}))
     got = {name: Bursts(0, 0, {}) for name, _, _ in targets}
 
@@ -584,7 +585,7 @@ def report(
         for run in range(args.runs):
             best = max((results[p][run] for p in proxies), key=lambda f: f.rps)
             ratios.append(getattr(results[name][run], attr) / getattr(best, attr))
-        return statistics.median(ratios)
+        return float(statistics.median(ratios))
 
     def num(x: float, fmt: str) -> str:
         return "-" if x != x else format(x, fmt)
