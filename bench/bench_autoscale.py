@@ -319,12 +319,14 @@ def main() -> None:
     warm_s, cold_s = med(results[hot]), med(results["cold"])
     print(f"\n  {'pool':<10}{'recovery (median)':>20}{'vs cold':>10}")
     for name, value in ((hot, warm_s), ("cold", cold_s)):
+        if not results[name]:
+            continue  # not run (--pools)
         ratio = f"{value / cold_s:.2f}" if value is not None and cold_s else "-"
         print(f"  {name:<10}{_s(value):>20}{ratio:>10}")
     met = warm_s is not None and warm_s <= GOAL_WARM_S
     print(
         f"  goal: warm <= {GOAL_WARM_S:g} s: {_s(warm_s)} ({'met' if met else 'NOT met'}); "
-        f"cold reported: {_s(cold_s)}"
+        f"cold reported: {_s(cold_s) if results['cold'] else 'not run'}"
     )
 
 
