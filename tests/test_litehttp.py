@@ -92,3 +92,84 @@ def test_failures_say_whether_the_request_was_sent() -> None:
         assert time.monotonic() - started < 5
     finally:
         silent.close()
+
+
+def _raw_server(answer: bytes) -> tuple[socket.socket, str]:
+    """A server that reads one request and writes ``answer`` as it is, then closes."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    ("answer", "body"),
+    [
+        pytest.param(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n"
+            b"X-A: 1\r\n\r\n4;ext=1\r\n[1, \r\n3\r\n2]\n\r\n0\r\nTrailer: x\r\n\r\n",
+            [1, 2],
+            id="1xx-then-chunked",
+        ),
+        pytest.param(b"HTTP/1.0 200 OK\r\nX-A: 1\r\n\r\n[1, 2]", [1, 2], id="to-the-end"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nX-A: 1\r\nConnection: close\r\n\r\n[1, 2]ignored",
+            [1, 2],
+            id="content-length",
+        ),
+    ],
+)
+def test_an_answer_is_read_by_length_chunks_or_to_the_end(answer: bytes, body: Any) -> None:
+    srv, url = _raw_server(answer)
+    try:
+        http = client()
+        got = http.request("GET", f"{url}/v1/x")
+        assert (got.status_code, got.json(), got.headers["x-a"]) == (200, body, "1")
+        assert not http._conns  # each of these ends the connection: none is kept
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"",
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n[1]",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ],
+    ids=["closed", "not-http", "short", "bad-chunk"],
+)
+def test_a_broken_answer_is_a_failure_after_sending(answer: bytes) -> None:
+    srv, url = _raw_server(answer)
+    try:
+        with pytest.raises(LiteError) as failed:
+            client().request("POST", f"{url}/v1/jobs", json={})
+        assert failed.value.failure.sent
+    finally:
+        srv.close()
+
+
+def test_the_config_file_is_where_platformdirs_puts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``client.config_file`` writes out the XDG rule on Linux instead of importing
+    platformdirs: the same path, with and without XDG_CONFIG_HOME."""
+    import os
+
+    import platformdirs
+
+    from gpufleet.client import config_file
+
+    for xdg in ("/tmp/xdg-here", None):
+        if xdg is None:
+            monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+        else:
+            monkeypatch.setenv("XDG_CONFIG_HOME", xdg)
+        assert config_file() == os.path.join(platformdirs.user_config_dir("gpufleet"), "config.json")

@@ -26,19 +26,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-
-import platformdirs
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from gpufleet.failover import CONNECT_TIMEOUT_S, NoAnswer, Servers, first_answer, parse_urls
 from gpufleet.failover import repeatable as method_repeatable
 
 if TYPE_CHECKING:
     import ssl
+    from pathlib import Path
 
     import httpx
     from pydantic import BaseModel
@@ -64,12 +62,28 @@ class ClientError(Exception):
         """The server's problem detail alone (``message`` says more around it)."""
 
 
+def config_file() -> str:
+    """``gpufleet login``'s file: ``<user config dir>/gpufleet/config.json``. On Linux the
+    directory is the XDG rule, written out here (what ``platformdirs.user_config_dir``
+    answers there, checked by a test): importing platformdirs, pathlib and dataclasses
+    was ~10 ms of every command's start-up. Elsewhere, platformdirs says."""
+    if sys.platform.startswith("linux"):
+        base = os.environ.get("XDG_CONFIG_HOME", "").strip() or os.path.expanduser("~/.config")
+        return os.path.join(base, "gpufleet", "config.json")
+    import platformdirs
+
+    return os.path.join(platformdirs.user_config_dir("gpufleet"), "config.json")
+
+
 def config_path() -> Path:
-    return Path(platformdirs.user_config_dir("gpufleet")) / "config.json"
+    from pathlib import Path
+
+    return Path(config_file())
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Connection:
+class Connection(NamedTuple):
+    """A tuple, not a dataclass: ``dataclasses`` imports ``inspect`` (~5 ms of start-up)."""
+
     url: str
     """One server URL, or several comma-separated (``parse_urls``)."""
     token: str | None
@@ -105,10 +119,11 @@ class _Answer(Protocol):
 
 def load_connection() -> Connection:
     saved: dict[str, Any] = {}
-    path = config_path()
-    if path.exists():
+    path = config_file()
+    if os.path.exists(path):
         try:
-            saved = json.loads(path.read_text())
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
         except (OSError, ValueError) as exc:
             raise ClientError(f"cannot read {path}: {exc}") from exc
     url = os.environ.get("GPUFLEET_URL") or saved.get("url") or "http://127.0.0.1:8080"
