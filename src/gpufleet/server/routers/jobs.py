@@ -208,11 +208,11 @@ def list_jobs(
     cursor: Annotated[int | None, Query(ge=0, le=INT32)] = None,
     offset: Annotated[int | None, Query(ge=0, le=INT32)] = None,
 ) -> Response:
-    """The page is serialised here, once (its items were just validated as ``JobOut``):
-    returned as a model, FastAPI would dump, validate and serialise 1,000 jobs again.
+    """The page comes as JSON from the service (``jobs.list_jobs``: written straight from
+    the rows): returned as a model, FastAPI would dump, validate and serialise 1,000 jobs.
     ``since`` and ``until``: the jobs in the system at some time in that window
     (``gpufleet history``, sacct's ``-S``/``-E``)."""
-    page = jobs.list_jobs(
+    body = jobs.list_jobs(
         db=parts.db,
         actor=me,
         states=_states(state),
@@ -226,7 +226,7 @@ def list_jobs(
         cursor=cursor,
         offset=offset,
     )
-    return Response(page.model_dump_json(), media_type="application/json")
+    return Response(body, media_type="application/json")
 
 
 @router.post("/cancel", response_model=Cancelled)

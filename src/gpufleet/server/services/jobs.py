@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic_core import to_json
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
@@ -21,8 +21,6 @@ from gpufleet.api.jobs import (
     CancelMany,
     JobDetail,
     JobEventOut,
-    JobOut,
-    JobPage,
     JobUpdate,
 )
 from gpufleet.server.db import Database
@@ -182,9 +180,11 @@ _LISTED = (
     Job.queue_position,
     Job.estimated_start,
     Job.wait_reason,
+    # allocation: the rows of ``_allocs``
     Job.reservation_id.label("reservation"),
     Job.cost,
     Job.energy_wh,
+    # warnings: none in a list
     Job.array_job_id,
     Job.array_task_id,
     Job.dependency,
@@ -196,28 +196,34 @@ _LISTED = (
     Job.qos,
     Job.licenses,
 )
-"""What a list shows, named as ``JobOut``'s fields, read as plain rows: a page of 1,000
-jobs is the API's heaviest read, and ORM objects (with ``env`` and the bookkeeping
-columns) and per-attribute access cost several times more than ``dict(zip())``."""
+"""What a list shows, in ``JobOut``'s field order and named as its fields, read as plain
+rows: a page of 1,000 jobs is the API's heaviest read, and ORM objects (with ``env`` and
+the bookkeeping columns) and per-attribute access cost several times more than
+``dict(zip())``."""
 _LIST_Q = select(*_LISTED).join_from(Job, User, User.id == Job.user_id).join(Team, Team.id == Job.team_id)
 _LIST_KEYS = tuple(_LIST_Q.selected_columns.keys())
-_JOB_LIST = TypeAdapter(list[JobOut])
-"""Validates a page in one call (a third faster than one ``JobOut(**f)`` per job)."""
+_HEAD = _LIST_KEYS.index("reservation")
+_HEAD_KEYS = _LIST_KEYS[:_HEAD]
+_TAIL_KEYS = _LIST_KEYS[_HEAD + 3 :]  # after reservation, cost and energy_wh
 _PENDING = str(JobState.PENDING)
 _WAITING = frozenset({_PENDING, str(JobState.HELD)})
 
 
 def _listed(row: Sequence[Any], alloc: list[AllocationOut]) -> dict[str, Any]:
-    """``_fields`` for a row of ``_LIST_Q``."""
-    f = dict(zip(_LIST_KEYS, row, strict=True))
+    """``_fields`` for a row of ``_LIST_Q``: ``JobOut``'s fields in its order (a test
+    holds them to it), so that the page is written as JSON as ``JobOut`` would write it."""
+    f = dict(zip(_HEAD_KEYS, row, strict=False))
     state = f["state"]
     if state != _PENDING:
         f["queue_position"] = f["estimated_start"] = None
     if state not in _WAITING:
         f["wait_reason"] = None
-    f["cost"] = round(f["cost"], 6)
-    f["energy_kwh"] = round(f.pop("energy_wh") / 1000.0, 6)
     f["allocation"] = alloc
+    f["reservation"] = row[_HEAD]
+    f["cost"] = round(row[_HEAD + 1], 6)
+    f["energy_kwh"] = round(row[_HEAD + 2] / 1000.0, 6)
+    f["warnings"] = []
+    f.update(zip(_TAIL_KEYS, row[_HEAD + 3 :], strict=True))
     return f
 
 
@@ -235,11 +241,17 @@ def list_jobs(
     limit: int = 100,
     cursor: int | None = None,
     offset: int | None = None,
-) -> JobPage:
-    """Jobs in id order. Page with ``cursor`` (the previous page's ``next_cursor``: stable
-    under concurrent submits) or ``offset``. ``array``: that array's tasks. ``since`` and
-    ``until`` (``sacct -S -E``): jobs in the system at some time in that window, i.e.
-    submitted by ``until`` and not ended before ``since``."""
+) -> bytes:
+    """A ``JobPage`` of jobs in id order, as JSON. Page with ``cursor`` (the previous
+    page's ``next_cursor``: stable under concurrent submits) or ``offset``. ``array``:
+    that array's tasks. ``since`` and ``until`` (``sacct -S -E``): jobs in the system at
+    some time in that window, i.e. submitted by ``until`` and not ended before ``since``.
+
+    The rows are written as JSON straight from the database's values (pydantic-core's
+    ``to_json``, the serialiser ``JobOut`` uses), not validated as ``JobOut`` first: the
+    columns already have the fields' types (Float columns read as float, Boolean as bool),
+    and validating then dumping a page of 1,000 cost ~9 ms of the ~20 ms it takes
+    (issue 31's fast ``gpufleet queue``). A test checks pages against ``JobOut``."""
     q = _LIST_Q
     if not actor.is_operator:
         q = q.where(Job.user_id == actor.user_id)
@@ -267,8 +279,9 @@ def list_jobs(
         more = len(rows) > limit
         rows = rows[:limit]
         allocs = _allocs(s, [r[0] for r in rows])
-    items = _JOB_LIST.validate_python([_listed(r, allocs.get(r[0], [])) for r in rows])
-    return JobPage(items=items, next_cursor=str(items[-1].id) if more and items else None)
+    items = [_listed(r, allocs.get(r[0], [])) for r in rows]
+    page = {"items": items, "next_cursor": str(items[-1]["id"]) if more and items else None, "total": None}
+    return to_json(page)
 
 
 # -- changing ----------------------------------------------------------------------------------
