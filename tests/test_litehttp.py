@@ -114,7 +114,8 @@ def _raw_server(answer: bytes) -> tuple[socket.socket, str]:
     ("answer", "body"),
     [
         pytest.param(
-            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n"
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n"
             b"X-A: 1\r\n\r\n4;ext=1\r\n[1, \r\n3\r\n2]\n\r\n0\r\nTrailer: x\r\n\r\n",
             [1, 2],
             id="1xx-then-chunked",

@@ -355,7 +355,10 @@ def test_a_jobs_credential_passes_while_its_address_is_throttled(
 
     passable(tmp_path)
     mark = tmp_path / "go"
-    script = f"until [ -e {mark} ]; do sleep 0.1; done; srun -N2 bash -c 'echo through-$SLURM_PROCID'; echo script-end"
+    script = (
+        f"until [ -e {mark} ]; do sleep 0.1; done; "
+        "srun -N2 bash -c 'echo through-$SLURM_PROCID'; echo script-end"
+    )
     job_id = run_job(srv, pool, script)["id"]
     wait_for(srv, job_id, "RUNNING", timeout=30)
     done = threading.Event()
