@@ -21,6 +21,7 @@ import typer
 
 from gpufleet.cli._common import BAD_INPUT, fail
 from gpufleet.cli.credfile import SecretFlags, read_secret_file, secret
+from gpufleet.cli.options import header_timeout_option, idle_timeout_option, max_conns_per_address_option
 
 FLAGS = SecretFlags(command="gpufleet gateway", env="GPUFLEET_TOKEN", what="the gateway's token")
 
@@ -70,15 +71,9 @@ def gateway(
     refresh: float = typer.Option(1.0, "--refresh", min=0.05, help="Seconds between reads of the feed."),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve HTTPS with this certificate (PEM)."),
     tls_key: Path | None = typer.Option(None, "--tls-key", help="Its private key (default: in --tls-cert)."),
-    header_timeout: float = typer.Option(
-        10.0, "--header-timeout", min=0.1, help="Seconds a request head may take, then 408."
-    ),
-    idle_timeout: float = typer.Option(
-        5.0, "--idle-timeout", min=0.1, help="Seconds a connection may wait idle for a request."
-    ),
-    max_conns_per_address: int = typer.Option(
-        256, "--max-conns-per-address", min=0, help="Connections open at once from one address (0: no cap)."
-    ),
+    header_timeout: float = header_timeout_option(),
+    idle_timeout: float = idle_timeout_option(),
+    max_conns_per_address: int = max_conns_per_address_option(),
     max_in_flight_per_replica: int = typer.Option(
         256,
         "--max-in-flight-per-replica",

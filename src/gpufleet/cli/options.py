@@ -25,4 +25,29 @@ def json_flag(instead_of: str = "the table") -> Any:
     return flag("--json", help=f"Print JSON instead of {instead_of}.")
 
 
-__all__ = ["flag", "json_flag"]
+def header_timeout_option() -> Any:
+    """``--header-timeout``: the server's and the gateway's (one declaration, one default)."""
+    return typer.Option(10.0, "--header-timeout", min=0.1, help="Seconds a request head may take, then 408.")
+
+
+def idle_timeout_option() -> Any:
+    """``--idle-timeout``: the server's and the gateway's."""
+    return typer.Option(
+        5.0, "--idle-timeout", min=0.1, help="Seconds a connection may wait idle for a request."
+    )
+
+
+def max_conns_per_address_option() -> Any:
+    """``--max-conns-per-address``: the server's and the gateway's."""
+    return typer.Option(
+        256, "--max-conns-per-address", min=0, help="Connections open at once from one address (0: no cap)."
+    )
+
+
+__all__ = [
+    "flag",
+    "header_timeout_option",
+    "idle_timeout_option",
+    "json_flag",
+    "max_conns_per_address_option",
+]

@@ -17,7 +17,12 @@ import typer
 
 from gpufleet.cli._common import BAD_INPUT, fail
 from gpufleet.cli.apps import ca_app
-from gpufleet.cli.options import flag
+from gpufleet.cli.options import (
+    flag,
+    header_timeout_option,
+    idle_timeout_option,
+    max_conns_per_address_option,
+)
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.server.health import DEFAULT_FATAL_XIDS
 from gpufleet.sim.config import NODES_PER_LEAF
@@ -124,21 +129,15 @@ def server(
         help="An address (or CIDR) of a reverse proxy whose X-Forwarded-For names the client (repeat). "
         "Default: none; FORWARDED_ALLOW_IPS is not read.",
     ),
-    header_timeout: float = typer.Option(
-        10.0, "--header-timeout", min=0.1, help="Seconds a request head may take, then 408."
-    ),
+    header_timeout: float = header_timeout_option(),
     body_timeout: float = typer.Option(
         10.0, "--body-timeout", min=0.1, help="Seconds without a byte of a request body, then 408."
     ),
     min_body_rate: float = typer.Option(
         1024.0, "--min-body-rate", min=0.0, help="Bytes a second a body must average after 5 s (0: none)."
     ),
-    idle_timeout: float = typer.Option(
-        5.0, "--idle-timeout", min=0.1, help="Seconds a connection may wait idle for a request."
-    ),
-    max_conns_per_address: int = typer.Option(
-        256, "--max-conns-per-address", min=0, help="Connections open at once from one address (0: no cap)."
-    ),
+    idle_timeout: float = idle_timeout_option(),
+    max_conns_per_address: int = max_conns_per_address_option(),
     node_lane: int = typer.Option(16, "--node-lane", min=1, help="Agent requests served at once."),
     admin_lane: int = typer.Option(8, "--admin-lane", min=1, help="Operator and admin requests at once."),
     user_lane: int = typer.Option(4, "--user-lane", min=1, help="User requests served at once."),
