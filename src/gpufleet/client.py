@@ -151,9 +151,14 @@ def _job_filters(
     array: int | None = None,
     since: float | None = None,
     until: float | None = None,
+    ids: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """``GET /v1/jobs``'s query for these filters (those given)."""
+    """``GET /v1/jobs``'s query for these filters (those given). ``ids``: these jobs and
+    the tasks of arrays of these ids (``job=``, repeated); a server from before it
+    ignores it and lists more, so a caller filters what it gets as well."""
     params: dict[str, Any] = {"state": ",".join(states)} if states else {}
+    if ids:
+        params["job"] = list(ids)
     given = {"user": user, "team": team, "pool": pool, "array": array, "since": since, "until": until}
     return params | {k: v for k, v in given.items() if v is not None}
 

@@ -44,3 +44,24 @@ def test_a_listed_job_is_exactly_what_jobout_would_write(server: Server) -> None
     assert by_id[ran["id"]]["allocation"] and by_id[ran["id"]]["state"] == "RUNNING"
     assert by_id[arr["id"]]["exit_code"] == 3 and by_id[arr["id"]]["array_task_id"] == 0
     assert by_id[waiting["id"]]["wait_reason"] and by_id[waiting["id"]]["queue_position"] is not None
+
+
+def test_job_lists_only_those_jobs_and_arrays(server: Server) -> None:
+    """``?job=`` (``sacct -j``): these jobs, and every task of an array named by its id;
+    an id out of PostgreSQL's integer matches nothing (no 500), as ``/steps``."""
+    team = make_team(server)
+    pool = make_pool(server)
+    one, other = (submit(server, pool=pool, team=team, gpus=1) for _ in range(2))
+    arr = submit(server, pool=pool, team=team, gpus=1, array="0-2")
+    with server.client() as c:
+
+        def ids(*job: int) -> list[int]:
+            return [j["id"] for j in ok(c.get("/jobs", params={"team": team, "job": list(job)}))["items"]]
+
+        assert ids(one["id"]) == [one["id"]]
+        assert ids(arr["id"], other["id"]) == [other["id"], arr["id"], arr["id"] + 1, arr["id"] + 2]
+        assert ids(arr["id"] + 1) == [arr["id"] + 1]  # a task by its own id: that task
+        assert ids(2**31, 2**63) == []
+        assert len(ids()) == 5  # none given: no filter
+        too_many = c.get("/jobs", params={"job": list(range(1, 1002))})
+        assert too_many.status_code == 422

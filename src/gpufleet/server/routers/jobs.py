@@ -198,6 +198,9 @@ def list_jobs(
     team: str | None = None,
     pool: str | None = None,
     array: IdQuery = None,
+    job: Annotated[
+        list[int], Query(max_length=1000, description="these jobs and arrays' tasks (repeat the parameter)")
+    ] = [],  # noqa: B006
     since: Annotated[
         float | None, Query(allow_inf_nan=False, description="not ended before (epoch seconds)")
     ] = None,
@@ -211,7 +214,9 @@ def list_jobs(
     """The page comes as JSON from the service (``jobs.list_jobs``: written straight from
     the rows): returned as a model, FastAPI would dump, validate and serialise 1,000 jobs.
     ``since`` and ``until``: the jobs in the system at some time in that window
-    (``gpufleet history``, sacct's ``-S``/``-E``)."""
+    (``gpufleet history``, sacct's ``-S``/``-E``). ``job``: only these jobs, and the
+    tasks of the arrays with these ids (``sacct -j``: one job, not every job's pages);
+    an id no job can have (out of PostgreSQL's integer) matches none, as ``/steps``."""
     body = jobs.list_jobs(
         db=parts.db,
         actor=me,
@@ -220,6 +225,7 @@ def list_jobs(
         team=team,
         pool=pool,
         array=array,
+        ids=[j for j in job if 1 <= j <= INT32] if job else None,
         since=since,
         until=until,
         limit=limit,

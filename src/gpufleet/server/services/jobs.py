@@ -236,6 +236,7 @@ def list_jobs(
     team: str | None = None,
     pool: str | None = None,
     array: int | None = None,
+    ids: Sequence[int] | None = None,
     since: float | None = None,
     until: float | None = None,
     limit: int = 100,
@@ -244,7 +245,8 @@ def list_jobs(
 ) -> bytes:
     """A ``JobPage`` of jobs in id order, as JSON. Page with ``cursor`` (the previous
     page's ``next_cursor``: stable under concurrent submits) or ``offset``. ``array``:
-    that array's tasks. ``since`` and ``until`` (``sacct -S -E``): jobs in the system at
+    that array's tasks. ``ids``: these jobs and the tasks of arrays of these ids (none
+    when empty). ``since`` and ``until`` (``sacct -S -E``): jobs in the system at
     some time in that window, i.e. submitted by ``until`` and not ended before ``since``.
 
     The rows are written as JSON straight from the database's values (pydantic-core's
@@ -265,6 +267,8 @@ def list_jobs(
         q = q.where(Job.pool == pool)
     if array is not None:
         q = q.where(Job.array_job_id == array)
+    if ids is not None:
+        q = q.where(or_(Job.id.in_(ids), Job.array_job_id.in_(ids)))
     if since is not None:
         q = q.where(or_(Job.ended_at.is_(None), Job.ended_at >= since))
     if until is not None:
