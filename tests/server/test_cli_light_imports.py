@@ -1,7 +1,6 @@
-"""The commands a job or a script runs often read the server's JSON on the standard
-library's socket, and import nothing more (issue 31's fast CLI): no pydantic or API
-models (``sacct``/``history`` validated every job once), no ``http.client`` with its
-``email`` parser, no ``ssl`` for an http:// server, no ``platformdirs`` or
+"""The commands a job or a script runs often read the server's JSON through the standard
+library's ``http.client`` and import nothing more (issue 31's fast CLI): no pydantic or API
+models (``sacct``/``history`` validated every job once), no httpx, no ``platformdirs`` or
 ``dataclasses`` (``client.config_file``). Checked with ``-X importtime`` against a real
 server, and the commands' output is what they print without it."""
 
@@ -15,9 +14,6 @@ from server.playnode import submit
 LIGHT_NOT = (
     "pydantic",
     "gpufleet.api",
-    "http.client",
-    "email",
-    "ssl",
     "platformdirs",
     "dataclasses",
     "httpx",
