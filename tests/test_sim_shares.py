@@ -62,7 +62,9 @@ def test_the_fleet_shows_shared_gpus_as_the_servers_inventory_does() -> None:
     from gpufleet.server.services.inventory import _build  # the server's node building
 
     spec = FleetSpec(nodes=2, gpus_per_node=4, shared_gpus=3)
-    nodes = tuple((f"node-{i:04d}", "default", "leaf-000", "rack-000", False, 1.0, 0, 0) for i in range(2))
+    nodes = tuple(
+        (f"node-{i:04d}", "default", "leaf-000", "rack-000", False, 1.0, 0, 0, frozenset()) for i in range(2)
+    )  # (name, pool, leaf, rack, cordoned, last seen, cpus, memory, features)
     gpus = tuple(
         (f"node-{i:04d}", g, spec.gpu_model, 81_920, 0, True, False, None, i * 4 + g >= 5)
         for i in range(2)

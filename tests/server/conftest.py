@@ -116,7 +116,7 @@ def start_server(db_url: str, *, extra: tuple[str, ...] = (), tls_dir: Path | No
             stderr=err_file,
         )
     url = f"{'https' if tls_dir else 'http'}://127.0.0.1:{port}"
-    deadline = time.monotonic() + float(os.environ.get("GPUFLEET_TEST_SERVER_START_S", "60"))  # an upper bound
+    deadline = time.monotonic() + float(os.environ.get("GPUFLEET_TEST_SERVER_START_S", "60"))  # upper bound
     while True:
         try:
             if httpx.get(url + "/v1/healthz", timeout=1, verify=tls_verify(ca_file)).status_code == 200:

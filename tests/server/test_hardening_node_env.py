@@ -23,14 +23,18 @@ def test_sbatch_export_of_ld_preload_never_runs_as_root(server: Server, tmp_path
     (tmp_path / "node").mkdir()
     node = Node(server, tmp_path / "node", gpus=1)
     try:
-        script = tmp_path / "job.sh"
+        work = tmp_path / "work"
+        work.mkdir()
+        work.chmod(0o777)  # the job writes slurm-%j.out here (one it cannot open fails the job)
+        script = work / "job.sh"
         script.write_text(
             "#!/bin/sh\n"
             f"#SBATCH --export=ALL,LD_PRELOAD={lib},PRELOAD_MARK={mark}\n"
             f"#SBATCH -p {node.pool}\n"
             'echo "seen=$LD_PRELOAD"\n'
         )
-        sub = gpufleet("submit", "--parsable", "--team", make_team(server), str(script), env=server.env())
+        team = make_team(server)
+        sub = gpufleet("submit", "--parsable", "--team", team, "-D", str(work), str(script), env=server.env())
         assert sub.returncode == 0, sub.stderr
         job = int(sub.stdout.strip())
         wait_for(server, job, "COMPLETED", timeout=30)

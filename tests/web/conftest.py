@@ -36,8 +36,11 @@ class DemoFleet:
         )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def demo_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoFleet]:
+    """A 50-node demo for one module's tests. Module scope, not session: the demo costs
+    about half a core while it runs, and a session fixture would keep it running beside
+    every later test of its worker (under ``pytest -n 2`` that is most of the suite)."""
     port = free_port()
     data = tmp_path_factory.mktemp("demo")
     proc = subprocess.Popen(

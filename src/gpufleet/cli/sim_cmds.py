@@ -80,7 +80,7 @@ def load(path: Path, fmt: str) -> TraceLoad:
     try:
         return load_trace(path, fmt)
     except TraceError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # one line: a long path never wraps
         raise typer.Exit(2) from None
 
 
@@ -206,7 +206,7 @@ def simulate(
         try:
             bookings, bad = load_reservations(reservations_file)
         except TraceError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # one line: a long path never wraps
             raise typer.Exit(2) from None
         for problem in bad:
             console.print(f"[yellow]skipped[/yellow] {reservations_file}:{problem}")
