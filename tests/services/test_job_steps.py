@@ -205,6 +205,9 @@ def test_job_credential_works_only_while_the_job_runs_and_only_as_its_owner(srv:
         f'echo own=$({probe} "$GPUFLEET_URL/v1/jobs/$SLURM_JOB_ID"); '
         f'echo theirs=$({probe} "$GPUFLEET_URL/v1/jobs/{theirs}"); '
         f'echo nodecred=$({probe} -X POST "$GPUFLEET_URL/v1/nodes/x/sync" -d "{{}}"); '
+        f'echo mint=$({probe} -X POST "$GPUFLEET_URL/v1/tokens" -H "Content-Type: application/json" '
+        """-d '{"name": "keep"}'); """
+        f'echo session=$({probe} -X POST "$GPUFLEET_URL/v1/sessions"); '
         'echo on-cmdline=$(grep -lF -f <(printf %s "$GPUFLEET_TOKEN") /proc/[0-9]*/cmdline 2>/dev/null '
         "| wc -l); "
         'echo "token=$GPUFLEET_TOKEN"; echo script-end'
@@ -215,6 +218,7 @@ def test_job_credential_works_only_while_the_job_runs_and_only_as_its_owner(srv:
     lines = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
     assert lines["own"] == "200" and lines["theirs"] == "404", text
     assert lines["nodecred"] in ("401", "403"), text  # a job's credential never speaks for a node
+    assert lines["mint"] == "403" and lines["session"] == "403", text  # nothing outlives the job
     assert lines["on-cmdline"] == "0", text
     token = lines["token"]
     assert token.startswith("gfj."), "the job's own credential, not the node's"

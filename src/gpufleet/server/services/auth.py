@@ -35,6 +35,9 @@ class Principal:
     """When the token stops working (None: never)."""
     session: bool = False
     """The token is a web session (``POST /v1/sessions``)."""
+    job: int | None = None
+    """The job whose own credential this is (``GPUFLEET_TOKEN`` inside a job): it acts as
+    the job's owner while the job runs, and may not mint credentials that would outlive it."""
 
     @property
     def is_admin(self) -> bool:

@@ -134,7 +134,7 @@ def check_job_credential(db: Database, token: str, hasher: TokenHasher) -> Princ
     stopping = row.stopping_on is not None and row.stopping_attempt == attempt
     if not (live or stopping):
         return ENDED
-    return Principal(user_id=row.id, name=row.name, role="user")
+    return Principal(user_id=row.id, name=row.name, role="user", job=job_id)
 
 
 # -- layout ------------------------------------------------------------------------------------------

@@ -118,6 +118,8 @@ def create_token(
     ``--token-ttl``)."""
     if actor.session:
         return forbidden("a web session cannot create tokens: use an API token")
+    if actor.job is not None:
+        return forbidden(f"job {actor.job}'s own credential cannot create tokens: they would outlive it")
     if user is not None and user != actor.name and not actor.is_admin:
         return forbidden("only admins create tokens for other users")
     ttl_s = _lifetime(expires_in, max_ttl_s)
@@ -164,6 +166,8 @@ def create_session(
     expiry of the token it is made with."""
     if actor.session:
         return forbidden("a web session cannot start another: sign in with an API token")
+    if actor.job is not None:
+        return forbidden(f"job {actor.job}'s own credential cannot start a web session")
     expires_at = now + ttl_s if actor.expires_at is None else min(now + ttl_s, actor.expires_at)
     with db.write() as s:
         owner = s.get(User, actor.user_id)
