@@ -24,6 +24,7 @@ import httpx
 import pytest
 from sqlalchemy import MetaData, create_engine, func, select, text
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import OperationalError
 
 from gpufleet.client import tls_verify
 
@@ -145,11 +146,29 @@ def stop_server(srv: Server) -> None:
 
 
 def reset_postgres(url: str) -> None:
+    """Every table of ``url``'s database dropped. Whatever is still connected to it (a
+    stopped server's scheduler child that has not let go yet: under ``pytest -n 2`` a
+    worker may set its session server up again) is disconnected first, so the drop never
+    deadlocks with it; a deadlock anyway is tried again."""
     engine = create_engine(url)
     try:
-        meta = MetaData()
-        meta.reflect(engine)
-        meta.drop_all(engine)
+        for attempt in range(3):
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+                c.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+            try:
+                meta = MetaData()
+                meta.reflect(engine)
+                meta.drop_all(engine)
+                return
+            except OperationalError:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5)
     finally:
         engine.dispose()
 
