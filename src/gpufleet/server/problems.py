@@ -249,5 +249,6 @@ error."""
 IdQuery = Annotated[int | None, Query(ge=1, le=INT32, description=f"an object id ({ID_RANGE})")]
 """An id in a query string (``?array=``), when given."""
 Offset = Annotated[int, Query(ge=0, le=INT32)]
+StepNumber = Annotated[int, PathParam(ge=0, le=INT32, description="a step of its job (0, 1, ...)")]
 """A count of rows to skip, or an id to start after (``?after=``, ``?cursor=``): every
 id column is PostgreSQL's ``integer``, and no table holds more rows than that."""

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from gpufleet.api.base import INT32
 from gpufleet.api.steps import StepIn, StepList, StepOut
 from gpufleet.server.deps import Me, PartsDep
-from gpufleet.server.problems import ObjectId, not_found, unwrap
+from gpufleet.server.problems import ObjectId, StepNumber, not_found, unwrap
 from gpufleet.server.services import steps
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -41,7 +41,7 @@ def list_all(job_id: ObjectId, parts: PartsDep, me: Me) -> StepList:
 @router.get("/{job_id}/steps/{step}", response_model=StepOut)
 def show(
     job_id: ObjectId,
-    step: int,
+    step: StepNumber,
     parts: PartsDep,
     me: Me,
     after: Annotated[
@@ -54,7 +54,7 @@ def show(
 
 
 @router.post("/{job_id}/steps/{step}/cancel", response_model=StepOut)
-def cancel(job_id: ObjectId, step: int, parts: PartsDep, me: Me) -> StepOut:
+def cancel(job_id: ObjectId, step: StepNumber, parts: PartsDep, me: Me) -> StepOut:
     if not 0 <= step <= INT32:
         return unwrap(not_found(f"no step {job_id}.{step}"))
     return unwrap(steps.cancel_step(db=parts.db, actor=me, job_id=job_id, step=step, now=parts.now()))
