@@ -40,9 +40,9 @@ from bench_api import JOB, TOKEN, Call, Load, Running, client, load
 LAUNCH = """
 import sys, uvicorn
 from gpufleet.server.app import create_app
-from gpufleet.server.audit import AuditMiddleware
+from gpufleet.server.http.audit import AuditMiddleware
 from gpufleet.server.config import ServerConfig
-from gpufleet.server.ratelimit import RateLimits
+from gpufleet.ratelimit import RateLimits
 url, port, audit, token = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "on", sys.argv[4]
 off = RateLimits(user=None, operator=None, admin=None, auth_failures=None)
 app = create_app(ServerConfig(database_url=url, admin_token=token, scheduler_process=True, rates=off))

@@ -57,7 +57,7 @@ from gpufleet.agent import AgentConfig, HttpTransport, RunAs, SimSpec, Simulated
 from gpufleet.agent.agent import Agent
 from gpufleet.loadgen import LoadShape, Target, kserve_body, run_load
 from gpufleet.modelserver.launch import model_server
-from gpufleet.server.autoscale import Observation, ScalePolicy, ScaleState, step
+from gpufleet.server.decide.autoscale import Observation, ScalePolicy, ScaleState, step
 
 ADMIN = "gf_bench_autoscale_admin_token_0123"
 GOAL_WARM_S = 10.0

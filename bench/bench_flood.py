@@ -84,11 +84,11 @@ def seed(db_url: str, jobs_n: int) -> dict[str, str]:
 
     from gpufleet.api.jobs import JobSubmit
     from gpufleet.api.users import PoolIn, UserIn
-    from gpufleet.server.db import Database
-    from gpufleet.server.models import User
     from gpufleet.server.problems import Failure
     from gpufleet.server.services import auth, pools, submissions, users
     from gpufleet.server.services.inventory import FleetCache
+    from gpufleet.server.store.db import Database
+    from gpufleet.server.store.models import User
 
     db = Database.connect(db_url)
     now = time.time()

@@ -1,4 +1,4 @@
-"""The autoscaler's decisions (``server/autoscale.py``) on a fake clock: metrics in,
+"""The autoscaler's decisions (``server/decide/autoscale.py``) on a fake clock: metrics in,
 replica counts out."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gpufleet.server.autoscale import Observation, ScalePolicy, ScaleState, recommend, step
+from gpufleet.server.decide.autoscale import Observation, ScalePolicy, ScaleState, recommend, step
 
 POLICY = ScalePolicy(min_replicas=1, max_replicas=10, metric="gpu_util", target=70.0)
 
@@ -199,7 +199,7 @@ def test_traffic_rates_and_quantiles_from_gateway_reports() -> None:
     """Two gateways, cumulative counters; the first report of one has no histogram yet
     (no answer then); a restarted gateway (counters went down) starts over."""
     from gpufleet.api.services import LatencyIn, ServiceCounters
-    from gpufleet.server.traffic import TrafficStore
+    from gpufleet.server.decide.traffic import TrafficStore
 
     le = [0.01, 0.1, 1.0, 1e9]
 
@@ -231,7 +231,7 @@ def test_traffic_rates_and_quantiles_from_gateway_reports() -> None:
 def test_mean_util_of_a_replicas_gpus() -> None:
     """Across nodes; stale readings, unknown GPUs and GPUs without a reading left out."""
     from gpufleet.api.nodes import GpuTelemetry
-    from gpufleet.server.agentstate import TelemetryStore
+    from gpufleet.server.store.agentstate import TelemetryStore
 
     t = TelemetryStore()
     t.put("a", at=100.0, gpus=[GpuTelemetry(index=0, utilization_pct=40.0), GpuTelemetry(index=1)],
@@ -262,8 +262,8 @@ def test_the_panic_demand_is_the_gateways_in_flight_whatever_the_metric(metric: 
     read ``metric == "inflight"``, a bool, for the gateway metrics: 1.0 or 0.0 in flight,
     so ``qps`` never panicked and ``inflight`` never learnt of a step)."""
     from gpufleet.api.services import ServiceCounters
-    from gpufleet.server.agentstate import AgentState
     from gpufleet.server.services.autoscaling import Autoscaler
+    from gpufleet.server.store.agentstate import AgentState
 
     hot = AgentState()
     for i, (served, inflight) in enumerate([(0, 30), (100, 34), (200, 38)]):
@@ -290,7 +290,7 @@ def test_the_panic_demand_is_the_gateways_in_flight_whatever_the_metric(metric: 
 )
 def test_a_surge_in_a_gateway_report(before: int, now: int, surge: bool) -> None:
     from gpufleet.api.services import ServiceCounters
-    from gpufleet.server.traffic import TrafficStore, surged
+    from gpufleet.server.decide.traffic import TrafficStore, surged
 
     assert surged(before, now) is surge
     t = TrafficStore()
@@ -307,7 +307,7 @@ def test_a_step_keeps_waking_until_the_panic_windows_mean_caught_up() -> None:
     of the step wakes the autoscaler again while the step stands out (at least twice the
     mean) and for the window after, until the mean has all of it; then no more."""
     from gpufleet.api.services import ServiceCounters
-    from gpufleet.server.traffic import TrafficStore
+    from gpufleet.server.decide.traffic import TrafficStore
 
     t = TrafficStore()
     at = 0.0

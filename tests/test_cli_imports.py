@@ -23,7 +23,7 @@ import typer
 from gpufleet.cli import COMMANDS, app, load, quick
 
 HEAVY = ("sqlalchemy", "fastapi", "uvicorn", "alembic", "starlette", "psycopg", "numpy", "matplotlib")
-SERVER_OK = {"gpufleet.server", "gpufleet.server.defaults", "gpufleet.server.health", "gpufleet.server.clock"}
+SERVER_OK = {"gpufleet.server", "gpufleet.server.defaults", "gpufleet.server.decide.health", "gpufleet.clock"}
 """Constants the ``server`` command's options show (the package itself imports nothing).
 The request and reply models the client validates with are ``gpufleet.api``: plain
 Pydantic, outside the server."""

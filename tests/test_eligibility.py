@@ -8,8 +8,8 @@ import datetime as dt
 
 import pytest
 
+from gpufleet.server.decide.pricing import PriceSchedule, PriceWindow
 from gpufleet.server.loops.eligibility import Timed, judge
-from gpufleet.server.pricing import PriceSchedule, PriceWindow
 
 # 2026-12-07 is a Monday; 10:00 UTC: peak (price 4 x 1.0); 22:00-06:00 off-peak x 0.25
 MON_10 = dt.datetime(2026, 12, 7, 10, 0, tzinfo=dt.UTC).timestamp()

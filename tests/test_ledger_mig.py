@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.migindex import slice_index, slice_parent_model, slice_share_of
-from gpufleet.server.ledger import HOUR, Sample, _Open, measure
-from gpufleet.server.pricing import parse_prices
+from gpufleet.server.decide.pricing import parse_prices
+from gpufleet.server.store.ledger import HOUR, Sample, _Open, measure
 
 SCHEDULE = parse_prices({"timezone": "UTC", "base": {"H100-80GB": 7.0}})
 

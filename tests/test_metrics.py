@@ -15,13 +15,14 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.server import db as dbmod
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.db import Database
-from gpufleet.server.loops.runner import Loop
 from gpufleet.server.metrics.collector import FleetCollector
 from gpufleet.server.metrics.state import ServerMetrics
-from gpufleet.server.models import (
+from gpufleet.server.runner import Loop
+from gpufleet.server.services.dashboard import FleetView, ViewCache, load_spend, load_view
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import (
     Allocation,
     GpuRow,
     Job,
@@ -32,7 +33,6 @@ from gpufleet.server.models import (
     UsageRow,
     User,
 )
-from gpufleet.server.services.dashboard import FleetView, ViewCache, load_spend, load_view
 from server.conftest import scratch_postgres
 from web.fleetapp import AUTH, Fleet, fleet
 
@@ -180,7 +180,7 @@ def test_page_is_self_contained(f: Fleet) -> None:
 
 def test_history_ring_keeps_one_sample_per_step(tmp_path: Path) -> None:
     from gpufleet.api.nodes import GpuTelemetry
-    from gpufleet.server.metrics.history import RecordingTelemetryStore
+    from gpufleet.server.store.telemetry import RecordingTelemetryStore
 
     store = RecordingTelemetryStore(step_s=5, keep=3)
     for at in (0, 1, 5, 9, 10, 15, 20):

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from gpufleet.api.nodes import GpuTelemetry
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.alerts import Alert, AlertRules, AlertTracker, WebhookSender, evaluate
-from gpufleet.server.metrics.history import RecordingTelemetryStore
+from gpufleet.server.loops.alerts import Alert, AlertRules, AlertTracker, WebhookSender, evaluate
 from gpufleet.server.services.dashboard import FleetView, GpuInfo, NodeInfo, QueueStat, TeamSpend
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.telemetry import RecordingTelemetryStore
 from web.fleetapp import fleet
 
 NOW = 10_000.0

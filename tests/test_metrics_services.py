@@ -15,13 +15,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.api.nodes import GpuTelemetry
 from gpufleet.api.services import LatencyIn, ServiceCounters, ServiceTraffic
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.loops.runner import Loop
+from gpufleet.server.decide.pricing import PriceSchedule
 from gpufleet.server.metrics.collector import FleetCollector
 from gpufleet.server.metrics.state import ServerMetrics
-from gpufleet.server.pricing import PriceSchedule
+from gpufleet.server.runner import Loop
 from gpufleet.server.services.dashboard import FleetView, GpuInfo, NodeInfo
 from gpufleet.server.services.fleetservices import ReplicaInfo, ServiceHistory, ServiceInfo
+from gpufleet.server.store.agentstate import AgentState
 from web.fleetapp import Fleet, fleet
 
 NOW = 1_000_000.0

@@ -17,18 +17,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufleet.api.chargeback import UsageReport
 from gpufleet.api.nodes import GpuTelemetry, MigTelemetry
 from gpufleet.migindex import share_index, slice_index
-from gpufleet.server import db as dbmod
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.db import Database
-from gpufleet.server.ledger import HOUR, Sample, _Open, measure
-from gpufleet.server.loops.runner import Loop
+from gpufleet.server.decide.pricing import parse_prices
 from gpufleet.server.metrics.collector import FleetCollector
 from gpufleet.server.metrics.state import ServerMetrics
-from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow, Team, UsageRow, User
-from gpufleet.server.pricing import parse_prices
+from gpufleet.server.runner import Loop
 from gpufleet.server.services import chargeback
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.dashboard import load_view
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.ledger import HOUR, Sample, _Open, measure
+from gpufleet.server.store.models import Allocation, GpuRow, Job, NodeRow, Team, UsageRow, User
 
 NOW = 1_800_000_000.0
 MODEL = "NVIDIA H100 80GB HBM3"

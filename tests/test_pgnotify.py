@@ -1,4 +1,4 @@
-"""The notifications between servers (``gpufleet.server.pgnotify``) without a database:
+"""The notifications between servers (``gpufleet.server.store.pgnotify``) without a database:
 payloads for node rings fit PostgreSQL's limit and come back whole; a server ignores its
 own and garbled ones; relayed readings and gateway reports land in the receiving server's
 memory (a leader's health rules then see them), older readings never replace newer ones,
@@ -13,9 +13,9 @@ from sqlalchemy import create_engine
 
 from gpufleet.api.nodes import GpuTelemetry
 from gpufleet.api.services import ServiceCounters
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.health import HealthMonitor, HealthRules
-from gpufleet.server.pgnotify import MAX_PAYLOAD, PgNotify, parse, pieces
+from gpufleet.server.decide.health import HealthMonitor, HealthRules
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.pgnotify import MAX_PAYLOAD, PgNotify, parse, pieces
 
 
 def test_ring_payloads_fit_and_come_back_whole() -> None:

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpufleet.server.pricing import PriceSchedule, load_prices, parse_prices
+from gpufleet.server.decide.pricing import PriceSchedule, load_prices, parse_prices
 
 BERLIN = ZoneInfo("Europe/Berlin")
 SPEC = {

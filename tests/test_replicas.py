@@ -1,10 +1,10 @@
-"""Table-driven tests of the replica controller's decisions (``server/replicas.py``)."""
+"""Table-driven tests of the replica controller's decisions (``server/decide/replicas.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpufleet.server.replicas import (
+from gpufleet.server.decide.replicas import (
     Create,
     Demote,
     Drain,

@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
+from gpufleet.clock import FakeClock
 from gpufleet.scheduler import Fleet, Hold, Node, Plan, Quota, Snapshot, make_policy
-from gpufleet.server import db as dbmod
-from gpufleet.server.clock import FakeClock
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import move, ref, release_attempt
 from gpufleet.server.loops.scheduling import PassObserver, SchedulingPass
-from gpufleet.server.models import GpuRow, Job, Membership, NodeRow, Team, User
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store.models import GpuRow, Job, Membership, NodeRow, Team, User
 from gpufleet.sim.config import FleetSpec, SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.trace import TraceJob

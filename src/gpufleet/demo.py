@@ -163,7 +163,7 @@ class Demo:
 
     # -- server -----------------------------------------------------------------------------
     def start_server(self) -> str | None:
-        from gpufleet.server import db
+        from gpufleet.server.store import db
 
         db_url = f"sqlite:///{self.data / 'gpufleet.db'}"
         db.upgrade(db_url)

@@ -5,7 +5,7 @@ cap of connections per client address, and headroom on open files.
 uvicorn (0.55) times out only an idle keep-alive connection *after* a response: a
 connection that sends nothing, a request head that never ends, or a body that stalls
 after one byte is held for ever, and with it whatever the application gave the request
-(``server/lanes.py`` once gave it a seat; issue 29: four such connections stopped every
+(``server/http/lanes.py`` once gave it a seat; issue 29: four such connections stopped every
 user's API requests, 1,100 idle ones made every gateway caller get 502). The anchor is
 nginx's ``client_header_timeout``, ``client_body_timeout`` and ``limit_conn``, and
 Apache's ``mod_reqtimeout`` for the minimum body rate:
@@ -27,7 +27,7 @@ Decisions:
 
 * One protocol class per server, made by ``guarded(base, limits, stats)``: a subclass of
   uvicorn's protocol in use (``HttpToolsProtocol`` when httptools is installed, else
-  ``H11Protocol``; also the server's TLS protocols of ``server/tlsproto.py``), passed as
+  ``H11Protocol``; also the server's TLS protocols of ``tlsproto.py``), passed as
   ``uvicorn.Config(http=...)``. It lives outside ``gpufleet.server`` because the gateway
   and the model server (other processes) use it too.
 * Time a body is not read because the application has not asked for it (uvicorn pauses

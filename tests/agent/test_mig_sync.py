@@ -19,7 +19,7 @@ from gpufleet.agent.agent import NO_MIG_PROBE
 from gpufleet.agent.jobs import SIMULATE_ENV, JobSpec, launch_env
 from gpufleet.agent.probe import GpuSample, MigInstance, NodeInventory
 from gpufleet.api.nodes import NodeSync
-from gpufleet.server.clock import FakeClock
+from gpufleet.clock import FakeClock
 
 LAYOUT = ["2g.20gb", "2g.20gb", "3g.40gb"]
 

@@ -13,7 +13,7 @@ from agent.fake_nvml import FakeGpu, FakeNvml, mig_gpu
 from gpufleet.agent import NvmlProbe, SimSpec, SimulatedProbe
 from gpufleet.agent.probe import MigSample
 from gpufleet.api.nodes import GpuTelemetry
-from gpufleet.server.clock import FakeClock
+from gpufleet.clock import FakeClock
 
 H100 = "NVIDIA H100 80GB HBM3"
 

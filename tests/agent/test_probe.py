@@ -18,7 +18,7 @@ from gpufleet.agent import (
     gpu_health,
 )
 from gpufleet.agent.probe import nvlink_domains
-from gpufleet.server.clock import FakeClock
+from gpufleet.clock import FakeClock
 
 
 def sim(gpus: int = 4) -> tuple[SimulatedProbe, FakeClock]:

@@ -1,4 +1,4 @@
-"""Push dispatch end to end (``server/dispatch.py``, ``Agent.start_watch``): an agent
+"""Push dispatch end to end (``server/store/dispatch.py``, ``Agent.start_watch``): an agent
 whose periodic sync is a minute away starts a new job within a second because its
 long-poll is answered; a long-poll that times out; one answered at once for a version
 from another boot; a lost wake-up recovered by the periodic sync; waiting agents across

@@ -37,7 +37,7 @@ from gpufleet.agent.jobs import NO_ARRAY_TASK, Peer, slurm_path
 from gpufleet.agent.probe import host_resources
 from gpufleet.agent.runners import _slurm_args
 from gpufleet.api.nodes import NodeSync
-from gpufleet.server.clock import FakeClock
+from gpufleet.clock import FakeClock
 from jobaccounts import JOB_ACCOUNT, PYTHON, ROOT, passable, run_as
 
 ACCOUNT = pwd.getpwnam(JOB_ACCOUNT) if ROOT else pwd.getpwuid(os.getuid())

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpufleet.api.nodes import GpuTelemetry
-from gpufleet.server.health import HealthMonitor, HealthRules, assess
+from gpufleet.server.decide.health import HealthMonitor, HealthRules, assess
 from gpufleet.server.jobstate.requeue import backoff_s
 
 RULES = HealthRules(temp_for_s=30, recover_after_s=600)

@@ -22,7 +22,7 @@ import uvicorn
 from aiohttp import web
 
 from gpufleet.gateway import Endpoint, Feed, GatewayConfig, Service, StaticSource, create_app
-from gpufleet.server.ratelimit import Rate
+from gpufleet.ratelimit import Rate
 
 T = TypeVar("T")
 TOKEN = "gf_svc_test_token_0123456789abcdef"

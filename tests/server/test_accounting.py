@@ -13,16 +13,16 @@ import pytest
 from sqlalchemy import func, select
 
 from gpufleet.api.users import BudgetIn
+from gpufleet.clock import FakeClock
 from gpufleet.scheduler import make_policy
-from gpufleet.server import db as dbmod
-from gpufleet.server import ledger
-from gpufleet.server.clock import FakeClock
+from gpufleet.server.decide.pricing import parse_prices
 from gpufleet.server.loops.scheduling import SchedulingPass
-from gpufleet.server.models import GpuRow, Job, Membership, NodeRow, Team, UsageRow, User
-from gpufleet.server.pricing import parse_prices
 from gpufleet.server.problems import Failure
 from gpufleet.server.services import chargeback, jobs
 from gpufleet.server.services.auth import Principal
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store import ledger
+from gpufleet.server.store.models import GpuRow, Job, Membership, NodeRow, Team, UsageRow, User
 
 from .conftest import scratch_postgres
 

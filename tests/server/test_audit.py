@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import insert, select, text
 from sqlalchemy.exc import DBAPIError
 
-from gpufleet.server import db as dbmod
-from gpufleet.server.audit import purge
-from gpufleet.server.models import AuditRow
+from gpufleet.server.services.audit import purge
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store.models import AuditRow
 from server.conftest import Server, gpufleet, make_pool, make_team, make_user, ok, scratch_postgres, unique
 from server.playnode import register, sync
 

@@ -22,11 +22,11 @@ from gpufleet import mig
 from gpufleet.api.maintenance import MigLayoutIn
 from gpufleet.cli import app
 from gpufleet.server.config import ServerConfig
-from gpufleet.server.db import Database
 from gpufleet.server.loops import automig
-from gpufleet.server.models import GpuRow
 from gpufleet.server.problems import Kind
 from gpufleet.server.services import miglayouts
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import GpuRow
 from server.conftest import Server, make_pool, make_team, ok, start_server, stop_server, unique, wait_for
 from server.playnode import attempt_of, eventually, join_token, placed, submit, sync
 

@@ -1,4 +1,4 @@
-"""Push dispatch's doorbell (``server/dispatch.py``): a long-poll answered by a ring, by
+"""Push dispatch's doorbell (``server/store/dispatch.py``): a long-poll answered by a ring, by
 a timeout, at once for a version it has not seen (a ring it missed, another boot), and
 at shutdown; rings only after a commit, through ``Database.write`` and the group-commit
 writer alike, and never for a rolled-back transaction. In process, on SQLite."""
@@ -16,10 +16,10 @@ from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpufleet.server import db as dbmod
-from gpufleet.server.dispatch import NodeBell, touch
-from gpufleet.server.models import Team
-from gpufleet.server.writer import GroupCommitWriter
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store.dispatch import NodeBell, touch
+from gpufleet.server.store.models import Team
+from gpufleet.server.store.writer import GroupCommitWriter
 
 TEAMS = Team.metadata.tables["teams"]
 

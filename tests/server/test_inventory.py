@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet.server import db as dbmod
-from gpufleet.server.models import GpuRow, NodeRow
 from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store.models import GpuRow, NodeRow
 
 
 def _add_node(db: dbmod.Database, name: str) -> None:

@@ -1,4 +1,4 @@
-"""Several servers on one PostgreSQL (``gpufleet.server.leader``): one leader, fenced writes.
+"""Several servers on one PostgreSQL (``gpufleet.server.store.leader``): one leader, fenced writes.
 
 On a PostgreSQL database of their own (skipped without one):
 
@@ -31,8 +31,9 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from gpufleet.server import db as dbmod
-from gpufleet.server.leader import EPOCH, Fenced, Lease, PgFence
+from gpufleet.server.errors import Fenced
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store.leader import EPOCH, Lease, PgFence
 from server.conftest import ADMIN_TOKEN, Server, ok, scratch_postgres, start_server, stop_server
 
 
@@ -132,7 +133,7 @@ def test_a_second_server_on_one_sqlite_file_refuses_to_start(tmp_path: Path) -> 
 HOLD = """
 import sys, time
 from pathlib import Path
-from gpufleet.server.leader import SqliteLock
+from gpufleet.server.store.leader import SqliteLock
 lock = SqliteLock(Path(sys.argv[1]))  # held while the object lives
 assert lock.acquire() is None
 print("held", flush=True)

@@ -1,4 +1,4 @@
-"""The loop runner (``server/loops/runner.py``): steps run periodically and when woken,
+"""The loop runner (``server/runner.py``): steps run periodically and when woken,
 never die on a failing step, rest after one, and ``Loops`` starts and stops every loop
 as one; the scheduling loop's pacing against wake-up storms (``StormPacer``). In
 process, steps stubbed."""
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from gpufleet.server.loops.runner import Loop, Loops
 from gpufleet.server.loops.scheduling import StormPacer
+from gpufleet.server.runner import Loop, Loops
 
 
 def _until(cond: object, timeout_s: float = 5.0) -> None:

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from gpufleet.server.clock import FakeClock
-from gpufleet.server.lanes import Lane, LaneName
-from gpufleet.server.ratelimit import AuthThrottle, Buckets, KnownDigests, Rate
+from gpufleet.clock import FakeClock
+from gpufleet.ratelimit import AuthThrottle, Buckets, KnownDigests, Rate
+from gpufleet.server.http.lanes import Lane, LaneName
 
 # Each step: advance the clock by this many seconds, then take this many tokens.
 BUCKET_CASES = [

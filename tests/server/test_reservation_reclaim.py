@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from gpufleet.clock import FakeClock
 from gpufleet.scheduler import ReservationMove, make_policy
-from gpufleet.server import db as dbmod
-from gpufleet.server.clock import FakeClock
 from gpufleet.server.loops.reservations import load_booked, step_reservations
 from gpufleet.server.loops.scheduling import SchedulingPass
-from gpufleet.server.models import GpuRow, Job, NodeRow, ReservationEvent, ReservationRow, Team, User
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store.models import GpuRow, Job, NodeRow, ReservationEvent, ReservationRow, Team, User
 
 T0 = 1_800_000_000.0
 IDLE = 900.0

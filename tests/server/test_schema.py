@@ -12,7 +12,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from gpufleet.server.db import alembic_config, head_revision, make_engine, upgrade
+from gpufleet.server.store.db import alembic_config, head_revision, make_engine, upgrade
 from server.conftest import free_port, gpufleet, scratch_postgres
 
 

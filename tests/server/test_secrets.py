@@ -21,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
-from gpufleet.server import db as dbmod
 from gpufleet.server.errors import TokenKeyError
-from gpufleet.server.models import Setting
-from gpufleet.server.tokenkey import TokenHasher, load_hasher
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store.models import Setting
+from gpufleet.server.store.tokenkey import TokenHasher, load_hasher
 from server.conftest import (
     ADMIN_TOKEN,
     Server,

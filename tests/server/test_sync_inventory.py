@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from gpufleet.server.models import GpuRow
+from gpufleet.server.store.models import GpuRow
 from server.conftest import Server, make_pool, make_team, ok, wait_for
 from server.playnode import eventually, log_text, metric, placed, register, submit, sync
 

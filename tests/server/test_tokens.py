@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from gpufleet.server.tokenkey import TokenHasher, load_hasher
+from gpufleet.server.store.tokenkey import TokenHasher, load_hasher
 from server.conftest import (
     ADMIN_TOKEN,
     Server,

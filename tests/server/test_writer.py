@@ -15,13 +15,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpufleet.api.nodes import GpuIn, NodeSync, SyncReply
-from gpufleet.server import db as dbmod
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.models import GpuRow, NodeRow, Team
 from gpufleet.server.problems import Failure, Kind, invalid
 from gpufleet.server.services import sync
 from gpufleet.server.services.nodes import write_heartbeats
-from gpufleet.server.writer import GroupCommitWriter, InlineWriter
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.models import GpuRow, NodeRow, Team
+from gpufleet.server.store.writer import GroupCommitWriter, InlineWriter
 
 TEAMS = Team.metadata.tables["teams"]
 

@@ -320,9 +320,9 @@ def test_log_retention_deletes_the_steps_output_with_the_jobs_log(srv: Server, p
     own log; the job and its step records stay."""
     from sqlalchemy import func, select
 
-    from gpufleet.server.db import Database
-    from gpufleet.server.models import JobStep, JobStepOutput
     from gpufleet.server.services import logs
+    from gpufleet.server.store.db import Database
+    from gpufleet.server.store.models import JobStep, JobStepOutput
 
     job = ended(srv, run_job(srv, pool, "srun -N2 echo kept-for-a-while; echo script-end")["id"])
     with srv.client() as c:

@@ -16,9 +16,9 @@ from typing import Any
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.server import db
 from gpufleet.server.app import create_app
 from gpufleet.server.config import ServerConfig
+from gpufleet.server.store import db
 
 TOKEN = "gf_metrics_test_admin"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -5,7 +5,7 @@ exactly their GPUs, everything reconciled with the server by ``Agent.sync_once``
 Seams (each a Protocol with an in-package fake or double): ``GpuProbe``
 (``NvmlProbe`` / ``SimulatedProbe``), ``JobRunner`` (``ProcessRunner``,
 ``ContainerRunner``, ``SimulatedRunner``), ``SyncTransport`` (``HttpTransport``; tests
-pass httpx's ``MockTransport`` to it), the clock (``gpufleet.server.clock``).
+pass httpx's ``MockTransport`` to it), the clock (``gpufleet.clock``).
 
 Errors: ``ProbeError`` (the GPUs cannot be read at all) and ``AgentTransportError``
 (the server could not be reached or refused; ``.status`` when it answered).
@@ -35,7 +35,7 @@ from gpufleet.agent.runners import JobRunner, ProcessRunner, SimulatedRunner
 from gpufleet.agent.simprobe import SimSpec, SimulatedProbe
 from gpufleet.agent.transport import AgentTransportError, HttpTransport, SyncTransport
 from gpufleet.agent.users import FakeAccounts, PosixAccount, Refusal, RunAs, SystemAccounts, UserMap
-from gpufleet.server.clock import Clock
+from gpufleet.clock import Clock
 
 
 def make_agent(

@@ -20,7 +20,7 @@ Between syncs, ``tick`` polls the jobs every ``tick_s``; news (a job was started
 stopped) triggers the next sync ``news_gap_s`` later instead of after
 ``sync_interval_s``; urgent news (a job ended, a new GPU fault) ``urgent_gap_s`` later.
 
-Push (``server/dispatch.py``): where the transport can long-poll (``WaitTransport``),
+Push (``server/store/dispatch.py``): where the transport can long-poll (``WaitTransport``),
 a watcher thread keeps one ``GET /v1/nodes/{name}/wait`` open; an answer with a new
 version means the node's desired set may have changed, and the agent syncs at once
 (no gap). The periodic sync stays the safety net (a lost long-poll, a server without
@@ -102,7 +102,7 @@ from gpufleet.agent.steps import StepTasks, prepare_job
 from gpufleet.agent.transport import AgentTransportError, SyncTransport, WaitTransport
 from gpufleet.api.nodes import DesiredJob, MigChange, SyncReply
 from gpufleet.api.steps import DesiredStep
-from gpufleet.server.clock import Clock, SystemClock
+from gpufleet.clock import Clock, SystemClock
 from gpufleet.slurmopts import signal_parts
 
 log = logging.getLogger("gpufleet.agent")

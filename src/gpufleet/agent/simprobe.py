@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from gpufleet import mig as migtable
 from gpufleet.agent.probe import GpuInfo, GpuSample, MigError, MigInstance, MigSample, NodeInventory
-from gpufleet.server.clock import Clock, SystemClock
+from gpufleet.clock import Clock, SystemClock
 
 IDLE_C = 32.0
 FULL_LOAD_C = 80.0

@@ -1,6 +1,6 @@
 """The agent's HTTP seam: ``sync(node, body) -> reply``, and (optionally, a
 ``WaitTransport``) ``wait(node, seen, timeout_s) -> version``, the long-poll that tells
-the agent to sync now (``server/dispatch.py``).
+the agent to sync now (``server/store/dispatch.py``).
 
 ``HttpTransport`` speaks to a gpufleet server with httpx (keep-alive, a node credential
 or an operator token); ``AgentTransportError`` carries the HTTP status when there was

@@ -84,7 +84,7 @@ class ServiceSpec(Request):
         default=None,
         description="per caller token at the gateway: BURST/PER_SECOND or N/WINDOW; none: no limit",
     )
-    # Autoscaling (``server/autoscale.py``): on when min_replicas < max_replicas.
+    # Autoscaling (``server/decide/autoscale.py``): on when min_replicas < max_replicas.
     metric: ScaleMetric = Field(default="gpu_util", description="what the autoscaler holds at the target")
     target: float | None = Field(
         default=None,
@@ -107,7 +107,7 @@ class ServiceSpec(Request):
     slo_p99_ms: float | None = Field(
         default=None, gt=0, le=3_600_000, description="the p99 latency objective (the alert rule's threshold)"
     )
-    # Rollouts (``server/replicas.py``), as a Kubernetes Deployment's rolling update.
+    # Rollouts (``server/decide/replicas.py``), as a Kubernetes Deployment's rolling update.
     max_surge: int = Field(
         default=1, ge=0, le=MAX_REPLICAS, description="replicas a rollout may add above `replicas`"
     )

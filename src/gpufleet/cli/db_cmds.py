@@ -11,7 +11,7 @@ that command; ``restore`` likewise runs or prints
 ``pg_restore --clean --if-exists --no-owner --dbname URL FILE``.
 
 A backup holds job environments (secrets) and token digests: its file is created mode
-0600, as the database itself is (``gpufleet.server.db``). The token secret is not in it
+0600, as the database itself is (``gpufleet.server.store.db``). The token secret is not in it
 (``tokenkey.py``): keep a copy of that file apart from the backups.
 
 These commands import SQLAlchemy and the server's ``db`` module when they run: the rest
@@ -49,19 +49,19 @@ def make_url(url: str) -> URL:
 
 
 def create_private(path: Path) -> None:
-    from gpufleet.server.db import create_private as create
+    from gpufleet.server.store.db import create_private as create
 
     create(path)
 
 
 def private_sqlite_file(path: Path) -> None:
-    from gpufleet.server.db import private_sqlite_file as private
+    from gpufleet.server.store.db import private_sqlite_file as private
 
     private(path)
 
 
 def _url(database_url: str | None) -> str:
-    from gpufleet.server.db import default_database_url
+    from gpufleet.server.store.db import default_database_url
 
     return database_url or default_database_url()
 
@@ -108,7 +108,7 @@ def db_upgrade(
     """Create or migrate the schema to this gpufleet's version."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from gpufleet.server import db
+    from gpufleet.server.store import db
 
     url = database_url or db.default_database_url()
     try:

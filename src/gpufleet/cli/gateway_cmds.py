@@ -147,7 +147,7 @@ def gateway(
     options: dict[str, object] = {}
     base: type[object] = netguard.default_protocol()
     if tls_cert is not None:
-        from gpufleet.server.tlsproto import CoalescingHttpToolsProtocol
+        from gpufleet.tlsproto import CoalescingHttpToolsProtocol
 
         # one TLS record per response head+body (see tlsproto)
         options = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key or tls_cert)}

@@ -2,7 +2,7 @@
 ``gpufleet ca init`` and ``gpufleet demo``.
 
 They import the server (or the agent) when they run, not when the CLI starts: the help
-shows defaults from ``gpufleet.server.defaults`` and ``gpufleet.server.health``, which
+shows defaults from ``gpufleet.server.defaults`` and ``gpufleet.server.decide.health``, which
 are plain constants. ``GPUFLEET_ADMIN_TOKEN``, when set, is the admin token of
 ``server`` and ``demo``.
 """
@@ -23,8 +23,8 @@ from gpufleet.cli.options import (
     idle_timeout_option,
     max_conns_per_address_option,
 )
+from gpufleet.server.decide.health import DEFAULT_FATAL_XIDS
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
-from gpufleet.server.health import DEFAULT_FATAL_XIDS
 from gpufleet.sim.config import NODES_PER_LEAF
 from gpufleet.timefmt import parse_duration
 
@@ -198,13 +198,13 @@ def server(
     one holding the leader's lease (--leader-ttl) runs the loops, with every loop write
     fenced by the lease's epoch; gpufleet status shows who leads (README, Production)."""
     from gpufleet.netguard import GuardLimits
+    from gpufleet.ratelimit import LaneSizes, Rate, RateLimits
     from gpufleet.scheduler import POLICIES
     from gpufleet.server import ServerConfig, StartupError, run
-    from gpufleet.server.db import default_database_url
-    from gpufleet.server.health import HealthRules
-    from gpufleet.server.pricing import load_prices
-    from gpufleet.server.ratelimit import LaneSizes, Rate, RateLimits
-    from gpufleet.server.services.caps import Caps
+    from gpufleet.server.config import Caps
+    from gpufleet.server.decide.health import HealthRules
+    from gpufleet.server.decide.pricing import load_prices
+    from gpufleet.server.store.db import default_database_url
 
     if policy not in POLICIES:
         raise fail(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}", BAD_INPUT)

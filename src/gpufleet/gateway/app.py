@@ -38,7 +38,7 @@ from gpufleet.gateway.upstream import (
     Upstream,
     UpstreamError,
 )
-from gpufleet.server.ratelimit import Buckets, retry_after_header
+from gpufleet.ratelimit import Buckets, retry_after_header
 
 log = logging.getLogger("gpufleet.gateway")
 

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.server.ratelimit import Rate
+from gpufleet.ratelimit import Rate
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

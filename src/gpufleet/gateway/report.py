@@ -2,7 +2,7 @@
 the shape of ``api.services.GatewayReport``): its counters per service, cumulative since
 the process started, read off its own Prometheus registry. The server turns the reports
 of all gateways into each service's QPS, errors, latency and in-flight requests
-(``server/traffic.py``), which the autoscaler, the page and ``/metrics`` use.
+(``server/decide/traffic.py``), which the autoscaler, the page and ``/metrics`` use.
 
 Only service names go in: requests for a name the feed does not list are counted in a
 series of their own, without a service label (``gpufleet_gateway_unknown_service_requests``),

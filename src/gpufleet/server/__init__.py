@@ -35,12 +35,12 @@ def run(config: ServerConfig, *, host: str, port: int) -> None:
     tls: dict[str, Any] = {}
     base: type[Any] = netguard.default_protocol()
     if config.tls_cert is not None:
-        from gpufleet.server.tlsproto import CoalescingHttpToolsProtocol
+        from gpufleet.tlsproto import CoalescingHttpToolsProtocol
 
         tls = {"ssl_certfile": str(config.tls_cert), "ssl_keyfile": str(config.tls_key or config.tls_cert)}
         base = CoalescingHttpToolsProtocol
         if config.ca_dir is not None:  # agents present node certificates; users need none
-            from gpufleet.server.tlsproto import TlsHttpToolsProtocol
+            from gpufleet.tlsproto import TlsHttpToolsProtocol
 
             tls |= {
                 "ssl_ca_certs": str(config.ca_dir / "ca.crt"),

@@ -19,24 +19,18 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpufleet import __version__
 from gpufleet.api.users import Health
+from gpufleet.clock import Clock, SystemClock
 from gpufleet.pki import CertificateAuthority, PkiError
-from gpufleet.server import audit, ledger
-from gpufleet.server import db as dbmod
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.clock import Clock, SystemClock
+from gpufleet.server import wiring as observability
 from gpufleet.server.config import ServerConfig
-from gpufleet.server.deps import Parts, PartsDep
-from gpufleet.server.dispatch import NodeBell
+from gpufleet.server.decide.health import HealthMonitor
 from gpufleet.server.errors import ProblemError, StartupError, TokenKeyError
-from gpufleet.server.health import HealthMonitor
-from gpufleet.server.lanes import Admission
-from gpufleet.server.leader import Leadership, Lease, PgFence, SqliteLock, server_id
+from gpufleet.server.http import audit
+from gpufleet.server.http.deps import Parts, PartsDep
+from gpufleet.server.http.lanes import Admission
 from gpufleet.server.loops import build as loops
-from gpufleet.server.loops.runner import Loops, Relay
 from gpufleet.server.loops.scheduling import PassObserver
-from gpufleet.server.metrics import wiring as observability
 from gpufleet.server.metrics.leadership import LeaderCollector
-from gpufleet.server.pgnotify import PgNotify
 from gpufleet.server.problems import BodyLimitMiddleware, UrlGuardMiddleware, install_handlers
 from gpufleet.server.routers import agents, jobs, logs, maintenance, nodes, security, services, users
 from gpufleet.server.routers import chargeback as chargeback_router
@@ -45,14 +39,21 @@ from gpufleet.server.routers import qos as qos_router
 from gpufleet.server.routers import reservations as reservations_router
 from gpufleet.server.routers import servers as servers_router
 from gpufleet.server.routers import steps as steps_router
+from gpufleet.server.runner import Loops, Relay
 from gpufleet.server.services import chargeback
 from gpufleet.server.services.auth import TokenCache
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.inventory import FleetCache
 from gpufleet.server.services.tokens import bound_lifetimes
 from gpufleet.server.services.users import bootstrap_admin
-from gpufleet.server.tokenkey import TokenHasher, check_key, load_hasher
-from gpufleet.server.writer import GroupCommitWriter
+from gpufleet.server.store import db as dbmod
+from gpufleet.server.store import ledger
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.dispatch import NodeBell
+from gpufleet.server.store.leader import Leadership, Lease, PgFence, SqliteLock, server_id
+from gpufleet.server.store.pgnotify import PgNotify
+from gpufleet.server.store.tokenkey import TokenHasher, check_key, load_hasher
+from gpufleet.server.store.writer import GroupCommitWriter
 
 
 def token_hasher(config: ServerConfig) -> TokenHasher:

@@ -6,13 +6,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.netguard import GuardLimits
+from gpufleet.ratelimit import LaneSizes, RateLimits
+from gpufleet.server.decide.health import HealthRules
+from gpufleet.server.decide.pricing import PriceSchedule
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
-from gpufleet.server.health import HealthRules
-from gpufleet.server.pricing import PriceSchedule
-from gpufleet.server.ratelimit import LaneSizes, RateLimits
-from gpufleet.server.services.caps import Caps
 
 MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Caps:
+    """What one plain user may hold (enforced in ``services/caps.py``)."""
+
+    pending_jobs: int = 10_000
+    reservations: int = 100
+    tokens: int = 50
+
+    @staticmethod
+    def applies(role: str) -> bool:
+        return role == "user"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

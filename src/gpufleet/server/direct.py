@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 
 from gpufleet.api.users import UserIn
-from gpufleet.server.db import Database, schema_problem
 from gpufleet.server.errors import TokenKeyError
 from gpufleet.server.problems import Failure, Kind
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.tokens import TOKEN_TTL_S
 from gpufleet.server.services.users import create_user
-from gpufleet.server.tokenkey import check_key, load_hasher
+from gpufleet.server.store.db import Database, schema_problem
+from gpufleet.server.store.tokenkey import check_key, load_hasher
 
 _LOCAL_ADMIN = Principal(user_id=0, name="local-admin", role="admin")
 

@@ -13,8 +13,10 @@ RFC 9457 problem+json. Exceptions are for what the caller must not carry on thro
     ├── StartupError              the server cannot start; the message says why and what
     │   │                         to do (``gpufleet server`` prints it and exits 1).
     │   └── TokenKeyError         the token secret cannot be read or made.
-    └── ProblemError              the HTTP boundary: a status and a detail that the app's
+    ├── ProblemError              the HTTP boundary: a status and a detail that the app's
                                   handlers render as problem+json (``problems.py``).
+    Fenced (an Exception)         a leader's write refused: a newer leader exists
+                                  (``store/leader.py``); the loops stop their step quietly.
 
 Foreign errors are translated where they enter: a database error that means "someone
 else wrote first" becomes ``Conflict`` (the loops treat SQLAlchemy's
@@ -68,3 +70,7 @@ class ProblemError(GpufleetError):
 
 
 __all__ = ["Conflict", "GpufleetError", "IllegalTransition", "ProblemError", "StartupError", "TokenKeyError"]
+
+
+class Fenced(Exception):
+    """A leader's write refused: a newer leader exists (or the lease row is gone)."""

@@ -22,8 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from gpufleet.server.errors import Conflict
-from gpufleet.server.leader import Fenced
+from gpufleet.server.errors import Conflict, Fenced
 
 log = logging.getLogger("gpufleet.loops")
 

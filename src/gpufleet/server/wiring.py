@@ -11,18 +11,18 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.deps import Parts
+from gpufleet.server.http.deps import Parts
 from gpufleet.server.loops.scheduling import PassObserver
 from gpufleet.server.metrics.collector import FleetCollector
-from gpufleet.server.metrics.history import RecordingTelemetryStore
 from gpufleet.server.metrics.middleware import LatencyMiddleware
 from gpufleet.server.metrics.state import ServerMetrics
 from gpufleet.server.routers import metrics as metrics_router
 from gpufleet.server.routers import web
 from gpufleet.server.services.dashboard import FleetView, ViewCache
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.telemetry import RecordingTelemetryStore
 
-STATIC = Path(__file__).resolve().parents[1] / "web" / "static"
+STATIC = Path(__file__).resolve().parent / "web" / "static"
 
 
 def install(app: FastAPI, parts: Parts, observer: PassObserver) -> Callable[[], FleetView]:

@@ -64,7 +64,7 @@ class SimConfig:
     sched_interval_s: float = 0.1
     """A change is acted on (a pass, and its starts on the nodes) at the next multiple
     of this. The server wakes its pass on every submit and exit (passes at least 50 ms
-    apart in a storm) and pushes the starts to the agents (``server/dispatch.py``):
+    apart in a storm) and pushes the starts to the agents (``server/store/dispatch.py``):
     submit to running is ~0.1 s (``bench/bench_dispatch.py``). 10 s models a cluster
     whose nodes poll."""
     preempt_interval_s: float = 300.0

@@ -42,14 +42,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpufleet.server.db import Database
-from gpufleet.server.models import AuditRow
 from gpufleet.server.services.auth import Principal
-from gpufleet.server.writer import Writer
+from gpufleet.server.store.models import AuditRow
+from gpufleet.server.store.writer import Writer
 
 log = logging.getLogger("gpufleet.server")
 
@@ -255,19 +254,3 @@ def _created(body: bytes) -> str | None:
 
 
 # -- retention ---------------------------------------------------------------------------------
-
-
-def purge(db: Database, *, before: float, chunk: int = 5000) -> int:
-    """Delete rows older than ``before``, ``chunk`` at a time (short write transactions:
-    the group commit and the scheduler are not held up by one long delete)."""
-    gone = 0
-    while True:
-        with db.write() as s:
-            ids = list(
-                s.scalars(select(AuditRow.id).where(AuditRow.at < before).order_by(AuditRow.id).limit(chunk))
-            )
-            if ids:
-                s.execute(delete(AuditRow).where(AuditRow.id.in_(ids)))
-        gone += len(ids)
-        if len(ids) < chunk:
-            return gone

@@ -15,20 +15,20 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.api.base import NODE_NAME
-from gpufleet.server.audit import note_principal
-from gpufleet.server.clock import Clock
+from gpufleet.clock import Clock
 from gpufleet.server.config import ServerConfig
-from gpufleet.server.db import Database
-from gpufleet.server.ledger import Readings, no_readings
-from gpufleet.server.loops.runner import Runner
+from gpufleet.server.http.audit import note_principal
 from gpufleet.server.problems import ProblemError
+from gpufleet.server.runner import Runner
 from gpufleet.server.services import steps
 from gpufleet.server.services.auth import Principal, Refused, TokenCache, check_token, hash_token, hasher_for
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.chargeback import BudgetWarnings
 from gpufleet.server.services.inventory import FleetCache
-from gpufleet.server.tokenkey import TokenHasher
-from gpufleet.server.writer import Writer
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.ledger import Readings, no_readings
+from gpufleet.server.store.tokenkey import TokenHasher
+from gpufleet.server.store.writer import Writer
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

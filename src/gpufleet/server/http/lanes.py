@@ -82,8 +82,7 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpufleet.server.problems import body_too_large, problem_response
-from gpufleet.server.ratelimit import (
+from gpufleet.ratelimit import (
     AuthThrottle,
     Buckets,
     KnownDigests,
@@ -91,6 +90,7 @@ from gpufleet.server.ratelimit import (
     RateLimits,
     retry_after_header,
 )
+from gpufleet.server.problems import body_too_large, problem_response
 from gpufleet.server.services import steps
 from gpufleet.server.services.auth import (
     Principal,
@@ -102,8 +102,8 @@ from gpufleet.server.services.auth import (
 )
 
 if TYPE_CHECKING:
-    from gpufleet.server.agentstate import CredCache
-    from gpufleet.server.db import Database
+    from gpufleet.server.store.agentstate import CredCache
+    from gpufleet.server.store.db import Database
 
 NODE_TOKEN_PREFIX = "gfn_"
 SYNC_PATH = re.compile(r"/v1/nodes/[^/]+/sync")

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import move, ref, release_attempt
-from gpufleet.server.models import Job
+from gpufleet.server.store.models import Job
 
 MAX_BACKOFF_S = 600.0
 

@@ -19,12 +19,12 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
-from gpufleet.server import ledger
-from gpufleet.server.dispatch import touch
 from gpufleet.server.errors import Conflict, IllegalTransition
 from gpufleet.server.jobstate.states import ACTIVE, JobState, allowed
-from gpufleet.server.leader import EPOCH
-from gpufleet.server.models import Allocation, Job, JobEvent
+from gpufleet.server.store import ledger
+from gpufleet.server.store.dispatch import touch
+from gpufleet.server.store.leader import EPOCH
+from gpufleet.server.store.models import Allocation, Job, JobEvent
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

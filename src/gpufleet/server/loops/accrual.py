@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpufleet.server import ledger
-from gpufleet.server.clock import Clock
-from gpufleet.server.db import Database
-from gpufleet.server.loops.runner import Loop
+from gpufleet.clock import Clock
+from gpufleet.server.runner import Loop
+from gpufleet.server.store import ledger
+from gpufleet.server.store.db import Database
 
 
 def accrual_loop(

@@ -1,6 +1,8 @@
 """Built-in alerts for sites without Alertmanager: a few rules evaluated in the server,
 delivered to ``--alert-webhook URL`` as Alertmanager webhook messages (version 4), so
-receivers written for Alertmanager (chat bridges, pagers) take them unchanged.
+receivers written for Alertmanager (chat bridges, pagers) take them unchanged. The loop
+(``alert_loop``, ``--alert-webhook``) evaluates them every ``interval_s`` and hands what
+changed to the sender.
 
 Rules (``evaluate``, a pure function of a ``FleetView`` and the hot telemetry):
 
@@ -30,6 +32,7 @@ import hashlib
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -37,9 +40,10 @@ from typing import Any
 import httpx
 
 from gpufleet import __version__
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.metrics.history import FATAL_XIDS, RecordingTelemetryStore
+from gpufleet.server.runner import Loop
 from gpufleet.server.services.dashboard import HOT_C, FleetView
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.telemetry import FATAL_XIDS, RecordingTelemetryStore
 
 log = logging.getLogger("gpufleet.alerts")
 ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -280,3 +284,24 @@ class WebhookSender:
                 return False
             delay = min(self.max_backoff_s, delay * 2)
         return False
+
+
+def alert_loop(
+    *,
+    view: Callable[[], FleetView],
+    hot: AgentState,
+    sender: WebhookSender,
+    rules: AlertRules,
+    interval_s: float,
+    tracker: AlertTracker | None = None,
+) -> Loop:
+    track = tracker or AlertTracker()
+
+    def step() -> int:
+        fleet = view()
+        messages = track.update(evaluate(fleet, hot, rules=rules), now=fleet.at)
+        for m in messages:
+            sender.send(m)
+        return len(messages)
+
+    return Loop(name="alerts", step=step, interval_s=interval_s, on_stop=sender.close)

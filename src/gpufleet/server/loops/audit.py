@@ -5,11 +5,10 @@ start."""
 
 from __future__ import annotations
 
-from gpufleet.server import audit
-from gpufleet.server.clock import Clock
-from gpufleet.server.db import Database
-from gpufleet.server.loops.runner import Loop
-from gpufleet.server.services import logs
+from gpufleet.clock import Clock
+from gpufleet.server.runner import Loop
+from gpufleet.server.services import audit, logs
+from gpufleet.server.store.db import Database
 
 
 def retention_loop(*, db: Database, clock: Clock, keep_s: float, log_keep_s: float | None = None) -> Loop:

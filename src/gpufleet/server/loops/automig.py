@@ -36,15 +36,15 @@ from sqlalchemy.orm import Session
 
 from gpufleet import mig
 from gpufleet.api.maintenance import MigLayoutIn
+from gpufleet.clock import Clock
 from gpufleet.scheduler import migplan
-from gpufleet.server.clock import Clock
-from gpufleet.server.db import Database
 from gpufleet.server.defaults import NODE_TIMEOUT_S
 from gpufleet.server.jobstate.states import JobState
-from gpufleet.server.loops.runner import Loop
-from gpufleet.server.models import Allocation, GpuEvent, GpuRow, Job, NodeRow
+from gpufleet.server.runner import Loop
 from gpufleet.server.services import miglayouts
 from gpufleet.server.services.auth import Principal
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Allocation, GpuEvent, GpuRow, Job, NodeRow
 
 log = logging.getLogger("gpufleet.automig")
 ACTOR = Principal(user_id=0, name="auto-mig", role="operator")

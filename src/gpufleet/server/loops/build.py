@@ -6,24 +6,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpufleet.server import ledger
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.alerts import AlertRules, WebhookSender
-from gpufleet.server.clock import Clock
+from gpufleet.clock import Clock
 from gpufleet.server.config import ServerConfig
-from gpufleet.server.db import Database
-from gpufleet.server.leader import PgFence
 from gpufleet.server.loops.accrual import accrual_loop
-from gpufleet.server.loops.alerts import alert_loop
+from gpufleet.server.loops.alerts import AlertRules, WebhookSender, alert_loop
 from gpufleet.server.loops.audit import retention_loop
 from gpufleet.server.loops.automig import AutoMigConfig, automig_loop
 from gpufleet.server.loops.child import ChildLoop, LoopSpec
 from gpufleet.server.loops.lifecycle import LifecycleConfig, LifecyclePass, lifecycle_loop
 from gpufleet.server.loops.replicas import replica_loop
-from gpufleet.server.loops.runner import Loops, Runner
 from gpufleet.server.loops.scheduling import PassObserver
+from gpufleet.server.runner import Loops, Runner
 from gpufleet.server.services.autoscaling import Autoscaler
 from gpufleet.server.services.dashboard import FleetView
+from gpufleet.server.store import ledger
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.leader import PgFence
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

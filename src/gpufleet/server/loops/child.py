@@ -45,12 +45,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
+from gpufleet.clock import Clock, SystemClock
 from gpufleet.scheduler import Fleet, JobRequest, NodeGpus, Plan, Snapshot, Start, make_policy
-from gpufleet.server.clock import Clock, SystemClock
-from gpufleet.server.db import Database
-from gpufleet.server.leader import PgFence
-from gpufleet.server.loops.runner import Loop
 from gpufleet.server.loops.scheduling import PassObserver, SchedulingPass, scheduling_loop
+from gpufleet.server.runner import Loop
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.leader import PgFence
 
 log = logging.getLogger("gpufleet.scheduling")
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from gpufleet.scheduler import Blocked
 from gpufleet.scheduler.deps import Dependency, DependencyError, Phase, Ref, judge, parse
 from gpufleet.server.jobstate.states import JobState
-from gpufleet.server.models import Job
+from gpufleet.server.store.models import Job
 
 PHASES = {
     JobState.PENDING: Phase.WAITING,

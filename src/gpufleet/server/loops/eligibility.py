@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpufleet.scheduler import Blocked
-from gpufleet.server.pricing import PriceSchedule
+from gpufleet.server.decide.pricing import PriceSchedule
 
 LOOKAHEAD_S = 8 * 86400.0
 

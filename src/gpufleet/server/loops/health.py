@@ -11,9 +11,9 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpufleet.server.health import RECOVERABLE, Finding, HealthMonitor
-from gpufleet.server.models import Allocation, GpuRow
+from gpufleet.server.decide.health import RECOVERABLE, Finding, HealthMonitor
 from gpufleet.server.services import nodeops
+from gpufleet.server.store.models import Allocation, GpuRow
 
 log = logging.getLogger("gpufleet.lifecycle")
 ACTOR = "lifecycle"

@@ -33,16 +33,16 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.clock import Clock
-from gpufleet.server.db import Database
+from gpufleet.clock import Clock
+from gpufleet.server.decide.health import RECOVERABLE, Finding, HealthMonitor
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.server.errors import Conflict
-from gpufleet.server.health import RECOVERABLE, Finding, HealthMonitor
 from gpufleet.server.loops import health as gpu_health
-from gpufleet.server.loops.runner import Loop
-from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow, Rollout, RolloutNode
+from gpufleet.server.runner import Loop
 from gpufleet.server.services import nodeops
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Allocation, GpuRow, Job, NodeRow, Rollout, RolloutNode
 
 log = logging.getLogger("gpufleet.lifecycle")
 ACTOR = "lifecycle"

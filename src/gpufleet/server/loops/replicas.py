@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpufleet.server.clock import Clock
-from gpufleet.server.db import Database
-from gpufleet.server.loops.runner import Loop
+from gpufleet.clock import Clock
+from gpufleet.server.runner import Loop
 from gpufleet.server.services.autoscaling import Autoscaler
 from gpufleet.server.services.replicaset import reconcile
+from gpufleet.server.store.db import Database
 
 
 def replica_loop(

@@ -15,7 +15,6 @@ from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
 from gpufleet.scheduler import Reservation, ReservationMove, RunningJob
-from gpufleet.server.models import ReservationEvent, ReservationRow
 from gpufleet.server.services.reservations import (
     BOOKED,
     RELEASED,
@@ -24,6 +23,7 @@ from gpufleet.server.services.reservations import (
     to_core,
     where_text,
 )
+from gpufleet.server.store.models import ReservationEvent, ReservationRow
 from gpufleet.timefmt import format_duration
 
 

@@ -49,6 +49,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from gpufleet import mig
+from gpufleet.clock import Clock
 from gpufleet.mig import SLICE_BASE
 from gpufleet.placefmt import placed_reason
 from gpufleet.scheduler import (
@@ -65,19 +66,18 @@ from gpufleet.scheduler import (
     Snapshot,
     plan,
 )
-from gpufleet.server import ledger
-from gpufleet.server.clock import Clock
-from gpufleet.server.db import Database
-from gpufleet.server.dispatch import touch
 from gpufleet.server.errors import Conflict
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import JobRef, move, ref, release_attempt
 from gpufleet.server.loops import dependencies, eligibility
 from gpufleet.server.loops.reservations import Booked, load_booked, step_reservations
-from gpufleet.server.loops.runner import Loop
-from gpufleet.server.models import Allocation, Job, LicenseRow, QosRow, ServiceRow, Team, User
+from gpufleet.server.runner import Loop
 from gpufleet.server.services import layoutwait
 from gpufleet.server.services.inventory import LiveFleet
+from gpufleet.server.store import ledger
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.dispatch import touch
+from gpufleet.server.store.models import Allocation, Job, LicenseRow, QosRow, ServiceRow, Team, User
 
 log = logging.getLogger("gpufleet.scheduling")
 ACTOR = "scheduler"

@@ -94,15 +94,15 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from gpufleet.migindex import SHARE_UNITS, slice_model, slice_share_of
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.dispatch import NodeBell
-from gpufleet.server.loops.runner import Runner
+from gpufleet.server.decide.pricing import PriceSchedule
 from gpufleet.server.loops.scheduling import PassObserver
-from gpufleet.server.metrics.history import RecordingTelemetryStore
 from gpufleet.server.metrics.state import ServerMetrics
-from gpufleet.server.pricing import PriceSchedule
+from gpufleet.server.runner import Runner
 from gpufleet.server.services.dashboard import FleetView
 from gpufleet.server.services.fleetservices import ServiceInfo
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.dispatch import NodeBell
+from gpufleet.server.store.telemetry import RecordingTelemetryStore
 
 DCGM_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
 MIB = 1024 * 1024

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpufleet.server.leader import Leadership, read_state
+from gpufleet.server.store.leader import Leadership, read_state
 
 
 class LeaderCollector(Collector):

@@ -1,1 +1,1 @@
-"""Alembic migrations, shipped with the package (configured in ``gpufleet.server.db``)."""
+"""Alembic migrations, shipped with the package (configured in ``gpufleet.server.store.db``)."""

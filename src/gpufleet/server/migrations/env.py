@@ -1,11 +1,11 @@
-"""Alembic environment: runs on the connection that ``gpufleet.server.db`` hands over."""
+"""Alembic environment: runs on the connection that ``gpufleet.server.store.db`` hands over."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from gpufleet.server.models import Base
+from gpufleet.server.store.models import Base
 
 config = context.config
 connection = config.attributes.get("connection")

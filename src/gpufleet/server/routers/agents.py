@@ -24,16 +24,16 @@ from starlette.concurrency import run_in_threadpool
 from gpufleet.api.credentials import CertificateIn, CertificateOut, NodeCredentialList, RevokedOut
 from gpufleet.api.nodes import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply, WaitReply
 from gpufleet.pki import PeerIdentity, node_identity
-from gpufleet.server.agentstate import AgentState, NodeCred
-from gpufleet.server.audit import Actor, note_actor
-from gpufleet.server.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
-from gpufleet.server.dispatch import NodeBell
 from gpufleet.server.errors import ProblemError
+from gpufleet.server.http.audit import Actor, note_actor
+from gpufleet.server.http.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.services import fleet, nodecreds, steps, sync
 from gpufleet.server.services.auth import hash_token, hasher_for
-from gpufleet.server.tlsproto import peer_certificate
+from gpufleet.server.store.agentstate import AgentState, NodeCred
+from gpufleet.server.store.dispatch import NodeBell
+from gpufleet.tlsproto import peer_certificate
 
 router = APIRouter(tags=["nodes"])
 

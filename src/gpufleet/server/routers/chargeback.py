@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Query
 
 from gpufleet.api.chargeback import PricesOut, UsageReport
 from gpufleet.api.users import BudgetIn, TeamOut
-from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.http.deps import Me, PartsDep
 from gpufleet.server.problems import unwrap
 from gpufleet.server.services import chargeback
 

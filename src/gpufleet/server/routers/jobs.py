@@ -20,8 +20,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpufleet.api.base import INT32
 from gpufleet.api.jobs import Cancelled, CancelMany, JobDetail, JobPage, JobSubmit, JobUpdate, PriorityChange
-from gpufleet.server.audit import note_object
-from gpufleet.server.deps import Me, Parts, PartsDep, current_principal, get_parts
+from gpufleet.server.http.audit import note_object
+from gpufleet.server.http.deps import Me, Parts, PartsDep, current_principal, get_parts
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.problems import IdQuery, ObjectId, ProblemError, unwrap
 from gpufleet.server.services import jobs, submissions

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from gpufleet.api.licenses import LicenseIn, LicenseList, LicenseOut
-from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.http.deps import Me, PartsDep
 from gpufleet.server.problems import unwrap
 from gpufleet.server.services import licenses
 

@@ -15,11 +15,11 @@ import anyio
 from fastapi import APIRouter
 from starlette.responses import PlainTextResponse, StreamingResponse
 
-from gpufleet.server.db import Database
-from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.http.deps import Me, PartsDep
 from gpufleet.server.problems import Failure, ObjectId, unwrap
 from gpufleet.server.services import logs
 from gpufleet.server.services.auth import Principal
+from gpufleet.server.store.db import Database
 
 router = APIRouter(tags=["jobs"])
 POLL_S = 0.5

@@ -19,7 +19,7 @@ from gpufleet.api.maintenance import (
     UncordonIn,
 )
 from gpufleet.api.nodes import NodeOut
-from gpufleet.server.deps import Me, NodeNameIn, PartsDep
+from gpufleet.server.http.deps import Me, NodeNameIn, PartsDep
 from gpufleet.server.problems import Failure, ObjectId, Offset, unwrap
 from gpufleet.server.routers.agents import HotDep
 from gpufleet.server.services import maintenance, miglayouts, nodes

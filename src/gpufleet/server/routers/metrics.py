@@ -17,8 +17,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpufleet.server.deps import PartsDep, get_principal
 from gpufleet.server.errors import ProblemError
+from gpufleet.server.http.deps import PartsDep, get_principal
 from gpufleet.server.metrics.state import ServerMetrics
 
 router = APIRouter(tags=["metrics"])

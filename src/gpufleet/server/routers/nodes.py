@@ -3,12 +3,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gpufleet.api.nodes import NodeLabels, NodeOut, NodePut
-from gpufleet.server.deps import Me, NodeNameIn, PartsDep
-from gpufleet.server.pages import NodePage
+from gpufleet.server.http.deps import Me, NodeNameIn, PartsDep
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.agents import HotDep
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.services import nodes
+from gpufleet.server.store.pages import NodePage
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
 

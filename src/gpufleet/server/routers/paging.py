@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Query
 
-from gpufleet.server.pages import MAX_LIMIT
+from gpufleet.server.store.pages import MAX_LIMIT
 
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="items per page")]
 Cursor = Annotated[

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gpufleet.api.qos import QosIn, QosList, QosOut
-from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.http.deps import Me, PartsDep
 from gpufleet.server.problems import invalid, unwrap
 from gpufleet.server.services import qos
 

@@ -5,11 +5,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from gpufleet.api.reservations import ReservationIn, ReservationOut
-from gpufleet.server.deps import Me, PartsDep
-from gpufleet.server.pages import ReservationPage
+from gpufleet.server.http.deps import Me, PartsDep
 from gpufleet.server.problems import ObjectId, unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.services import reservations
+from gpufleet.server.store.pages import ReservationPage
 
 router = APIRouter(prefix="/reservations", tags=["reservations"])
 

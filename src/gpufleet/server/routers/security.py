@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from gpufleet.api.audit import AuditPage
 from gpufleet.api.users import TokenCreated
-from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.http.deps import Me, PartsDep
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.services import audit as audit_service

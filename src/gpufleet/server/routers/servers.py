@@ -9,9 +9,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpufleet import __version__
 from gpufleet.api.fleet import ServerOut, ServersOut
-from gpufleet.server import leader
-from gpufleet.server.deps import Me, PartsDep
 from gpufleet.server.errors import ProblemError
+from gpufleet.server.http.deps import Me, PartsDep
+from gpufleet.server.store import leader
 
 router = APIRouter(tags=["fleet"])
 

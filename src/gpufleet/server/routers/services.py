@@ -18,7 +18,7 @@ from gpufleet.api.services import (
     ServiceSpec,
     ServiceTokenOut,
 )
-from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.http.deps import Me, PartsDep
 from gpufleet.server.problems import ObjectId, ProblemError, unwrap
 from gpufleet.server.services import gatewayfeed, inference, servicemodels, servicetokens
 

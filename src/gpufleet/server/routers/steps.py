@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from gpufleet.api.base import INT32
 from gpufleet.api.steps import StepIn, StepList, StepOut
-from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.http.deps import Me, PartsDep
 from gpufleet.server.problems import ObjectId, StepNumber, not_found, unwrap
 from gpufleet.server.services import steps
 

@@ -20,11 +20,11 @@ from gpufleet.api.users import (
     UserIn,
     UserOut,
 )
-from gpufleet.server.deps import Me, PartsDep
-from gpufleet.server.pages import PoolPage, TeamPage, TokenPage, UserPage
+from gpufleet.server.http.deps import Me, PartsDep
 from gpufleet.server.problems import ObjectId, unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.services import pools, tokens, users
+from gpufleet.server.store.pages import PoolPage, TeamPage, TokenPage, UserPage
 
 router = APIRouter()
 

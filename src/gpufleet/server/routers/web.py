@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse
 
 from gpufleet import __version__
 from gpufleet.api.fleet import FleetSnapshot, NodeHistory
-from gpufleet.server.deps import Me, PartsDep
+from gpufleet.server.http.deps import Me, PartsDep
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.agents import HotDep
 from gpufleet.server.services import dashboard, fleetservices

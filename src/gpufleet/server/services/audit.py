@@ -1,16 +1,16 @@
-"""Reading the audit log (``server/audit.py`` writes it): admins only, newest first,
+"""Reading the audit log (``server/http/audit.py`` writes it): admins only, newest first,
 by user and time, a page at a time (keyset on the row id, as ``pages.py``)."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from gpufleet.api.audit import AuditOut, AuditPage
-from gpufleet.server.db import Database
-from gpufleet.server.models import AuditRow
-from gpufleet.server.pages import cut, id_cursor
 from gpufleet.server.problems import Failure, forbidden, invalid
 from gpufleet.server.services.auth import Principal
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import AuditRow
+from gpufleet.server.store.pages import cut, id_cursor
 
 
 def list_audit(
@@ -55,3 +55,19 @@ def list_audit(
         ],
         next_cursor=after,
     )
+
+
+def purge(db: Database, *, before: float, chunk: int = 5000) -> int:
+    """Delete rows older than ``before``, ``chunk`` at a time (short write transactions:
+    the group commit and the scheduler are not held up by one long delete)."""
+    gone = 0
+    while True:
+        with db.write() as s:
+            ids = list(
+                s.scalars(select(AuditRow.id).where(AuditRow.at < before).order_by(AuditRow.id).limit(chunk))
+            )
+            if ids:
+                s.execute(delete(AuditRow).where(AuditRow.id.in_(ids)))
+        gone += len(ids)
+        if len(ids) < chunk:
+            return gone

@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from sqlalchemy import select, union_all, update
 
 from gpufleet.api.base import Role
-from gpufleet.server.db import Database
-from gpufleet.server.models import NodeCredential, Token, User
-from gpufleet.server.tokenkey import TokenHasher, load_hasher
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import NodeCredential, Token, User
+from gpufleet.server.store.tokenkey import TokenHasher, load_hasher
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,10 +13,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.api.services import ServiceSpec
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.autoscale import Observation, ScalePolicy, ScaleState, step
-from gpufleet.server.models import Allocation, Job, ServiceRow
+from gpufleet.server.decide.autoscale import Observation, ScalePolicy, ScaleState, step
 from gpufleet.server.services.inference import IN_ROTATION, add_event, desired_replicas
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.models import Allocation, Job, ServiceRow
 
 ACTOR = "autoscaler"
 

@@ -35,21 +35,11 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from gpufleet.server.models import Job, ReservationRow, Token
+from gpufleet.server.config import Caps
 from gpufleet.server.problems import Failure, forbidden
+from gpufleet.server.store.models import Job, ReservationRow, Token
 
 QUEUED = ("PENDING", "HELD")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Caps:
-    pending_jobs: int = 10_000
-    reservations: int = 100
-    tokens: int = 50
-
-    @staticmethod
-    def applies(role: str) -> bool:
-        return role == "user"
 
 
 def _count_queued(s: Session, user_id: int) -> int:

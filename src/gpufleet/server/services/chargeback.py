@@ -1,4 +1,4 @@
-"""Prices, usage reports and team budgets (the API side of ``server/ledger.py``).
+"""Prices, usage reports and team budgets (the API side of ``server/store/ledger.py``).
 
 Who sees what: everyone reads the prices; admins set them and budgets. A usage report
 covers every job for admins; for anyone else only the jobs of their own teams (a team
@@ -25,13 +25,13 @@ from sqlalchemy.orm import Session
 from gpufleet.api.base import unstorable
 from gpufleet.api.chargeback import PriceNow, PricesOut, UsageReport, UsageRowOut
 from gpufleet.api.users import BudgetIn, TeamOut
-from gpufleet.server import ledger
-from gpufleet.server.db import Database
-from gpufleet.server.models import GpuRow, Membership, Team, UsageRow, User
-from gpufleet.server.pricing import PriceSchedule, parse_prices
+from gpufleet.server.decide.pricing import PriceSchedule, parse_prices
 from gpufleet.server.problems import Failure, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.users import team_out
+from gpufleet.server.store import ledger
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import GpuRow, Membership, Team, UsageRow, User
 
 By = Literal["user", "team", "pool", "gpu-type"]
 _HOUR = ledger.HOUR

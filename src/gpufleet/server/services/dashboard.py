@@ -25,12 +25,17 @@ from gpufleet.api.fleet import FleetSnapshot, NodeHistory, NodeJob, SnapshotNode
 from gpufleet.api.nodes import GpuTelemetry
 from gpufleet.migindex import SHARE_UNITS, device_gpu, share_of, slice_index, slice_of, wants_share
 from gpufleet.scheduler import JobRequest
-from gpufleet.server import ledger
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.db import Database
+from gpufleet.server.decide.pricing import PriceSchedule
+from gpufleet.server.decide.traffic import TrafficStore
 from gpufleet.server.jobstate.states import JobState
-from gpufleet.server.metrics.history import FATAL_XIDS, RecordingTelemetryStore
-from gpufleet.server.models import (
+from gpufleet.server.problems import Failure, not_found
+from gpufleet.server.services.auth import Principal
+from gpufleet.server.services.fleetservices import ServiceHistory, ServiceInfo, load_services
+from gpufleet.server.services.reservations import BOOKED, to_core
+from gpufleet.server.store import ledger
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import (
     Allocation,
     GpuRow,
     Job,
@@ -40,12 +45,7 @@ from gpufleet.server.models import (
     UsageRow,
     User,
 )
-from gpufleet.server.pricing import PriceSchedule
-from gpufleet.server.problems import Failure, not_found
-from gpufleet.server.services.auth import Principal
-from gpufleet.server.services.fleetservices import ServiceHistory, ServiceInfo, load_services
-from gpufleet.server.services.reservations import BOOKED, to_core
-from gpufleet.server.traffic import TrafficStore
+from gpufleet.server.store.telemetry import FATAL_XIDS, RecordingTelemetryStore
 
 HOT_C = 85.0
 """A GPU at or above this temperature is *hot* (page marker and the GpuHot alert)."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 from sqlalchemy import func, select
 
 from gpufleet.api.nodes import FleetSummary
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.db import Database
-from gpufleet.server.models import Allocation, GpuRow, Job, NodeRow
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Allocation, GpuRow, Job, NodeRow
 
 
 def summary(*, db: Database, hot: AgentState, live_since: float) -> FleetSummary:

@@ -24,9 +24,9 @@ from sqlalchemy.orm import Session
 from gpufleet.api.base import Reply
 from gpufleet.api.jobs import AllocationOut
 from gpufleet.api.services import ServiceSpec, ServiceTraffic
-from gpufleet.server.models import Allocation, Job, ServiceRow, Team, User
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.inference import LIVE, desired_replicas
+from gpufleet.server.store.models import Allocation, Job, ServiceRow, Team, User
 
 Traffic = Callable[[str], ServiceTraffic | None]
 """A service's traffic now, as the gateways report it (``TrafficStore.stats``)."""

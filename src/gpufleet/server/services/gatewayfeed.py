@@ -12,11 +12,11 @@ from typing import Any
 from sqlalchemy import select
 
 from gpufleet.api.services import GatewayEndpoint, GatewayFeed, GatewayRate, GatewayReport, GatewayService
-from gpufleet.server.agentstate import AgentState, TelemetryStore
-from gpufleet.server.db import Database
-from gpufleet.server.models import Allocation, Job, ServiceRow, ServiceToken
-from gpufleet.server.ratelimit import Rate
+from gpufleet.ratelimit import Rate
 from gpufleet.server.services.inference import IN_ROTATION
+from gpufleet.server.store.agentstate import AgentState, TelemetryStore
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Allocation, Job, ServiceRow, ServiceToken
 
 log = logging.getLogger("gpufleet.server")
 

@@ -32,9 +32,14 @@ from gpufleet.api.services import (
     ServiceSpec,
     ServiceTraffic,
 )
-from gpufleet.server.db import Database
+from gpufleet.server.decide.replicas import Replica, Wish
 from gpufleet.server.jobstate.states import ACTIVE, JobState
-from gpufleet.server.models import (
+from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
+from gpufleet.server.services import rollouts
+from gpufleet.server.services.auth import Principal
+from gpufleet.server.services.modelwishes import summarize
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import (
     Allocation,
     Job,
     Membership,
@@ -46,11 +51,6 @@ from gpufleet.server.models import (
     Team,
     User,
 )
-from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
-from gpufleet.server.replicas import Replica, Wish
-from gpufleet.server.services import rollouts
-from gpufleet.server.services.auth import Principal
-from gpufleet.server.services.modelwishes import summarize
 
 Waker = Callable[[], None]
 LIVE = (JobState.PENDING, JobState.HELD, JobState.SCHEDULED, JobState.RUNNING)

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from gpufleet import mig
 from gpufleet.scheduler import Fleet, Gpu, Node, shared_gpu_node
 from gpufleet.scheduler.capacity import FleetIndex
-from gpufleet.server.models import GpuRow, NodeRow
+from gpufleet.server.store.models import GpuRow, NodeRow
 
 NodeKey = tuple[tuple[object, ...], ...]
 log = logging.getLogger("gpufleet.scheduling")

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from gpufleet import mig
 from gpufleet.scheduler import Blocked, Fleet, JobRequest
 from gpufleet.scheduler.options import gpu_type_matches
-from gpufleet.server.models import GpuRow, NodeRow
+from gpufleet.server.store.models import GpuRow, NodeRow
 
 CODE = "MIGLayout"
 """The code of a ``Blocked`` job that waits for a layout (``Blocked.code``)."""

@@ -9,11 +9,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.api.licenses import LicenseIn, LicenseList, LicenseOut
-from gpufleet.server.db import Database
 from gpufleet.server.jobstate.states import ACTIVE
-from gpufleet.server.models import Job, LicenseRow
 from gpufleet.server.problems import Failure, forbidden, not_found
 from gpufleet.server.services.auth import Principal
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Job, LicenseRow
 
 
 def used(s: Session) -> dict[str, int]:

@@ -33,12 +33,12 @@ from sqlalchemy import ColumnElement, case, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.nodes import LogAck, LogChunkIn
-from gpufleet.server.db import Database
 from gpufleet.server.jobstate.states import TERMINAL, JobState
 from gpufleet.server.jobstate.transitions import attempt_of
-from gpufleet.server.models import Job, JobLogChunk, JobStep, JobStepOutput
 from gpufleet.server.problems import Failure, not_found
 from gpufleet.server.services.auth import Principal
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Job, JobLogChunk, JobStep, JobStepOutput
 
 MIB = 1024 * 1024
 LOG_MAX_BYTES = 64 * MIB

@@ -27,12 +27,12 @@ from gpufleet.api.maintenance import (
     RolloutOut,
     UncordonIn,
 )
-from gpufleet.server.db import Database
-from gpufleet.server.health import HealthMonitor
-from gpufleet.server.models import GpuEvent, GpuRow, NodeRow, Rollout, RolloutNode
+from gpufleet.server.decide.health import HealthMonitor
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.nodeops import add_event, start_drain
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import GpuEvent, GpuRow, NodeRow, Rollout, RolloutNode
 from gpufleet.timefmt import parse_duration
 
 Waker = Callable[[], None]

@@ -36,12 +36,12 @@ from sqlalchemy.orm import Session
 from gpufleet import mig
 from gpufleet.api.maintenance import MigLayoutIn, ShareIn
 from gpufleet.api.nodes import MigChange, MigResult
-from gpufleet.server import dispatch
-from gpufleet.server.db import Database
-from gpufleet.server.models import Allocation, GpuRow, NodeRow
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.nodeops import add_event
+from gpufleet.server.store import dispatch
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Allocation, GpuRow, NodeRow
 
 RULE = "mig"
 """``GpuRow.cordon_rule`` of a cordon this module sets and lifts (no other)."""

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.api.servicemodels import ReplicaModelOut, ServiceModelOut, converged
 from gpufleet.server.jobstate.states import JobState
-from gpufleet.server.models import Job, ServiceModelRow, ServiceRow
+from gpufleet.server.store.models import Job, ServiceModelRow, ServiceRow
 
 
 def wishes(s: Session, service_ids: Iterable[int]) -> dict[int, dict[str, bool]]:

@@ -44,14 +44,14 @@ from sqlalchemy.orm import Session
 from gpufleet.api.credentials import CertificateOut, NodeCredentialList, NodeCredentialOut, RevokedOut
 from gpufleet.api.nodes import JoinTokenOut
 from gpufleet.pki import CertificateAuthority, PkiError
-from gpufleet.server.agentstate import CredCache, NodeCred, Revocations
-from gpufleet.server.db import Database
-from gpufleet.server.models import NodeCertificate, NodeCredential
-from gpufleet.server.pages import cut, id_cursor
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found, unauthorized
 from gpufleet.server.services.auth import Principal, hash_token
-from gpufleet.server.tokenkey import TokenHasher, load_hasher
-from gpufleet.server.writer import Writer
+from gpufleet.server.store.agentstate import CredCache, NodeCred, Revocations
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import NodeCertificate, NodeCredential
+from gpufleet.server.store.pages import cut, id_cursor
+from gpufleet.server.store.tokenkey import TokenHasher, load_hasher
+from gpufleet.server.store.writer import Writer
 
 PREFIX = "gfn_"
 JOIN_TTL_S = 3600.0

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet import mig
 from gpufleet.server.jobstate.requeue import requeue
-from gpufleet.server.models import Allocation, GpuEvent, Job, NodeRow
+from gpufleet.server.store.models import Allocation, GpuEvent, Job, NodeRow
 
 
 def add_event(

@@ -16,13 +16,13 @@ from sqlalchemy.orm import Session
 from gpufleet.api.base import MAX_GPU_INDEX
 from gpufleet.api.nodes import GpuIn, GpuOut, MigInstanceOut, NodeLabels, NodeOut, NodePut
 from gpufleet.mig import device_gpu
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.db import Database
-from gpufleet.server.models import Allocation, GpuRow, NodeRow, Pool
-from gpufleet.server.pages import NodePage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Allocation, GpuRow, NodeRow, Pool
+from gpufleet.server.store.pages import NodePage, cut
 
 Waker = Callable[[], None]
 

@@ -24,15 +24,15 @@ from gpufleet.api.nodes import (
     PeerNode,
     ServiceProbe,
 )
-from gpufleet.server import ledger
 from gpufleet.server.jobstate.requeue import requeue
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import attempt_of, move, ref, release_attempt
-from gpufleet.server.models import Allocation, Job, NodeRow, User
 from gpufleet.server.services.logs import open_tails
 from gpufleet.server.services.modelwishes import wishes
 from gpufleet.server.services.nodeops import add_event
 from gpufleet.server.services.steps import desired_steps
+from gpufleet.server.store import ledger
+from gpufleet.server.store.models import Allocation, Job, NodeRow, User
 
 log = logging.getLogger("gpufleet.server")
 ACTOR = "sync"

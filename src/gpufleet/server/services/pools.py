@@ -9,12 +9,12 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.users import PoolIn, PoolOut, PoolPatch
-from gpufleet.server.db import Database
 from gpufleet.server.jobstate.states import TERMINAL
-from gpufleet.server.models import DEFAULT_POOL, Job, NodeRow, Pool
-from gpufleet.server.pages import PoolPage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.services.auth import Principal
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import DEFAULT_POOL, Job, NodeRow, Pool
+from gpufleet.server.store.pages import PoolPage, cut
 
 
 def _out(s: Session, p: Pool) -> PoolOut:

@@ -13,10 +13,10 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.qos import QosIn, QosList, QosOut
-from gpufleet.server.db import Database
-from gpufleet.server.models import QosRow
 from gpufleet.server.problems import Failure, forbidden, not_found
 from gpufleet.server.services.auth import Principal
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import QosRow
 
 
 def _out(q: QosRow) -> QosOut:

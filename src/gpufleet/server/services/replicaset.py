@@ -24,16 +24,16 @@ from sqlalchemy.orm import Session
 
 from gpufleet.api.services import ServiceSpec
 from gpufleet.migindex import SHARE_UNITS, share_gpu_type
-from gpufleet.server.db import Database
+from gpufleet.server.decide.replicas import Create, Demote, Drain, Promote, Replica, Stop, Wish, decide
 from gpufleet.server.errors import Conflict
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import event_row, move, ref, release_attempt
-from gpufleet.server.leader import EPOCH
-from gpufleet.server.models import Job, JobEvent, ServiceRow
-from gpufleet.server.replicas import Create, Demote, Drain, Promote, Replica, Stop, Wish, decide
 from gpufleet.server.services import rollouts
 from gpufleet.server.services.autoscaling import Autoscaler
 from gpufleet.server.services.inference import LIVE, add_event, desired_replicas
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.leader import EPOCH
+from gpufleet.server.store.models import Job, JobEvent, ServiceRow
 
 log = logging.getLogger("gpufleet.server")
 ACTOR = "replicaset"

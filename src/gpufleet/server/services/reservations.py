@@ -29,13 +29,22 @@ from sqlalchemy.orm import Session
 from gpufleet.api.reservations import ReservationIn, ReservationOut
 from gpufleet.scheduler import Fleet, Reservation
 from gpufleet.scheduler.reservations import admit_reservation
-from gpufleet.server.db import Database
-from gpufleet.server.models import Membership, NodeRow, Pool, ReservationEvent, ReservationRow, Team, User
-from gpufleet.server.pages import ReservationPage, cut
+from gpufleet.server.config import Caps
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
-from gpufleet.server.services.caps import Caps, reservations_problem
+from gpufleet.server.services.caps import reservations_problem
 from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import (
+    Membership,
+    NodeRow,
+    Pool,
+    ReservationEvent,
+    ReservationRow,
+    Team,
+    User,
+)
+from gpufleet.server.store.pages import ReservationPage, cut
 
 BOOKED, CANCELLED, RELEASED = "BOOKED", "CANCELLED", "RELEASED"
 _STEP = {"daily": timedelta(days=1), "weekly": timedelta(days=7)}

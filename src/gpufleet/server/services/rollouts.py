@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gpufleet.server.decide.replicas import Progress, Replica, Rollout, Wish, rollout_status
 from gpufleet.server.jobstate.states import JobState
-from gpufleet.server.models import Job, JobLogChunk, ServiceEvent, ServiceRow
-from gpufleet.server.replicas import Progress, Replica, Rollout, Wish, rollout_status
+from gpufleet.server.store.models import Job, JobLogChunk, ServiceEvent, ServiceRow
 
 EXITED = (str(JobState.COMPLETED), str(JobState.FAILED), str(JobState.TIMEOUT))
 CRASH_WINDOW_S = 600.0

@@ -18,14 +18,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpufleet.api.servicemodels import MAX_MODELS, ServiceModelOut, Wanted
-from gpufleet.server import dispatch
-from gpufleet.server.db import Database
 from gpufleet.server.jobstate.states import ACTIVE
-from gpufleet.server.models import Allocation, Job, ServiceModelRow, ServiceRow
 from gpufleet.server.problems import Failure, conflict, not_found
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.inference import add_event, load_active, load_service
 from gpufleet.server.services.modelwishes import summarize
+from gpufleet.server.store import dispatch
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Allocation, Job, ServiceModelRow, ServiceRow
 
 
 def _ring(s: Session, service_id: int) -> None:

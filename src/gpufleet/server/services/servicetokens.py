@@ -11,11 +11,11 @@ import secrets
 from sqlalchemy import select
 
 from gpufleet.api.services import ServiceTokenOut
-from gpufleet.server.db import Database
-from gpufleet.server.models import ServiceToken
 from gpufleet.server.problems import Failure, conflict, not_found
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.inference import add_event, load_active, load_service
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import ServiceToken
 
 MAX_TOKENS = 16
 

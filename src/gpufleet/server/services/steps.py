@@ -52,14 +52,14 @@ from gpufleet.api.steps import (
     StepTaskIn,
     StepTaskOut,
 )
-from gpufleet.server.db import Database
-from gpufleet.server.dispatch import touch
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import attempt_of
-from gpufleet.server.models import Allocation, Job, JobStep, JobStepOutput, JobStepTask, User
 from gpufleet.server.problems import Failure, conflict, invalid, not_found
 from gpufleet.server.services.auth import Principal, Refused
-from gpufleet.server.tokenkey import TokenHasher
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.dispatch import touch
+from gpufleet.server.store.models import Allocation, Job, JobStep, JobStepOutput, JobStepTask, User
+from gpufleet.server.store.tokenkey import TokenHasher
 
 PREFIX = "gfj."
 OUTPUT_MAX_BYTES = 16 * 1024 * 1024

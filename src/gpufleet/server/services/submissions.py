@@ -35,13 +35,13 @@ from gpufleet.scheduler.deps import Dependency
 from gpufleet.scheduler.options import no_such_model
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import event_row
-from gpufleet.server.models import DEFAULT_POOL, GpuRow, Job, NodeRow, ReservationRow, Team
 from gpufleet.server.problems import Failure, forbidden, invalid
 from gpufleet.server.services import layoutwait
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.inventory import FleetCache
-from gpufleet.server.writer import Writer, call
+from gpufleet.server.store.models import DEFAULT_POOL, GpuRow, Job, NodeRow, ReservationRow, Team
+from gpufleet.server.store.writer import Writer, call
 from gpufleet.timefmt import parse_duration
 
 Waker = Callable[[], None]

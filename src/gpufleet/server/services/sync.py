@@ -64,18 +64,18 @@ from sqlalchemy.orm import Session
 
 from gpufleet.api.base import MAX_GPU_INDEX
 from gpufleet.api.nodes import GpuIn, NodeSync, SyncReply
-from gpufleet.server import ledger
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.db import Database
 from gpufleet.server.errors import Conflict
-from gpufleet.server.models import DEFAULT_POOL, Allocation, GpuRow, Job, NodeRow
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.services import miglayouts
 from gpufleet.server.services.logs import LOG_MAX_BYTES, ingest_logs
 from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
 from gpufleet.server.services.nodework import desired, observe, quarantine, scope_of, would_change
 from gpufleet.server.services.steps import ingest_tasks
-from gpufleet.server.writer import Writer
+from gpufleet.server.store import ledger
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import DEFAULT_POOL, Allocation, GpuRow, Job, NodeRow
+from gpufleet.server.store.writer import Writer
 
 log = logging.getLogger("gpufleet.server")
 Waker = Callable[[], None]

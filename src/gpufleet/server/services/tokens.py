@@ -23,13 +23,14 @@ from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.users import TokenCreated, TokenOut
-from gpufleet.server.db import Database
-from gpufleet.server.models import Token, User
-from gpufleet.server.pages import TokenPage, cut, id_cursor
+from gpufleet.server.config import Caps
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal, TokenCache, hasher_for, new_token
-from gpufleet.server.services.caps import Caps, tokens_problem
-from gpufleet.server.tokenkey import TokenHasher
+from gpufleet.server.services.caps import tokens_problem
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Token, User
+from gpufleet.server.store.pages import TokenPage, cut, id_cursor
+from gpufleet.server.store.tokenkey import TokenHasher
 from gpufleet.timefmt import format_duration, parse_duration
 
 TOKEN_TTL_S = 90 * 86400.0

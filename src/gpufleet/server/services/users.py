@@ -11,14 +11,14 @@ from sqlalchemy.orm import Session
 
 from gpufleet.api.base import Role
 from gpufleet.api.users import QuotaIn, TeamOut, UserCreated, UserIn, UserOut
-from gpufleet.server import ledger
-from gpufleet.server.db import Database
-from gpufleet.server.models import Membership, Team, User
-from gpufleet.server.pages import TeamPage, UserPage, cut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal, hasher_for
 from gpufleet.server.services.tokens import TOKEN_TTL_S, add_token
-from gpufleet.server.tokenkey import TokenHasher
+from gpufleet.server.store import ledger
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Membership, Team, User
+from gpufleet.server.store.pages import TeamPage, UserPage, cut
+from gpufleet.server.store.tokenkey import TokenHasher
 
 ROLES: tuple[Role, ...] = ("admin", "operator", "user")
 

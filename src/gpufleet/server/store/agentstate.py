@@ -28,9 +28,9 @@ from typing import Any, Protocol
 
 from gpufleet.api.nodes import GpuTelemetry, SyncStats
 from gpufleet.api.services import ServiceCounters
-from gpufleet.server.health import HealthMonitor
-from gpufleet.server.traffic import TrafficStore
-from gpufleet.server.writer import BulkOp, Writer
+from gpufleet.server.decide.health import HealthMonitor
+from gpufleet.server.decide.traffic import TrafficStore
+from gpufleet.server.store.writer import BulkOp, Writer
 
 log = logging.getLogger("gpufleet.server")
 

@@ -36,7 +36,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpufleet.server.dispatch import TOUCHED
+from gpufleet.server.store.dispatch import TOUCHED
 
 BUSY_TIMEOUT_MS = 10_000
 

@@ -47,6 +47,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from gpufleet.server.errors import Fenced
+
 log = logging.getLogger("gpufleet.leader")
 
 EPOCH = "gpufleet.epoch"
@@ -63,10 +65,6 @@ def server_id() -> str:
     """This process's name among the servers: host, pid and a random part (a restarted
     server is a new holder)."""
     return f"{socket.gethostname()[:100]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-class Fenced(Exception):
-    """A leader's write refused: a newer leader exists (or the lease row is gone)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,11 +39,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from gpufleet.clock import Clock
 from gpufleet.migindex import device_gpu, slice_parent_model, slice_share_of
-from gpufleet.server.agentstate import AgentState
-from gpufleet.server.clock import Clock
-from gpufleet.server.models import Allocation, Job, PriceScheduleRow, Team, UsageRow
-from gpufleet.server.pricing import PriceSchedule, parse_prices
+from gpufleet.server.decide.pricing import PriceSchedule, parse_prices
+from gpufleet.server.store.agentstate import AgentState
+from gpufleet.server.store.models import Allocation, Job, PriceScheduleRow, Team, UsageRow
 
 log = logging.getLogger("gpufleet.ledger")
 

@@ -236,7 +236,7 @@ class Job(Base):
     wait_reason: Mapped[str | None] = mapped_column(String(512), nullable=True)
     reservation_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     """The reservation this job must run in (``submit --reservation``); None: any GPUs."""
-    # Accounting (``server/ledger.py``): accrued while the job holds GPUs.
+    # Accounting (``server/store/ledger.py``): accrued while the job holds GPUs.
     cost: Mapped[float] = mapped_column(Float, default=0.0)
     energy_wh: Mapped[float] = mapped_column(Float, default=0.0)
     accrued_to: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -675,7 +675,7 @@ class PriceScheduleRow(Base):
 class AuditRow(Base):
     """One mutating API request: who, from where, what, and how it ended. Append-only:
     rows are never updated (a trigger refuses it); the retention loop deletes rows older
-    than ``--audit-days`` (``server/audit.py``)."""
+    than ``--audit-days`` (``server/http/audit.py``)."""
 
     __tablename__ = "audit"
     __table_args__ = (Index("ix_audit_at", "at"), Index("ix_audit_actor_id", "actor", "id"))

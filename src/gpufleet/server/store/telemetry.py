@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpufleet.api.nodes import GpuTelemetry
-from gpufleet.server.agentstate import TelemetryStore
+from gpufleet.server.store.agentstate import TelemetryStore
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
 """XIDs that mean the GPU (or its memory) needs attention, after NVIDIA's XID catalogue:

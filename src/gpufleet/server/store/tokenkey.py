@@ -36,9 +36,9 @@ from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
-from gpufleet.server.db import Database, create_private
 from gpufleet.server.errors import TokenKeyError
-from gpufleet.server.models import Setting
+from gpufleet.server.store.db import Database, create_private
+from gpufleet.server.store.models import Setting
 
 MIN_SECRET = 32
 KEY_ID = "token_key_id"

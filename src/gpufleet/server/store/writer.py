@@ -35,9 +35,9 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from gpufleet.server.db import Database
-from gpufleet.server.dispatch import touched
 from gpufleet.server.problems import Failure
+from gpufleet.server.store.db import Database
+from gpufleet.server.store.dispatch import touched
 
 T = TypeVar("T")
 P = TypeVar("P")
