@@ -52,6 +52,7 @@ from gpufleet.server.store.agentstate import AgentState
 from gpufleet.server.store.dispatch import NodeBell
 from gpufleet.server.store.leader import Leadership, Lease, PgFence, SqliteLock, server_id
 from gpufleet.server.store.pgnotify import PgNotify
+from gpufleet.server.store.telemetry import RecordingTelemetryStore
 from gpufleet.server.store.tokenkey import TokenHasher, check_key, load_hasher
 from gpufleet.server.store.writer import GroupCommitWriter
 
@@ -187,7 +188,7 @@ def create_app(
     writer = GroupCommitWriter(database)
     bell = NodeBell()  # agents' long-polls (``dispatch.py``): rung after commits that touch nodes
     database.on_ring(bell.ring)
-    hot = AgentState(health=HealthMonitor(config.health))
+    hot = AgentState(health=HealthMonitor(config.health), telemetry=RecordingTelemetryStore())  # with history
     notify: PgNotify | None = None
     relays = Relays(None)
     leading = [False]  # set by the terms (PostgreSQL): only a leader takes relayed readings

@@ -41,7 +41,7 @@ class ServerConfig:
     """Per-GPU health rules (``health.py``)."""
     schedule_interval_s: float = 1.0
     scheduler_process: bool = False
-    """Run the scheduling passes in a child process (``schedproc.py``; ``gpufleet server``
+    """Run the scheduling passes in a child process (``loops/child.py``; ``gpufleet server``
     does) instead of a thread of the API process. The child uses the system clock."""
     tls_cert: Path | None = None
     tls_key: Path | None = None

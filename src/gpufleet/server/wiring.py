@@ -1,7 +1,7 @@
-"""Puts the observability parts into an app: telemetry history, ``/metrics`` (collector,
-latency middleware, scheduling-pass observer), the fleet page and its endpoints.
-``create_app`` calls ``install``; it returns the fleet view that the alert loop
-(``loops/alerts.py``) evaluates."""
+"""Puts the observability parts into an app: ``/metrics`` (collector, latency middleware,
+scheduling-pass observer), the fleet page and its endpoints. ``create_app`` builds the
+agents' state with its telemetry history (``store/telemetry.py``) and calls ``install``,
+which returns the fleet view that the alert loop (``loops/alerts.py``) evaluates."""
 
 from __future__ import annotations
 
@@ -20,15 +20,12 @@ from gpufleet.server.routers import metrics as metrics_router
 from gpufleet.server.routers import web
 from gpufleet.server.services.dashboard import FleetView, ViewCache
 from gpufleet.server.store.agentstate import AgentState
-from gpufleet.server.store.telemetry import RecordingTelemetryStore
 
 STATIC = Path(__file__).resolve().parent / "web" / "static"
 
 
 def install(app: FastAPI, parts: Parts, observer: PassObserver) -> Callable[[], FleetView]:
     hot: AgentState = app.state.hot
-    if not isinstance(hot.telemetry, RecordingTelemetryStore):
-        hot.telemetry = RecordingTelemetryStore()
     metrics = ServerMetrics()
     views = ViewCache(traffic=hot.traffic)
     app.state.metrics = metrics

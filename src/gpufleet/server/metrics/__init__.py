@@ -9,6 +9,8 @@
 Each app has its own ``CollectorRegistry`` (several apps in one test process must not
 share series).
 
-Modules are imported directly (``metrics.collector``, ...): this package imports nothing,
-so ``services.dashboard`` may use ``metrics.history`` without an import cycle.
+Modules are imported directly (``metrics.collector``, ...). The metrics layer sits above
+services and loops (it reads the fleet view and the scheduling pass's reports) and below
+the routers that serve it; the telemetry history it reads is storage
+(``store/telemetry.py``); ``wiring.py`` at the server's root puts it into the app.
 """

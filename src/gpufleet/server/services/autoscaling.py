@@ -37,8 +37,7 @@ def policy_of(spec: ServiceSpec) -> ScalePolicy:
 @dataclass(slots=True)
 class Autoscaler:
     hot: AgentState
-    """The agents' telemetry and the gateways' traffic, read at each step (the metrics
-    wiring replaces the telemetry store after start-up: hold the owner, not the store)."""
+    """The agents' telemetry and the gateways' traffic, read at each step."""
     max_age_s: float = 30.0
     window_s: float = 15.0
     """QPS is averaged over this window."""

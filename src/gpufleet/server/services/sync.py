@@ -1,4 +1,4 @@
-"""The server half of DESIGN.md's agent protocol: ``POST /v1/nodes/{name}/sync``.
+"""The server half of the agent protocol (README, "Server and agents"): ``POST /v1/nodes/{name}/sync``.
 
 An agent sends what it observes (inventory, telemetry, the state of each job attempt it
 holds, new log bytes); the answer is the set of job attempts the node should run, plus

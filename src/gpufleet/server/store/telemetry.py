@@ -1,8 +1,9 @@
 """Per-node telemetry history in memory: a ring buffer of downsampled samples per node,
 and the last XID each GPU reported.
 
-It is a ``TelemetryStore`` (``hot.py``) that also records what it is given, so the sync
-path stays as it is: ``create_app`` builds ``AgentState(telemetry=RecordingTelemetryStore())``.
+It is a ``TelemetryStore`` (``store/agentstate.py``) that also records what it is given, so the
+sync path stays as it is: ``create_app`` builds ``AgentState(telemetry=RecordingTelemetryStore())``
+once, before anything reads it (the fleet page, the collector, the alerts, the autoscaler).
 Like the rest of the hot data it is per process and lost at restart; history in SQL is a
 later issue. Memory: ``keep`` samples x GPUs x 4 floats (4,000 GPUs, 120 samples: ~15 MB).
 """
