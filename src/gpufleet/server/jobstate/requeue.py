@@ -9,7 +9,7 @@ requeue is immediate: hardware failing is not the job's fault; then ``backoff``,
 doubling, at most ``MAX_BACKOFF_S``). Otherwise it becomes FAILED. Either way its GPUs
 are released and every node of its placement that is still alive must confirm the
 old attempt stopped (``stopping_on``) before it is placed again; a node declared lost
-needs no confirmation (DESIGN.md).
+needs no confirmation (its processes are gone with it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the server keeps in memory about its agents, per process (DESIGN.md's "hot
+"""What the server keeps in memory about its agents, per process (the "hot
 data": latest values in memory, durable state in SQL). Nothing here touches the
 database: the heartbeat rows are written by whoever flushes them (``services/sync.py``,
 with ``services.nodes.write_heartbeats``).
