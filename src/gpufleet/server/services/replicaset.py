@@ -3,7 +3,7 @@
 service never stops the others), and delete a deleted service once no replica is left.
 
 A replica is a job (``kind='service'``): no time limit, requeued when its node is lost,
-never preempted (``loops/scheduling._request``), spread apart from its siblings by the
+never preempted (``loops/snapshot._request``), spread apart from its siblings by the
 core, charged and counted against the team's quota like any job. One that exits is
 replaced by a new job in the same slot; after exits of that slot in quick succession the
 new one waits (``not_before``: the first restart at once, then 5 s doubling to 5 min:
