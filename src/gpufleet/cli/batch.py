@@ -1,5 +1,5 @@
 """What ``gpufleet submit`` and ``gpufleet run`` share: their job flags (the names of
-sbatch's options, read by the same ``slurmflags.apply`` as a script's directives), a script
+sbatch's options, read by the same ``slurmvalues.apply`` as a script's directives), a script
 read from disk, and the API's submission built from both.
 
 The command line wins over ``#SBATCH`` directives, as in Slurm. Some options need the
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from gpufleet.cli import sbatch, slurmflags
+from gpufleet.cli import sbatch, slurmflags, slurmvalues
 from gpufleet.cli.options import flag
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ def from_flags(
     for directive, value in given:
         said = f"--{directive}" + ("" if value is None else f"={value}")
         try:
-            opts = slurmflags.apply(opts, directive, value, now=now)
+            opts = slurmvalues.apply(opts, directive, value, now=now)
         except slurmflags.Refused as exc:
             problems.append(sbatch.Problem(where="", text=sbatch.refusal(said, str(exc)), refused=True))
         except ValueError as exc:
@@ -240,7 +240,7 @@ def from_flags(
         opts = replace(opts, gpu_type=flags["gpu_type"])
     if flags.get("mig"):
         try:
-            profile, count = slurmflags.mig_slices(flags["mig"])
+            profile, count = slurmvalues.mig_slices(flags["mig"])
         except ValueError as exc:
             problems.append(sbatch.Problem(where="", text=str(exc), refused=False))
         else:

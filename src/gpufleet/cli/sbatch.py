@@ -3,7 +3,7 @@ with their meaning or not at all.
 
 Directives are the ``#SBATCH`` lines before the first command (as Slurm reads them).
 Both ``--opt=value`` and ``--opt value`` (and ``-N 2`` / ``-N2``) are accepted. Each
-option is read by ``slurmflags.apply`` (honoured, harmless or refused): a refused one is
+option is read by ``slurmvalues.apply`` (honoured, harmless or refused): a refused one is
 a :class:`Problem` with ``refused`` set (``gpufleet submit --ignore-unsupported`` turns
 each into a warning); a bad value is a Problem that nothing passes. Problems name the
 script's line: ``job.sh line 7: #SBATCH --switches=1: gpufleet cannot honour this (...)``.
@@ -128,7 +128,8 @@ def options_of(tokens: list[str]) -> list[Given]:
 def parse_script(text: str, *, source: str = "script", now: float) -> SbatchOptions:
     """A script's directives applied in order (a later one wins); each one gpufleet will
     not take is a Problem (``source line N: ...``)."""
-    from gpufleet.cli.slurmflags import Refused, SbatchOptions, apply
+    from gpufleet.cli.slurmflags import Refused, SbatchOptions
+    from gpufleet.cli.slurmvalues import apply
 
     opts = SbatchOptions()
     problems: list[Problem] = []

@@ -1,5 +1,5 @@
 """``sbatch``: ``gpufleet submit`` under Slurm's name. Its options are sbatch's already
-(read by ``cli/slurmflags``, the same for ``#SBATCH`` directives and flags), it prints
+(read by ``cli/slurmvalues``, the same for ``#SBATCH`` directives and flags), it prints
 ``Submitted batch job N`` for a script (``--parsable``: ``N``), and the job's own
 credential submits as the job's owner, so a script resubmits itself as Slurm's do::
 
