@@ -46,7 +46,7 @@ def buckets(cap: Capacity) -> list[list[int]]:
 def one_by_one(
     cap: Capacity, shape: tuple[int, ...], gains: list[Gains], eligible: list[int]
 ) -> list[int] | None:
-    """The reference: what ``_Pass._preempt_one_by_one`` does on the capacity itself."""
+    """The reference: what ``preempt._preempt_one_by_one`` does on the capacity itself."""
     group = cap.groups[GK]
 
     def shift(j: int, sign: int) -> None:
@@ -185,7 +185,7 @@ def occupied_buckets(cap: Capacity) -> tuple[list[list[int]], set[int]]:
 @pytest.mark.parametrize("seed", range(60), ids=lambda s: f"seed-{s}")
 def test_node_path_matches_one_by_one_pass_after_pass(seed: int) -> None:
     """A pass in miniature: jobs of k x t GPUs preempt one after another while others
-    start; ``Completions`` follows the changes through its log, as ``_Pass`` does."""
+    start; ``Completions`` follows the changes through its log, as the preemption step does."""
     rng = random.Random(seed)
     free, _, gains, _ = random_case(rng)
     gv = victims(gains)

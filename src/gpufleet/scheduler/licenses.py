@@ -1,7 +1,7 @@
 """Slurm's licenses (``-L/--licenses NAME[:N],...``) against the counts an operator
 declares (``gpufleet admin license set NAME COUNT``): a job starts only when every
 license it names has that many free, counting running jobs and this pass's starts; else
-it waits with Slurm's reason ``Licenses``. One explicit object per pass (``core._Pass``)."""
+it waits with Slurm's reason ``Licenses``. One explicit object per pass (held by ``cycle.CycleState``)."""
 
 from __future__ import annotations
 

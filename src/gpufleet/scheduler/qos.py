@@ -6,7 +6,7 @@ with Slurm's pending reasons ``QOSMaxGRESPerUser`` and ``QOSMaxJobsPerUserLimit`
 A QOS's priority and preemptability are not here: the server adds the priority to the
 job's and clears ``preemptible`` when it builds the job's request, so every policy sees
 them as it sees any job's. Usage counts the snapshot's running jobs plus this pass's
-starts (one explicit object per pass, owned by ``core._Pass``).
+starts (one explicit object per pass, held by ``cycle.CycleState``).
 """
 
 from __future__ import annotations

@@ -24,13 +24,28 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 
-from gpufleet.scheduler.capacity import Occupancy
+from gpufleet.scheduler.capacity import Flat, GroupKey, Holdings, Occupancy
 from gpufleet.scheduler.model import RunningJob
 from gpufleet.scheduler.policies.base import Context, Key, Policy
 
 Entry = tuple[Key, float, int, RunningJob]  # (key, started_at, tie-break, job), sorted ascending
 KeyFn = Callable[[RunningJob], tuple[Key, float]]
 _key_of_entry = itemgetter(0)
+
+
+class Victim:
+    """A running job the preemption step may stop (``preempt.py``), with its GPUs."""
+
+    __slots__ = ("flat", "gpus", "job", "key", "parts")
+
+    def __init__(
+        self, key: Key, job: RunningJob, parts: Holdings, gpus: dict[GroupKey, int], flat: Flat
+    ) -> None:
+        self.key = key
+        self.job = job
+        self.parts = parts  # GPUs it holds, per group
+        self.gpus = gpus  # how many of them count as capacity, per group
+        self.flat = flat  # (node, GPUs that count) per part, all groups
 
 
 class Ranking:
