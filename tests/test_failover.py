@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet.agent import HttpTransport, SimSpec, SimulatedProbe, make_agent
-from gpufleet.agent.agent import AgentConfig
+from gpufleet.agent.config import AgentConfig
 from gpufleet.cli import app
 from gpufleet.client import ClientError, GpufleetClient
 from gpufleet.failover import Failure, Servers, Switch, failure_of, parse_urls, repeatable

@@ -15,8 +15,8 @@ import pytest
 
 from gpufleet import mig
 from gpufleet.agent import Agent, AgentConfig, SimSpec, SimulatedProbe, make_agent
-from gpufleet.agent.agent import NO_MIG_PROBE
 from gpufleet.agent.jobs import SIMULATE_ENV, JobSpec, launch_env
+from gpufleet.agent.miglayouts import NO_MIG_PROBE
 from gpufleet.agent.probe import GpuSample, MigInstance, NodeInventory
 from gpufleet.api.nodes import NodeSync
 from gpufleet.clock import FakeClock

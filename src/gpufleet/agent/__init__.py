@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet.agent.agent import Agent, AgentConfig, AgentStats
+from gpufleet.agent.agent import Agent
 from gpufleet.agent.cgroups import Cgroups, Limits
+from gpufleet.agent.config import AgentConfig, AgentStats
 from gpufleet.agent.container import ContainerPolicy, ContainerRunner, ContainerSpec, container_spec
 from gpufleet.agent.jobs import SIMULATE_ENV, JobSpec, JobStore, LocalJob, launch_env
 from gpufleet.agent.logship import LogLimits, read_chunk

@@ -1,12 +1,13 @@
 """The node agent: one per GPU server. It reconciles the jobs on its node with the
 set the server wants there (DESIGN.md, "desired state down, observed state up").
+``Agent`` is the conductor; each part it drives lives in its own module.
 
-Each sync sends: the GPUs (with the agent's health verdict), their telemetry, every job
-attempt it holds (``running`` until every process of it is over, then ``exited`` with
-the code at once, whatever is left of its log) and new log bytes (``logship``: sized
-after encoding, capped per job, the rest of an ended job's log after its exit). The
-reply is the desired set of (job, attempt) and how much of each log the server has.
-Then, in this order:
+Each sync sends: the GPUs (with the agent's health verdict), their telemetry and the
+node's facts (``report.py``), every job attempt it holds (``running`` until every
+process of it is over, then ``exited`` with the code at once, whatever is left of its
+log) and new log bytes (``logship``: sized after encoding, capped per job, the rest of
+an ended job's log after its exit). The reply is the desired set of (job, attempt) and
+how much of each log the server has. Then, in this order:
 
 1. release attempts reported ``exited`` that the server no longer wants (done), and
    forget them once their log is closed on the server (or ``log_tail_s`` after their end),
@@ -16,34 +17,25 @@ Then, in this order:
 Restart safety: every attempt is a record in the work dir (``JobStore``) written before
 the agent reports it, so a restarted agent re-adopts running processes instead of
 starting them twice; a lost reply just means the same message is sent again.
-Between syncs, ``tick`` polls the jobs every ``tick_s``; news (a job was started or
-stopped) triggers the next sync ``news_gap_s`` later instead of after
-``sync_interval_s``; urgent news (a job ended, a new GPU fault) ``urgent_gap_s`` later.
+Between syncs, ``tick`` polls the jobs every ``tick_s``, sends sbatch's ``--signal``
+when due (``jobsignal.py``) and kills what an ended job left on its GPUs
+(``gpusweep.py``); news (a job was started or stopped) triggers the next sync
+``news_gap_s`` later instead of after ``sync_interval_s``; urgent news (a job ended, a
+new GPU fault) ``urgent_gap_s`` later.
 
-Push (``server/store/dispatch.py``): where the transport can long-poll (``WaitTransport``),
-a watcher thread keeps one ``GET /v1/nodes/{name}/wait`` open; an answer with a new
-version means the node's desired set may have changed, and the agent syncs at once
-(no gap). The periodic sync stays the safety net (a lost long-poll, a server without
-the endpoint) and the liveness signal. A process the agent started kicks the loop the
-moment it exits (``exits.py``), so an exit is reported within milliseconds, not at the
-next tick.
-
-sbatch's ``--signal=[B:]NAME@SECONDS``: ``tick`` sends NAME once the job's time left
-(to its ``deadline``, which the server hands out once the job runs, kept up to date on
-the held attempt) is at most SECONDS, through the runner (``send_signal``): to the
-batch shell only with ``B:``, else to every process of the job. Once per attempt: the
-record says it was sent before it is sent, so a restarted agent never sends it again
-(at most once: an agent killed between the two does not send it at all).
+Push: where the transport can long-poll, the doorbell (``doorbell.py``) rings when the
+node's desired set may have changed, and the agent syncs at once (no gap); the periodic
+sync stays the safety net and the liveness signal. A process the agent started kicks
+the loop the moment it exits (``exits.py``), so an exit is reported within
+milliseconds, not at the next tick.
 
 Job steps (``srun`` inside a job, issue 31; ``agent/steps.py``): a multi-node batch job
 runs its script on its first node only, the others hold its attempt; the reply's
 ``DesiredJob.steps`` are the step tasks to run here, started inside the job's attempt
 and reported with their output in ``steps`` until the server acknowledges their exit.
 Every process job gets the way back to the server (its own credential) and the Slurm
-commands first on its PATH (``agent/slurmbin.py``).
-
-Every sync also carries the node's CPUs and memory (``cpus``, ``memory_mb``: the
-probe's inventory, where it knows them).
+commands first on its PATH (``agent/slurmbin.py``). A job's GPU indices become the
+devices it is started on (``devices.py``: MIG slices, GPU shares).
 
 Service replicas (a ``DesiredJob.service``): the agent picks a free port of the node and
 gives it as ``$PORT`` (a container's port is published on it), probes the health path
@@ -51,190 +43,50 @@ on it every ``probe_interval_s`` (2xx/3xx within ``probe_timeout_s``: ready), an
 reports ``ready`` and the endpoint (``http://ADDRESS:PORT``) with the replica; a change
 of readiness is news.
 
-MIG layouts (``SyncReply.mig``, set by operators with ``gpufleet node mig``): each GPU
-is reported with its MIG mode and instances. A ``MigChange`` is applied once, by a
-worker thread (NVML takes seconds per instance; the loop goes on meanwhile), when no
-local attempt holds that GPU (else at a later sync); its ``MigResult`` (error None:
-applied) travels with every sync until the server no longer asks for that change, and
-is then forgotten. A layout already applied (or failed) is never applied again while
-the server asks for it; a different layout for the GPU is. See ``Agent._mig_step``.
+MIG layouts (``SyncReply.mig``): applied once each by a worker thread when no local
+attempt holds the GPU, their results reported until the server stops asking
+(``miglayouts.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
-import random
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-import psutil
 from pydantic import ValidationError
 
 from gpufleet import mig
 from gpufleet.agent import selfcmd
+from gpufleet.agent.config import AgentConfig, AgentStats
+from gpufleet.agent.devices import job_devices, job_share
+from gpufleet.agent.doorbell import Doorbell
 from gpufleet.agent.exits import ExitWatch
+from gpufleet.agent.gpusweep import GpuSweeps
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
-from gpufleet.agent.logship import LogLimits, cap_marker, chunks_of, pending
-from gpufleet.agent.probe import (
-    GpuInfo,
-    GpuProbe,
-    GpuSample,
-    HealthTracker,
-    LoadSink,
-    MigInstance,
-    NodeInventory,
-    ProbeError,
-    ProcessProbe,
-)
+from gpufleet.agent.jobsignal import signal_due
+from gpufleet.agent.logship import acked, chunks_of, pending
+from gpufleet.agent.miglayouts import MigLayouts
+from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
 from gpufleet.agent.replicas import ReplicaProbes, free_port
+from gpufleet.agent.report import gpu_row, node_facts, telemetry_row
 from gpufleet.agent.runners import VANISHED, JobRunner, ProcessRunner
 from gpufleet.agent.slurmbin import write_launchers
 from gpufleet.agent.steps import StepTasks, prepare_job
-from gpufleet.agent.transport import AgentTransportError, SyncTransport, WaitTransport
-from gpufleet.api.nodes import DesiredJob, MigChange, SyncReply
+from gpufleet.agent.transport import AgentTransportError, SyncTransport
+from gpufleet.api.nodes import DesiredJob, SyncReply
 from gpufleet.api.steps import DesiredStep
 from gpufleet.clock import Clock, SystemClock
-from gpufleet.slurmopts import signal_parts
 
 log = logging.getLogger("gpufleet.agent")
 _SLEEP = shutil.which("sleep", path="/usr/bin:/bin") or "/bin/sleep"
 Key = tuple[int, int]
-Layout = tuple[str, ...]
-
-NO_MIG_PROBE = "this node's GPU probe cannot change MIG layouts"
-MIG_ERROR_CHARS = 512
-"""``MigResult.error``'s limit: a longer message is cut, never the sync refused."""
-GPU_SWEEPS = 3
-"""How many ticks an ended job's leftovers on its GPUs are killed before it is reported
-over regardless."""
-MIG_INSTANCES_MAX = 7
-"""``GpuIn.mig_instances``' limit (no GPU has more MIG devices)."""
-
-
-@runtime_checkable
-class MigProbe(Protocol):
-    """A probe that can replace a GPU's MIG instances (``NvmlProbe``, ``SimulatedProbe``).
-    A probe may also offer ``set_mig_mode(gpu_index, enabled)``; the agent uses it where
-    present (see ``Agent._apply_mig_one``)."""
-
-    def apply_mig_layout(self, gpu_index: int, profiles: Sequence[str]) -> tuple[MigInstance, ...]: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AgentConfig:
-    node: str
-    work_dir: Path
-    leaf: str | None = None
-    rack: str | None = None
-    address: str | None = None
-    features: tuple[str, ...] = ()
-    """Slurm's node features this node reports (``--features ib,nvme``; none: none sent)."""
-    sync_interval_s: float = 10.0
-    news_gap_s: float = 0.3
-    """At most this often when there is news (a job started or stopped)."""
-    urgent_gap_s: float = 0.02
-    """At most this often when a job ended or a GPU shows a new fault (a batch of exits
-    that close together shares one sync)."""
-    wait_s: float = 45.0
-    """How long one long-poll waits on the server before it is sent again (each time
-    0.75-1.25 x this; the server takes at most 60 s). Longer: fewer renewals (1,000
-    agents renew ~22 times a second at 45 s)."""
-    log_gap_s: float = 2.0
-    """At most this often when only new log output is waiting."""
-    tick_s: float = 0.5
-    grace_s: float = 30.0
-    log_limits: LogLimits = dataclasses.field(default_factory=LogLimits)
-    log_tail_s: float = 600.0
-    """How long after a job's end the rest of its log is still shipped (a server that
-    never takes it must not keep the record for ever)."""
-    real_job_util: float = 0.5
-    """The utilisation a simulated GPU shows while a real process holds it."""
-    health_interval_s: float = 2.0
-    """The GPUs are checked this often between syncs; a new fault syncs at once."""
-    checkpoint_root: Path | None = None
-    """Where ``checkpoints/<job>`` (GPUFLEET_CHECKPOINT_DIR) lives: a filesystem shared
-    by all nodes lets a requeued job resume on another node (default: the work dir)."""
-    probe_interval_s: float = 1.0
-    probe_timeout_s: float = 1.0
-    mps_pipe_dir: str = ""
-    """The MPS control daemon's pipe directory for GPU shares' jobs ("": CUDA's default,
-    /tmp/nvidia-mps). Without a daemon there, shares run time-sliced, their limits not
-    enforced (``jobs.share_env``)."""
-
-
-@dataclass(slots=True)
-class AgentStats:
-    syncs: int = 0
-    failures: int = 0
-    started: int = 0
-    stopped: int = 0
-    last_error: str | None = None
-    last_status: int | None = None
-
-
-def telemetry_row(s: GpuSample, reasons: tuple[str, ...], inv: NodeInventory) -> dict[str, Any]:
-    info = next((g for g in inv.gpus if g.index == s.index), None)
-    row: dict[str, Any] = {
-        "index": s.index,
-        "utilization_pct": s.utilization_pct,
-        "memory_used_mb": s.memory_used_mb,
-        "temperature_c": s.temperature_c,
-        "power_w": s.power_w,
-        "sm_clock_mhz": s.sm_clock_mhz,
-        "mem_clock_mhz": s.mem_clock_mhz,
-        "throttle_reasons": list(s.throttle_reasons),
-        "ecc_sbe": s.ecc_sbe,
-        "ecc_dbe": s.ecc_dbe,
-        "xid_events": list(s.xid_events),
-        "pcie_replay": s.pcie_replay,
-        "retired_pages": s.retired_pages,
-        "pcie_gen": info.pcie_gen if info else None,
-        "pcie_width": info.pcie_width if info else None,
-        "nvlink_peers": list(info.nvlink_peers) if info else [],
-        "mig_enabled": info.mig_enabled if info else None,
-        "lost": s.lost,
-        "health": list(reasons),
-    }
-    if s.mig_instances:  # only then: an older server refuses the key (extra="forbid")
-        row["mig_instances"] = [dataclasses.asdict(m) for m in s.mig_instances[:7]]
-    return row
-
-
-def mig_instance_row(m: MigInstance) -> dict[str, Any]:
-    """A MIG device as ``MigInstanceIn`` (strings cut to its limits: one odd name from a
-    driver must not get the whole sync refused)."""
-    return {
-        "uuid": m.uuid[:96],
-        "profile": m.profile[:32],
-        "gpu_instance_id": m.gpu_instance_id,
-        "compute_instance_id": m.compute_instance_id,
-        "start": m.start,
-        "size": m.size,
-        "memory_mb": m.memory_mb,
-    }
-
-
-def gpu_row(g: GpuInfo, healthy: bool) -> dict[str, Any]:
-    """A GPU of the inventory as ``GpuIn``."""
-    return {
-        "index": g.index,
-        "uuid": g.uuid[:64],
-        "model": g.model[:64],
-        "memory_mb": g.memory_mb,
-        "nvlink_domain": g.nvlink_domain,
-        "healthy": healthy,
-        "mig_enabled": g.mig_enabled,
-        "mig_instances": [mig_instance_row(m) for m in g.mig_instances[:MIG_INSTANCES_MAX]],
-    }
 
 
 class Agent:
@@ -269,7 +121,9 @@ class Agent:
         """Set to run the loop's next turn now (a push, an exit); the demo shares one
         Event between the agents one of its threads runs."""
         self._exits = ExitWatch(self._kick)
-        self._watcher: threading.Thread | None = None
+        self.doorbell = Doorbell(
+            node=config.node, wait_s=config.wait_s, retry_max_s=config.sync_interval_s, ring=self._ring
+        )
         self._last_sync = float("-inf")
         self._next_sync = 0.0
         self._lock = threading.Lock()
@@ -277,18 +131,15 @@ class Agent:
         self._faults: dict[int, frozenset[str]] = {}
         self._last_health = time.monotonic()
         self.replicas = ReplicaProbes(interval_s=config.probe_interval_s, timeout_s=config.probe_timeout_s)
-        self._mig_results: dict[int, tuple[Layout, str | None]] = {}
-        """GPU -> (layout, error) of a MIG change done, reported until the server stops asking."""
-        self._mig_applying: dict[int, Layout] = {}
-        """GPU -> layout the MIG worker is applying now."""
-        self._mig_worker: threading.Thread | None = None
+        self.migs = MigLayouts(
+            node=config.node, lock=self._lock, inventory=lambda: self.inventory, applied=self._mig_applied
+        )
         self._skip_logs = False
+        """The last sync was refused as too large: the next carries no log chunks."""
         self._log_backlog = False
         """The last sync's chunks took most of its budget: more is waiting."""
         self._released: set[Key] = set()
-        self._gpu_sweeps: dict[Key, int] = {}
-        """Attempt -> how many times its leftovers on its GPUs were killed."""
-        """The last sync was refused as too large: the next carries no log chunks."""
+        self._sweeps = GpuSweeps()
         self._log_shrink = 1
         """Divides the log budget after a refusal (413), back to 1 after good syncs."""
         self._slurm_bin = ""
@@ -342,9 +193,9 @@ class Agent:
                 if cur.stop_requested_at is not None:
                     cur = runner.stop(cur, now=now, grace_s=self.config.grace_s)
                 else:
-                    cur = self._signal_due(runner, cur, now)
+                    cur = signal_due(runner, cur, now, save=self._save)
                 code = runner.poll(cur, now=now)
-                if code is not None and self._gpu_leftovers(cur):
+                if code is not None and self._sweeps.sweep(cur, held=self.jobs.values(), probe=self.probe):
                     code = None  # killed what NVML still lists of it: over at a later tick
                 if code is not None:
                     cur = dataclasses.replace(cur, exit_code=code, ended_at=now)
@@ -360,59 +211,6 @@ class Agent:
             self._news = self._urgent = True
         return ended
 
-    def _gpu_leftovers(self, job: LocalJob) -> bool:
-        """On a real GPU: the processes of the job's account NVML still lists on its GPUs
-        once its runner says it is over (GPUs another running attempt of that account
-        holds are left alone: whose is whose cannot be told). Killed, and True: its end
-        is reported at a later tick, so its GPUs are offered only once they are clear; at
-        most ``GPU_SWEEPS`` times (a process that does not die must not hold the job for
-        ever: a warning says so). Caller holds the lock."""
-        probe = self.probe
-        tries = self._gpu_sweeps.get(job.key, 0)
-        if job.uid is None or not isinstance(probe, ProcessProbe) or tries >= GPU_SWEEPS:
-            return False
-        others = {
-            mig.device_gpu(g)
-            for j in self.jobs.values()
-            if j.key != job.key and j.exit_code is None and j.uid == job.uid
-            for g in j.gpus
-        }
-        found: list[int] = []
-        for gpu in sorted({mig.device_gpu(g) for g in job.gpus} - others):
-            for pid in probe.gpu_pids(gpu):
-                with contextlib.suppress(psutil.Error, OSError):
-                    if psutil.Process(pid).uids().real == job.uid:
-                        os.kill(pid, signal.SIGKILL)
-                        found.append(pid)
-        if found:
-            self._gpu_sweeps[job.key] = tries + 1
-            log.warning("job %s/%s: killed pids %s left on its GPUs", job.job_id, job.attempt, found)
-        else:
-            self._gpu_sweeps.pop(job.key, None)
-        return bool(found)
-
-    def _signal_due(self, runner: JobRunner, job: LocalJob, now: float) -> LocalJob:
-        """``--signal``: send it once the time left is at most its seconds (caller holds
-        the lock)."""
-        deadline = job.deadline
-        if job.signal is None or deadline is None or job.signal_sent_at is not None:
-            return job
-        try:
-            batch_only, signum, seconds = signal_parts(job.signal)
-        except (KeyError, ValueError):  # not parse_signal's form: nothing to send, ever
-            log.warning("job %s/%s: unusable --signal %r", job.job_id, job.attempt, job.signal)
-            job = dataclasses.replace(job, signal_sent_at=now)
-            self._save(job)
-            return job
-        if now < deadline - seconds:
-            return job
-        job = dataclasses.replace(job, signal_sent_at=now)
-        self._save(job)  # first: a restarted agent must not send it a second time
-        why = runner.send_signal(job, signum=signum, batch_only=batch_only)
-        if why is not None:
-            log.info("job %s/%s: --signal=%s not sent: %s", job.job_id, job.attempt, job.signal, why)
-        return job
-
     def _refresh(self, job: LocalJob, d: DesiredJob) -> None:
         """A held attempt's ``--signal`` and deadline, as the server now says (the
         deadline arrives once the job runs, and moves when its time limit does)."""
@@ -423,22 +221,10 @@ class Agent:
         self.kick.set()
 
     def _acked(self, reply: SyncReply, sent: dict[str, Any]) -> None:
-        """How far the server has each log (caller holds the lock): the cap's marker and
-        the closing chunk count once the ack reaches their end."""
+        """How far the server has each log (caller holds the lock; ``logship.acked``)."""
         ends = {(a.job_id, a.attempt): a.end for a in reply.log_acks}
-        for c in sent.get("logs", []):
-            key = (c["job_id"], c["attempt"])
-            job = self.jobs.get(key)
-            if job is None or ends.get(key, -1) < c["end"]:
-                continue
-            if c.get("last") and not job.log_done:
-                self._save(dataclasses.replace(job, log_done=True))
-            if c["data"] == cap_marker(self.config.log_limits.max_bytes) and not job.log_capped:
-                self._save(dataclasses.replace(self.jobs[key], log_capped=True))
-        for key, end in ends.items():
-            job = self.jobs.get(key)
-            if job is not None and end > job.log_acked:
-                self._save(dataclasses.replace(job, log_acked=end))
+        for job in acked(self.jobs, ends, sent.get("logs", []), self.config.log_limits).values():
+            self._save(job)
 
     def _release(self, key: Key, now: float) -> None:
         """An attempt over, reported and no longer wanted: its runner lets go of it; the
@@ -454,7 +240,7 @@ class Agent:
         if job.log_done or now - ended >= self.config.log_tail_s:
             self.jobs.pop(key, None)
             self._released.discard(key)
-            self._gpu_sweeps.pop(key, None)
+            self._sweeps.forget(key)
             self.store.forget(job)
 
     def endpoint(self, job: LocalJob) -> str:
@@ -520,10 +306,7 @@ class Agent:
                         seen["models"] = models
                 if job.key not in self._released:  # released: only the rest of its log
                     jobs.append(seen)
-            mig_results = [
-                {"gpu": gpu, "layout": list(layout), "error": error}
-                for gpu, (layout, error) in sorted(self._mig_results.items())
-            ]
+            mig_results = self.migs.report()
         self._log_backlog = budget < self.config.log_limits.sync_bytes // (2 * self._log_shrink)
         body: dict[str, Any] = {"gpus": gpus, "telemetry": telemetry, "jobs": jobs, "logs": logs}
         if self.steps is not None:
@@ -533,23 +316,7 @@ class Agent:
                 body["steps"] = tasks
         if mig_results:
             body["mig_results"] = mig_results
-        for k in ("leaf", "rack", "address"):
-            v = getattr(self.config, k)
-            if v:
-                body[k] = v
-        if self.config.features:
-            body["features"] = list(self.config.features)
-        if inv.driver_version:
-            body["driver_version"] = inv.driver_version[:64]
-        if inv.cuda_version:
-            body["cuda_version"] = inv.cuda_version[:32]
-        if inv.cpus is not None:
-            body["cpus"] = inv.cpus
-        if inv.memory_mb is not None:
-            body["memory_mb"] = inv.memory_mb
-        warning = self.warning()
-        if warning:
-            body["warning"] = warning[:512]
+        body.update(node_facts(self.config, inv, self.warning()))
         return body
 
     def apply(self, reply: dict[str, Any], *, sent: dict[str, Any]) -> None:
@@ -615,7 +382,9 @@ class Agent:
                 serving=[k for k in self.jobs if self.replicas.ready(k)],
             )
             self._feed_probe()
-            self._mig_step(parsed.mig)
+            busy_gpus = {mig.device_gpu(g) for j in self.jobs.values() if j.exit_code is None for g in j.gpus}
+            if self.migs.step(parsed.mig, probe=self.probe, busy=busy_gpus):
+                self._news = True
 
     def _prepare(self, spec: JobSpec, kind: str, *, service: bool) -> JobSpec:
         """``steps.prepare_job`` with this agent's server and launchers."""
@@ -646,140 +415,24 @@ class Agent:
             self._news = True
 
     def _devices(self, gpus: Sequence[int]) -> tuple[str, ...] | None:
-        """``JobSpec.devices`` for these indices: () for whole GPUs; for MIG slices their
-        ``MIG-...`` UUIDs from the inventory (the GPU and first memory slice an index
-        names), None when one is not there (the layout changed under the allocation)."""
-        if all(mig.slice_of(i) is None and mig.share_of(i) is None for i in gpus):
-            return ()
-        out: list[str] = []
-        for i in gpus:
-            share = mig.share_of(i)
-            if share is not None:  # a GPU share: its GPU, once
-                if str(share[0]) not in out:
-                    out.append(str(share[0]))
-                continue
-            where = mig.slice_of(i)
-            if where is None:
-                out.append(str(i))
-                continue
-            info = next((g for g in self.inventory.gpus if g.index == where[0]), None)
-            found = (
-                None if info is None else next((m for m in info.mig_instances if m.start == where[1]), None)
-            )
-            if found is None:
-                log.warning("node %s: no MIG instance at GPU %d slice %d", self.config.node, *where)
-                return None
-            out.append(found.uuid)
-        return tuple(out)
+        """``JobSpec.devices`` for these indices on this node (``devices.job_devices``)."""
+        return job_devices(self.inventory, gpus, node=self.config.node)
 
     def _share(self, gpus: Sequence[int]) -> tuple[int, int] | None:
-        """``JobSpec.share`` for these indices: (percent, MiB) of a GPU share's units, the
-        memory the units' share of the GPU's (None: not a share)."""
-        units = [s for s in map(mig.share_of, gpus) if s is not None]
-        if not units:
-            return None
-        info = next((g for g in self.inventory.gpus if g.index == units[0][0]), None)
-        memory = 0 if info is None else info.memory_mb
-        return len(units), memory * len(units) // mig.SHARE_UNITS
+        """``JobSpec.share`` for these indices on this node (``devices.job_share``)."""
+        return job_share(self.inventory, gpus)
 
     # -- MIG layouts ------------------------------------------------------------------------
-    def _mig_step(self, changes: Sequence[MigChange]) -> None:
-        """Act on the reply's MIG changes (caller holds the lock): forget the results the
-        server no longer asks for, then hand the changes not yet done, on GPUs no local
-        attempt holds, to a worker thread. One worker at a time: a change that arrives
-        while it runs waits for the next sync (the worker's end triggers one).
-
-        Never twice: a change with a result (applied or failed) is not applied again while
-        the server asks for it. Results live in memory: an agent restarted before it
-        reported one applies that layout once more (no job is on the GPU then)."""
-        wanted: dict[int, Layout] = {c.gpu: tuple(c.layout) for c in changes}
-        for gpu, (layout, _) in list(self._mig_results.items()):
-            if wanted.get(gpu) != layout:
-                del self._mig_results[gpu]
-        busy = {mig.device_gpu(g) for j in self.jobs.values() if j.exit_code is None for g in j.gpus}
-        todo = [
-            (gpu, layout)
-            for gpu, layout in sorted(wanted.items())
-            if gpu not in self._mig_applying
-            and self._mig_results.get(gpu, (None, None))[0] != layout
-            and gpu not in busy
-        ]
-        if not todo or self._mig_applying:
-            return
-        if not isinstance(self.probe, MigProbe):
-            for gpu, layout in todo:
-                self._mig_results[gpu] = (layout, NO_MIG_PROBE)
-            self._news = True
-            return
-        self._mig_applying = dict(todo)
-        self._mig_worker = threading.Thread(
-            target=self._apply_mig, args=(todo,), name=f"gpufleet-mig-{self.config.node}", daemon=True
-        )
-        self._mig_worker.start()
-
-    def _apply_mig(self, todo: Sequence[tuple[int, Layout]]) -> None:
-        """The MIG worker: apply each change, re-read the inventory (a failed change may
-        have done part of its work: the next sync shows what the GPU holds), record the
-        result and sync soon. Any exception is the change's error, never the worker's end."""
-        for gpu, layout in todo:
-            try:
-                error = self._apply_mig_one(gpu, layout)
-            except ProbeError as exc:
-                error = str(exc) or type(exc).__name__
-            except Exception as exc:
-                log.exception("node %s: MIG layout for GPU %d failed", self.config.node, gpu)
-                error = f"{type(exc).__name__}: {exc}"
-            try:
-                self.inventory = self.probe.inventory()
-            except Exception as exc:
-                log.warning("node %s: inventory after a MIG change: %s", self.config.node, exc)
-            if error is not None:
-                log.warning(
-                    "node %s: MIG layout %s on GPU %d: %s", self.config.node, ",".join(layout), gpu, error
-                )
-            with self._lock:
-                self._mig_applying.pop(gpu, None)
-                self._mig_results[gpu] = (layout, None if error is None else error[:MIG_ERROR_CHARS])
-                self._news = self._urgent = True
-            self._kick()
-
-    def _apply_mig_one(self, gpu: int, layout: Layout) -> str | None:
-        """One change: None once applied, else why not (``MigError``s propagate).
-
-        A layout: ``apply_mig_layout`` (which refuses a GPU in MIG mode off; a probe with
-        ``set_mig_mode`` turns it on first). The whole GPU (``[]``): a GPU whose MIG mode is
-        off (or not reported) is whole already; else its instances are removed and, with
-        ``set_mig_mode``, MIG mode is turned off. Without it that is an error telling the
-        operator what is left to do (NVML turns MIG mode off only across a GPU reset, and
-        a GPU in MIG mode with no instance is no whole GPU to CUDA)."""
-        probe = self.probe
-        if not isinstance(probe, MigProbe):
-            return NO_MIG_PROBE
-        set_mode = getattr(probe, "set_mig_mode", None)
-        info = next((g for g in self.inventory.gpus if g.index == gpu), None)
-        mig_on = info is not None and bool(info.mig_enabled)
-        if layout:
-            if set_mode is not None and info is not None and not mig_on:
-                set_mode(gpu, True)
-            probe.apply_mig_layout(gpu, list(layout))
-            return None
-        if info is not None and not mig_on:
-            return None
-        probe.apply_mig_layout(gpu, [])
-        if set_mode is not None:
-            set_mode(gpu, False)
-            return None
-        return (
-            f"GPU {gpu}: MIG instances removed, but MIG mode is still on and this node's probe cannot "
-            f"turn it off: run nvidia-smi -i {gpu} -mig 0 (needs a GPU reset)"
-        )
+    def _mig_applied(self, inventory: NodeInventory | None) -> None:
+        """A MIG change is done (the lock held): the inventory as it is now, and a sync soon."""
+        if inventory is not None:
+            self.inventory = inventory
+        self._news = self._urgent = True
+        self._kick()
 
     def mig_settle(self, timeout_s: float = 10.0) -> bool:
         """Wait until no MIG change is being applied; True if none is (tests, shutdown)."""
-        worker = self._mig_worker
-        if worker is not None:
-            worker.join(timeout_s)
-        return not self._mig_applying
+        return self.migs.settle(timeout_s)
 
     def sync_once(self) -> bool:
         body = self.build_sync()
@@ -882,41 +535,13 @@ class Agent:
         self._kick()
 
     def start_watch(self, stop: threading.Event) -> None:
-        """Keep a long-poll open until ``stop`` (where the transport can)."""
-        waiter = self.transport
-        if self._watcher is not None or not isinstance(waiter, WaitTransport):
-            return
-        self._watcher = threading.Thread(
-            target=self._watch, args=(waiter, stop), name=f"gpufleet-wait-{self.config.node}", daemon=True
-        )
-        self._watcher.start()
+        """Keep a long-poll open until ``stop`` (where the transport can; ``doorbell.py``)."""
+        self.doorbell.start(self.transport, stop)
 
-    def _watch(self, waiter: WaitTransport, stop: threading.Event) -> None:
-        seen: str | None = None
-        failures = 0
-        while not stop.is_set():
-            try:
-                # a random timeout spreads the renewals of a whole fleet's long-polls (after a
-                # server restart they would all come at once); Kubernetes' watches do the same
-                timeout = self.config.wait_s * random.uniform(0.75, 1.25)
-                version = waiter.wait(self.config.node, seen, timeout)
-            except AgentTransportError as exc:
-                if exc.status in (404, 405):
-                    log.info("node %s: the server has no long-poll: periodic syncs only", self.config.node)
-                    return
-                failures += 1  # down, restarting, or refusing us: the periodic sync says which
-                stop.wait(min(self.config.sync_interval_s, 0.5 * 2 ** min(failures, 6)))
-                continue
-            except Exception:  # never die: the periodic sync carries on regardless
-                log.exception("node %s: long-poll failed", self.config.node)
-                failures += 1
-                stop.wait(min(self.config.sync_interval_s, 0.5 * 2 ** min(failures, 6)))
-                continue
-            failures = 0
-            if version != seen:  # the first answer too: something may have changed since our last sync
-                seen = version
-                self._pushed = True
-                self._kick()
+    def _ring(self) -> None:
+        """The doorbell: the desired set may have changed, sync now."""
+        self._pushed = True
+        self._kick()
 
     def stop_all(self, *, timeout_s: float | None = None) -> None:
         """Stop every job this agent runs (the demo's shutdown; a real agent leaves its

@@ -185,7 +185,7 @@ class LocalJob:
     """When ``signal`` was sent (recorded before it is sent: never twice per attempt)."""
     uid: int | None = None
     """The account it runs as (a root agent's process job): what of it NVML still lists on
-    its GPUs after its end is killed (``Agent._gpu_leftovers``)."""
+    its GPUs after its end is killed (``gpusweep.GpuSweeps``)."""
     exit_reported: bool = False
     """Its exit went out in a sync the server answered (reported at once, before the
     rest of its log: ``logship``)."""

@@ -22,13 +22,17 @@ server in chunks, each stored there only if it starts where the server's copy en
   of its log in the same sync, and ships the rest afterwards: chunks with ``more`` keep
   the attempt's log open on the server (which takes them from a node that no longer
   holds the job), the one with ``last`` closes it (``gpufleet logs -f`` ends then).
+
+The reply says how far the server has each log (``acked``): shipping goes on from there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,3 +176,30 @@ def chunks_of(job: LocalJob, limits: LogLimits, budget: int) -> tuple[list[dict[
 def pending(job: LocalJob) -> bool:
     """Whether the job still has log to ship (or to close)."""
     return not job.log_done and (job.log_size() > job.log_acked or job.exit_code is not None)
+
+
+def acked(
+    jobs: Mapping[tuple[int, int], LocalJob],
+    ends: Mapping[tuple[int, int], int],
+    sent: Sequence[dict[str, Any]],
+    limits: LogLimits,
+) -> dict[tuple[int, int], LocalJob]:
+    """The attempts of ``jobs`` whose records change with a reply's log acks (``ends``:
+    how far the server has each log; ``sent``: the chunks the sync carried), as they are
+    to be saved: ``log_acked`` moves up; the cap's marker and the closing chunk count
+    (``log_capped``, ``log_done``) once the ack reaches their end."""
+    out: dict[tuple[int, int], LocalJob] = {}
+    for c in sent:
+        key = (c["job_id"], c["attempt"])
+        job = out.get(key) or jobs.get(key)
+        if job is None or ends.get(key, -1) < c["end"]:
+            continue
+        if c.get("last") and not job.log_done:
+            job = out[key] = dataclasses.replace(job, log_done=True)
+        if c["data"] == cap_marker(limits.max_bytes) and not job.log_capped:
+            out[key] = dataclasses.replace(job, log_capped=True)
+    for key, end in ends.items():
+        job = out.get(key) or jobs.get(key)
+        if job is not None and end > job.log_acked:
+            out[key] = dataclasses.replace(job, log_acked=end)
+    return out
