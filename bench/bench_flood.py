@@ -87,6 +87,7 @@ def seed(db_url: str, jobs_n: int) -> dict[str, str]:
     from gpufleet.server.problems import Failure
     from gpufleet.server.services import auth, pools, submissions, users
     from gpufleet.server.services.inventory import FleetCache
+    from gpufleet.server.services.submitbatch import NewJob
     from gpufleet.server.store.db import Database
     from gpufleet.server.store.models import User
 
@@ -113,7 +114,7 @@ def seed(db_url: str, jobs_n: int) -> dict[str, str]:
             fleets = FleetCache()
             for start in range(0, jobs_n, 500):
                 batch = [
-                    submissions.NewJob(actor=who, spec=spec, time_limit_s=None, now=now, fleets=fleets)
+                    NewJob(actor=who, spec=spec, time_limit_s=None, now=now, fleets=fleets)
                     for _ in range(min(500, jobs_n - start))
                 ]
                 with db.write() as s:

@@ -443,11 +443,11 @@ def test_export_leaves_behind_a_value_the_api_would_refuse() -> None:
 def test_exclusive_means_whole_nodes_or_is_refused(
     sizes: list[int], shape: dict[str, int], want: dict[str, int] | str
 ) -> None:
-    """The server's part of --exclusive (``submissions.whole_gpus``): the GPU shape that
+    """The server's part of --exclusive (``submitfit.whole_gpus``): the GPU shape that
     fills the pool's nodes (CPUs and memory: tests/server/test_slurm_defaults.py)."""
     from gpufleet.api.jobs import JobSubmit
     from gpufleet.server.problems import Failure
-    from gpufleet.server.services.submissions import whole_gpus
+    from gpufleet.server.services.submitfit import whole_gpus
 
     got = whole_gpus(JobSubmit(command=["x"], **shape), sorted(set(sizes)), "p")
     if isinstance(want, dict):

@@ -6,7 +6,7 @@ inventory shows it (``server/services/inventory.py::_build``, ``gpufleet.miginde
 shared GPU stays on its node with ``healthy=False`` (never handed out whole) and becomes a
 node of its own, ``share_node(node, gpu)``, right after its node, holding ``SHARE_UNITS``
 units of model ``share_model(model)``. A trace job with ``gpu_milli`` < 1000 asks, as
-``--gpu-fraction`` does on the server (``submissions._share``), for
+``--gpu-fraction`` does on the server (``server/services/submitfit._share``), for
 ``ceil(gpu_milli x SHARE_UNITS / 1000)`` units of GPU type ``share_gpu_type(gpu_type)``
 on one node (``request_shape``); the core places them (best fit: the fullest shared GPU
 that fits). A fleet without shared GPUs gives a fractional job a whole GPU, as before.

@@ -28,7 +28,7 @@ from gpufleet.server.jobstate.states import ACTIVE, TERMINAL, JobState
 from gpufleet.server.jobstate.transitions import move, ref, release_attempt
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
-from gpufleet.server.services.submissions import time_limit
+from gpufleet.server.services.submitopts import time_limit
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import Allocation, Job, JobEvent, Team, User
 from gpufleet.timefmt import format_duration

@@ -3,7 +3,7 @@
 ``gpufleet node mig NODE --gpu 3 --layout 1g.10gb,...`` is pending until the node's agent
 applies it (``miglayouts.py``): once no job holds the GPU, at its next sync. A job asking
 for a profile only that layout will create is not impossible, it is early: it is
-accepted at submit (``submissions._shape_problem`` asks ``reason``) and waits, outside the
+accepted at submit (``submitfit.shape_problem`` asks ``reason``) and waits, outside the
 queue as a dependency does, with the reason "MIGLayout: waiting for node-007's MIG layout
 (1g.10gb x7) to take effect" (the scheduling pass asks ``judge``). Once the layout is
 applied the job is an ordinary slice job; if the node refuses it (``mig_error``) the

@@ -1,5 +1,5 @@
 """QOS (Slurm's quality of service): admins create, list and delete them; a job names
-one (``--qos``) or gets the default one at submission (``submissions.py``); the
+one (``--qos``) or gets the default one at submission (``submitchecks.with_qos``); the
 scheduling loop adds its priority and preemptability to each job's request and hands
 its per-user limits to the core (``scheduler/qos.py``).
 
