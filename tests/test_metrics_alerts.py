@@ -1,5 +1,7 @@
 """Built-in alerts: the rules (a table of fleet states), the Alertmanager-format messages,
-delivery with retries to a loopback HTTP receiver, and a server started with
+delivery with retries to a loopback HTTP receiver, the sender as a loop on the runner (a
+transport that raises is a counted failure the loop carries on from; it stops after the
+rules' loop and delivers what that loop handed it last), and a server started with
 ``alert_webhook`` posting GpuHot for a hot GPU."""
 
 from __future__ import annotations
@@ -12,10 +14,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gpufleet.api.nodes import GpuTelemetry
-from gpufleet.server.loops.alerts import Alert, AlertRules, AlertTracker, WebhookSender, evaluate
+from gpufleet.server.loops.alerts import (
+    Alert,
+    AlertRules,
+    AlertTracker,
+    WebhookSender,
+    alert_loop,
+    evaluate,
+)
+from gpufleet.server.runner import Loops, Runner
 from gpufleet.server.services.dashboard import FleetView, GpuInfo, NodeInfo, QueueStat, TeamSpend
 from gpufleet.server.store.agentstate import AgentState
 from gpufleet.server.store.telemetry import RecordingTelemetryStore
@@ -145,24 +156,127 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
 @pytest.mark.parametrize("receiver", [0, 2], indirect=True, ids=["first-try", "after-2-failures"])
 def test_webhook_delivery_retries_with_backoff(receiver: Receiver) -> None:
     sender = WebhookSender(receiver.url, backoff_s=0.05, attempts=4)
+    sender.start()
     try:
         sender.send({"status": "firing", "alerts": []})
         assert receiver.wait(1) == [{"status": "firing", "alerts": []}]
         assert receiver.attempts == receiver.fail + 1
     finally:
-        sender.close()
-    assert sender.delivered == 1 and sender.dropped == 0
+        sender.stop()
+    assert sender.delivered == 1 and sender.dropped == 0 and sender.failures == 0
 
 
 def test_webhook_gives_up_after_attempts(receiver: Receiver) -> None:
     receiver.fail = 100
     sender = WebhookSender(receiver.url, backoff_s=0.01, attempts=3)
+    sender.start()
     sender.send({"status": "firing"})
     deadline = time.monotonic() + 5
     while sender.dropped == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
-    sender.close()
+    sender.stop()
     assert receiver.attempts == 3 and sender.dropped == 1
+    assert sender.failures == 0  # a receiver's refusal is the message's fate, not the loop's failure
+
+
+class Flaky(httpx.BaseTransport):
+    """A transport that raises a non-HTTP error (a bug, not a receiver's answer) on the
+    posts numbered in ``broken`` and answers 200 to the others."""
+
+    def __init__(self, broken: set[int]) -> None:
+        self.broken = broken
+        self.posts: list[dict[str, Any]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.posts.append(json.loads(request.content))
+        if len(self.posts) in self.broken:
+            raise RuntimeError("transport bug")
+        return httpx.Response(200)
+
+
+def test_a_raising_transport_is_a_counted_failure_and_the_sender_carries_on() -> None:
+    flaky = Flaky(broken={1})
+    sender = WebhookSender("http://receiver/hook", transport=flaky, interval_s=0.01)
+    sender.start()
+    try:
+        sender.send({"n": 1})
+        sender.send({"n": 2})
+        deadline = time.monotonic() + 5
+        while sender.delivered + sender.dropped < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sender.send({"n": 3})  # the loop is still alive
+        while sender.delivered < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        sender.stop()
+    assert [p["n"] for p in flaky.posts] == [1, 2, 3]  # in order, none posted twice
+    assert (sender.failures, sender.dropped, sender.delivered) == (1, 1, 2)
+    assert not sender.loop._thread or not sender.loop._thread.is_alive()
+
+
+class Logged:
+    """A runner that notes its stop in ``log``, then stops ``inner``."""
+
+    def __init__(self, inner: Runner, log: list[str]) -> None:
+        self.inner, self.log, self.name = inner, log, inner.name
+
+    @property
+    def passes(self) -> int:
+        return self.inner.passes
+
+    @property
+    def failures(self) -> int:
+        return self.inner.failures
+
+    def start(self) -> None:
+        self.inner.start()
+
+    def wake(self) -> None:
+        self.inner.wake()
+
+    def stop(self) -> None:
+        self.log.append(self.name)
+        self.inner.stop()
+
+
+class Slow(Flaky):
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        time.sleep(0.1)
+        return super().handle_request(request)
+
+
+def test_the_sender_stops_after_the_rules_loop_and_delivers_its_last_messages() -> None:
+    """``Loops`` stops in reverse: the rules' loop (added after the sender, as
+    ``loops/build.py`` does) ends first; what it handed over just before still goes out
+    (the sender's ``stop`` drains its queue)."""
+    slow = Slow(broken=set())
+    sender = WebhookSender("http://receiver/hook", transport=slow)
+    fleet_view = view(ready=False, oldest=NOW - 7200)  # two alert names: two messages
+    rules = alert_loop(
+        view=lambda: fleet_view, hot=AgentState(), sender=sender, rules=AlertRules(), interval_s=60
+    )
+    stopped: list[str] = []
+    loops = Loops([Logged(sender, stopped), Logged(rules, stopped)])
+    loops.start()
+    rules.wake()
+    deadline = time.monotonic() + 5
+    while rules.passes == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    loops.stop()  # at once: the first message is still in flight
+    assert stopped == ["alerts", "alert-webhook"]
+    assert sorted(p["groupLabels"]["alertname"] for p in slow.posts) == ["NodeNotReady", "QueueWaitHigh"]
+    assert sender.delivered == 2 and sender.dropped == 0 and sender.failures == 0
+
+
+def test_stop_gives_up_on_a_receiver_that_is_down_after_drain_s() -> None:
+    down = httpx.MockTransport(lambda request: httpx.Response(503))
+    sender = WebhookSender("http://receiver/hook", transport=down, backoff_s=10.0, drain_s=0.2)
+    sender.start()
+    sender.send({"status": "firing"})
+    t0 = time.monotonic()
+    sender.stop()
+    assert time.monotonic() - t0 < 3.0  # not the 10 s backoff
+    assert sender.dropped == 1 and sender.delivered == 0
 
 
 def test_server_posts_builtin_alerts(tmp_path: Path, receiver: Receiver) -> None:

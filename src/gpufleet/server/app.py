@@ -231,12 +231,13 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         single: _Term | None = None
+        own = Loops()  # the process's loops (HA: NOTIFY, LISTEN, the lease's keeper)
         if leadership is None:
             single = _Term(relays, make_loops(database))  # every control loop, as one
         else:
             assert notify is not None
-            notify.start()
-            leadership.start()  # the loops run while this server leads
+            own = loops.process(notify, leadership)
+            own.start()  # the term's loops run while this server leads
         # What start-up built (routes, schemas, SQLAlchemy metadata) lives as long as the
         # process: keep it out of every garbage collection (p99 under load: 165 -> 45 ms).
         gc.freeze()
@@ -246,10 +247,7 @@ def create_app(
             bell.close()  # answer every long-poll: the agents re-sync elsewhere or later
             if single is not None:
                 single.stop()
-            if leadership is not None:
-                leadership.stop()  # ends the term and gives the lease up
-            if notify is not None:
-                notify.stop()
+            own.stop()  # the keeper first: it ends the term and gives the lease up
             audit_log.flush()  # the gathered rows, before the writer's last batch
             writer.close()
             database.dispose()

@@ -3,13 +3,25 @@
 ``Loop`` calls a *step* (a function of state: observe, then act) every ``interval_s``
 in a daemon thread, and at once when woken (``wake()``: a submit, a finished job, a
 health finding). It never dies on a failed step: the exception is logged, counted in
-``failures``, and the next step runs after one more interval (so a step that fails at
-once cannot spin on wake-ups). ``passes`` counts the steps that returned.
+``failures``, and the loop rests ``retry_after_s`` (default: one interval) whatever
+wakes it, so a step that fails at once cannot spin on wake-ups; then it waits as after
+any step. ``passes`` counts the steps that returned. An *expected* failure (a lost
+compare-and-set, a fenced write, a database that does not answer: ``expected``) is
+logged as one line, without a traceback, and counted the same way.
+
+Every background thread of the server is a ``Loop`` (or, for the scheduling loop in a
+child process, a ``Runner`` that supervises it): the control loops of a term
+(``loops/build.py``) and the process's own, HA's lease keeper (``store/leader.py``) and
+``LISTEN``/``NOTIFY`` (``store/pgnotify.py``). Their shapes differ only in the step
+and the wait: a step that blocks on a socket with a timeout runs with ``interval_s=0``
+(``retry_after_s`` paces its reconnects); a queue's consumer (the alert webhook's
+sender) is a loop woken by each put.
 
 A *pacer* (optional) decides how long the loop rests after a step, to hold a loop
 that is woken all the time to a share of the CPU (the scheduling loop's
-``StormPacer``). ``Loops`` is the one object ``app.py`` starts and stops: every loop of
-the process, started in order and stopped in reverse (HA makes starting it
+``StormPacer``), or to gather what comes during a short gap (``Rest``). ``Loops`` is
+the one object that starts and stops a set of loops: every loop of a term, and the
+process's (HA), each started in order and stopped in reverse (the term's start is
 conditional on leadership). A loop may also run in a child process
 (``loops/child.py``): what the rest of the server needs of a loop is ``Runner``.
 """
@@ -67,16 +79,24 @@ class Loop:
         first_after_s: float | None = None,
         pacer: Pacer | None = None,
         on_stop: Callable[[], None] | None = None,
+        retry_after_s: float | None = None,
+        expected: tuple[type[Exception], ...] = (),
     ) -> None:
         """``first_after_s``: the first step runs this long after ``start`` (default:
         one interval, or at once if woken). ``on_stop``: called once the thread has
-        ended (to close what the step used, e.g. the alert webhook's sender)."""
+        ended (to close what the step used, e.g. the LISTEN connection).
+        ``retry_after_s``: the rest after a failed step, whatever wakes the loop
+        (default: one interval). ``expected``: failures logged as one line (besides
+        ``Conflict`` and ``Fenced``), e.g. a database's errors for a step that talks
+        to it and nothing else."""
         self.name = name
         self.step = step
         self.interval_s = interval_s
         self.first_after_s = interval_s if first_after_s is None else first_after_s
         self.pacer = pacer
         self.on_stop = on_stop
+        self.retry_after_s = interval_s if retry_after_s is None else retry_after_s
+        self.expected: tuple[type[Exception], ...] = (Conflict, Fenced, *expected)
         self.passes = 0
         self.failures = 0
         self._wake = threading.Event()
@@ -90,9 +110,9 @@ class Loop:
         """One step; True if it returned. Never raises."""
         try:
             self.step()
-        except (Conflict, Fenced) as exc:  # expected (contention; a newer leader): no traceback
+        except self.expected as exc:  # contention, a newer leader, no database: no traceback
             self.failures += 1
-            log.warning("%s: %s", self.name, exc)
+            log.warning("%s: %s", self.name, (str(exc).splitlines() or [type(exc).__name__])[0])
             return False
         except Exception:  # never die: log, count, go on
             self.failures += 1
@@ -123,8 +143,8 @@ class Loop:
             started = time.monotonic()
             ok = self.run_once()
             wait = self.interval_s
-            if not ok:  # rest one interval whatever wakes us: a failing step must not spin
-                self._stop.wait(self.interval_s)
+            if not ok:  # rest whatever wakes us: a failing step must not spin
+                self._stop.wait(self.retry_after_s)
                 continue
             if self.pacer is not None:
                 woken = self._wake.is_set()
@@ -132,6 +152,20 @@ class Loop:
                 if rest > 0:
                     self._stop.wait(rest)
                     self.pacer.rested(woken=self._wake.is_set())
+
+
+class Rest:
+    """A pacer that rests ``gap_s`` after every step: what comes meanwhile (wake-ups,
+    queued items) is taken by the next step together (the NOTIFY sender's coalescing)."""
+
+    def __init__(self, gap_s: float) -> None:
+        self.gap_s = gap_s
+
+    def rest_after(self, *, started: float, ended: float, woken: bool) -> float:
+        return self.gap_s
+
+    def rested(self, *, woken: bool) -> None:
+        pass
 
 
 class Relay:

@@ -21,17 +21,20 @@ The same rules, for Prometheus, are in ``prometheus/gpufleet-rules.yml``.
 State is in memory (``AlertTracker``): after a restart, alerts still true fire again
 (receivers dedupe on ``fingerprint``, as with Alertmanager). ``AlertTracker.update``
 turns each evaluation into messages, one per alert name whose set changed: new alerts
-firing, vanished ones resolved. ``WebhookSender`` posts them from one thread, retrying
-with exponential backoff (a receiver that is down delays, never blocks, the server);
-a message still undelivered after ``attempts`` is logged and dropped.
+firing, vanished ones resolved. ``WebhookSender`` posts them in order from a loop of
+its own on the runner (``alert-webhook``, woken by each message), retrying with
+exponential backoff (a receiver that is down delays, never blocks, the server nor the
+rules' loop); a message still undelivered after ``attempts`` is logged and dropped.
+``loops/build.py`` starts the sender before the rules' loop (``alerts``), so it stops
+after it: the last messages are delivered (for up to ``drain_s``) before it ends.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -213,7 +216,12 @@ class AlertTracker:
 
 
 class WebhookSender:
-    """Posts messages in order from one daemon thread; ``transport`` is for tests."""
+    """Posts messages in order from its loop (a ``runner.Runner``); ``transport`` is for
+    tests. A step delivers every queued message, each with its retries; a message whose
+    delivery raised (a broken transport: a bug, not a receiver's answer) is dropped and
+    the step's failure is the loop's (counted; the rest wait one ``interval_s``)."""
+
+    name = "alert-webhook"
 
     def __init__(
         self,
@@ -223,45 +231,87 @@ class WebhookSender:
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
         timeout_s: float = 10.0,
+        drain_s: float = 5.0,
+        interval_s: float = 1.0,
+        max_queued: int = 10_000,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """``drain_s``: how long ``stop`` lets the queued messages go out (retries
+        included) before it gives up on them; ``interval_s``: the rest after a failed
+        step (a step is woken by each message otherwise)."""
         self.url = url
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.drain_s = drain_s
+        self.max_queued = max_queued
         self.delivered = 0
         self.dropped = 0
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=10_000)
-        self._stop = threading.Event()
+        self._queue: deque[dict[str, Any]] = deque()  # the head stays until it is handled
+        self._changed = threading.Condition()  # guards _queue and the counters; notified as it shrinks
+        self._abort = threading.Event()  # stop's drain is over: no more retries
         self._client = httpx.Client(
             timeout=timeout_s, transport=transport, headers={"User-Agent": f"gpufleet/{__version__}"}
         )
-        self._thread = threading.Thread(target=self._run, name="gpufleet-alert-webhook", daemon=True)
-        self._thread.start()
+        self.loop = Loop(
+            name=self.name, step=self.deliver_queued, interval_s=interval_s, on_stop=self._client.close
+        )
+
+    @property
+    def passes(self) -> int:
+        return self.loop.passes
+
+    @property
+    def failures(self) -> int:
+        return self.loop.failures
 
     def send(self, message: dict[str, Any]) -> None:
-        try:
-            self._queue.put_nowait(message)
-        except queue.Full:
-            self.dropped += 1
-            log.warning("alert webhook queue full; dropped a %s message", message.get("status"))
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=timeout_s)
-        self._stop.set()
-        self._thread.join(timeout=1)
-        self._client.close()
-
-    def _run(self) -> None:
-        while True:
-            message = self._queue.get()
-            if message is None:
-                return
-            if self._deliver(message):
-                self.delivered += 1
-            else:
+        with self._changed:
+            full = len(self._queue) >= self.max_queued
+            if full:
                 self.dropped += 1
+            else:
+                self._queue.append(message)
+        if full:
+            log.warning("alert webhook queue full; dropped a %s message", message.get("status"))
+        else:
+            self.loop.wake()
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def wake(self) -> None:
+        self.loop.wake()
+
+    def stop(self) -> None:
+        """Let what is queued go out for up to ``drain_s``, then give up its retries (a
+        message still failing is dropped) and end the loop."""
+        self.loop.wake()
+        with self._changed:
+            self._changed.wait_for(lambda: not self._queue, timeout=self.drain_s)
+        self._abort.set()
+        self.loop.stop()
+
+    def deliver_queued(self) -> int:
+        """The loop's step: post every queued message, in order; how many were handled."""
+        handled = 0
+        while True:
+            with self._changed:
+                if not self._queue:
+                    return handled
+                message = self._queue[0]
+            ok = False
+            try:
+                ok = self._deliver(message)
+            finally:  # delivered, refused, given up on, or raised: it leaves the queue
+                with self._changed:
+                    self._queue.popleft()
+                    if ok:
+                        self.delivered += 1
+                    else:
+                        self.dropped += 1
+                    self._changed.notify_all()
+            handled += 1
 
     def _deliver(self, message: dict[str, Any]) -> bool:
         delay = self.backoff_s
@@ -280,7 +330,7 @@ class WebhookSender:
                 log.warning("alert webhook failed %d times (%s); message dropped", attempt, why)
                 return False
             log.info("alert webhook attempt %d failed (%s); retrying in %.1fs", attempt, why, delay)
-            if self._stop.wait(delay):
+            if self._abort.wait(delay):
                 return False
             delay = min(self.max_backoff_s, delay * 2)
         return False
@@ -295,6 +345,8 @@ def alert_loop(
     interval_s: float,
     tracker: AlertTracker | None = None,
 ) -> Loop:
+    """The rules' loop: hands what changed to ``sender``, a loop of its own that the
+    caller starts before this one and stops after it."""
     track = tracker or AlertTracker()
 
     def step() -> int:
@@ -304,4 +356,4 @@ def alert_loop(
             sender.send(m)
         return len(messages)
 
-    return Loop(name="alerts", step=step, interval_s=interval_s, on_stop=sender.close)
+    return Loop(name="alerts", step=step, interval_s=interval_s)

@@ -1,5 +1,6 @@
-"""Builds the server's loops (``app.py`` is the only caller): the scheduling loop in a
-thread or a child process, and every other loop, as one ``Loops``."""
+"""Builds the server's loops (``app.py`` is the only caller): a term's (the scheduling
+loop in a thread or a child process, and every other control loop) as one ``Loops``,
+and the process's own under HA (``process``: NOTIFY, LISTEN, the lease's keeper)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from gpufleet.server.services.dashboard import FleetView
 from gpufleet.server.store import ledger
 from gpufleet.server.store.agentstate import AgentState
 from gpufleet.server.store.db import Database
-from gpufleet.server.store.leader import PgFence
+from gpufleet.server.store.leader import Leadership, PgFence
+from gpufleet.server.store.pgnotify import PgNotify
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,13 +148,23 @@ def build(
         )
         loops.add(automig_loop(db=db, clock=clock, config=planner))
     if config.alert_webhook:
+        sender = WebhookSender(config.alert_webhook)
+        loops.add(sender)  # before the rules' loop: it stops after it, delivering the last messages
         loops.add(
             alert_loop(
                 view=view,
                 hot=hot,
-                sender=WebhookSender(config.alert_webhook),
+                sender=sender,
                 rules=AlertRules(queue_wait_s=config.queue_wait_alert_s),
                 interval_s=config.alert_interval_s,
             )
         )
     return loops
+
+
+def process(notify: PgNotify, leadership: Leadership) -> Loops:
+    """The loops of the process, not of a term (several servers on one PostgreSQL):
+    NOTIFY's sender, LISTEN, then the lease's keeper, which starts and stops the terms.
+    Stopped in reverse: the keeper ends the term and gives the lease up while the
+    wake-ups of its last steps can still go out."""
+    return Loops([*notify.runners, leadership])

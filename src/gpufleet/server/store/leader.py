@@ -13,11 +13,13 @@ off by PostgreSQL's ``idle_in_transaction_session_timeout`` (set for fenced tran
 which ends its session and releases the lock; its writes then never land.
 
 ``Lease`` is the SQL (the database's clock decides expiry, so servers' clocks may differ);
-``Leadership`` is the keeper thread: it renews the lease every ``ttl_s / 3``, starts a
-*term* (the server's loops, their writes fenced with the term's epoch) when it gains the
-lease, and ends the term as soon as it learns of a newer holder. A keeper that could not
-ask (no database, or the lease row locked past ``lock_timeout`` by one of its own fenced
-writes on a busy machine) learns nothing and keeps its term: while the database does not
+``Leadership`` is the keeper, a loop on the runner (``runner.Loop``, named ``leader``,
+started and stopped with the process's other loops: ``loops/build.py``): it renews the
+lease every ``ttl_s / 3``, starts a *term* (the server's loops, their writes fenced with
+the term's epoch) when it gains the lease, and ends the term as soon as it learns of a
+newer holder. A keeper that could not ask (no database, or the lease row locked past
+``lock_timeout`` by one of its own fenced writes on a busy machine) learns nothing and
+keeps its term (the look is a failure of its loop, counted): while the database does not
 answer no loop can write either, and once another server leads, the fence refuses every
 write of this term until the keeper's next look ends it. A keeper that was late (a pause,
 a starved CPU) but renews under the same epoch keeps its term too: nobody led in between.
@@ -48,6 +50,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from gpufleet.server.errors import Fenced
+from gpufleet.server.runner import Loop
 
 log = logging.getLogger("gpufleet.leader")
 
@@ -192,8 +195,13 @@ class Term(Protocol):
 
 
 class Leadership:
-    """The keeper: renews the lease, starts a term on gaining it (``start_term(epoch)``),
-    stops it on losing it. ``observe`` gets (leading, epoch) after every look (metrics)."""
+    """The keeper (a ``runner.Runner``): renews the lease, starts a term on gaining it
+    (``start_term(epoch)``), stops it on losing it. Its step is ``look``, every
+    ``ttl_s / 3`` and at once on ``start``; a look the database does not answer is a
+    failure of the loop (counted, one line logged) and the next comes one period later,
+    as after any look."""
+
+    name = "leader"
 
     def __init__(
         self,
@@ -206,10 +214,15 @@ class Leadership:
         self.term: Term | None = None
         self.epoch: int | None = None
         self.changes = 0
-        self.failures = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.loop = Loop(
+            name=self.name,
+            step=self.look,
+            interval_s=self.period_s,
+            first_after_s=0.0,
+            retry_after_s=0.0,  # a failed look waits one period, as any: a lease must not lapse
+            expected=(SQLAlchemyError,),
+        )
 
     @property
     def leading(self) -> bool:
@@ -219,16 +232,22 @@ class Leadership:
     def period_s(self) -> float:
         return self.lease.ttl_s / 3
 
+    @property
+    def passes(self) -> int:
+        return self.loop.passes
+
+    @property
+    def failures(self) -> int:
+        """Looks that failed: the database did not answer (or the lease row was busy with a
+        fenced write of ours past ``lock_timeout``), or starting a term raised."""
+        return self.loop.failures
+
     def look(self) -> None:
-        """One renewal: the keeper's step (tests call it directly)."""
+        """One renewal: the keeper's step (tests call it directly). Raises
+        SQLAlchemyError when the database does not answer: nothing was learnt, the term
+        goes on (the fence refuses its writes if the lease moved)."""
         with self._lock:
-            try:
-                epoch = self.lease.acquire()
-            except SQLAlchemyError as exc:  # no answer (or the lease row busy with a fenced
-                # write of ours): nothing learnt; the fence refuses our writes if it moved
-                self.failures += 1
-                log.warning("leader lease: %s", str(exc).splitlines()[0])
-                return
+            epoch = self.lease.acquire()
             if epoch is None:
                 if self.term is not None:
                     self._end("another server holds the lease")
@@ -253,22 +272,15 @@ class Leadership:
                 log.exception("stopping the loops failed")
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpufleet-leader", daemon=True)
-        self._thread.start()
+        self.loop.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.look()
-            except Exception:  # never die
-                log.exception("leader keeper failed")
-            self._stop.wait(self.period_s)
+    def wake(self) -> None:
+        """Look now (not only at the next period)."""
+        self.loop.wake()
 
     def stop(self) -> None:
         """End the term and give the lease up (the next server takes over at once)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self.loop.stop()
         with self._lock:
             epoch = self.epoch if self.term is not None else None
             if self.term is not None:

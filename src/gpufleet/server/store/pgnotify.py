@@ -20,28 +20,46 @@ One channel (``gpufleet``); a payload is ``<sender>|w|<loop>``, ``<sender>|t|<n1
 one payload are not relayed (counted in ``dropped``). A server skips its own
 notifications. Readings of one node waiting to be sent are replaced by newer ones.
 
-Sending is one background thread, so a request never waits on it and a storm of
-wake-ups is one notification per ``gap_s``; listening is another thread with a connection
-of its own, which reconnects after a failure. Wake-ups and rings are a shortcut, never the
-only path: a missed one costs what it cost before HA (the loop's interval, the agent's
-next sync); a missed reading is replaced by the node's next one.
+Both directions are loops on the runner (``runner.Loop``), started and stopped with the
+process's other loops (``loops/build.py``), so a failure is counted and logged as every
+loop's and never ends them. *Sending* (``sender``, named ``notify``) is woken by each
+wake, touch or reading, so a request never waits on it; it rests ``gap_s`` after a step
+(``runner.Rest``), so a storm of wake-ups is one notification per ``gap_s``; a NOTIFY
+the database refused is a failed step (what it carried is dropped; the loop rests a
+second). *Listening* (``listener``, named ``listen``) holds a connection of its own;
+its step waits up to ``LISTEN_WAIT_S`` on that socket for notifications, so it runs
+with no interval; a failed step closes the connection and the next one, a second
+later, opens a new one. Wake-ups and rings are a shortcut, never the only path: a
+missed one costs what it cost before HA (the loop's interval, the agent's next sync); a
+missed reading is replaced by the node's next one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from gpufleet.server.runner import Loop, Rest
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger("gpufleet.notify")
 
 CHANNEL = "gpufleet"
 MAX_PAYLOAD = 7000
+LISTEN_WAIT_S = 0.5
+"""How long one listening step waits on its socket (and so at most how long a stop waits)."""
+RETRY_S = 1.0
+"""The rest after a failed step: a NOTIFY refused, a LISTEN connection lost."""
 
 
 def conninfo(url: str) -> str:
@@ -82,6 +100,10 @@ def _dump(obj: Any) -> Any:
 
 
 class PgNotify:
+    """Both directions between the servers: ``send``/``touch``/readings queue what
+    ``sender`` sends; ``listener`` delivers what the others sent to the ``on_*``
+    callbacks. ``runners`` are the two loops, for the process's ``Loops``."""
+
     def __init__(
         self,
         engine: Engine,
@@ -111,22 +133,37 @@ class PgNotify:
         self._touched: set[str] = set()
         self._observed: dict[tuple[str, str], str] = {}  # (kind, node or gateway) -> payload
         self._lock = threading.Lock()
-        self._ready = threading.Event()
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._conn: psycopg.Connection[Any] | None = None  # the listener's (its thread only)
+        self.sender = Loop(
+            name="notify",
+            step=self.send_pending,
+            interval_s=1.0,  # woken by what it sends; the interval only bounds a missed wake-up
+            pacer=Rest(gap_s),
+            retry_after_s=RETRY_S,
+            expected=(SQLAlchemyError,),
+        )
+        self.listener = Loop(
+            name="listen",
+            step=self.listen_once,
+            interval_s=0.0,  # the step itself waits, on the socket
+            first_after_s=0.0,
+            retry_after_s=RETRY_S,
+            on_stop=self._disconnect,
+            expected=(Exception,),  # a lost connection, a refused one: one line, then reconnect
+        )
 
     # -- sending ------------------------------------------------------------------------------
     def wake(self, loop: str = "scheduling") -> None:
         with self._lock:
             self._wakes.add(loop)
-        self._ready.set()
+        self.sender.wake()
 
     def touch(self, nodes: set[str]) -> None:
         if not nodes:
             return
         with self._lock:
             self._touched |= nodes
-        self._ready.set()
+        self.sender.wake()
 
     def telemetry(
         self, node: str, at: float, gpus: Sequence[Any], driver: str | None, cuda: str | None
@@ -145,46 +182,46 @@ class PgNotify:
             return
         with self._lock:
             self._observed[(kind, key)] = payload
-        self._ready.set()
+        self.sender.wake()
 
-    def _send_loop(self) -> None:
-        while not self._stop.is_set():
-            self._ready.wait(1.0)
-            if self._stop.is_set():
-                return
-            self._ready.clear()
-            with self._lock:
-                wakes, self._wakes = self._wakes, set()
-                touched, self._touched = self._touched, set()
-                observed, self._observed = self._observed, {}
-            payloads = [f"{self.me}|w|{w}" for w in sorted(wakes)] + pieces(self.me, touched)
-            payloads += list(observed.values())
-            if payloads:
-                try:
-                    with self.engine.connect() as c:
-                        for p in payloads:
-                            c.execute(text("SELECT pg_notify(:c, :p)"), {"c": CHANNEL, "p": p})
-                    self.sent += len(payloads)
-                except Exception as exc:  # never die: the next wake-up tries again
-                    log.warning("NOTIFY failed: %s", str(exc).splitlines()[0])
-            self._stop.wait(self.gap_s)
+    def send_pending(self) -> int:
+        """The sender's step: everything queued since the last, as notifications on one
+        connection; how many. Raises SQLAlchemyError when the database refused them."""
+        with self._lock:
+            wakes, self._wakes = self._wakes, set()
+            touched, self._touched = self._touched, set()
+            observed, self._observed = self._observed, {}
+        payloads = [f"{self.me}|w|{w}" for w in sorted(wakes)] + pieces(self.me, touched)
+        payloads += list(observed.values())
+        if payloads:
+            with self.engine.connect() as c:
+                for p in payloads:
+                    c.execute(text("SELECT pg_notify(:c, :p)"), {"c": CHANNEL, "p": p})
+            self.sent += len(payloads)
+        return len(payloads)
 
     # -- listening ----------------------------------------------------------------------------
-    def _listen_loop(self) -> None:
+    def listen_once(self) -> None:
+        """The listener's step: (re)connect and ``LISTEN`` if need be, then deliver what
+        comes within ``LISTEN_WAIT_S``. A failure closes the connection (the next step
+        opens another)."""
         import psycopg
 
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(conninfo(self.url), autocommit=True) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    while not self._stop.is_set():
-                        for n in conn.notifies(timeout=0.5):
-                            self._deliver(n.payload)
-            except Exception as exc:
-                if self._stop.is_set():
-                    return
-                log.warning("LISTEN failed (again in 1 s): %s", str(exc).splitlines()[0])
-                self._stop.wait(1.0)
+        try:
+            if self._conn is None:
+                self._conn = psycopg.connect(conninfo(self.url), autocommit=True)
+                self._conn.execute(f"LISTEN {CHANNEL}")
+            for n in self._conn.notifies(timeout=LISTEN_WAIT_S):
+                self._deliver(n.payload)
+        except Exception:
+            self._disconnect()
+            raise
+
+    def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _deliver(self, payload: str) -> None:
         got = parse(payload, self.me)
@@ -205,14 +242,7 @@ class PgNotify:
             log.exception("handling a notification failed")
 
     # -- lifetime -----------------------------------------------------------------------------
-    def start(self) -> None:
-        for target, name in ((self._send_loop, "notify"), (self._listen_loop, "listen")):
-            t = threading.Thread(target=target, name=f"gpufleet-{name}", daemon=True)
-            t.start()
-            self._threads.append(t)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._ready.set()
-        for t in self._threads:
-            t.join(timeout=5)
+    @property
+    def runners(self) -> tuple[Loop, Loop]:
+        """The two loops, in the order they start (they stop in reverse)."""
+        return (self.sender, self.listener)
