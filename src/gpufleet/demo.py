@@ -13,13 +13,18 @@
   on the fleet (autoscaled 1..4 replicas on GPU utilisation, 1 warm), a gateway on
   ``--gateway-port`` (default 8081) embedded in this process, a daily load curve on it
   (with the workload), and a curl line that calls it through the gateway;
-- a background workload: the bundled Philly sample replayed ``--speed`` times faster
+- a background workload (``demoworkload.py``, with the demo's teams, users, budgets and
+  bookings): the bundled Philly sample replayed ``--speed`` times faster
   (durations also divided by it, clamped to 2..120 s), submitted through the API by five
   demo users in three teams. Trace jobs are *simulated* (``GPUFLEET_SIMULATE_S``): they
   hold their GPUs and drive the simulated telemetry, nothing runs. Jobs you submit
   yourself (``gpufleet submit -- echo hi``, as admin: member of team ``demo``) run as
   real processes on the simulated nodes, as ``nobody`` when the demo runs as root (its
   users have no accounts here); ``gpufleet logs ID`` shows their output.
+
+This module runs the fleet's processes (the server, the agents, the gateway through
+``demoservice.py``) and the console; ``demoworkload.py`` is what the demo asks of them,
+as a client of the API.
 
 Ctrl-C (SIGINT) or SIGTERM stops the workload, the agents' jobs, the agents and the
 server, and exits 0. The server dies with the demo even if the demo is killed.
@@ -41,7 +46,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from types import FrameType
@@ -59,15 +63,12 @@ from gpufleet.agent import (
     UserMap,
     make_agent,
 )
-from gpufleet.agent.jobs import SIMULATE_ENV, SIMULATE_UTIL_ENV
 from gpufleet.client import tls_verify
 from gpufleet.demoservice import DemoService
+from gpufleet.demoworkload import ADMIN_TEAM, TraceReplay, book_reservations, setup_accounts
 from gpufleet.migindex import layout_words
 from gpufleet.sim.config import NODES_PER_LEAF
-from gpufleet.sim.trace import TraceJob
 
-TEAMS = {"vision": ("alice", "bob"), "language": ("carol", "dave"), "speech": ("erin",)}
-ADMIN_TEAM = "demo"
 DEMO_ACCOUNT = "nobody"
 """The POSIX account every demo user's real jobs run as when the demo runs as root:
 not even the demo runs a job as root. (Run as another user, jobs run as that user.)"""
@@ -89,9 +90,6 @@ a few laid out for slice jobs at once, the rest in MIG mode with no instance yet
 ``gpufleet node mig`` (or ``gpufleet server --auto-mig``) to lay out. A node of fewer GPUs
 takes the first ones. A MIG GPU is never handed out whole: the demo's 400 GPUs are 392
 whole ones and this node's slices."""
-BUDGETS = {"speech": (25.0, 60.0)}
-"""Monthly budgets: a few minutes into the demo team speech passes its soft budget (the
-page and ``gpufleet admin teams`` show it) and later its hard one (its new jobs wait)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,10 +154,18 @@ class Demo:
         self.agents: list[Agent] = []
         self.threads: list[threading.Thread] = []
         self.summary: dict[str, Any] = {}
-        self.submitted = 0
         self.token = ""
         self.scratch: Path | None = None
         self.service: DemoService | None = None
+        self.workload = TraceReplay(
+            api=self.api,
+            stop=self.stop,
+            pending=lambda: int(self.summary.get("jobs", {}).get("PENDING", 0)),
+            nodes=opts.nodes,
+            gpus_per_node=opts.gpus_per_node,
+            speed=opts.speed,
+            max_job_s=opts.max_job_s,
+        )
 
     # -- server -----------------------------------------------------------------------------
     def start_server(self) -> str | None:
@@ -229,99 +235,16 @@ class Demo:
             verify=tls_verify(self.ca_file),
         )
 
-    # -- accounts, credentials ------------------------------------------------------------------
-    def setup_accounts(self) -> dict[str, tuple[str, str]]:
-        """Teams and users (idempotent on a reused data dir); {user: (team, token)}."""
-        users: dict[str, tuple[str, str]] = {}
-        with self.api() as c:
-            me = c.get("/users/me")
-            if me.status_code != 200:
-                raise RuntimeError(
-                    f"the admin token is refused ({me.status_code}); with a reused --data-dir "
-                    "set GPUFLEET_ADMIN_TOKEN to the token of its first start"
-                )
-            for team in (ADMIN_TEAM, *TEAMS):
-                c.post("/teams", json={"name": team})
-            c.post(f"/teams/{ADMIN_TEAM}/members", json={"user": "admin"})
-            for team, (soft, hard) in BUDGETS.items():
-                c.put(f"/teams/{team}/budget", json={"soft": soft, "hard": hard})
-            for team, names in TEAMS.items():
-                for name in names:
-                    made = c.post("/users", json={"name": name, "role": "user", "teams": [team]})
-                    if made.status_code == 201:
-                        users[name] = (team, made.json()["token"])
-                    else:
-                        tok = c.post("/tokens", json={"name": "demo", "user": name})
-                        users[name] = (team, tok.json()["token"])
-        return users
-
+    # -- credentials ------------------------------------------------------------------------
     def join_tokens(self, names: list[str]) -> dict[str, str]:
         with self.api() as c:
             return {n: c.post("/nodes/join-tokens", json={"node": n}).json()["token"] for n in names}
 
     # -- bookings ---------------------------------------------------------------------------
     def book_reservations(self) -> None:
-        """A few bookings for the page's calendar, once the nodes have registered (a booking
-        is admitted against registered GPUs): team vision's daily 09:00-13:00 window for 16
-        GPUs on 2 nodes this week, an evaluation run of team language in two hours, and a
-        maintenance window on the last node tomorrow. Skipped on a reused data dir that has
-        them already.
-
-        A small fleet gets only the bookings that leave three quarters of its nodes free
-        (``_fits_fleet``): a booking keeps off its nodes every job whose time limit (4 h by
-        default, a service replica's too) reaches into its window, so two windows on a
-        4-node demo left a service's 3 replicas one node to share (issue 30)."""
-        from gpufleet.cli.reservation_cmds import local_zone
-
-        o = self.opts
+        """The page's calendar (``demoworkload.book_reservations``), once the nodes are in."""
         with self.api() as c:
-            deadline = time.monotonic() + 60
-            while not self.stop.is_set() and time.monotonic() < deadline:
-                with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                    if c.get("/fleet/summary").json()["nodes"] >= o.nodes:
-                        break
-                self.stop.wait(0.5)
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                booked = {  # a repeat's windows are named name#1, name#2, ...
-                    r["name"].split("#")[0]
-                    for r in c.get("/reservations", params={"limit": 1000}).json()["items"]
-                    if r["state"] != "CANCELLED"
-                }
-                now = time.time()
-                nine = datetime.now().astimezone().replace(hour=9, minute=0, second=0, microsecond=0)
-                if nine.timestamp() <= now:
-                    nine += timedelta(days=1)
-                tz = local_zone()  # a repeat keeps 09:00 on this machine's wall clock
-                wants = [
-                    {
-                        "name": "vision-sprint",
-                        "team": "vision",
-                        "gpus": 2 * o.gpus_per_node,
-                        "nodes": 2,
-                        "start": nine.timestamp(),
-                        "duration_s": 4 * 3600,
-                        "repeat": "daily",
-                        "count": 5,
-                        "timezone": tz,
-                    },
-                    {
-                        "name": "eval-run",
-                        "team": "language",
-                        "gpus": o.gpus_per_node,
-                        "start": now + 2 * 3600,
-                        "duration_s": 3 * 3600,
-                    },
-                    {
-                        "name": "driver upgrade",
-                        "node_names": [f"node-{o.nodes - 1:03d}"],
-                        "maintenance": True,
-                        "start": now + 26 * 3600,
-                        "duration_s": 2 * 3600,
-                    },
-                ]
-                for spec in wants:
-                    if spec["name"] not in booked and _fits_fleet(spec, o):
-                        c.post("/reservations", json=spec)
+            book_reservations(c, nodes=self.opts.nodes, gpus_per_node=self.opts.gpus_per_node, stop=self.stop)
 
     # -- agents -----------------------------------------------------------------------------
     def agents_root(self) -> Path:
@@ -405,59 +328,6 @@ class Demo:
             kick.wait(0.25)
             kick.clear()
 
-    # -- workload ---------------------------------------------------------------------------
-    def _trace(self) -> list[TraceJob]:
-        from gpufleet.sim.loaders import load_trace
-
-        path = Path(str(resources.files("gpufleet") / "data" / "philly-sample.csv"))
-        return load_trace(path, "philly").jobs
-
-    def _spec(self, job: TraceJob, team: str, rng: random.Random) -> dict[str, Any]:
-        o = self.opts
-        dur = min(o.max_job_s, max(2.0, job.duration_s / o.speed))
-        spec: dict[str, Any] = {
-            "command": ["sleep", f"{dur:.0f}"],
-            "name": job.job_id,
-            "gpus": job.gpus,
-            "team": team,
-            "priority": -1,
-            "env": {SIMULATE_ENV: f"{dur:.1f}", SIMULATE_UTIL_ENV: f"{rng.uniform(0.55, 1.0):.2f}"},
-        }
-        if job.gpus > o.gpus_per_node and job.gpus % o.gpus_per_node == 0:
-            spec["gpus_per_node"] = o.gpus_per_node
-        return spec
-
-    def run_workload(self, users: dict[str, tuple[str, str]]) -> None:
-        trace = self._trace()
-        if not trace:
-            return
-        rng = random.Random(7)
-        names = sorted(users)
-        clients = {n: self.api(users[n][1]) for n in names}
-        span = trace[-1].submit_s / self.opts.speed + 5.0
-        cap = 2 * self.opts.nodes * self.opts.gpus_per_node
-        try:
-            for lap in range(1_000_000):
-                t0 = time.monotonic()
-                for job in trace:
-                    at = t0 + job.submit_s / self.opts.speed
-                    while not self.stop.is_set() and time.monotonic() < at:
-                        self.stop.wait(min(0.5, at - time.monotonic()))
-                    if self.stop.is_set():
-                        return
-                    if self.summary.get("jobs", {}).get("PENDING", 0) > cap:
-                        continue  # the queue is long enough: skip rather than pile up
-                    user = names[hash((job.user, lap)) % len(names)]
-                    with contextlib.suppress(httpx.HTTPError):
-                        if clients[user].post("/jobs", json=self._spec(job, users[user][0], rng)).is_success:
-                            self.submitted += 1
-                rest = t0 + span - time.monotonic()
-                if rest > 0 and self.stop.wait(rest):
-                    return
-        finally:
-            for c in clients.values():
-                c.close()
-
     # -- status -----------------------------------------------------------------------------
     def poll_summary(self) -> None:
         with self.api() as c:
@@ -503,7 +373,7 @@ class Demo:
         t.add_row("jobs", "  ".join(f"{k.lower()} {jobs[k]}" for k in order if jobs.get(k)) or "none yet")
         sync = s.get("sync", {})
         t.add_row("syncs", f"{sync.get('count', 0)}  p99 {sync.get('p99_ms')} ms")
-        t.add_row("submitted", str(self.submitted))
+        t.add_row("submitted", str(self.workload.submitted))
         if self.service is not None:
             t.add_row("service mlp", self.service.status())
         return t
@@ -540,15 +410,6 @@ class Demo:
             shutil.rmtree(self.data, ignore_errors=True)
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
-
-
-def _fits_fleet(spec: dict[str, Any], o: DemoOptions) -> bool:
-    """Whether a demo booking leaves at least three quarters of the nodes unbooked; the
-    maintenance window (one node, tomorrow) is always booked."""
-    if spec.get("maintenance"):
-        return True
-    nodes = spec.get("nodes") or -(-int(spec["gpus"]) // o.gpus_per_node)
-    return 4 * int(nodes) <= o.nodes
 
 
 @contextlib.contextmanager
@@ -621,14 +482,15 @@ def run_demo(opts: DemoOptions) -> int:
             if problem is not None:
                 console.print(f"[red]gpufleet demo: {problem}[/red]")
                 return 1
-            users = demo.setup_accounts()
+            with demo.api() as c:
+                users = setup_accounts(c)
             demo.start_agents()
             if opts.service:
                 demo.start_service()
             demo.threads.append(_background(demo.poll_summary, name="summary"))
             demo.threads.append(_background(demo.book_reservations, name="bookings"))
             if opts.workload:
-                demo.threads.append(_background(demo.run_workload, users, name="workload"))
+                demo.threads.append(_background(demo.workload.run, users, name="workload"))
             cli = _cli_path()
             console.print(
                 f"gpufleet demo: {opts.nodes} nodes x {opts.gpus_per_node} simulated GPUs"

@@ -10,7 +10,7 @@ A booking is the one thing that keeps a replica off a node: a replica has no tim
 so for reservations it counts as a job of the policy's default limit (4 h), and a node
 booked by others within that is not its to take (``scheduler/reservations.py``). That is
 what piled the issue's replicas onto node-003: its 4-node demo had booked the other three
-(the demo now books less of a small fleet, ``demo._fits_fleet``). The second test holds
+(the demo now books less of a small fleet, ``demoworkload.fits_fleet``). The second test holds
 that a booked node is skipped and the rest still spread.
 
 SQLite only: the decision is the core's and the loop's, the database plays no part."""

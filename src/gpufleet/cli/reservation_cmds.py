@@ -149,5 +149,5 @@ def cancel(reservation_id: int = typer.Argument(...)) -> None:
     typer.echo(f"reservation {r.id} {r.state.lower()}")
 
 
-# local_zone, parse_start and show_time: still importable from here (gpufleet.demo, tests)
+# local_zone, parse_start and show_time: still importable from here (gpufleet.demoworkload, tests)
 __all__ = ["cancel", "for_whom", "local_zone", "parse_start", "reservations", "reserve", "show_time"]
