@@ -13,6 +13,11 @@ On a PostgreSQL database of their own (skipped without one):
   holds, and a GPU reading that reached a follower fires the leader's health rule.
 
 SQLite stays single-server: a second server on the same file refuses to start.
+
+The keeper on the runner (no database: a scripted lease): a look the database does not
+answer is a counted failure of the ``leader`` loop that keeps the term; the process's
+loops (``loops/build.process``) start NOTIFY, LISTEN and the keeper in order and stop
+them in reverse, so the term ends and the lease is given up while NOTIFY still runs.
 """
 
 from __future__ import annotations
@@ -30,10 +35,13 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from gpufleet.server.errors import Fenced
+from gpufleet.server.loops import build
 from gpufleet.server.store import db as dbmod
-from gpufleet.server.store.leader import EPOCH, Lease, PgFence
+from gpufleet.server.store.leader import EPOCH, Leadership, Lease, PgFence
+from gpufleet.server.store.pgnotify import PgNotify
 from server.conftest import ADMIN_TOKEN, Server, ok, scratch_postgres, start_server, stop_server
 
 
@@ -146,6 +154,102 @@ def test_one_sqlite_server_says_it_is_alone(server: Server) -> None:
         pytest.skip("the single-server answer is SQLite's")
     status = _status(server)
     assert status["mode"] == "single" and status["leader"] == status["me"] and len(status["servers"]) == 1
+
+
+# -- the keeper on the runner (a scripted lease, no database) ----------------------------------
+
+NO_ANSWER = OperationalError("SELECT", {}, Exception("connection refused"))
+
+
+class ScriptedLease:
+    """A lease whose ``acquire`` answers from a script (an epoch, None: another server
+    holds it, or an exception: the database did not answer); the last answer repeats."""
+
+    def __init__(self, *answers: int | Exception | None, ttl_s: float = 3.0) -> None:
+        self.answers = list(answers)
+        self.ttl_s = ttl_s
+        self.released: list[int] = []
+
+    def acquire(self) -> int | None:
+        got = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def release(self, epoch: int) -> None:
+        self.released.append(epoch)
+
+
+class Terms:
+    """Records the terms the keeper starts and stops; ``on_stop`` runs as one stops."""
+
+    def __init__(self, on_stop: Any = None) -> None:
+        self.log: list[str] = []
+        self.on_stop = on_stop
+
+    def __call__(self, epoch: int) -> Terms:
+        self.log.append(f"start {epoch}")
+        self.epoch = epoch
+        return self
+
+    def stop(self) -> None:
+        self.log.append(f"stop {self.epoch}")
+        if self.on_stop is not None:
+            self.on_stop()
+
+
+@pytest.mark.parametrize(
+    ("answers", "want_log", "want_leading", "want_failures"),
+    [
+        ([1, NO_ANSWER, 1], ["start 1"], True, 1),
+        ([NO_ANSWER, NO_ANSWER, 2], ["start 2"], True, 2),
+        ([1, 1, None], ["start 1", "stop 1"], False, 0),
+        ([1, NO_ANSWER, 2], ["start 1", "stop 1", "start 2"], True, 1),
+    ],
+    ids=["no-answer-keeps-the-term", "no-answer-then-lead", "another-holds-it", "the-epoch-moved"],
+)
+def test_a_look_without_an_answer_is_a_counted_failure_that_keeps_the_term(
+    answers: list[int | Exception | None], want_log: list[str], want_leading: bool, want_failures: int
+) -> None:
+    terms = Terms()
+    keeper = Leadership(ScriptedLease(*answers), start_term=terms)  # type: ignore[arg-type]
+    ran = [keeper.loop.run_once() for _ in answers]  # the loop's step, as its thread runs it
+    assert terms.log == want_log and keeper.leading == want_leading
+    assert keeper.failures == want_failures and ran.count(False) == want_failures
+    assert keeper.passes == len(answers) - want_failures
+
+
+def test_the_process_loops_stop_the_keeper_first_and_it_gives_the_lease_up() -> None:
+    notify = PgNotify(
+        create_engine("sqlite://"),  # NOTIFY fails here: counted, never fatal
+        "postgresql://nobody@127.0.0.1:1/none",  # LISTEN cannot connect: counted, retried
+        me="a",
+        on_wake=print,
+        on_touch=print,
+    )
+    notify.listener.retry_after_s = 0.01
+    alive_at_term_end: list[bool] = []
+    terms = Terms(on_stop=lambda: alive_at_term_end.extend(t.is_alive() for t in _threads(notify)))
+    keeper = Leadership(ScriptedLease(NO_ANSWER, 7, ttl_s=0.03), start_term=terms)  # type: ignore[arg-type]
+    loops = build.process(notify, keeper)
+    assert [r.name for r in loops.runners] == ["notify", "listen", "leader"]
+    loops.start()
+    try:
+        notify.wake("scheduling")
+        deadline = time.monotonic() + 5
+        while not (keeper.leading and notify.listener.failures >= 2 and notify.sender.failures >= 1):
+            assert time.monotonic() < deadline, (keeper.leading, notify.listener.failures)
+            time.sleep(0.01)
+        assert keeper.failures == 1 and keeper.passes >= 1  # the first look had no answer
+    finally:
+        loops.stop()
+    assert terms.log == ["start 7", "stop 7"] and keeper.lease.released == [7]  # type: ignore[attr-defined]
+    assert alive_at_term_end == [True, True]  # NOTIFY and LISTEN still ran as the term ended
+    assert not any(t.is_alive() for t in _threads(notify)) and notify.listener.passes == 0
+
+
+def _threads(notify: PgNotify) -> list[threading.Thread]:
+    return [t for t in (notify.sender._thread, notify.listener._thread) if t is not None]
 
 
 # -- three real servers -------------------------------------------------------------------------
