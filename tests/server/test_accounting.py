@@ -93,7 +93,7 @@ def _set_prices(db: dbmod.Database, body: dict[str, object], now: float) -> None
 
 
 def _end(db: dbmod.Database, job_id: int, now: float) -> None:
-    out = jobs.cancel(db=db, actor=ADMIN, job_id=job_id, now=now, waker=lambda: None)
+    out = jobs.cancel(db=db, actor=ADMIN, job_id=job_id, now=now)
     assert not isinstance(out, Failure), out
 
 

@@ -136,8 +136,6 @@ def register(writer: GroupCommitWriter, database: dbmod.Database, hot: AgentStat
         name=name,
         body=body,
         now=100.0,
-        fleets_invalidate=lambda: None,
-        waker=lambda: None,
     )
 
 
@@ -185,8 +183,6 @@ def test_a_refused_sync_writes_nothing_next_to_others(database: dbmod.Database) 
             name="ghost",
             body=NodeSync(address="10.0.0.2"),
             now=100.0,
-            fleets_invalidate=lambda: None,
-            waker=lambda: None,
         )
     finally:
         writer.close()

@@ -50,6 +50,7 @@ from gpufleet.server.store import db as dbmod
 from gpufleet.server.store import ledger
 from gpufleet.server.store.agentstate import AgentState
 from gpufleet.server.store.dispatch import NodeBell
+from gpufleet.server.store.effects import Effect
 from gpufleet.server.store.leader import Leadership, Lease, PgFence, SqliteLock, server_id
 from gpufleet.server.store.pgnotify import PgNotify
 from gpufleet.server.store.telemetry import RecordingTelemetryStore
@@ -221,6 +222,15 @@ def create_app(
         readings=readings,
         pending=PendingCounts(cap=config.caps.pending_jobs),
     )
+    # What a committed write sets off (``effects.py``): services mark it in their
+    # transaction, the database runs these after the commit (never after a rollback).
+    database.after_commit(Effect.INVALIDATE_FLEETS, parts.fleets.invalidate)
+    database.after_commit(
+        Effect.REFRESH_BUDGETS, lambda: parts.budget_warnings.refresh(database, clock.now())
+    )
+    database.after_commit(Effect.WAKE_SCHEDULER, parts.scheduler.wake)
+    database.after_commit(Effect.WAKE_REPLICAS, parts.replicas.wake)
+    database.after_commit(Effect.WAKE_LIFECYCLE, hot.health.poke)
     if config.prices is not None:
         chargeback.ensure_prices(
             db=database, schedule=config.prices, actor="server --prices", now=clock.now()
@@ -315,7 +325,6 @@ def create_app(
             observer=observer,
             readings=readings,
             after_accrual=lambda now: parts.budget_warnings.refresh(database, now),
-            fleets_invalidate=parts.fleets.invalidate,
             view=view,
         )
 

@@ -60,14 +60,13 @@ def scheduling(
     return Scheduling(runner=runner, observer=observer)
 
 
-def replicas(config: ServerConfig, db: Database, clock: Clock, sched: Scheduling, hot: AgentState) -> Runner:
+def replicas(config: ServerConfig, db: Database, clock: Clock, hot: AgentState) -> Runner:
     """The replica controller and autoscaler of inference services (routers wake it)."""
     return replica_loop(
         db=db,
         clock=clock,
         interval_s=config.service_interval_s,
         drain_s=config.service_drain_s,
-        wake_scheduler=sched.runner.wake,
         autoscaler=Autoscaler(hot=hot),
     )
 
@@ -81,7 +80,6 @@ def term(
     observer: PassObserver,
     readings: ledger.Readings,
     after_accrual: Callable[[float], None],
-    fleets_invalidate: Callable[[], None],
     view: Callable[[], FleetView],
 ) -> Loops:
     """Every loop of the server on ``db`` (a leader's term: fenced), not started; the
@@ -93,10 +91,9 @@ def term(
         clock=clock,
         hot=hot,
         sched=sched,
-        replica_runner=replicas(config, db, clock, sched, hot),
+        replica_runner=replicas(config, db, clock, hot),
         readings=readings,
         after_accrual=after_accrual,
-        fleets_invalidate=fleets_invalidate,
         view=view,
     )
 
@@ -111,7 +108,6 @@ def build(
     replica_runner: Runner,
     readings: ledger.Readings,
     after_accrual: Callable[[float], None],
-    fleets_invalidate: Callable[[], None],
     view: Callable[[], FleetView],
 ) -> Loops:
     """Every loop of the server, not started."""
@@ -125,8 +121,6 @@ def build(
             requeue_after_s=config.requeue_after_s,
             interval_s=config.schedule_interval_s,
         ),
-        waker=sched.runner.wake,
-        fleets_invalidate=fleets_invalidate,
     )
     loops.add(lifecycle_loop(lifecycle))
     loops.add(

@@ -40,6 +40,7 @@ from gpufleet.server.errors import Conflict
 from gpufleet.server.loops import health as gpu_health
 from gpufleet.server.runner import Loop
 from gpufleet.server.services import nodeops
+from gpufleet.server.store import effects
 from gpufleet.server.store.agentstate import AgentState
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import Allocation, GpuRow, Job, NodeRow, Rollout, RolloutNode
@@ -76,15 +77,11 @@ class LifecyclePass:
         hot: AgentState,
         clock: Clock,
         config: LifecycleConfig,
-        waker: Callable[[], None],
-        fleets_invalidate: Callable[[], None] = lambda: None,
     ) -> None:
         self.db = db
         self.hot = hot
         self.clock = clock
         self.config = config
-        self.waker = waker
-        self.fleets_invalidate = fleets_invalidate
         self.started_at = clock.now()
         self.item_errors = 0
         """Items that failed (logged); the pass itself went on."""
@@ -136,17 +133,19 @@ class LifecyclePass:
             if n.drain_deadline is not None:
                 self._item(stats, None, self._drain_step, n.name, now)
         self._item(stats, None, self._rollout_step, now)
-        if stats.changes:
-            self.fleets_invalidate()
-            self.waker()
         return stats
 
     def _item(self, stats: PassStats, counter: str | None, fn: Callable[..., int], *args: object) -> bool:
-        """One item in its own transaction (retried on a lost CAS); never raises."""
+        """One item in its own transaction (retried on a lost CAS); never raises. An item
+        that changed something drops the fleet caches and wakes the scheduler once it has
+        committed (``effects.py``)."""
         for _ in range(5):
             try:
                 with self.db.write() as s:
                     changed = fn(s, *args)
+                    if changed:
+                        effects.invalidate_fleets(s)
+                        effects.wake_scheduler(s)
             except (Conflict, OperationalError):
                 continue
             except Exception:
@@ -271,7 +270,10 @@ class LifecyclePass:
 
 
 def lifecycle_loop(step: LifecyclePass) -> Loop:
-    """The lifecycle pass on the common runner; the health monitor wakes it."""
+    """The lifecycle pass on the common runner; the health monitor wakes it. That wake is
+    direct, not an after-commit effect (``effects.py``): a fresh finding is in memory,
+    there is no commit to wait for (a drain or rollout started by a request wakes it
+    through ``effects.wake_lifecycle``, whose hook is ``HealthMonitor.poke``)."""
     loop = Loop(name="lifecycle", step=step.run_once, interval_s=step.config.interval_s)
     step.monitor.waker = loop.wake
     return loop

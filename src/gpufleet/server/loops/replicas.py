@@ -1,12 +1,11 @@
 """The replica controller and the autoscaler: every ``interval_s`` (and when woken by a
 service change) it steps every autoscaled service's replica count
 (``services/autoscaling.py``) and every service's replicas toward its spec
-(``services/replicaset.reconcile``), and wakes the scheduling loop when it created or
-stopped replicas, so new ones are placed at once."""
+(``services/replicaset.reconcile``); a service's step that created or stopped replicas
+wakes the scheduling loop once it has committed (``store/effects.py``), so new ones are
+placed at once."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from gpufleet.clock import Clock
 from gpufleet.server.runner import Loop
@@ -21,13 +20,9 @@ def replica_loop(
     clock: Clock,
     interval_s: float,
     drain_s: float,
-    wake_scheduler: Callable[[], None],
     autoscaler: Autoscaler | None = None,
 ) -> Loop:
     def step() -> int:
-        changed = reconcile(db=db, now=clock.now(), drain_s=drain_s, autoscaler=autoscaler)
-        if changed:
-            wake_scheduler()
-        return changed
+        return reconcile(db=db, now=clock.now(), drain_s=drain_s, autoscaler=autoscaler)
 
     return Loop(name="replicas", step=step, interval_s=interval_s, first_after_s=0.0)

@@ -198,8 +198,6 @@ def sync_node(
         name=name,
         body=body,
         now=parts.now(),
-        fleets_invalidate=parts.fleets.invalidate,
-        waker=parts.scheduler.wake,
         readings=parts.readings,
         log_max_bytes=parts.config.job_log_max_bytes,
     )

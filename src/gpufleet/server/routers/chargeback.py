@@ -53,7 +53,4 @@ def get_usage(
 def set_budget(name: str, spec: BudgetIn, parts: PartsDep, me: Me) -> TeamOut:
     """Admins: a team's monthly budget. Soft warns (submit replies, alerts); hard holds
     its new jobs (they wait with the reason) until next month or a raise."""
-    out = unwrap(chargeback.set_budget(db=parts.db, actor=me, team=name, spec=spec, now=parts.now()))
-    parts.budget_warnings.refresh(parts.db, parts.now())
-    parts.scheduler.wake()
-    return out
+    return unwrap(chargeback.set_budget(db=parts.db, actor=me, team=name, spec=spec, now=parts.now()))

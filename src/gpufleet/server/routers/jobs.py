@@ -44,7 +44,6 @@ async def submit(request: Request, spec: JobSubmit, parts: PartsDep, me: Me) -> 
             spec=spec,
             now=parts.now(),
             fleets=parts.fleets,
-            waker=parts.scheduler.wake,
             budget_warning=parts.budget_warnings.get,
             pending=parts.pending,
         )
@@ -240,11 +239,7 @@ def cancel_many(spec: CancelMany, parts: PartsDep, me: Me) -> Cancelled:
     """``scancel`` with filters: every job matching all the fields given (a whole array,
     a user's, a name, states), among your own (an operator: anyone's)."""
     states = _states(spec.states or [])
-    return unwrap(
-        jobs.cancel_many(
-            db=parts.db, actor=me, spec=spec, states=states, now=parts.now(), waker=parts.scheduler.wake
-        )
-    )
+    return unwrap(jobs.cancel_many(db=parts.db, actor=me, spec=spec, states=states, now=parts.now()))
 
 
 @router.get("/{job_id}", response_model=JobDetail)
@@ -254,27 +249,19 @@ def show(job_id: ObjectId, parts: PartsDep, me: Me) -> JobDetail:
 
 @router.post("/{job_id}/cancel", response_model=JobDetail)
 def cancel(job_id: ObjectId, parts: PartsDep, me: Me) -> JobDetail:
-    return unwrap(
-        jobs.cancel(db=parts.db, actor=me, job_id=job_id, now=parts.now(), waker=parts.scheduler.wake)
-    )
+    return unwrap(jobs.cancel(db=parts.db, actor=me, job_id=job_id, now=parts.now()))
 
 
 @router.patch("/{job_id}", response_model=JobDetail)
 def update(job_id: ObjectId, body: JobUpdate, parts: PartsDep, me: Me) -> JobDetail:
     """``scontrol update``: time limit (down only, except operators), name, held."""
-    return unwrap(
-        jobs.update(
-            db=parts.db, actor=me, job_id=job_id, spec=body, now=parts.now(), waker=parts.scheduler.wake
-        )
-    )
+    return unwrap(jobs.update(db=parts.db, actor=me, job_id=job_id, spec=body, now=parts.now()))
 
 
 @router.post("/{job_id}/requeue", response_model=JobDetail)
 def requeue(job_id: ObjectId, parts: PartsDep, me: Me) -> JobDetail:
     """``scontrol requeue``: a scheduled or running job back to PENDING (409 otherwise)."""
-    return unwrap(
-        jobs.requeue(db=parts.db, actor=me, job_id=job_id, now=parts.now(), waker=parts.scheduler.wake)
-    )
+    return unwrap(jobs.requeue(db=parts.db, actor=me, job_id=job_id, now=parts.now()))
 
 
 @router.post("/{job_id}/hold", response_model=JobDetail)
@@ -284,9 +271,7 @@ def hold(job_id: ObjectId, parts: PartsDep, me: Me) -> JobDetail:
 
 @router.post("/{job_id}/release", response_model=JobDetail)
 def release(job_id: ObjectId, parts: PartsDep, me: Me) -> JobDetail:
-    return unwrap(
-        jobs.release(db=parts.db, actor=me, job_id=job_id, now=parts.now(), waker=parts.scheduler.wake)
-    )
+    return unwrap(jobs.release(db=parts.db, actor=me, job_id=job_id, now=parts.now()))
 
 
 @router.put("/{job_id}/priority", response_model=JobDetail)
@@ -298,6 +283,5 @@ def set_priority(job_id: ObjectId, body: PriorityChange, parts: PartsDep, me: Me
             job_id=job_id,
             priority=body.priority,
             now=parts.now(),
-            waker=parts.scheduler.wake,
         )
     )

@@ -35,7 +35,6 @@ def _node(parts: PartsDep, me: Me, hot: HotDep, name: str, done: Failure | None)
 @router.post("/nodes/{name}/cordon", response_model=NodeOut)
 def cordon(name: NodeNameIn, parts: PartsDep, me: Me, hot: HotDep, spec: CordonIn | None = None) -> NodeOut:
     done = maintenance.cordon(db=parts.db, actor=me, name=name, spec=spec or CordonIn(), now=parts.now())
-    parts.fleets.invalidate()
     return _node(parts, me, hot, name, done)
 
 
@@ -46,17 +45,12 @@ def uncordon(
     done = maintenance.uncordon(
         db=parts.db, actor=me, name=name, spec=spec or UncordonIn(), now=parts.now(), monitor=hot.health
     )
-    parts.fleets.invalidate()
-    parts.scheduler.wake()
     return _node(parts, me, hot, name, done)
 
 
 @router.post("/nodes/{name}/drain", response_model=NodeOut)
 def drain(name: NodeNameIn, parts: PartsDep, me: Me, hot: HotDep, spec: DrainIn | None = None) -> NodeOut:
-    done = maintenance.drain(
-        db=parts.db, actor=me, name=name, spec=spec or DrainIn(), now=parts.now(), waker=hot.health.poke
-    )
-    parts.fleets.invalidate()
+    done = maintenance.drain(db=parts.db, actor=me, name=name, spec=spec or DrainIn(), now=parts.now())
     return _node(parts, me, hot, name, done)
 
 
@@ -72,7 +66,6 @@ def set_mig_layout(
     """Slice GPU ``index`` with MIG (or make it whole): the GPU is cordoned at once, and
     its node applies the layout once no job holds it (``gpufleet node mig``)."""
     done = miglayouts.set_layout(db=parts.db, actor=me, name=name, index=index, spec=spec, now=parts.now())
-    parts.fleets.invalidate()
     return _node(parts, me, hot, name, done)
 
 
@@ -88,16 +81,12 @@ def set_gpu_shared(
     """Share GPU ``index`` (jobs asking ``--gpu-fraction`` / ``--gpu-memory`` run on it under
     MPS) or make it whole again; refused while a job holds it (``gpufleet node share``)."""
     done = miglayouts.set_shared(db=parts.db, actor=me, name=name, index=index, spec=spec, now=parts.now())
-    parts.fleets.invalidate()
-    parts.scheduler.wake()
     return _node(parts, me, hot, name, done)
 
 
 @router.post("/rollouts", status_code=201, response_model=RolloutOut)
-def start_rollout(spec: RolloutIn, parts: PartsDep, me: Me, hot: HotDep) -> RolloutOut:
-    return unwrap(
-        maintenance.start_rollout(db=parts.db, actor=me, spec=spec, now=parts.now(), waker=hot.health.poke)
-    )
+def start_rollout(spec: RolloutIn, parts: PartsDep, me: Me) -> RolloutOut:
+    return unwrap(maintenance.start_rollout(db=parts.db, actor=me, spec=spec, now=parts.now()))
 
 
 @router.get("/rollouts/current", response_model=RolloutOut)

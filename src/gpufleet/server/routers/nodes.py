@@ -38,8 +38,6 @@ def put(name: NodeNameIn, spec: NodePut, parts: PartsDep, me: Me) -> NodeOut:
             spec=spec,
             now=parts.now(),
             live_since=parts.live_since(),
-            fleets=parts.fleets,
-            waker=parts.scheduler.wake,
         )
     )
 
@@ -54,12 +52,10 @@ def label(name: str, change: NodeLabels, parts: PartsDep, me: Me) -> NodeOut:
             name=name,
             change=change,
             live_since=parts.live_since(),
-            fleets=parts.fleets,
-            waker=parts.scheduler.wake,
         )
     )
 
 
 @router.delete("/{name}", response_model=NodeOut)
 def delete(name: str, parts: PartsDep, me: Me) -> NodeOut:
-    return unwrap(nodes.delete_node(db=parts.db, actor=me, name=name, fleets=parts.fleets))
+    return unwrap(nodes.delete_node(db=parts.db, actor=me, name=name))

@@ -17,13 +17,11 @@ router = APIRouter(prefix="/reservations", tags=["reservations"])
 @router.post("", status_code=201, response_model=list[ReservationOut])
 def create(spec: ReservationIn, parts: PartsDep, me: Me) -> list[ReservationOut]:
     """Book one window, or ``count`` repeats (all or none). 409: the conflict, named."""
-    made = unwrap(
+    return unwrap(
         reservations.create(
             db=parts.db, actor=me, spec=spec, now=parts.now(), fleets=parts.fleets, caps=parts.config.caps
         )
     )
-    parts.scheduler.wake()
-    return made
 
 
 @router.get("", response_model=ReservationPage)
@@ -45,6 +43,4 @@ def list_reservations(
 
 @router.delete("/{reservation_id}", response_model=ReservationOut)
 def cancel(reservation_id: ObjectId, parts: PartsDep, me: Me) -> ReservationOut:
-    out = unwrap(reservations.cancel(db=parts.db, actor=me, reservation_id=reservation_id, now=parts.now()))
-    parts.scheduler.wake()
-    return out
+    return unwrap(reservations.cancel(db=parts.db, actor=me, reservation_id=reservation_id, now=parts.now()))

@@ -47,9 +47,7 @@ def deploy(name: ServiceNameIn, spec: ServiceSpec, parts: PartsDep, me: Me) -> S
     replicas run rolls them one by one, with no failed request."""
     if spec.name != name:
         raise ProblemError(422, f"name: the spec names {spec.name!r}, the URL {name!r}")
-    out = unwrap(
-        inference.deploy(db=parts.db, actor=me, spec=spec, now=parts.now(), waker=parts.replicas.wake)
-    )
+    out = unwrap(inference.deploy(db=parts.db, actor=me, spec=spec, now=parts.now()))
     return out
 
 
@@ -69,11 +67,7 @@ def events(
 @router.patch("/{name}", response_model=ServiceOut)
 def update(name: ServiceNameIn, patch: ServicePatch, parts: PartsDep, me: Me) -> ServiceOut:
     """Change some fields; the rest of the spec stays."""
-    return unwrap(
-        inference.update(
-            db=parts.db, actor=me, name=name, patch=patch, now=parts.now(), waker=parts.replicas.wake
-        )
-    )
+    return unwrap(inference.update(db=parts.db, actor=me, name=name, patch=patch, now=parts.now()))
 
 
 @router.post("/{name}/rollback", response_model=ServiceOut)
@@ -86,7 +80,6 @@ def rollback(name: ServiceNameIn, body: ServiceRollback, parts: PartsDep, me: Me
             name=name,
             generation=body.generation,
             now=parts.now(),
-            waker=parts.replicas.wake,
         )
     )
 
@@ -95,9 +88,7 @@ def rollback(name: ServiceNameIn, body: ServiceRollback, parts: PartsDep, me: Me
 def delete(name: ServiceNameIn, parts: PartsDep, me: Me) -> ServiceOut:
     """Drain and stop every replica and revoke its tokens; the service is gone once its
     replicas are (202: under way)."""
-    return unwrap(
-        inference.delete(db=parts.db, actor=me, name=name, now=parts.now(), waker=parts.replicas.wake)
-    )
+    return unwrap(inference.delete(db=parts.db, actor=me, name=name, now=parts.now()))
 
 
 ModelNameIn = Annotated[str, Path(pattern=MODEL_NAME, description="a model's name in a repository")]
@@ -157,7 +148,10 @@ def report(body: GatewayReport, request: Request, parts: PartsDep, me: Me) -> Re
     if not me.is_operator:
         raise ProblemError(403, "gateway reports are for gateways (an operator or admin token)")
     if gatewayfeed.take_report(hot=request.app.state.hot, report=body, now=parts.now()):
-        parts.replicas.wake()  # a load step: the autoscaler decides now, not a period later
+        # a load step: the autoscaler decides now, not a period later. A direct wake, not an
+        # after-commit effect (``store/effects.py``): the report is kept in memory, nothing
+        # is written, so there is no commit to wait for.
+        parts.replicas.wake()
     return Response(status_code=204)
 
 

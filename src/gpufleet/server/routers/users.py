@@ -76,9 +76,7 @@ def add_member(name: str, spec: MemberIn, parts: PartsDep, me: Me) -> TeamOut:
 
 @router.put("/teams/{name}/quota", response_model=TeamOut, tags=["teams"])
 def set_quota(name: str, spec: QuotaIn, parts: PartsDep, me: Me) -> TeamOut:
-    out = unwrap(users.set_quota(db=parts.db, actor=me, team=name, quota=spec))
-    parts.scheduler.wake()
-    return out
+    return unwrap(users.set_quota(db=parts.db, actor=me, team=name, quota=spec))
 
 
 @router.get("/tokens", response_model=TokenPage, tags=["tokens"])

@@ -29,7 +29,7 @@ from gpufleet.server.decide.pricing import PriceSchedule, parse_prices
 from gpufleet.server.problems import Failure, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.users import team_out
-from gpufleet.server.store import ledger
+from gpufleet.server.store import effects, ledger
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import GpuRow, Membership, Team, UsageRow, User
 
@@ -220,6 +220,8 @@ def set_budget(*, db: Database, actor: Principal, team: str, spec: BudgetIn, now
             return not_found(f"no team {team}")
         t.budget_soft, t.budget_hard = spec.soft, spec.hard
         s.flush()
+        effects.refresh_budgets(s)  # the warnings a submit reads
+        effects.wake_scheduler(s)  # a hard budget holds or releases the team's jobs
         return team_out(s, t, now=now)
 
 

@@ -38,6 +38,7 @@ from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_
 from gpufleet.server.services import rollouts
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.modelwishes import summarize
+from gpufleet.server.store import effects
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import (
     Allocation,
@@ -52,7 +53,6 @@ from gpufleet.server.store.models import (
     User,
 )
 
-Waker = Callable[[], None]
 LIVE = (JobState.PENDING, JobState.HELD, JobState.SCHEDULED, JobState.RUNNING)
 IN_ROTATION = (
     Job.kind == "service",
@@ -319,9 +319,7 @@ def _rolls(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [k for k in ROLLING if old.get(k) != new.get(k)]
 
 
-def deploy(
-    *, db: Database, actor: Principal, spec: ServiceSpec, now: float, waker: Waker
-) -> ServiceOut | Failure:
+def deploy(*, db: Database, actor: Principal, spec: ServiceSpec, now: float) -> ServiceOut | Failure:
     """Create the service, or replace the spec of an existing one (its owner, or an
     operator): a new generation when something replicas run changed."""
     with db.write() as s:
@@ -362,7 +360,7 @@ def deploy(
                     return team
                 row.team_id = team
             out = _replace(s, row, spec.model_dump(mode="json"), actor=actor.name, now=now)
-    waker()
+        effects.wake_replicas(s)
     return out
 
 
@@ -410,7 +408,7 @@ def _replace(s: Session, row: ServiceRow, new: dict[str, Any], *, actor: str, no
 
 
 def update(
-    *, db: Database, actor: Principal, name: str, patch: ServicePatch, now: float, waker: Waker
+    *, db: Database, actor: Principal, name: str, patch: ServicePatch, now: float
 ) -> ServiceOut | Failure:
     with db.write() as s:
         row = load_active(s, actor, name)
@@ -429,12 +427,12 @@ def update(
         if problem is not None:
             return problem
         out = _replace(s, row, spec.model_dump(mode="json"), actor=actor.name, now=now)
-    waker()
+        effects.wake_replicas(s)
     return out
 
 
 def rollback(
-    *, db: Database, actor: Principal, name: str, generation: int | None, now: float, waker: Waker
+    *, db: Database, actor: Principal, name: str, generation: int | None, now: float
 ) -> ServiceOut | Failure:
     """Run an earlier generation's replica template again (``kubectl rollout undo``): the
     fields that roll (``ROLLING``) as they were then, the rest as they are now, as a new
@@ -470,11 +468,11 @@ def rollback(
                 f"generation {target}'s replicas do not fit the spec now: {exc.error_count()} errors"
             )
         out = _replace(s, row, spec.model_dump(mode="json"), actor=actor.name, now=now)
-    waker()
+        effects.wake_replicas(s)
     return out
 
 
-def delete(*, db: Database, actor: Principal, name: str, now: float, waker: Waker) -> ServiceOut | Failure:
+def delete(*, db: Database, actor: Principal, name: str, now: float) -> ServiceOut | Failure:
     """Drain and stop every replica and revoke its tokens; the service is gone once no
     replica is left."""
     with db.write() as s:
@@ -490,7 +488,7 @@ def delete(*, db: Database, actor: Principal, name: str, now: float, waker: Wake
                 tok.revoked_at = tok.revoked_at or now
         s.flush()
         out = _out(s, row)
-    waker()
+        effects.wake_replicas(s)
     return out
 
 

@@ -29,12 +29,10 @@ from gpufleet.server.jobstate.transitions import move, ref, release_attempt
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.submitopts import time_limit
+from gpufleet.server.store import effects
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import Allocation, Job, JobEvent, Team, User
 from gpufleet.timefmt import format_duration
-
-Waker = Callable[[], None]
-
 
 # -- reading -----------------------------------------------------------------------------------
 
@@ -303,10 +301,12 @@ def _change(
     decide: Decision,
     *,
     via: JobState | None = None,
+    wake: bool = True,
 ) -> JobDetail | Failure:
     """Load, let ``decide`` pick the transition, apply it with CAS (a few retries when the
     scheduler changed the job meanwhile), and return the job as it is afterwards.
-    ``via``: a transit state on the way (REQUEUED)."""
+    ``via``: a transit state on the way (REQUEUED). ``wake``: the scheduler is woken once
+    the change has committed (``effects.py``), as what it may place has changed."""
     for _ in range(5):
         try:
             with db.write() as s:
@@ -319,6 +319,8 @@ def _change(
                     return decided
                 to, reason, values = decided
                 move(s, ref(job), to, actor=actor.name, reason=reason, now=now, values=values, via=via)
+                if wake:
+                    effects.wake_scheduler(s)
                 s.expire(job)
                 return _detail(s, job, user=user, team=team)
         except Conflict:
@@ -341,14 +343,12 @@ def _cancelling(actor: Principal, now: float) -> Decision:
     return decide
 
 
-def cancel(*, db: Database, actor: Principal, job_id: int, now: float, waker: Waker) -> JobDetail | Failure:
-    out = _change(db, actor, job_id, now, _cancelling(actor, now))
-    waker()
-    return out
+def cancel(*, db: Database, actor: Principal, job_id: int, now: float) -> JobDetail | Failure:
+    return _change(db, actor, job_id, now, _cancelling(actor, now))
 
 
 def cancel_many(
-    *, db: Database, actor: Principal, spec: CancelMany, states: Sequence[JobState], now: float, waker: Waker
+    *, db: Database, actor: Principal, spec: CancelMany, states: Sequence[JobState], now: float
 ) -> Cancelled | Failure:
     """Cancel every job the filters match, each in its own small transaction (a job the
     scheduler changes meanwhile is retried, then skipped): ``scancel`` with filters, a
@@ -379,8 +379,6 @@ def cancel_many(
     for jid in ids:
         out = _change(db, actor, jid, now, decide)
         (skipped if isinstance(out, Failure) else done).append(jid)
-    if done:
-        waker()
     return Cancelled(cancelled=done, skipped=skipped)
 
 
@@ -390,22 +388,20 @@ def hold(*, db: Database, actor: Principal, job_id: int, now: float) -> JobDetai
             return conflict(f"only a PENDING job can be held; job {job.id} is {job.state}")
         return JobState.HELD, f"held by {actor.name}", {"wait_reason": f"JobHeldUser: held by {actor.name}"}
 
-    return _change(db, actor, job_id, now, decide)
+    return _change(db, actor, job_id, now, decide, wake=False)  # a held job frees nothing
 
 
-def release(*, db: Database, actor: Principal, job_id: int, now: float, waker: Waker) -> JobDetail | Failure:
+def release(*, db: Database, actor: Principal, job_id: int, now: float) -> JobDetail | Failure:
     def decide(s: Session, job: Job) -> tuple[JobState, str, dict[str, Any]] | Failure:
         if job.state != JobState.HELD:
             return conflict(f"only a HELD job can be released; job {job.id} is {job.state}")
         return JobState.PENDING, f"released by {actor.name}", {"wait_reason": None}
 
-    out = _change(db, actor, job_id, now, decide)
-    waker()
-    return out
+    return _change(db, actor, job_id, now, decide)
 
 
 def set_priority(
-    *, db: Database, actor: Principal, job_id: int, priority: int, now: float, waker: Waker
+    *, db: Database, actor: Principal, job_id: int, priority: int, now: float
 ) -> JobDetail | Failure:
     """Recorded as an event with from_state == to_state (an audit row, not a move)."""
 
@@ -417,12 +413,10 @@ def set_priority(
         reason = f"priority {job.priority} -> {priority} by {actor.name}"
         return JobState(job.state), reason, {"priority": priority}
 
-    out = _change(db, actor, job_id, now, decide)
-    waker()
-    return out
+    return _change(db, actor, job_id, now, decide)
 
 
-def requeue(*, db: Database, actor: Principal, job_id: int, now: float, waker: Waker) -> JobDetail | Failure:
+def requeue(*, db: Database, actor: Principal, job_id: int, now: float) -> JobDetail | Failure:
     """``scontrol requeue``: a SCHEDULED or RUNNING job stops (its nodes are told) and
     goes back to PENDING through REQUEUED, keeping its id, history and GPU-seconds; it
     is placed again once its nodes confirmed the old attempt stopped. A requeue asked
@@ -452,13 +446,11 @@ def requeue(*, db: Database, actor: Principal, job_id: int, now: float, waker: W
         }
         return JobState.PENDING, f"requeued by {actor.name}", values
 
-    out = _change(db, actor, job_id, now, decide, via=JobState.REQUEUED)
-    waker()
-    return out
+    return _change(db, actor, job_id, now, decide, via=JobState.REQUEUED)
 
 
 def update(
-    *, db: Database, actor: Principal, job_id: int, spec: JobUpdate, now: float, waker: Waker
+    *, db: Database, actor: Principal, job_id: int, spec: JobUpdate, now: float
 ) -> JobDetail | Failure:
     """``scontrol update``: a new time limit (down only, except for operators, as in
     Slurm), a new name, held or released; one event records every change. Refused: an
@@ -497,9 +489,7 @@ def update(
             said.append("released")
         return to, f"{'; '.join(said) or 'nothing changed'} by {actor.name}", values
 
-    out = _change(db, actor, job_id, now, decide)
-    waker()
-    return out
+    return _change(db, actor, job_id, now, decide)
 
 
 def _secs(limit: float | None) -> str:

@@ -8,12 +8,12 @@ fleet (rollouts), and the fleet event log. Operators and admins only.
   rollout drains the next one;
 - a rollout keeps at most ``max_unavailable`` of its nodes draining or drained at once.
 
-Each change is one transaction with its ``gpu_events`` row.
+Each change is one transaction with its ``gpu_events`` row, and marks what follows its
+commit (``effects.py``): the fleet caches dropped, the scheduler woken (an uncordon), the
+lifecycle loop woken (a drain or rollout it now runs).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -31,11 +31,11 @@ from gpufleet.server.decide.health import HealthMonitor
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.nodeops import add_event, start_drain
+from gpufleet.server.store import effects
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import GpuEvent, GpuRow, NodeRow, Rollout, RolloutNode
 from gpufleet.timefmt import parse_duration
 
-Waker = Callable[[], None]
 ROLLOUT_STATES = ("waiting", "draining", "drained", "done")
 
 
@@ -83,6 +83,7 @@ def cordon(*, db: Database, actor: Principal, name: str, spec: CordonIn, now: fl
             actor=actor.name,
             reason=reason,
         )
+        effects.invalidate_fleets(s)
     return None
 
 
@@ -115,12 +116,12 @@ def uncordon(
             actor=actor.name,
             reason=f"uncordoned by {actor.name}",
         )
+        effects.invalidate_fleets(s)
+        effects.wake_scheduler(s)
     return None
 
 
-def drain(
-    *, db: Database, actor: Principal, name: str, spec: DrainIn, now: float, waker: Waker
-) -> Failure | None:
+def drain(*, db: Database, actor: Principal, name: str, spec: DrainIn, now: float) -> Failure | None:
     if (bad := _operator(actor)) is not None:
         return bad
     grace = seconds(spec.grace, "grace")
@@ -139,7 +140,8 @@ def drain(
             reason=spec.reason or f"drained by {actor.name}",
             actor=actor.name,
         )
-    waker()
+        effects.invalidate_fleets(s)
+        effects.wake_lifecycle(s)  # it requeues what is left at the deadline
     return None
 
 
@@ -183,9 +185,7 @@ def _rollout_out(s: Session, ro: Rollout) -> RolloutOut:
     )
 
 
-def start_rollout(
-    *, db: Database, actor: Principal, spec: RolloutIn, now: float, waker: Waker
-) -> RolloutOut | Failure:
+def start_rollout(*, db: Database, actor: Principal, spec: RolloutIn, now: float) -> RolloutOut | Failure:
     if (bad := _operator(actor)) is not None:
         return bad
     grace = seconds(spec.grace, "grace")
@@ -222,7 +222,7 @@ def start_rollout(
         )
         s.flush()
         out = _rollout_out(s, ro)
-    waker()
+        effects.wake_lifecycle(s)  # it drains the first nodes
     return out
 
 

@@ -39,7 +39,7 @@ from gpufleet.api.nodes import MigChange, MigResult
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.nodeops import add_event
-from gpufleet.server.store import dispatch
+from gpufleet.server.store import dispatch, effects
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import Allocation, GpuRow, NodeRow
 
@@ -120,6 +120,7 @@ def set_layout(
             "the GPU takes no new job until its node applies it",
         )
         dispatch.touch(s, [name])  # an idle GPU's node hears of it at once
+        effects.invalidate_fleets(s)  # the GPU is cordoned
     return None
 
 
@@ -170,6 +171,8 @@ def set_shared(
             actor=actor.name,
             reason=f"GPU {what}",
         )
+        effects.invalidate_fleets(s)
+        effects.wake_scheduler(s)  # shares may now land on it (or whole-GPU jobs)
     return None
 
 

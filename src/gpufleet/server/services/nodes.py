@@ -7,7 +7,7 @@ as a sighting of the node, like a sync. The latest telemetry an agent sent (hot 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, delete, select, update
@@ -18,13 +18,11 @@ from gpufleet.api.nodes import GpuIn, GpuOut, MigInstanceOut, NodeLabels, NodeOu
 from gpufleet.mig import device_gpu
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal
-from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.store import effects
 from gpufleet.server.store.agentstate import AgentState
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import Allocation, GpuRow, NodeRow, Pool
 from gpufleet.server.store.pages import NodePage, cut
-
-Waker = Callable[[], None]
 
 
 def _node_out(s: Session, n: NodeRow, live_since: float, hot: AgentState | None = None) -> NodeOut:
@@ -214,8 +212,6 @@ def put_node(
     spec: NodePut,
     now: float,
     live_since: float,
-    fleets: FleetCache,
-    waker: Waker,
 ) -> NodeOut | Failure:
     if not actor.is_operator:
         return forbidden("only operators and admins register nodes")
@@ -235,8 +231,8 @@ def put_node(
         set_gpus(s, name, spec.gpus)
         s.flush()
         out = _node_out(s, node, live_since)
-    fleets.invalidate()
-    waker()
+        effects.invalidate_fleets(s)
+        effects.wake_scheduler(s)
     return out
 
 
@@ -247,8 +243,6 @@ def label_node(
     name: str,
     change: NodeLabels,
     live_since: float,
-    fleets: FleetCache,
-    waker: Waker,
 ) -> NodeOut | Failure:
     """An operator's features on a node (``--constraint`` matches them with the agent's):
     ``remove`` first, then ``add``; at most 64. A pending job they now admit is placed
@@ -265,12 +259,12 @@ def label_node(
         node.labels = sorted(labels)
         s.flush()
         out = _node_out(s, node, live_since)
-    fleets.invalidate()
-    waker()
+        effects.invalidate_fleets(s)
+        effects.wake_scheduler(s)
     return out
 
 
-def delete_node(*, db: Database, actor: Principal, name: str, fleets: FleetCache) -> NodeOut | Failure:
+def delete_node(*, db: Database, actor: Principal, name: str) -> NodeOut | Failure:
     if not actor.is_operator:
         return forbidden("only operators and admins remove nodes")
     with db.write() as s:
@@ -282,7 +276,7 @@ def delete_node(*, db: Database, actor: Principal, name: str, fleets: FleetCache
         out = _node_out(s, n, float("inf"))
         s.execute(delete(GpuRow).where(GpuRow.node == name))
         s.delete(n)
-    fleets.invalidate()
+        effects.invalidate_fleets(s)
     return out
 
 

@@ -31,6 +31,7 @@ from gpufleet.server.jobstate.transitions import event_row, move, ref, release_a
 from gpufleet.server.services import rollouts
 from gpufleet.server.services.autoscaling import Autoscaler
 from gpufleet.server.services.inference import LIVE, add_event, desired_replicas
+from gpufleet.server.store import effects
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.leader import EPOCH
 from gpufleet.server.store.models import Job, JobEvent, ServiceRow
@@ -224,6 +225,7 @@ def reconcile(*, db: Database, now: float, drain_s: float, autoscaler: Autoscale
                         scaled = autoscaler.step(s, row, spec, now)
                 if step_service(s, row, now=now, drain_s=drain_s) or scaled:
                     changed += 1
+                    effects.wake_scheduler(s)  # new replicas are placed at once
         except Conflict:
             continue  # a job moved meanwhile: next step sees it
         except Exception:

@@ -34,6 +34,7 @@ from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.caps import reservations_problem
 from gpufleet.server.services.inventory import FleetCache
+from gpufleet.server.store import effects
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import (
     Membership,
@@ -232,6 +233,7 @@ def create(
             insert(ReservationEvent),
             [event_row(r.id, now, actor.name, "booked", where_text(r.node_map)) for r in rows],
         )
+        effects.wake_scheduler(s)  # the next pass keeps the window free
         return [_out(r, actor.name, now) for r in rows]
 
 
@@ -354,6 +356,7 @@ def cancel(*, db: Database, actor: Principal, reservation_id: int, now: float) -
         if done.rowcount != 1:  # type: ignore[attr-defined]
             return conflict(f"reservation {reservation_id} changed meanwhile; try again")
         s.execute(insert(ReservationEvent), [event_row(row.id, now, actor.name, "cancelled", "")])
+        effects.wake_scheduler(s)  # what it held back may start now
         s.refresh(row)
         return _out(row, owner, now)
 

@@ -43,10 +43,9 @@ from gpufleet.server.services.submitopts import (
     requeue_backoff,
     time_limit,
 )
+from gpufleet.server.store import effects
 from gpufleet.server.store.models import Job
 from gpufleet.server.store.writer import Writer, call
-
-Waker = Callable[[], None]
 
 # Submission's statements, built once (Core, not ORM: see ``insert_jobs``).
 _T = Job.metadata.tables
@@ -64,7 +63,6 @@ async def submit(
     spec: JobSubmit,
     now: float,
     fleets: FleetCache,
-    waker: Waker,
     budget_warning: Callable[[str], str | None] = lambda team: None,
     pending: PendingCounts | None = None,
 ) -> JobDetail | Failure:
@@ -114,10 +112,9 @@ async def submit(
         array=array,
         dependency=dependency,
     )
-    out = await call(writer, insert_jobs, new)
+    out = await call(writer, insert_jobs, new)  # the commit woke the scheduler (``insert_jobs``)
     if isinstance(out, Failure):
         return out
-    waker()
     warning = budget_warning(out.team)
     return out if warning is None else out.model_copy(update={"warnings": [warning]})
 
@@ -127,7 +124,8 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
     memberships and fleets of this transaction (one query each per batch, not per job),
     then insert the valid ones and their "submitted" events with two multi-row INSERTs
     (prepared Core statements: this is the API's hottest path). A refused job is a
-    Failure and writes nothing."""
+    Failure and writes nothing; a batch that inserted some wakes the scheduler once it
+    has committed (``effects.py``)."""
     ctx = look_up(s, batch)
     conn = s.connection()
     out: list[Failure | None] = []  # None: accepted
@@ -197,6 +195,7 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
             first[1]["array_job_id"] = tasks[0]
         details[at] = _submitted(first[0], first[1], user=actor, team=team_name, event=first[2])
     conn.execute(_INSERT_EVENTS, events)
+    effects.wake_scheduler(s)
     return [details[i] if f is None else f for i, f in enumerate(out)]
 
 

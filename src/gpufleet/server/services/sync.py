@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -71,14 +71,13 @@ from gpufleet.server.services.logs import LOG_MAX_BYTES, ingest_logs
 from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
 from gpufleet.server.services.nodework import desired, observe, quarantine, scope_of, would_change
 from gpufleet.server.services.steps import ingest_tasks
-from gpufleet.server.store import ledger
+from gpufleet.server.store import effects, ledger
 from gpufleet.server.store.agentstate import AgentState
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import DEFAULT_POOL, Allocation, GpuRow, Job, NodeRow
 from gpufleet.server.store.writer import Writer
 
 log = logging.getLogger("gpufleet.server")
-Waker = Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,13 +206,6 @@ def _fast_reply(db: Database, name: str, body: NodeSync) -> _Answer | None:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Written(_Answer):
-    reshaped: bool
-    changed: bool
-    first_seen: bool
-
-
 def _write(
     s: Session,
     *,
@@ -223,11 +215,13 @@ def _write(
     now: float,
     readings: ledger.Readings,
     log_max_bytes: int = LOG_MAX_BYTES,
-) -> _Written | Failure:
+) -> _Answer | Failure:
     """The durable half of a sync, in the caller's transaction (the group commit's
     SAVEPOINT): register or update the node (an inventory it cannot take cordons it
     instead), apply the observations, ingest the logs. Raises ``Conflict`` on a
-    lost compare-and-set."""
+    lost compare-and-set. Once committed, a node of a new shape drops the fleet
+    caches, and one that changed something (or is new) wakes the scheduler
+    (``effects.py``)."""
     node = s.get(NodeRow, name)
     if node is None:
         if body.gpus is None:
@@ -263,7 +257,11 @@ def _write(
     if body.mig_results and miglayouts.record(s, name, body.mig_results, actor=actor, now=now):
         reshaped = True
     s.flush()
-    return _Written(
+    if reshaped:
+        effects.invalidate_fleets(s)
+    if changed or reshaped or was_seen_at is None:
+        effects.wake_scheduler(s)
+    return _Answer(
         reply=SyncReply(
             node=name,
             jobs=desired(s, name),
@@ -272,9 +270,6 @@ def _write(
             step_acks=step_acks,
         ),
         rejected=scope.rejected,
-        reshaped=reshaped,
-        changed=changed,
-        first_seen=was_seen_at is None,
     )
 
 
@@ -287,8 +282,6 @@ def sync_node(
     name: str,
     body: NodeSync,
     now: float,
-    fleets_invalidate: Callable[[], None],
-    waker: Waker,
     readings: ledger.Readings = ledger.no_readings,
     log_max_bytes: int = LOG_MAX_BYTES,
 ) -> SyncReply | Failure:
@@ -330,10 +323,6 @@ def sync_node(
             continue
         if isinstance(out, Failure):
             return out
-        if out.reshaped:
-            fleets_invalidate()
-        if out.changed or out.reshaped or out.first_seen:
-            waker()
         _count(hot, name, out.rejected)
         return out.reply
     return conflict(f"node {name}: the database is busy or its jobs change too fast; sync again")

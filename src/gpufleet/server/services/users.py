@@ -14,7 +14,7 @@ from gpufleet.api.users import QuotaIn, TeamOut, UserCreated, UserIn, UserOut
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
 from gpufleet.server.services.auth import Principal, hasher_for
 from gpufleet.server.services.tokens import TOKEN_TTL_S, add_token
-from gpufleet.server.store import ledger
+from gpufleet.server.store import effects, ledger
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import Membership, Team, User
 from gpufleet.server.store.pages import TeamPage, UserPage, cut
@@ -267,4 +267,5 @@ def set_quota(*, db: Database, actor: Principal, team: str, quota: QuotaIn) -> T
             return not_found(f"no team {team}")
         t.quota_gpus, t.quota_limit = quota.gpus, quota.limit
         s.flush()
+        effects.wake_scheduler(s)  # what the quota held back may start (or be preempted)
         return team_out(s, t)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,9 +37,11 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpufleet.server.store.dispatch import TOUCHED
+from gpufleet.server.store import effects
+from gpufleet.server.store.effects import Effect, Marks
 
 BUSY_TIMEOUT_MS = 10_000
+log = logging.getLogger("gpufleet.server")
 
 
 def default_database_url() -> str:
@@ -119,6 +122,7 @@ class Database:
     _read: sessionmaker[Session]
     _write: sessionmaker[Session]
     _bells: list[Callable[[set[str]], None]] = field(default_factory=list)
+    _hooks: dict[Effect, list[Callable[[], None]]] = field(default_factory=dict)
     fence: Callable[[Session], None] | None = None
     """Run first in every ``write`` transaction (a leader's loops: ``leader.PgFence``); it
     raises to refuse the transaction before anything is written."""
@@ -146,7 +150,7 @@ class Database:
             yield s
 
     def fenced(self, fence: Callable[[Session], None]) -> Database:
-        """This database (the same engines and bells) with every write fenced."""
+        """This database (the same engines, bells and hooks) with every write fenced."""
         return dataclasses.replace(self, fence=fence)
 
     @property
@@ -156,7 +160,8 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One transaction: committed on normal exit, rolled back on any exception.
-        The nodes it touched (``dispatch.touch``) are rung after the commit."""
+        What it marked (``effects.py``: the nodes it touched, the loops to wake, the
+        caches to drop) follows the commit, and only a commit."""
         with self._write() as s:
             try:
                 with s.begin():
@@ -164,20 +169,40 @@ class Database:
                         self.fence(s)
                     yield s
             except BaseException:
-                s.info.pop(TOUCHED, None)
+                effects.take(s)
                 raise
-            nodes = s.info.pop(TOUCHED, None)
-        if nodes:
-            self.ring(nodes)
+            marked = effects.take(s)
+        if marked:
+            self.committed(marked)
 
     def on_ring(self, bell: Callable[[set[str]], None]) -> None:
         """Call ``bell`` with the nodes of every committed write that touched some
         (``dispatch.py``)."""
         self._bells.append(bell)
 
+    def after_commit(self, effect: Effect, hook: Callable[[], None]) -> None:
+        """Call ``hook`` after every committed write that marked ``effect`` (the app
+        registers them at assembly; ``effects.py``)."""
+        self._hooks.setdefault(effect, []).append(hook)
+
     def ring(self, nodes: set[str]) -> None:
         for bell in self._bells:
             bell(nodes)
+
+    def committed(self, marked: Marks) -> None:
+        """Set off what a committed transaction marked: ring its nodes, then each hook of
+        each effect (in ``Effect`` order). A hook that raises is logged and the rest
+        still run: the write has committed either way."""
+        if marked.nodes:
+            self.ring(marked.nodes)
+        for effect in Effect:
+            if effect not in marked.effects:
+                continue
+            for hook in self._hooks.get(effect, ()):
+                try:
+                    hook()
+                except Exception:
+                    log.exception("after-commit hook %s failed", effect.value)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -17,12 +17,13 @@ run, which are exactly two (``nodework.desired`` is the allocations of active jo
 * ``release_attempt``: the nodes that must stop an attempt (a cancel, a preemption, a
   time limit, a drained replica; not the node that reported the exit itself).
 
-A touch is recorded on the session (``Session.info``) and rung only *after* the commit
+A touch is one of a transaction's after-commit marks (``effects.py``, the convention
+for everything a commit sets off) and is rung only *after* the commit
 (``Database.write``, the group-commit writer): an agent woken before the commit would
 sync, read the old set, and wait again until its periodic sync. A scheduling pass in
 the child process (``loops/child.py``) sends the nodes it touched to the API process on
-its report pipe. A transaction rolled back rings nothing (a savepoint rolled back in a
-group commit may ring its nodes anyway: a spurious wake-up costs one sync).
+its report pipe. A transaction rolled back rings nothing, nor does a savepoint the
+group commit rolled back.
 
 A version is ``BOOT.N``: ``BOOT`` is random per server process, so an agent that waited
 on a server that restarted gets an answer at once (its version is from another boot)
@@ -41,22 +42,12 @@ from collections.abc import Iterable
 
 from sqlalchemy.orm import Session
 
-TOUCHED = "gpufleet.touched_nodes"
-"""The ``Session.info`` key of the nodes a transaction touched."""
+from gpufleet.server.store import effects
 
 
 def touch(s: Session, nodes: Iterable[str]) -> None:
     """Ring ``nodes`` once the transaction of ``s`` has committed."""
-    got = s.info.get(TOUCHED)
-    if got is None:
-        got = s.info[TOUCHED] = set()
-    got.update(nodes)
-
-
-def touched(s: Session) -> set[str]:
-    """The nodes ``s`` touched, forgotten from it (the caller rings them)."""
-    got: set[str] | None = s.info.pop(TOUCHED, None)
-    return got or set()
+    effects.touch(s, nodes)
 
 
 class NodeBell:

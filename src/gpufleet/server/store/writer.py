@@ -18,7 +18,9 @@ only then does it answer (a 201 still means "on disk"). Two kinds of work:
 While busy, the writer thread keeps one connection (given back to the pool after a
 second idle or an error) and a batch is one ``BEGIN IMMEDIATE ... COMMIT`` on it. A
 caller that gave up before its batch started (its request was cancelled) is skipped
-and writes nothing. ``InlineWriter`` is the same seam without batching (tests, tools).
+and writes nothing. What a batch marked to follow its commit (``effects.py``: nodes to
+ring, loops to wake, caches to drop) is set off once it has committed, before its
+callers are answered. ``InlineWriter`` is the same seam without batching (tests, tools).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from gpufleet.server.problems import Failure
+from gpufleet.server.store import effects
 from gpufleet.server.store.db import Database
-from gpufleet.server.store.dispatch import touched
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -214,22 +216,26 @@ class GroupCommitWriter:
                     raise _Redo from exc
                 done += [(it.fut, r, None) for it, r in zip(items, results, strict=True)]
             s.flush()
-            nodes = touched(s)
-        if nodes:  # committed: wake the agents of the nodes it touched (``dispatch.py``)
-            self.db.ring(nodes)
+            marked = effects.take(s)
+        if marked:  # committed: what the batch marked follows (``effects.py``)
+            self.db.committed(marked)
         return done
 
 
 def _alone(s: Session, it: _Item) -> tuple[Future[Any], Any, BaseException | None]:
-    """One function, or one bulk item, in its own SAVEPOINT."""
+    """One function, or one bulk item, in its own SAVEPOINT; rolled back, it takes its
+    after-commit marks (``effects.py``) with it."""
+    saved = effects.save(s)
     sp = s.begin_nested()
     try:
         result = it.fn(s) if it.fn is not None else it.op(s, [it.item])[0]
     except Exception as exc:
         sp.rollback()
+        effects.restore(s, saved)
         return it.fut, None, exc
     if isinstance(result, Failure):
         sp.rollback()
+        effects.restore(s, saved)
     else:
         sp.commit()
     return it.fut, result, None
