@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import move, ref, release_attempt
-from gpufleet.server.store.models import Job
+from gpufleet.server.store.models import Job, stopping_list, stopping_value
 
 MAX_BACKOFF_S = 600.0
 
@@ -41,8 +41,8 @@ def requeue(
     if JobState(job.state) not in ACTIVE:
         return None
     vals = release_attempt(s, job, now=now, confirmed=False)
-    still = [n for n in (vals.get("stopping_on") or "").split(",") if n and n not in lost]
-    vals["stopping_on"] = ",".join(still) or None
+    still = [n for n in stopping_list(vals.get("stopping_on")) if n not in lost]
+    vals["stopping_on"] = stopping_value(still)
     n = job.attempts + 1
     if job.requeue and n < job.max_attempts:
         vals |= {

@@ -24,7 +24,7 @@ from gpufleet.server.jobstate.states import ACTIVE, JobState, allowed
 from gpufleet.server.store import ledger
 from gpufleet.server.store.dispatch import touch
 from gpufleet.server.store.leader import EPOCH
-from gpufleet.server.store.models import Allocation, Job, JobEvent
+from gpufleet.server.store.models import Allocation, Job, JobEvent, stopping_value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,7 +128,7 @@ def release_attempt(
         "attained_service_s": job.attained_service_s + job.gpus * ran,
         "executed_s": job.executed_s + ran,
         "ended_at": now,
-        "stopping_on": None if confirmed or not rest else ",".join(rest),
+        "stopping_on": None if confirmed else stopping_value(rest),
         "stopping_attempt": attempt_of(job.scheduled_at),
         "ready": False,  # a service replica: out of the gateways with its attempt
         "endpoint": None,

@@ -186,9 +186,9 @@ class LifecyclePass:
         q = select(Job).where(Job.stopping_on.is_not(None), Job.stopping_on.contains(name))
         n = 0
         for job in s.scalars(q):
-            rest = [x for x in (job.stopping_on or "").split(",") if x and x != name]
-            if len(rest) != len([x for x in (job.stopping_on or "").split(",") if x]):
-                job.stopping_on = ",".join(rest) or None
+            waiting = job.stopping_nodes
+            if name in waiting:  # ``contains`` also finds a name that holds this one
+                job.stopping_nodes = [x for x in waiting if x != name]
                 n += 1
         return n
 

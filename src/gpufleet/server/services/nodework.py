@@ -159,10 +159,6 @@ def _probe(job: Job) -> ServiceProbe | None:
 # -- what the node may speak for ------------------------------------------------------------
 
 
-def _nodes(stopping_on: str | None) -> list[str]:
-    return [n for n in (stopping_on or "").split(",") if n]
-
-
 def _why_not(job: Job | None, attempt: int | None, node: str, held: set[int]) -> str | None:
     """None if ``node`` may speak for this attempt of ``job``, else why not (a
     ``hot.REJECT_REASONS`` label)."""
@@ -172,7 +168,7 @@ def _why_not(job: Job | None, attempt: int | None, node: str, held: set[int]) ->
         return "unknown_job"
     if job.id in held:
         return None if attempt == attempt_of(job.scheduled_at) else "stale_attempt"
-    if node in _nodes(job.stopping_on):
+    if node in job.stopping_nodes:
         stopped = job.stopping_attempt
         return None if stopped is None or attempt == stopped else "stale_attempt"
     return "not_assigned"
@@ -244,7 +240,7 @@ def _stops_confirmed(s: Session, node: str, body: NodeSync) -> list[Job]:
     """Jobs told to stop here that the node reports running no attempt of."""
     running = {o.job_id for o in body.jobs if o.state == "running"}
     q = select(Job).where(Job.stopping_on.is_not(None), Job.stopping_on.contains(node))
-    return [job for job in s.scalars(q) if node in _nodes(job.stopping_on) and job.id not in running]
+    return [job for job in s.scalars(q) if node in job.stopping_nodes and job.id not in running]
 
 
 def _latest(scope: _Scope) -> list[ObservedJob]:
@@ -289,8 +285,7 @@ def observe(
         move(s, ref(job), to, actor=actor, reason=reason, now=now, values=values)
         changed = True
     for job in _stops_confirmed(s, node, body):
-        rest = [n for n in _nodes(job.stopping_on) if n != node]
-        job.stopping_on = ",".join(rest) or None
+        job.stopping_nodes = [n for n in job.stopping_nodes if n != node]
         changed = True
     for o in _latest(scope):
         seen = _readiness(o, scope.jobs[o.job_id], now)
