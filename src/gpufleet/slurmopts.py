@@ -18,7 +18,7 @@ MAX_MEM_MB = 2**31 - 1
 def parse_mem(text: str, *, flag: str = "--mem") -> int:
     """MiB in ``text``: ``16000`` (Slurm's default unit is megabytes), ``16G``, ``512M``,
     ``1.5T``, ``64GB``. 0 is refused here: ``--mem=0`` (Slurm's "all of each node's
-    memory") is the callers' to read before (``cli/slurmflags``, ``server/services/submitopts``)."""
+    memory") is the callers' to read before (``cli/slurmvalues``, ``server/services/submitopts``)."""
     m = _MEM.match(text.strip())
     if m is None:
         raise ValueError(f"{flag}={text}: expected a size such as 16G, 512M or 16000 (megabytes)")

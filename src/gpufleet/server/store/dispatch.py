@@ -13,7 +13,7 @@ What rings a node (``touch``): the writes that change the set of attempts it sho
 run, which are exactly two (``nodework.desired`` is the allocations of active jobs):
 
 * the scheduling pass's commit: the nodes of the attempts it started
-  (``loops/scheduling.py``);
+  (``loops/plancommit.py``);
 * ``release_attempt``: the nodes that must stop an attempt (a cancel, a preemption, a
   time limit, a drained replica; not the node that reported the exit itself).
 
