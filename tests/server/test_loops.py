@@ -1,17 +1,19 @@
 """The loop runner (``server/runner.py``): steps run periodically and when woken,
-never die on a failing step, rest after one, and ``Loops`` starts and stops every loop
-as one; the scheduling loop's pacing against wake-up storms (``StormPacer``). In
-process, steps stubbed."""
+never die on a failing step, rest after one (``retry_after_s``, also for a step that
+waits on its own with no interval), and ``Loops`` starts and stops every loop as one; a
+fixed rest after each step coalesces wake-ups (``Rest``); the scheduling loop's pacing
+against wake-up storms (``StormPacer``). In process, steps stubbed."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
 import pytest
 
 from gpufleet.server.loops.scheduling import StormPacer
-from gpufleet.server.runner import Loop, Loops
+from gpufleet.server.runner import Loop, Loops, Rest
 
 
 def _until(cond: object, timeout_s: float = 5.0) -> None:
@@ -71,6 +73,46 @@ def test_a_wakeup_runs_the_step_at_once_and_stop_calls_on_stop() -> None:
         loop.stop()
     assert time.monotonic() - t0 < 2.0  # stop does not wait out the interval
     assert stopped == ["closed"]
+
+
+def test_a_step_that_waits_itself_runs_back_to_back_and_its_failures_rest_retry_after_s() -> None:
+    """``interval_s=0``: the step waits on its own (LISTEN's socket); a failing one must
+    not spin: it rests ``retry_after_s``, whatever wakes the loop."""
+    calls: list[float] = []
+
+    def step() -> None:
+        calls.append(time.monotonic())
+        if len(calls) > 3:
+            raise ConnectionError("lost")
+        time.sleep(0.01)  # waits on its socket
+
+    loop = Loop(name="t", interval_s=0.0, first_after_s=0.0, retry_after_s=0.3, step=step)
+    loop.start()
+    try:
+        _until(lambda: len(calls) >= 5)
+        for _ in range(50):
+            loop.wake()
+            time.sleep(0.001)
+    finally:
+        loop.stop()
+    assert loop.passes == 3 and loop.failures == len(calls) - 3
+    gaps = [b - a for a, b in itertools.pairwise(calls[3:])]
+    assert min(gaps) >= 0.29  # each failure rested, wake-ups or not
+    assert max(b - a for a, b in itertools.pairwise(calls[:4])) < 0.25  # passes back to back
+
+
+def test_rest_coalesces_a_storm_of_wakeups() -> None:
+    ran: list[float] = []
+    loop = Loop(name="t", interval_s=60.0, first_after_s=60.0, pacer=Rest(0.05), step=lambda: ran.append(1))
+    loop.start()
+    try:
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            loop.wake()
+            time.sleep(0.0005)
+    finally:
+        loop.stop()
+    assert 3 <= len(ran) <= 0.5 / 0.05 + 2
 
 
 class _Recorder:
