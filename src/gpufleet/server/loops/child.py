@@ -151,15 +151,15 @@ def summary(report: dict[str, Any]) -> tuple[Snapshot, Plan, float] | None:
 class ChildLoop:
     """The scheduling loop run and supervised in a child process (a ``runner.Runner``).
 
-    Its thread is the one background thread of the server that is not a ``runner.Loop``,
-    on purpose: it runs no steps, it *is* the runner of a loop that runs elsewhere. The
-    steps run on ``runner.Loop`` in the child, with the runner's guarantees, and their
-    counters are what this object shows; the thread only reads the child's reports
-    until the pipe ends, for the child's whole life, and restarts a child that died
-    (counted as a failed pass). As a ``Loop`` step it would be one step per child
-    lifetime: its pass counter would say nothing and a second failure counter would
-    sit beside the child's. It starts and stops in order with the other loops (it is
-    in the term's ``Loops``)."""
+    Its thread is not a ``runner.Loop``, on purpose (nor is ``store/writer.py``'s group
+    commit, a batcher of the requests' writes): it runs no steps, it *is* the runner of
+    a loop that runs elsewhere. The steps run on ``runner.Loop`` in the child, with the
+    runner's guarantees, and their counters are what this object shows; the thread only
+    reads the child's reports until the pipe ends, for the child's whole life, and
+    restarts a child that died (counted as a failed pass). As a ``Loop`` step it would
+    be one step per child lifetime: its pass counter would say nothing and a second
+    failure counter would sit beside the child's. It starts and stops in order with the
+    other loops (it is in the term's ``Loops``)."""
 
     def __init__(
         self,
