@@ -86,7 +86,8 @@ class Loop:
         one interval, or at once if woken). ``on_stop``: called once the thread has
         ended (to close what the step used, e.g. the LISTEN connection).
         ``retry_after_s``: the rest after a failed step, whatever wakes the loop
-        (default: one interval). ``expected``: failures logged as one line (besides
+        (default: one interval); then it waits as after any step (an interval or a
+        wake-up). ``expected``: failures logged as one line (besides
         ``Conflict`` and ``Fenced``), e.g. a database's errors for a step that talks
         to it and nothing else."""
         self.name = name
