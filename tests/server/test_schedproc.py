@@ -1,4 +1,4 @@
-"""The scheduling loop in a child process (``schedproc.py``), against a real ``gpufleet
+"""The scheduling loop in a child process (``server/loops/child.py``), against a real ``gpufleet
 server``: a killed child is restarted and schedules again, its passes reach ``/metrics``,
 and it never outlives the API process. Plus the report a pass sends over the pipe.
 
