@@ -21,6 +21,9 @@ caller that gave up before its batch started (its request was cancelled) is skip
 and writes nothing. What a batch marked to follow its commit (``effects.py``: nodes to
 ring, loops to wake, caches to drop) is set off once it has committed, before its
 callers are answered. ``InlineWriter`` is the same seam without batching (tests, tools).
+
+Its thread is not a ``runner.Loop``, on purpose: it is a request-path batcher that callers
+wait on, not a periodic step; it stops after the loops, at ``close()``.
 """
 
 from __future__ import annotations
