@@ -132,26 +132,48 @@ class GpuEvent(Base):
 
 
 class Rollout(Base):
-    """Rolling maintenance: drain at most ``max_unavailable`` of its nodes at a time."""
+    """Rolling maintenance: drain at most ``max_unavailable`` of its nodes at a time.
+    A driver upgrade (``expect_driver`` set) also upgrades and verifies each node before
+    it is uncordoned (``services/upgrades.py``)."""
 
     __tablename__ = "rollouts"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     created_at: Mapped[float] = mapped_column(Float)
     created_by: Mapped[str] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16))
+    """active, paused (an operator, or the first failed verification), done, cancelled
+    (a drain rollout), aborted (an upgrade)."""
     max_unavailable: Mapped[int] = mapped_column(Integer)
     grace_s: Mapped[float] = mapped_column(Float)
     requeue: Mapped[bool] = mapped_column(Boolean)
     reason: Mapped[str] = mapped_column(String(256))
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    expect_driver: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """An upgrade: the driver version each node must report afterwards (None: a drain)."""
+    hook: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """The upgrade hook the nodes' agents run (their own operator configured it by name;
+    None: the operator upgrades each drained node by hand, then resumes)."""
+    pause_reason: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    """Why it is paused (the failed verification, or who paused it)."""
 
 
 class RolloutNode(Base):
     __tablename__ = "rollout_nodes"
+    __table_args__ = (Index("ix_rollout_nodes_node", "node"),)
     rollout_id: Mapped[int] = mapped_column(ForeignKey("rollouts.id", ondelete="CASCADE"), primary_key=True)
     node: Mapped[str] = mapped_column(String(128), primary_key=True)
     position: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16))
-    """waiting -> draining -> drained -> done (done: uncordoned or marked done)."""
+    """A drain: waiting -> draining -> drained -> done (done: uncordoned or marked done).
+    An upgrade: waiting -> draining -> upgrading -> verifying -> done, or failed."""
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """An upgrade: the order the node's agent is asked to carry out (0: none yet); a
+    retry (``upgrade resume``) asks again with the next number."""
+    reason: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    """Why it failed, or what it waits for."""
+    driver: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """The driver its agent reported at the last verification."""
+    phase_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """When it entered its current state."""
