@@ -14,7 +14,10 @@ RFC 9457 problem+json. Exceptions are for what the caller must not carry on thro
     │   │                         to do (``gpufleet server`` prints it and exits 1).
     │   └── TokenKeyError         the token secret cannot be read or made.
     ├── ProblemError              the HTTP boundary: a status and a detail that the app's
-                                  handlers render as problem+json (``problems.py``).
+    │                             handlers render as problem+json (``problems.py``).
+    └── BackupError               a backup or restore could not be made (a tool failed, the
+                                  disk is full, the file is not a backup); nothing was left
+                                  under the backup's name (``store/backup.py``).
     Fenced (an Exception)         a leader's write refused: a newer leader exists
                                   (``store/leader.py``); the loops stop their step quietly.
 
@@ -69,7 +72,19 @@ class ProblemError(GpufleetError):
         self.errors = errors
 
 
-__all__ = ["Conflict", "GpufleetError", "IllegalTransition", "ProblemError", "StartupError", "TokenKeyError"]
+__all__ = [
+    "BackupError",
+    "Conflict",
+    "GpufleetError",
+    "IllegalTransition",
+    "ProblemError",
+    "StartupError",
+    "TokenKeyError",
+]
+
+
+class BackupError(GpufleetError):
+    """A backup or restore failed; the message says why (``store/backup.py``)."""
 
 
 class Fenced(Exception):
