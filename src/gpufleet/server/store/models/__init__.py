@@ -11,6 +11,7 @@ from __future__ import annotations
 from gpufleet.server.store.models.accounts import Membership, Team, Token, User
 from gpufleet.server.store.models.base import Base
 from gpufleet.server.store.models.control import AuditRow, LeaderLease, LeaderTerm, ServerRow, Setting
+from gpufleet.server.store.models.diagnoses import JobDiagnosis
 from gpufleet.server.store.models.jobs import (
     Allocation,
     Job,
@@ -50,6 +51,7 @@ __all__ = [
     "GpuEvent",
     "GpuRow",
     "Job",
+    "JobDiagnosis",
     "JobEvent",
     "JobLogChunk",
     "JobStep",

@@ -155,6 +155,9 @@ class Job(Base):
     """Its QOS (``--qos``, else the default QOS; None: none), by name (``QosRow``)."""
     licenses: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
     """``-L``: license name -> count it holds while it runs."""
+    diagnosis: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """What its failed output matched (``api.jobs.JobDiagnosis`` as JSON; issue 34,
+    ``services/diagnoses.py``); None: it did not fail, or nothing known matched."""
 
     @property
     def stopping_nodes(self) -> list[str]:
