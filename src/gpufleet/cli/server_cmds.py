@@ -174,6 +174,19 @@ def server(
         default=True,
         help="Per-team cost and budget series in /metrics.",
     ),
+    backup_dir: Path | None = typer.Option(
+        None,
+        "--backup-dir",
+        help="Back the database up here (made 0700 if missing): gpufleet-<UTC time>.db or .dump, "
+        "consistent while the server runs (SQLite backup API, pg_dump). Default: no backups.",
+    ),
+    backup_every: str = typer.Option("6h", "--backup-every", help="How often (with --backup-dir)."),
+    backup_keep: int = typer.Option(
+        14,
+        "--backup-keep",
+        min=1,
+        help="Keep the newest N backups; older ones of the loop's are deleted (never other files).",
+    ),
 ) -> None:
     """Run the control plane (API under /v1, scheduling and node-lifecycle loops).
 
@@ -251,6 +264,7 @@ def server(
         raise fail("--auto-mig-interval must be longer than 0", BAD_INPUT)
     if not 1 <= leader_ttl_s <= 600:
         raise fail("--leader-ttl must be between 1s and 10m", BAD_INPUT)
+    backup_every_s = _backup_every(backup_every, backup_dir)
     try:
         token_ttl_s, session_ttl_s = parse_duration(token_ttl), parse_duration(session_ttl)
     except ValueError as exc:
@@ -313,11 +327,33 @@ def server(
         log_days=log_days,
         metrics_public=metrics_public,
         team_cost_metrics=team_cost_metrics,
+        backup_dir=backup_dir,
+        backup_every_s=backup_every_s,
+        backup_keep=backup_keep,
     )
     try:
         run(config, host=host, port=port)
     except StartupError as exc:
         raise fail(str(exc)) from None
+
+
+def _backup_every(every: str, directory: Path | None) -> float:
+    """``--backup-every`` in seconds (1 s at least); ``--backup-dir`` made (0700) and
+    writable, or a clear refusal before the server starts."""
+    try:
+        every_s = parse_duration(every)
+    except ValueError as exc:
+        raise fail(f"--backup-every: {exc}", BAD_INPUT) from None
+    if every_s < 1:
+        raise fail("--backup-every must be 1s or longer", BAD_INPUT)
+    if directory is not None:
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise fail(f"--backup-dir {directory}: {exc.strerror}", BAD_INPUT) from None
+        if not directory.is_dir() or not os.access(directory, os.W_OK | os.X_OK):
+            raise fail(f"--backup-dir {directory}: not a folder this user may write in", BAD_INPUT)
+    return every_s
 
 
 def _loopback(host: str) -> bool:

@@ -29,7 +29,9 @@ from gpufleet.server.http import audit
 from gpufleet.server.http.deps import Parts, PartsDep
 from gpufleet.server.http.lanes import Admission
 from gpufleet.server.loops import build as loops
+from gpufleet.server.loops.backup import BackupStatus
 from gpufleet.server.loops.scheduling import PassObserver
+from gpufleet.server.metrics.backup import BackupCollector
 from gpufleet.server.metrics.leadership import LeaderCollector
 from gpufleet.server.problems import BodyLimitMiddleware, UrlGuardMiddleware, install_handlers
 from gpufleet.server.routers import agents, jobs, logs, maintenance, nodes, security, services, users
@@ -315,6 +317,9 @@ def create_app(
     v1.include_router(servers_router.router)
     app.include_router(v1)
     view = observability.install(app, parts, observer)  # /metrics, the fleet page
+    backups = BackupStatus()  # the backup loop's, across terms (``--backup-dir``)
+    if config.backup_dir is not None:
+        app.state.metrics.registry.register(BackupCollector(backups))
 
     def make_loops(term_db: dbmod.Database) -> Loops:
         return loops.term(
@@ -326,6 +331,7 @@ def create_app(
             readings=readings,
             after_accrual=lambda now: parts.budget_warnings.refresh(database, now),
             view=view,
+            backups=backups,
         )
 
     leadership: Leadership | None = None

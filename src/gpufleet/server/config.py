@@ -116,6 +116,13 @@ class ServerConfig:
     """PostgreSQL: the leader's lease (``leader.py``, ``--leader-ttl``). A leader stops its
     loops once it learns another server holds it; another server takes over once it has expired
     (at most this plus a third of it after the leader died; at once after a clean stop)."""
+    backup_dir: Path | None = None
+    """``--backup-dir``: the leader backs the database up here (``loops/backup.py``); None: no
+    backup loop."""
+    backup_every_s: float = 6 * 3600.0
+    """``--backup-every``: the backup loop's period."""
+    backup_keep: int = 14
+    """``--backup-keep``: the loop's newest backups kept; older ones of its own are deleted."""
 
     @property
     def node_certs_required(self) -> bool:

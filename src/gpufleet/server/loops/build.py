@@ -13,6 +13,7 @@ from gpufleet.server.loops.accrual import accrual_loop
 from gpufleet.server.loops.alerts import AlertRules, WebhookSender, alert_loop
 from gpufleet.server.loops.audit import retention_loop
 from gpufleet.server.loops.automig import AutoMigConfig, automig_loop
+from gpufleet.server.loops.backup import BackupPolicy, BackupStatus, backup_loop
 from gpufleet.server.loops.child import ChildLoop, LoopSpec
 from gpufleet.server.loops.lifecycle import LifecycleConfig, LifecyclePass, lifecycle_loop
 from gpufleet.server.loops.replicas import replica_loop
@@ -81,9 +82,11 @@ def term(
     readings: ledger.Readings,
     after_accrual: Callable[[float], None],
     view: Callable[[], FleetView],
+    backups: BackupStatus | None = None,
 ) -> Loops:
     """Every loop of the server on ``db`` (a leader's term: fenced), not started; the
-    scheduling loop is ``loops["scheduling"]``, the replica controller ``loops["replicas"]``."""
+    scheduling loop is ``loops["scheduling"]``, the replica controller ``loops["replicas"]``.
+    ``backups``: what the backup loop (``config.backup_dir``) reports to, across terms."""
     sched = scheduling(config, db, clock, observer)
     return build(
         config,
@@ -95,6 +98,7 @@ def term(
         readings=readings,
         after_accrual=after_accrual,
         view=view,
+        backups=backups,
     )
 
 
@@ -109,6 +113,7 @@ def build(
     readings: ledger.Readings,
     after_accrual: Callable[[float], None],
     view: Callable[[], FleetView],
+    backups: BackupStatus | None = None,
 ) -> Loops:
     """Every loop of the server, not started."""
     loops = Loops([sched.runner, replica_runner])
@@ -153,6 +158,12 @@ def build(
                 interval_s=config.alert_interval_s,
             )
         )
+    if config.backup_dir is not None:
+        policy = BackupPolicy(
+            directory=config.backup_dir, every_s=config.backup_every_s, keep=config.backup_keep
+        )
+        status = backups if backups is not None else BackupStatus()
+        loops.add(backup_loop(url=db.url, clock=clock, policy=policy, status=status))
     return loops
 
 
