@@ -177,19 +177,21 @@ def consider(cs: CycleState, key: Key, job: JobRequest) -> None:
         return
     filtered = job.constraint is not None or bool(job.exclude)  # victims are chosen on any node
     if placement is None and policy.preemptive and not asks and not filtered:  # nor for CPUs
-        placement = preempt_for(cs, key, job, opts, general_view(cs, job, limit))
+        view = general_view(cs, job, limit)
+        if cs.power is None or not cs.power.holds_back(view, opts):  # never preempt for power
+            placement = preempt_for(cs, key, job, opts, view)
     if placement is not None:
         record_start(cs, job, placement)
         return
     cs.waits[job.id] = wait = _no_room(cs, job, opts)
-    if same is not None and (wait.code == "Resources" or not cs.explain):
+    if same is not None and (wait.code in ("Resources", "Power") or not cs.explain):
         cs.nofit[same] = wait  # a "Priority" reason could turn into "Resources" later
-    if wait.code != "Resources":
+    if wait.code not in ("Resources", "Power"):
         return
     if policy.backfill == "none":
         cs.strict_blocker = job.id
-    elif policy.backfill == "easy" and cs.shadow is None:
-        reserve(cs, job, opts)
+    elif policy.backfill == "easy" and cs.shadow is None and wait.code == "Resources":
+        reserve(cs, job, opts)  # (a shadow books GPUs, not watts: none for Power)
 
 
 def _no_room(cs: CycleState, job: JobRequest, opts: Options) -> Wait:
@@ -207,6 +209,8 @@ def _no_room(cs: CycleState, job: JobRequest, opts: Options) -> Wait:
         return Wait(
             Status.UNSCHEDULABLE, "Resources", f"needs {needs} per node, free on no node that fits", opts
         )
+    if cs.power is not None and cs.power.holds_back(cs.cap, opts):  # no estimate: watts, not GPUs
+        return Wait(Status.UNSCHEDULABLE, "Power", cs.power.describe(cs.index, opts))
     return Wait(Status.UNSCHEDULABLE, "Resources", options=opts)
 
 

@@ -23,6 +23,7 @@ from gpufleet.scheduler.model import JobRequest, Preemption, Snapshot, Start, St
 from gpufleet.scheduler.options import Options
 from gpufleet.scheduler.policies import Policy
 from gpufleet.scheduler.policies.base import Context, Key
+from gpufleet.scheduler.power import RackLoad, rack_load
 from gpufleet.scheduler.qos import QosUsage
 from gpufleet.scheduler.release import Completions, GroupVictims
 from gpufleet.scheduler.reservations import ReservationBook
@@ -89,6 +90,8 @@ class CycleState:
     """Free CPUs and memory per node (None: no job asks for them)."""
     qos: QosUsage
     licenses: LicenseUsage
+    power: RackLoad | None
+    """Estimated draw of racks with a power budget (None: no budgets, ``power.py``)."""
 
     # -- decisions so far --------------------------------------------------------------
     starts: list[Start] = field(default_factory=list)
@@ -166,6 +169,7 @@ def new_cycle(snapshot: Snapshot, policy: Policy, explain: bool, cache: PlanCach
         res=NodeResources.build(snapshot.fleet, snapshot.running, snapshot.pending),
         qos=QosUsage(snapshot.qos, snapshot.running),
         licenses=LicenseUsage(snapshot.licenses, snapshot.running),
+        power=rack_load(snapshot, index, cap.free),
     )
 
 

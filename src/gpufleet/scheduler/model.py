@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass
 
 from gpufleet.migindex import SHARE_UNITS, share_index, share_model, share_node, wants_share
+from gpufleet.scheduler.powermodel import PowerModel
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,6 +295,8 @@ class Snapshot:
     qos: tuple[QosLimit, ...] = ()
     licenses: tuple[tuple[str, int], ...] = ()
     """(license, count) the operator declared (``gpufleet admin license set``)."""
+    power: PowerModel | None = None
+    """Racks' power budgets and how draw is estimated (``power.py``); None: no budgets."""
 
 
 class Status(enum.Enum):

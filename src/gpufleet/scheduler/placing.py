@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from gpufleet.migindex import is_share_model, wants_share
 from gpufleet.scheduler import sharing
-from gpufleet.scheduler.capacity import Capacity
+from gpufleet.scheduler.capacity import Capacity, GroupKey
 from gpufleet.scheduler.cycle import CycleState
 from gpufleet.scheduler.features import NodeFilter, node_filters
 from gpufleet.scheduler.model import JobRequest, Placement
 from gpufleet.scheduler.options import Options
 from gpufleet.scheduler.placement import (
     NodeCounts,
+    Shape,
     choose_nodes,
     choose_share,
     choose_spread,
@@ -38,6 +39,8 @@ def place(cs: CycleState, job: JobRequest, opts: Options, limit: float) -> Place
     its general view: free GPUs less those reserved for others, and for EASY
     backfill's long jobs, less what the reserved head job needs."""
     tries: list[NodeFilter | None] = [*node_filters(job)] or [None]
+    if cs.power is not None:
+        cs.power.hit = False
     for only in tries:  # a [a|b] constraint: each alternative in turn
         placement = _place_filtered(cs, job, opts, limit, only)
         if placement is not None:
@@ -66,12 +69,14 @@ def _fitting(
     cs: CycleState, view: Capacity, opts: Options, job: JobRequest, only: NodeFilter | None
 ) -> Capacity:
     """``view`` without the free GPUs of nodes where ``job``'s CPUs or memory do not
-    fit now, or that its ``--constraint``/``--exclude`` rule out (``only``; a copy,
-    only when there are such nodes)."""
+    fit now, or that its ``--constraint``/``--exclude`` rule out (``only``), and with
+    no more free GPUs on a node than its rack's power budget feeds (a copy, only when
+    there are such nodes)."""
     res = cs.res
     sized = res is not None and bool(job.cpus or job.mem_mb)
+    capped = cs.power.mask(cs.index, view, opts) if cs.power is not None and cs.power.tight else []
     if not sized and only is None:
-        return view
+        return _capped(view, capped)
     index = cs.index
     nodes = index.nodes
     lacking = [
@@ -85,11 +90,22 @@ def _fitting(
         )
     ]
     if not lacking:
-        return view
+        return _capped(view, capped)
     cs.masked = True
     copy = view.counts_copy()
     for nid in lacking:
         copy.set_free(nid, 0)
+    return _capped(copy, capped, copied=True)
+
+
+def _capped(view: Capacity, capped: list[tuple[int, int]], *, copied: bool = False) -> Capacity:
+    """``view`` with node ``nid`` showing at most ``n`` free GPUs, for each (nid, n)."""
+    if not capped:
+        return view
+    copy = view if copied else view.counts_copy()
+    for nid, n in capped:
+        if copy.free[nid] > n:
+            copy.set_free(nid, n)
     return copy
 
 
@@ -124,9 +140,36 @@ def _place_in(
             counts = choose_share(view, gk, shape[0], _share_mix(cs))
         else:
             counts = choose_nodes(view, gk, shape)
+            if counts is not None and len(counts) > 1 and cs.power is not None and cs.power.tight:
+                counts = _powered_gang(cs, view, gk, shape, counts)
         if counts is not None:
             return take(cs, counts, own=own, long=long)
     return None
+
+
+def _powered_gang(
+    cs: CycleState, view: Capacity, gk: GroupKey, shape: Shape, counts: NodeCounts
+) -> NodeCounts | None:
+    """``counts``, or a placement of ``shape`` that leaves each rack its gang as a whole
+    would overrun no more free GPUs than its power budget feeds (each node alone fits:
+    ``_fitting`` capped it)."""
+    power = cs.power
+    assert power is not None
+    limited: set[str] = set()
+    while over := power.over(counts) - limited:
+        limited |= over
+        view = view.counts_copy()
+        for rack in sorted(over):
+            left = power.powered_in(rack)
+            for nid in power.nodes_of[rack]:
+                keep = min(view.free[nid], left)
+                view.set_free(nid, keep)
+                left -= keep
+        got = choose_nodes(view, gk, shape)
+        if got is None:
+            return None
+        counts = got
+    return None if power.over(counts) else counts
 
 
 def _share_mix(cs: CycleState) -> sharing.Fragmentation:
@@ -157,6 +200,8 @@ def take(cs: CycleState, counts: NodeCounts, *, own: str | None = None, long: bo
     """Commit ``counts`` to the pass's capacity: the reservation ``own`` (if any) and
     the backfill shadow's spare GPUs (for a ``long`` job) shrink with it."""
     placement = commit(cs.cap, counts)
+    if cs.power is not None:
+        cs.power.take(counts)
     if cs.completions:
         cs.changed.extend(nid for nid, _ in counts)
     book = cs.book

@@ -125,6 +125,8 @@ def _preempt_in_group(
     if group.total + _victim_bound(cs, floor, gk) < sum(shape):
         return None
     simple = view is cs.cap and not cs.book.views and 0 < min(shape) <= max(shape) <= group.info.size
+    if cs.power is not None:  # one by one, so that power.allows can refuse before any eviction
+        simple = False
     tried = _preempt_one_by_one(cs, key, floor, job, gk, shape, view, most=8 if simple else None)
     if tried is not _GaveUp.TOO_MANY:
         return tried
@@ -272,6 +274,13 @@ def _preempt_one_by_one(
             _release(cs, parts)
     counts = choose_nodes(view, gk, shape)
     assert counts is not None
+    if cs.power is not None and not cs.power.allows(
+        cs.index, counts, (rj for i, (rj, _) in enumerate(released) if i not in spared)
+    ):
+        for i, (_, parts) in enumerate(released):
+            if i not in spared:
+                _retake(cs, parts)
+        return None  # the start would overrun a rack's power budget
     reason = f"preempted for job {job.id} ({cs.policy.name})"
     for i, (rj, _) in enumerate(released):
         if i not in spared:
@@ -305,6 +314,8 @@ def _evict(cs: CycleState, rj: RunningJob, by: str, reason: str) -> None:
                 cs.changed.append(nid)
     cs.preempted.add(rj.job.id)
     cs.ctx.add_team_gpus(rj.job.team, -rj.job.gpu_weight)
+    if cs.power is not None:
+        cs.power.release(cs.index, rj, cs.cap.free)
     cs.preemptions.append(Preemption(job_id=rj.job.id, by=by, reason=reason))
 
 
