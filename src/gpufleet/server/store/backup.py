@@ -183,8 +183,11 @@ def _publish(tmp: Path, dest: Path) -> None:
 
 def conninfo(url: str) -> str:
     """The URL as libpq's tools take it: no ``+driver``, no password."""
-    u: URL = make_url(url).set(drivername="postgresql", password=None)
-    return u.render_as_string(hide_password=False)
+    u = make_url(url)
+    bare = URL.create(
+        "postgresql", username=u.username, host=u.host, port=u.port, database=u.database, query=u.query
+    )  # URL.set(password=None) would keep the password
+    return bare.render_as_string(hide_password=False)
 
 
 @contextlib.contextmanager
