@@ -97,6 +97,12 @@ class FakeGpu:
     dbe: int = 0
     replay: int = 0
     pcie: tuple[int, int] = (5, 16)
+    pcie_max: tuple[int, int] = (5, 16)
+    """The most the GPU and its slot can do (generation, width)."""
+    ecc: tuple[int, int] = (1, 1)
+    """ECC mode (current, pending); "ecc_mode" in ``unsupported``: a GPU without ECC."""
+    links_down: set[int] = field(default_factory=set)
+    """NVLinks (indices into ``links``) reported inactive."""
     links: list[str] = field(default_factory=list)
     """Remote PCI bus id per active NVLink."""
     mig: int = 0
@@ -218,11 +224,20 @@ class FakeNvml:
     def nvmlDeviceGetCurrPcieLinkWidth(self, h: int) -> int:
         return self._gpu(h, "pcie").pcie[1]
 
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: int) -> int:
+        return self._gpu(h, "pcie").pcie_max[0]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: int) -> int:
+        return self._gpu(h, "pcie").pcie_max[1]
+
+    def nvmlDeviceGetEccMode(self, h: int) -> list[int]:
+        return list(self._gpu(h, "ecc_mode").ecc)
+
     def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
         g = self._gpu(h, "nvlink")
         if link >= len(g.links):
             raise self.NVMLError_NotSupported()
-        return 1
+        return 0 if link in g.links_down else 1
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, h: int, link: int) -> Any:
         return SimpleNamespace(busId=self._gpu(h, "nvlink").links[link])

@@ -24,7 +24,8 @@ def tel(**kw: Any) -> GpuTelemetry:
         (tel(temperature_c=70), 0, []),
         (tel(temperature_c=90), 10, []),
         (tel(temperature_c=90), 30, ["temperature"]),
-        (tel(temperature_c=85), 999, []),
+        (tel(temperature_c=84.9), 999, []),
+        (tel(temperature_c=85), 30, ["temperature"]),
         (tel(xid_events=[79]), 0, ["xid"]),
         (tel(xid_events=[48, 13]), 0, ["xid"]),
         (tel(xid_events=[13, 31]), 0, []),
@@ -35,7 +36,7 @@ def tel(**kw: Any) -> GpuTelemetry:
         (tel(retired_pages=60), 0, ["retired_pages"]),
     ],
     ids=[
-        "normal", "hot-not-long-enough", "hot-sustained", "at-limit-is-fine", "xid-79", "xid-48-among-others",
+        "normal", "hot-not-long-enough", "hot-sustained", "below-limit", "at-limit-counts", "xid-79", "xid-48-among-others",
         "harmless-xids", "ecc-dbe", "sbe-only", "lost", "retired-below", "retired-limit",
     ],
 )  # fmt: skip

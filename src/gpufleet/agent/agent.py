@@ -73,6 +73,7 @@ from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.jobsignal import signal_due
 from gpufleet.agent.logship import acked, chunks_of, pending
 from gpufleet.agent.miglayouts import MigLayouts
+from gpufleet.agent.preflight import PreflightLimits, preflight, report
 from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
 from gpufleet.agent.replicas import ReplicaProbes, free_port
 from gpufleet.agent.report import gpu_row, node_facts, telemetry_row
@@ -156,6 +157,20 @@ class Agent:
             self.steps = StepTasks(work_dir=work, node=config.node, runner=process, watch=self._exits.watch)
 
     # -- local state ------------------------------------------------------------------------
+        self.preflight_report: dict[str, Any] | None = None
+        """The last preflight's findings (``agent/preflight.py``), sent until a sync is answered."""
+        self.run_preflight()
+
+    def run_preflight(self, limits: PreflightLimits = PreflightLimits()) -> list[Any]:
+        """Check the node (at start; after an upgrade) and report the findings with the
+        next sync, soon: the server cordons the node on a fatal one."""
+        found = preflight(self.probe, limits)
+        for f in found:
+            log.warning("node %s: preflight %s: %s", self.config.node, f.severity, f.reason)
+        # nothing to say when all passed (and an older server refuses the key)
+        self.preflight_report = report(found, self.clock.now()) if found else None
+        self._news = self._urgent = True
+        return found
     def restore(self) -> int:
         """Re-adopt the attempts recorded in the work dir (after a restart)."""
         for job in self.store.load_all():
@@ -319,6 +334,8 @@ class Agent:
         body.update(node_facts(self.config, inv, self.warning()))
         return body
 
+        if self.preflight_report is not None:
+            body["preflight"] = self.preflight_report
     def apply(self, reply: dict[str, Any], *, sent: dict[str, Any]) -> None:
         parsed = SyncReply.model_validate(reply)
         desired = {(d.job_id, d.attempt): d for d in parsed.jobs}
@@ -475,6 +492,8 @@ class Agent:
         if self.steps is not None and self.steps.pending():  # srun waits on it
             return since >= self.config.urgent_gap_s
         if self._news or self._log_backlog:  # a backlog of log: as often as news
+        if body.get("preflight") is self.preflight_report:  # delivered (a newer one waits)
+            self.preflight_report = None
             return since >= self.config.news_gap_s
         return since >= self.config.log_gap_s and self._pending_logs()
 

@@ -189,6 +189,7 @@ class NvmlProbe:
         uncorrected = getattr(lib, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
         volatile = getattr(lib, "NVML_VOLATILE_ECC", 0)
         temp = field(lib, lib.nvmlDeviceGetTemperature, h, getattr(lib, "NVML_TEMPERATURE_GPU", 0))
+        ecc_mode = field(lib, lib.nvmlDeviceGetEccMode, h)  # [current, pending]
         return GpuSample(
             index=i,
             utilization_pct=None if util is None else float(util.gpu),
@@ -204,7 +205,28 @@ class NvmlProbe:
             pcie_replay=field(lib, lib.nvmlDeviceGetPcieReplayCounter, h),
             retired_pages=self._retired_pages(h),
             mig_instances=self._mig.samples(i, h),
+            pcie_gen=field(lib, lib.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            pcie_width=field(lib, lib.nvmlDeviceGetCurrPcieLinkWidth, h),
+            pcie_max_gen=field(lib, lib.nvmlDeviceGetMaxPcieLinkGeneration, h),
+            pcie_max_width=field(lib, lib.nvmlDeviceGetMaxPcieLinkWidth, h),
+            nvlink_down=self._nvlink_down(h),
+            ecc_enabled=None if ecc_mode is None else bool(ecc_mode[0]),
+            ecc_pending=None if ecc_mode is None else bool(ecc_mode[1]),
         )
+
+    def _nvlink_down(self, h: Any) -> tuple[int, ...]:
+        """Links NVML supports on this GPU but reports inactive (DCGM's "Down"; a link it
+        does not support is "Disabled" and ends the list, as in ``_nvlink_peers``).
+        Written against NVML's documented API; not run on a GPU here."""
+        lib = self.lib
+        down: list[int] = []
+        for link in range(int(getattr(lib, "NVML_NVLINK_MAX_LINKS", 18))):
+            state = field(lib, lib.nvmlDeviceGetNvLinkState, h, link)
+            if state is None:
+                break
+            if not state:
+                down.append(link)
+        return tuple(down)
 
     def _retired_pages(self, h: Any) -> int | None:
         """Pages retired for multiple single-bit and for double-bit ECC errors (None where

@@ -141,6 +141,17 @@ class GpuSample:
     lost: bool = False
     mig_instances: tuple[MigSample, ...] = ()
     """Per MIG instance of a GPU in MIG mode, by GPU instance id (empty otherwise)."""
+    pcie_gen: int | None = None
+    """The PCIe link now (a GPU lowers its generation when idle); ``pcie_max_*``: the
+    most the GPU and its slot can do (``gpufleet.gpuchecks``)."""
+    pcie_width: int | None = None
+    pcie_max_gen: int | None = None
+    pcie_max_width: int | None = None
+    nvlink_down: tuple[int, ...] = ()
+    """NVLink links the GPU supports that are inactive."""
+    ecc_enabled: bool | None = None
+    """ECC mode now and after the next reboot (None: the GPU has no ECC)."""
+    ecc_pending: bool | None = None
 
 
 @runtime_checkable

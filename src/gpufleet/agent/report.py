@@ -33,13 +33,18 @@ def telemetry_row(s: GpuSample, reasons: tuple[str, ...], inv: NodeInventory) ->
         "xid_events": list(s.xid_events),
         "pcie_replay": s.pcie_replay,
         "retired_pages": s.retired_pages,
-        "pcie_gen": info.pcie_gen if info else None,
-        "pcie_width": info.pcie_width if info else None,
+        "pcie_gen": s.pcie_gen if s.pcie_gen is not None else info.pcie_gen if info else None,
+        "pcie_width": s.pcie_width if s.pcie_width is not None else info.pcie_width if info else None,
         "nvlink_peers": list(info.nvlink_peers) if info else [],
         "mig_enabled": info.mig_enabled if info else None,
         "lost": s.lost,
         "health": list(reasons),
     }
+    for key in ("pcie_max_gen", "pcie_max_width", "ecc_enabled", "ecc_pending"):  # issue 34's checks
+        if getattr(s, key) is not None:  # only then: an older server refuses the key
+            row[key] = getattr(s, key)
+    if s.nvlink_down:
+        row["nvlink_down"] = list(s.nvlink_down[:64])
     if s.mig_instances:  # only then: an older server refuses the key (extra="forbid")
         row["mig_instances"] = [dataclasses.asdict(m) for m in s.mig_instances[:7]]
     return row

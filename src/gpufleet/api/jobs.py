@@ -12,6 +12,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from gpufleet.api.base import INT32, MAX_ENV, EnvKey, Id, Label, Name, NodeName, Reply, Request
+from gpufleet.cudaver import format_cuda, parse_cuda
 
 POOL_LIST = r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63}(?:,[A-Za-z0-9][A-Za-z0-9._-]{0,63}){0,15})?$"
 """A pool's name, or up to 16 of them comma-separated (Slurm's ``-p a,b``), or nothing."""
@@ -130,6 +131,21 @@ class JobSubmit(Request):
         description="part of one shared GPU (0.25): that share of its compute and memory, enforced by MPS "
         "(gpus 1; with gpu_memory the larger of the two)",
     )
+    cuda: Annotated[str, StringConstraints(min_length=1, max_length=16)] | None = Field(
+        default=None,
+        description="the CUDA version it needs (12.4): it runs only on nodes whose driver supports it",
+    )
+
+    @field_validator("cuda")
+    @classmethod
+    def _cuda_version(cls, value: str | None) -> str | None:
+        """Canonical (``12.4``); anything else is refused with the reason (``gpufleet.cudaver``)."""
+        if value is None:
+            return None
+        try:
+            return format_cuda(parse_cuda(value))
+        except ValueError as exc:
+            raise PydanticCustomError("cuda_version", "{why}", {"why": str(exc)}) from None
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -231,6 +247,7 @@ class JobOut(Reply):
     max_price: float | None = None
     qos: str | None = Field(default=None, description="its QOS (--qos, else the default QOS)")
     licenses: dict[str, int] | None = Field(default=None, description="-L: license -> count")
+    cuda: str | None = Field(default=None, description="the CUDA version it needs (--cuda)")
 
 
 class JobDetail(JobOut):

@@ -71,6 +71,11 @@ JOB_FLAGS: dict[str, JobFlag] = {
         "--gpu-fraction",
         help="Part of one shared GPU (0.25): that share of its compute and memory, enforced by MPS.",
     ),
+    "cuda": _opt(
+        None,
+        "--cuda",
+        help="The CUDA version it needs (12.4): only nodes whose driver supports it.",
+    ),
     "constraint": _opt(
         "constraint",
         "--constraint",
@@ -423,7 +428,7 @@ def job_spec(
     if priority:
         spec["priority"] = priority
     spec |= {k: getattr(opts, k) for k in _SAME if getattr(opts, k) is not None}
-    for key in ("image", "team", "gpu_memory"):
+    for key in ("image", "team", "gpu_memory", "cuda"):  # cuda: checked by the server (a 422 says why)
         if flags.get(key):
             spec[key] = flags[key]
     if flags.get("gpu_fraction"):

@@ -48,7 +48,12 @@ def server(
         "--requeue-after",
         help="NotReady this much longer: node lost, its jobs requeued.",
     ),
-    gpu_max_temp: float = typer.Option(85.0, "--gpu-max-temp", help="Hotter (C) for --gpu-hot-for: cordon."),
+    gpu_max_temp: float = typer.Option(
+        85.0,
+        "--gpu-temp-limit",
+        "--gpu-max-temp",
+        help="A GPU at or above this (C) for --gpu-hot-for: cordon it.",
+    ),
     gpu_hot_for: str = typer.Option("30s", "--gpu-hot-for"),
     gpu_recover_after: str = typer.Option(
         "10m", "--gpu-recover-after", help="An overheat cordon lifts after this long at normal temperature."
@@ -63,6 +68,17 @@ def server(
     ),
     queue_wait_alert: str = typer.Option("30m", "--queue-wait-alert", help="QueueWaitHigh threshold."),
     idle_release: str = typer.Option(
+    gpu_pcie_reports: int = typer.Option(
+        3,
+        "--gpu-pcie-reports",
+        min=0,
+        max=1000,
+        help="A PCIe link below its max (width; generation under load) this many reports in a row: "
+        "cordon the GPU; 0: off.",
+    ),
+    gpu_allow_ecc_off: bool = flag(
+        "--gpu-allow-ecc-off", help="Do not cordon GPUs whose ECC is off where they support it."
+    ),
         "15m", "--idle-release", help="Release a started reservation no owner job used for this long."
     ),
     prices: Path | None = typer.Option(
@@ -266,6 +282,8 @@ def server(
         raise fail("--leader-ttl must be between 1s and 10m", BAD_INPUT)
     backup_every_s = _backup_every(backup_every, backup_dir)
     try:
+            pcie_reports=gpu_pcie_reports,
+            require_ecc=not gpu_allow_ecc_off,
         token_ttl_s, session_ttl_s = parse_duration(token_ttl), parse_duration(session_ttl)
     except ValueError as exc:
         raise fail(f"--token-ttl/--session-ttl: {exc}", BAD_INPUT) from None

@@ -103,13 +103,18 @@ def run(cs: CycleState) -> Plan:
     policy = cs.policy
     if cs.book:
         clear_reserved_gpus(cs)
-    if not cs.explain and not policy.preemptive and cs.cap.total_free == 0:
+    power = cs.power
+
+    def full() -> bool:  # no GPU free, or (rack power budgets) none that a rack can power
+        return cs.cap.total_free == 0 or (power is not None and power.dry(cs.cap.free))
+
+    if not cs.explain and not policy.preemptive and full():
         ordered = []  # nothing can start: skip ordering the queue
     else:
         ordered = policy.order(cs.gpu_pending, cs.ctx)
     stop_early = not cs.explain and not policy.preemptive
     for key, job in ordered:
-        if stop_early and (cs.strict_blocker is not None or cs.cap.total_free == 0):
+        if stop_early and (cs.strict_blocker is not None or full()):
             break
         consider(cs, key, job)
     cpu_starts, unplaced = start_cpu_jobs(cs) if cs.cpu_pending else ([], [])
@@ -149,7 +154,7 @@ def consider(cs: CycleState, key: Key, job: JobRequest) -> None:
             )
             return
     asks = cs.res is not None and (job.cpus > 0 or job.mem_mb > 0)
-    if (job.array_limit > 0 or cs.qos.limits or job.licenses or asks) and (
+    if (job.array_limit > 0 or cs.qos.limits or job.licenses or asks or job.cuda is not None) and (
         limited := limit_wait(cs, job, opts, asks)
     ) is not None:
         cs.waits[job.id] = limited
@@ -165,7 +170,7 @@ def consider(cs: CycleState, key: Key, job: JobRequest) -> None:
     # job shaped like one that did not fit will not fit either: skip the search.
     same: NoFitKey | None = None
     if not policy.preemptive and not cs.book and job.reservation is None:
-        same = (id(opts), is_long(cs, limit), job.cpus, job.mem_mb, job.constraint, job.exclude)
+        same = (id(opts), is_long(cs, limit), job.cpus, job.mem_mb, job.constraint, job.exclude, job.cuda)
         hit = cs.nofit.get(same)
         if hit is not None:
             cs.waits[job.id] = hit
@@ -175,7 +180,7 @@ def consider(cs: CycleState, key: Key, job: JobRequest) -> None:
     if placement is None and job.reservation is not None:
         cs.waits[job.id] = Wait(Status.UNSCHEDULABLE, "Reservation", reservation_wait(cs, job), opts)
         return
-    filtered = job.constraint is not None or bool(job.exclude)  # victims are chosen on any node
+    filtered = job.constraint is not None or bool(job.exclude) or job.cuda is not None  # victims: any node
     if placement is None and policy.preemptive and not asks and not filtered:  # nor for CPUs
         view = general_view(cs, job, limit)
         if cs.power is None or not cs.power.holds_back(view, opts):  # never preempt for power

@@ -34,9 +34,9 @@ __all__ = ["CycleState", "NoFitKey", "Shadow", "Wait", "new_cycle"]
 
 _gpus_of = attrgetter("gpus")
 
-NoFitKey = tuple[int, bool, int, int, str | None, frozenset[str]]
+NoFitKey = tuple[int, bool, int, int, str | None, frozenset[str], tuple[int, int] | None]
 """A waiting job's shape for ``CycleState.nofit``: (id of its options, long for
-backfill, CPUs, memory, constraint, excluded nodes)."""
+backfill, CPUs, memory, constraint, excluded nodes, CUDA needed)."""
 
 
 @dataclass(slots=True)
@@ -120,6 +120,8 @@ class CycleState:
     """Tasks running per array (built on first use)."""
     pool_nodes: dict[str, list[str]] = field(default_factory=dict)
     """Pool -> its node names (for CPUs and memory that never fit)."""
+    newest_cuda: dict[str, tuple[int, int] | None] = field(default_factory=dict)
+    """Pool -> the newest CUDA a driver of its supports (``cuda.py``; built on first use)."""
     share_mix: sharing.Fragmentation | None = None
     """The waiting GPU shares' mix (built on first use)."""
 

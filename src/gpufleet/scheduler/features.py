@@ -1,5 +1,6 @@
 """Which nodes a job may use: its ``--constraint`` (``gpufleet.constraint``) over node
-features, and its ``--exclude``.
+features, its ``--exclude``, and its ``--cuda`` (nodes whose driver supports it,
+``cuda.py``).
 
 A node's features are what its agent reports (``gpufleet agent --features ib,nvme``)
 and what operators add (``gpufleet node label NODE +feat``); its GPU model is one too,
@@ -23,11 +24,14 @@ NodeFilter = Callable[["Node"], bool]
 
 
 def node_filters(job: JobRequest) -> list[NodeFilter]:
-    """The filters to try in order for ``job``'s ``--constraint`` and ``--exclude``
-    (``[]``: none, any node of its pool will do). A constraint stored by the server is
-    canonical; one that no longer parses matches no node (the job waits, saying so)."""
+    """The filters to try in order for ``job``'s ``--constraint``, ``--exclude`` and
+    ``--cuda`` (``[]``: none, any node of its pool will do). A constraint stored by the
+    server is canonical; one that no longer parses matches no node (the job waits, saying so)."""
+    from gpufleet.scheduler.cuda import supports
+
+    need = job.cuda
     if job.constraint is None and not job.exclude:
-        return []
+        return [] if need is None else [lambda node: supports(node, need)]
     from gpufleet.scheduler.options import gpu_type_matches
 
     try:
@@ -39,6 +43,8 @@ def node_filters(job: JobRequest) -> list[NodeFilter]:
     def make(terms: Terms) -> NodeFilter:
         def ok(node: Node) -> bool:
             if excluded and physical_node(node.name) in excluded:
+                return False
+            if need is not None and not supports(node, need):
                 return False
             return not terms or holds(terms, node_has(node.features, node.model, gpu_type_matches))
 

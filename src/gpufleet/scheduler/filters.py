@@ -1,12 +1,14 @@
 """The checks a waiting job passes before any placement is tried (Kubernetes' filter
 point): where it could ever run (its options), its array's task limit, QOS limits,
-licenses, and whether its CPUs or memory fit on any node of its pool at all. A job that
+licenses, the CUDA it needs (``cuda.py``), and whether its CPUs or memory fit on any
+node of its pool at all. A job that
 fails one waits with the reason as a value (``cycle.Wait``); GPU and 0-GPU jobs go
 through the same checks (``core.consider``, ``core.start_cpu_jobs``).
 """
 
 from __future__ import annotations
 
+from gpufleet.scheduler.cuda import cuda_wait
 from gpufleet.scheduler.cycle import CycleState, Wait
 from gpufleet.scheduler.model import JobRequest, Status
 from gpufleet.scheduler.options import Options, shared_options
@@ -34,6 +36,8 @@ def limit_wait(cs: CycleState, job: JobRequest, opts: Options | None, asks: bool
         return Wait(Status.UNSCHEDULABLE, over[0], over[1], opts)
     if job.licenses and (short := cs.licenses.blocked(job)) is not None:
         return Wait(Status.UNSCHEDULABLE, "Licenses", short, opts)
+    if job.cuda is not None and (old := cuda_wait(cs, job)) is not None:
+        return old
     if asks and (never := never_fits(cs, job)) is not None:
         return Wait(Status.UNRESOLVABLE, "Unschedulable", never)
     return None

@@ -45,6 +45,8 @@ class Node:
     mem_mb: int = 0
     features: frozenset[str] = frozenset()
     """Slurm's node features (its agent's and operators' labels), for ``--constraint``."""
+    cuda: tuple[int, int] | None = None
+    """The newest CUDA its driver supports (None: not reported); ``cuda.py``."""
 
     def __post_init__(self) -> None:
         models = {g.model for g in self.gpus}
@@ -78,6 +80,7 @@ def shared_gpu_node(node: Node, gpu: Gpu) -> Node:
         pool=node.pool,
         schedulable=node.schedulable,
         features=node.features,
+        cuda=node.cuda,
     )
 
 
@@ -169,6 +172,8 @@ class JobRequest:
     """Its QOS (``--qos``), whose per-user limits the core enforces (``qos.py``)."""
     licenses: tuple[tuple[str, int], ...] = ()
     """``-L``: (license, count) it holds while it runs (``licenses.py``)."""
+    cuda: tuple[int, int] | None = None
+    """``--cuda``: the CUDA version it needs; only nodes whose driver supports it (``cuda.py``)."""
 
     @property
     def units(self) -> int:

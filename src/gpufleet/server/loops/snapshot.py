@@ -23,6 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet import mig
+from gpufleet.cudaver import parse_reported
 from gpufleet.mig import SLICE_BASE
 from gpufleet.scheduler import (
     Blocked,
@@ -86,6 +87,7 @@ class _JobRow(NamedTuple):
     exclude: list[str] | None
     qos: str | None
     licenses: dict[str, int] | None
+    cuda: str | None
 
     def ref(self) -> JobRef:
         return JobRef(id=self.id, state=_STATES[self.state], version=self.version)
@@ -345,4 +347,5 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str], qos: Qo
         exclude=frozenset(job.exclude or ()),
         qos=job.qos,
         licenses=tuple(sorted(job.licenses.items())) if job.licenses else (),
+        cuda=parse_reported(job.cuda),
     )

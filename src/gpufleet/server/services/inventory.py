@@ -23,6 +23,7 @@ from sqlalchemy import false, func, select
 from sqlalchemy.orm import Session
 
 from gpufleet import mig
+from gpufleet.cudaver import parse_reported
 from gpufleet.scheduler import Fleet, Gpu, Node, shared_gpu_node
 from gpufleet.scheduler.capacity import FleetIndex
 from gpufleet.server.store.models import GpuRow, NodeRow
@@ -42,6 +43,7 @@ def _rows(s: Session, pool: str | None) -> tuple[NodeKey, NodeKey]:
         NodeRow.last_seen,
         NodeRow.cpus,
         NodeRow.memory_mb,
+        NodeRow.cuda_version,
         NodeRow.features,
         NodeRow.labels,
     ).order_by(NodeRow.name)
@@ -101,7 +103,7 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
                 slices.setdefault(node, {}).setdefault(str(m["profile"]), []).append(g)
     out: list[Node] = []
     skipped: dict[str, str] = {}
-    for name, pool, leaf, rack, cordoned, last_seen, cpus, memory_mb, features in nodes:
+    for name, pool, leaf, rack, cordoned, last_seen, cpus, memory_mb, cuda, features in nodes:
         live = live_since is None or (
             not cordoned and last_seen is not None and float(last_seen) >= live_since  # type: ignore[arg-type]
         )
@@ -116,6 +118,7 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
                 cpus=int(cpus or 0),  # type: ignore[call-overload]
                 mem_mb=int(memory_mb or 0),  # type: ignore[call-overload]
                 features=features,  # type: ignore[arg-type]
+                cuda=parse_reported(cuda if isinstance(cuda, str) else None),  # ``scheduler/cuda.py``
             )
             parts = [
                 Node(
@@ -126,6 +129,7 @@ def _build(nodes: NodeKey, gpus: NodeKey, *, live_since: float | None) -> tuple[
                     pool=str(pool),
                     schedulable=live,
                     features=features,  # type: ignore[arg-type]
+                    cuda=node.cuda,
                 )
                 for profile, devices in sorted(slices.get(name, {}).items())
             ]

@@ -96,6 +96,7 @@ def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[
         "qos": job.qos,
         "licenses": job.licenses,
     }
+        "cuda": job.cuda,
 
 
 def _detail(
@@ -205,6 +206,7 @@ _HEAD_KEYS = _LIST_KEYS[:_HEAD]
 _TAIL_KEYS = _LIST_KEYS[_HEAD + 3 :]  # after reservation, cost and energy_wh
 _PENDING = str(JobState.PENDING)
 _WAITING = frozenset({_PENDING, str(JobState.HELD)})
+    Job.cuda,
 
 
 def _listed(row: Sequence[Any], alloc: list[AllocationOut]) -> dict[str, Any]:

@@ -260,6 +260,7 @@ def _row(new: NewJob, team_id: int) -> dict[str, Any]:
         "constraint": spec.constraint,
         "qos": spec.qos,
         "licenses": dict(spec.licenses) if spec.licenses else None,
+        "cuda": spec.cuda,  # canonical (api.jobs); where it may run: scheduler/cuda.py
     }
 
 
@@ -329,6 +330,7 @@ def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event:
         max_price=row["max_price"],
         qos=row["qos"],
         licenses=row["licenses"],
+        cuda=row["cuda"],
         input=row["input"],
         submit_dir=row["submit_dir"],
         workdir=row["workdir"],

@@ -155,6 +155,9 @@ class Job(Base):
     """Its QOS (``--qos``, else the default QOS; None: none), by name (``QosRow``)."""
     licenses: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
     """``-L``: license name -> count it holds while it runs."""
+    cuda: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """``--cuda``: the CUDA version it needs (``gpufleet.cudaver``, canonical: ``12.4``);
+    it runs only on nodes whose driver supports it (``scheduler/cuda.py``)."""
     diagnosis: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     """What its failed output matched (``api.jobs.JobDiagnosis`` as JSON; issue 34,
     ``services/diagnoses.py``); None: it did not fail, or nothing known matched."""

@@ -48,6 +48,9 @@ class NodeRow(Base):
     labels: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
     """Features an operator added (``gpufleet node label``); ``--constraint`` matches
     both, and the GPU model."""
+    cuda_version: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    """The newest CUDA its driver supports, as its agent reports it (NVML's
+    ``nvmlSystemGetCudaDriverVersion``): jobs that need a newer one go elsewhere."""
 
 
 class GpuRow(Base):
