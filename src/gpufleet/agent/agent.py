@@ -155,8 +155,6 @@ class Agent:
         if isinstance(process, ProcessRunner):
             work = Path(config.work_dir)
             self.steps = StepTasks(work_dir=work, node=config.node, runner=process, watch=self._exits.watch)
-
-    # -- local state ------------------------------------------------------------------------
         self.preflight_report: dict[str, Any] | None = None
         """The last preflight's findings (``agent/preflight.py``), sent until a sync is answered."""
         self.run_preflight()
@@ -171,6 +169,8 @@ class Agent:
         self.preflight_report = report(found, self.clock.now()) if found else None
         self._news = self._urgent = True
         return found
+
+    # -- local state ------------------------------------------------------------------------
     def restore(self) -> int:
         """Re-adopt the attempts recorded in the work dir (after a restart)."""
         for job in self.store.load_all():
@@ -332,10 +332,10 @@ class Agent:
         if mig_results:
             body["mig_results"] = mig_results
         body.update(node_facts(self.config, inv, self.warning()))
-        return body
-
         if self.preflight_report is not None:
             body["preflight"] = self.preflight_report
+        return body
+
     def apply(self, reply: dict[str, Any], *, sent: dict[str, Any]) -> None:
         parsed = SyncReply.model_validate(reply)
         desired = {(d.job_id, d.attempt): d for d in parsed.jobs}
@@ -474,6 +474,8 @@ class Agent:
             return False
         self.stats.syncs += 1
         self.stats.last_error = None
+        if body.get("preflight") is self.preflight_report:  # delivered (a newer one waits)
+            self.preflight_report = None
         if self._skip_logs:
             self._skip_logs = False
         elif body.get("logs"):
@@ -492,8 +494,6 @@ class Agent:
         if self.steps is not None and self.steps.pending():  # srun waits on it
             return since >= self.config.urgent_gap_s
         if self._news or self._log_backlog:  # a backlog of log: as often as news
-        if body.get("preflight") is self.preflight_report:  # delivered (a newer one waits)
-            self.preflight_report = None
             return since >= self.config.news_gap_s
         return since >= self.config.log_gap_s and self._pending_logs()
 

@@ -227,9 +227,25 @@ class SimulatedProbe:
         with self._lock:
             self._gpus[index].lost = True
 
+    def downtrain(self, index: int, *, width: int = 8, gen: int | None = None) -> None:
+        """The GPU's PCIe link trains at ``width`` lanes (and ``gen``, if given, even
+        under load) instead of x16 Gen5."""
+        with self._lock:
+            self._gpus[index].link = (gen, width)
+
+    def nvlink_fail(self, index: int, links: Sequence[int] = (0,)) -> None:
+        with self._lock:
+            self._gpus[index].links_down = tuple(sorted(set(links)))
+
+    def ecc_disable(self, index: int) -> None:
+        """ECC mode off (as ``nvidia-smi -e 0`` and a reboot leave it)."""
+        with self._lock:
+            self._gpus[index].ecc_off = True
+
     def clear(self, index: int) -> None:
         with self._lock:
             g = self._gpus[index]
+            g.link, g.links_down, g.ecc_off = (None, 16), (), False
             g.overheat = g.lost = False
             g.dbe = g.retired = 0
             g.xids.clear()
@@ -249,25 +265,9 @@ class SimulatedProbe:
         throttle: tuple[str, ...] = ()
         if g.overheat or g.temp >= 90:
             throttle = ("hw_thermal_slowdown",)
-    def downtrain(self, index: int, *, width: int = 8, gen: int | None = None) -> None:
-        """The GPU's PCIe link trains at ``width`` lanes (and ``gen``, if given, even
-        under load) instead of x16 Gen5."""
-        with self._lock:
-            self._gpus[index].link = (gen, width)
-
-    def nvlink_fail(self, index: int, links: Sequence[int] = (0,)) -> None:
-        with self._lock:
-            self._gpus[index].links_down = tuple(sorted(set(links)))
-
-    def ecc_disable(self, index: int) -> None:
-        """ECC mode off (as ``nvidia-smi -e 0`` and a reboot leave it)."""
-        with self._lock:
-            self._gpus[index].ecc_off = True
-
         elif util == 0:
             throttle = ("gpu_idle",)
         xids, g.xids = tuple(g.xids), []
-            g.link, g.links_down, g.ecc_off = (None, 16), (), False
         mem = 0 if util == 0 else int(self.spec.memory_mb * (0.25 + 0.65 * g.load))
         return GpuSample(
             index=index,
@@ -283,6 +283,13 @@ class SimulatedProbe:
             xid_events=xids,
             pcie_replay=g.replay,
             retired_pages=g.retired,
+            pcie_gen=g.link[0] if g.link[0] is not None else (MAX_PCIE_GEN if util > 0 else 1),
+            pcie_width=g.link[1],
+            pcie_max_gen=MAX_PCIE_GEN,
+            pcie_max_width=16,
+            nvlink_down=g.links_down if self.spec.nvlink else (),
+            ecc_enabled=not g.ecc_off,
+            ecc_pending=not g.ecc_off,
             mig_instances=tuple(
                 MigSample(
                     gpu_instance_id=m.gpu_instance_id,
@@ -292,10 +299,3 @@ class SimulatedProbe:
                 for m in self._mig.get(index, ())
             ),
         )
-            pcie_gen=g.link[0] if g.link[0] is not None else (MAX_PCIE_GEN if util > 0 else 1),
-            pcie_width=g.link[1],
-            pcie_max_gen=MAX_PCIE_GEN,
-            pcie_max_width=16,
-            nvlink_down=g.links_down if self.spec.nvlink else (),
-            ecc_enabled=not g.ecc_off,
-            ecc_pending=not g.ecc_off,

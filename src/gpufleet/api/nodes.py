@@ -126,7 +126,6 @@ class GpuTelemetry(Request):
     retired_pages: int | None = None
     pcie_gen: int | None = None
     pcie_width: int | None = None
-    nvlink_peers: list[int] = Field(default_factory=list, max_length=1024)
     pcie_max_gen: int | None = Field(
         default=None, ge=0, le=64, description="the most the GPU and its slot can do (issue 34)"
     )
@@ -136,6 +135,7 @@ class GpuTelemetry(Request):
     )
     ecc_enabled: bool | None = Field(default=None, description="ECC mode now; None: not supported")
     ecc_pending: bool | None = Field(default=None, description="ECC mode after the next reboot")
+    nvlink_peers: list[int] = Field(default_factory=list, max_length=1024)
     mig_enabled: bool | None = None
     lost: bool = False
     health: list[Annotated[str, StringConstraints(max_length=128)]] = Field(
@@ -185,7 +185,6 @@ class MigResult(Request):
     )
 
 
-class NodeSync(Request):
 class PreflightFinding(Request):
     """One check of the agent's preflight (``agent/preflight.py``) that did not pass:
     ``fatal`` cordons the node with ``reason`` (the server uncordons nothing by itself),
@@ -210,6 +209,7 @@ class Preflight(Request):
     findings: list[PreflightFinding] = Field(default_factory=list, max_length=1024)
 
 
+class NodeSync(Request):
     gpus: list[GpuIn] | None = Field(default=None, max_length=1024)
     telemetry: list[GpuTelemetry] | None = Field(default=None, max_length=1024)
     jobs: list[ObservedJob] = Field(default_factory=list, max_length=10_000)
@@ -232,10 +232,10 @@ class Preflight(Request):
     steps: list[StepTaskIn] = Field(
         default_factory=list, max_length=10_000, description="job step tasks (srun) and their output"
     )
-
     preflight: Preflight | None = Field(
         default=None, description="its preflight's result, after start or an upgrade (issue 34)"
     )
+
 
 class PeerNode(Reply):
     node: str

@@ -63,11 +63,6 @@ def server(
     ),
     gpu_max_ecc_dbe: int = typer.Option(1, "--gpu-max-ecc-dbe", min=0, help="DBE errors; 0: off."),
     gpu_max_retired_pages: int = typer.Option(60, "--gpu-max-retired-pages", min=0, help="0: off."),
-    alert_webhook: str | None = typer.Option(
-        None, "--alert-webhook", help="POST built-in alerts here (Alertmanager webhook JSON)."
-    ),
-    queue_wait_alert: str = typer.Option("30m", "--queue-wait-alert", help="QueueWaitHigh threshold."),
-    idle_release: str = typer.Option(
     gpu_pcie_reports: int = typer.Option(
         3,
         "--gpu-pcie-reports",
@@ -79,6 +74,11 @@ def server(
     gpu_allow_ecc_off: bool = flag(
         "--gpu-allow-ecc-off", help="Do not cordon GPUs whose ECC is off where they support it."
     ),
+    alert_webhook: str | None = typer.Option(
+        None, "--alert-webhook", help="POST built-in alerts here (Alertmanager webhook JSON)."
+    ),
+    queue_wait_alert: str = typer.Option("30m", "--queue-wait-alert", help="QueueWaitHigh threshold."),
+    idle_release: str = typer.Option(
         "15m", "--idle-release", help="Release a started reservation no owner job used for this long."
     ),
     prices: Path | None = typer.Option(
@@ -262,6 +262,8 @@ def server(
             fatal_xids=frozenset(int(x) for x in gpu_fatal_xids.split(",") if x.strip()),
             max_ecc_dbe=gpu_max_ecc_dbe,
             max_retired_pages=gpu_max_retired_pages,
+            pcie_reports=gpu_pcie_reports,
+            require_ecc=not gpu_allow_ecc_off,
         )
         requeue_s = parse_duration(requeue_after)
         queue_wait_s = parse_duration(queue_wait_alert)
@@ -282,8 +284,6 @@ def server(
         raise fail("--leader-ttl must be between 1s and 10m", BAD_INPUT)
     backup_every_s = _backup_every(backup_every, backup_dir)
     try:
-            pcie_reports=gpu_pcie_reports,
-            require_ecc=not gpu_allow_ecc_off,
         token_ttl_s, session_ttl_s = parse_duration(token_ttl), parse_duration(session_ttl)
     except ValueError as exc:
         raise fail(f"--token-ttl/--session-ttl: {exc}", BAD_INPUT) from None

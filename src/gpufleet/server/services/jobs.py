@@ -95,8 +95,8 @@ def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[
         "max_price": job.max_price,
         "qos": job.qos,
         "licenses": job.licenses,
-    }
         "cuda": job.cuda,
+    }
 
 
 def _detail(
@@ -194,6 +194,7 @@ _LISTED = (
     Job.max_price,
     Job.qos,
     Job.licenses,
+    Job.cuda,
 )
 """What a list shows, in ``JobOut``'s field order and named as its fields, read as plain
 rows: a page of 1,000 jobs is the API's heaviest read, and ORM objects (with ``env`` and
@@ -206,7 +207,6 @@ _HEAD_KEYS = _LIST_KEYS[:_HEAD]
 _TAIL_KEYS = _LIST_KEYS[_HEAD + 3 :]  # after reservation, cost and energy_wh
 _PENDING = str(JobState.PENDING)
 _WAITING = frozenset({_PENDING, str(JobState.HELD)})
-    Job.cuda,
 
 
 def _listed(row: Sequence[Any], alloc: list[AllocationOut]) -> dict[str, Any]:
