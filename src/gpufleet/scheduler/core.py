@@ -103,13 +103,18 @@ def run(cs: CycleState) -> Plan:
     policy = cs.policy
     if cs.book:
         clear_reserved_gpus(cs)
-    if not cs.explain and not policy.preemptive and cs.cap.total_free == 0:
+    power = cs.power
+
+    def full() -> bool:  # no GPU free, or (rack power budgets) none that a rack can power
+        return cs.cap.total_free == 0 or (power is not None and power.dry(cs.cap.free))
+
+    if not cs.explain and not policy.preemptive and full():
         ordered = []  # nothing can start: skip ordering the queue
     else:
         ordered = policy.order(cs.gpu_pending, cs.ctx)
     stop_early = not cs.explain and not policy.preemptive
     for key, job in ordered:
-        if stop_early and (cs.strict_blocker is not None or cs.cap.total_free == 0):
+        if stop_early and (cs.strict_blocker is not None or full()):
             break
         consider(cs, key, job)
     cpu_starts, unplaced = start_cpu_jobs(cs) if cs.cpu_pending else ([], [])

@@ -58,6 +58,7 @@ class RackLoad:
     """A busy GPU's reading counts if its job started by then (``PowerModel.settle_s``)."""
     hit: bool = False
     """The last ``mask`` or ``over`` held something back (a job's wait may be Power)."""
+    _dry: bool | None = None
 
     def room_w(self, rack: str) -> float:
         return self.budgets[rack].cap_w - self.draw_w[rack]
@@ -91,7 +92,9 @@ class RackLoad:
         keys = {gk for gk, _ in opts}
         out: list[tuple[int, int]] = []
         nodes = index.nodes
-        for rack in self.tight:
+        for rack in self.budgets:  # the snapshot's order, never a set's (bucket order is best fit's)
+            if rack not in self.tight:
+                continue
             for nid in self.nodes_of[rack]:
                 if view.free[nid] and nodes[nid].group in keys:
                     n = self.powered(nid)
@@ -113,8 +116,18 @@ class RackLoad:
             self.hit = True
         return bad
 
+    def dry(self, free: Sequence[int]) -> bool:
+        """No node with a free device has power for one more (nothing can start: the
+        pass may stop early, as when no GPU is free). Kept until the next change."""
+        if self._dry is None:
+            self._dry = all(
+                not f or ((n := self.powered(nid)) is not None and n == 0) for nid, f in enumerate(free)
+            )
+        return self._dry
+
     def take(self, counts: Iterable[tuple[int, int]]) -> None:
         """Devices of ``counts`` turn busy (a start)."""
+        self._dry = None
         for nid, c in counts:
             rack = self.rack_of[nid]
             if rack is not None:
@@ -155,6 +168,7 @@ class RackLoad:
 
     def release(self, index: FleetIndex, rj: RunningJob, free: Sequence[int]) -> None:
         """``rj`` is preempted: its devices go back to idle."""
+        self._dry = None
         changed = self.job_w(index, rj)
         for rack, w in changed.items():
             self.draw_w[rack] -= w

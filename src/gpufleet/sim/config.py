@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpufleet.scheduler import Fleet, Gpu, Hold, Node, Quota
+from gpufleet.scheduler.powermodel import PowerModel
 from gpufleet.sim.shares import share_gpus
 
 NODES_PER_LEAF = 10
@@ -82,6 +83,9 @@ class SimConfig:
     holds: tuple[Hold, ...] = ()
     """Teams whose waiting jobs may not start (none unless configured). Their jobs stay
     pending to the end of the run and are not among the outcomes."""
+    power: PowerModel | None = None
+    """Racks' power budgets, in every snapshot (``scheduler/power.py``); the simulator has
+    no readings, so every busy GPU counts at its board power."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -280,6 +280,7 @@ class Simulator:
             quotas=self.cfg.quotas,
             reservations=self.reservations,
             holds=self.cfg.holds,
+            power=self.cfg.power,
         )
         result = plan(snap, self.policy, explain=False, cache=self.cache)
         for move in result.reservation_moves:
