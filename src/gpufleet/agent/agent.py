@@ -73,7 +73,6 @@ from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.jobsignal import signal_due
 from gpufleet.agent.logship import acked, chunks_of, pending
 from gpufleet.agent.miglayouts import MigLayouts
-from gpufleet.agent.preflight import PreflightLimits, preflight, report
 from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
 from gpufleet.agent.replicas import ReplicaProbes, free_port
 from gpufleet.agent.report import gpu_row, node_facts, telemetry_row
@@ -81,6 +80,7 @@ from gpufleet.agent.runners import VANISHED, JobRunner, ProcessRunner
 from gpufleet.agent.slurmbin import write_launchers
 from gpufleet.agent.steps import StepTasks, prepare_job
 from gpufleet.agent.transport import AgentTransportError, SyncTransport
+from gpufleet.agent.upgrade import Upgrades
 from gpufleet.api.nodes import DesiredJob, SyncReply
 from gpufleet.api.steps import DesiredStep
 from gpufleet.clock import Clock, SystemClock
@@ -135,6 +135,7 @@ class Agent:
         self.migs = MigLayouts(
             node=config.node, lock=self._lock, inventory=lambda: self.inventory, applied=self._mig_applied
         )
+        self.upgrades = Upgrades.of(config, probe, done=self._upgrade_news)  # driver upgrades (upgrade.py)
         self._skip_logs = False
         """The last sync was refused as too large: the next carries no log chunks."""
         self._log_backlog = False
@@ -155,20 +156,6 @@ class Agent:
         if isinstance(process, ProcessRunner):
             work = Path(config.work_dir)
             self.steps = StepTasks(work_dir=work, node=config.node, runner=process, watch=self._exits.watch)
-        self.preflight_report: dict[str, Any] | None = None
-        """The last preflight's findings (``agent/preflight.py``), sent until a sync is answered."""
-        self.run_preflight()
-
-    def run_preflight(self, limits: PreflightLimits = PreflightLimits()) -> list[Any]:
-        """Check the node (at start; after an upgrade) and report the findings with the
-        next sync, soon: the server cordons the node on a fatal one."""
-        found = preflight(self.probe, limits)
-        for f in found:
-            log.warning("node %s: preflight %s: %s", self.config.node, f.severity, f.reason)
-        # nothing to say when all passed (and an older server refuses the key)
-        self.preflight_report = report(found, self.clock.now()) if found else None
-        self._news = self._urgent = True
-        return found
 
     # -- local state ------------------------------------------------------------------------
     def restore(self) -> int:
@@ -332,8 +319,9 @@ class Agent:
         if mig_results:
             body["mig_results"] = mig_results
         body.update(node_facts(self.config, inv, self.warning()))
-        if self.preflight_report is not None:
-            body["preflight"] = self.preflight_report
+        upgrade = self.upgrades.report()
+        if upgrade is not None:  # only then: an older server refuses the key
+            body["upgrade"] = upgrade
         return body
 
     def apply(self, reply: dict[str, Any], *, sent: dict[str, Any]) -> None:
@@ -402,6 +390,8 @@ class Agent:
             busy_gpus = {mig.device_gpu(g) for j in self.jobs.values() if j.exit_code is None for g in j.gpus}
             if self.migs.step(parsed.mig, probe=self.probe, busy=busy_gpus):
                 self._news = True
+            if self.upgrades.step(parsed.upgrade):
+                self._news = True
 
     def _prepare(self, spec: JobSpec, kind: str, *, service: bool) -> JobSpec:
         """``steps.prepare_job`` with this agent's server and launchers."""
@@ -447,6 +437,17 @@ class Agent:
         self._news = self._urgent = True
         self._kick()
 
+    def _upgrade_news(self, inventory: NodeInventory | None) -> None:
+        """An upgrade moved on (its worker): sync soon; once verified (``inventory`` read
+        afresh: the driver changed), run the preflight too, where this agent has one."""
+        if inventory is not None:
+            with self._lock:
+                self.inventory = inventory
+            if callable(after := getattr(self, "run_preflight", None)):
+                after()
+        self._news = self._urgent = True
+        self._kick()
+
     def mig_settle(self, timeout_s: float = 10.0) -> bool:
         """Wait until no MIG change is being applied; True if none is (tests, shutdown)."""
         return self.migs.settle(timeout_s)
@@ -474,8 +475,6 @@ class Agent:
             return False
         self.stats.syncs += 1
         self.stats.last_error = None
-        if body.get("preflight") is self.preflight_report:  # delivered (a newer one waits)
-            self.preflight_report = None
         if self._skip_logs:
             self._skip_logs = False
         elif body.get("logs"):

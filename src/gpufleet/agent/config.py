@@ -5,6 +5,7 @@ the demo, the tests and the log)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,12 @@ class AgentConfig:
     by all nodes lets a requeued job resume on another node (default: the work dir)."""
     probe_interval_s: float = 1.0
     probe_timeout_s: float = 1.0
+    upgrade_hooks: Mapping[str, Path] = dataclasses.field(default_factory=dict)
+    """Driver upgrade hooks by name (``--upgrade-hook NAME=/path``, checked at start:
+    ``agent/upgrade.py``): the only programs a server's upgrade order can run here."""
+    upgrade_timeout_s: float = 3600.0
+    smoke_user: str = "nobody"
+    """The account the GPU smoke check runs as (``agent/smoke.py``) when the agent is root."""
     mps_pipe_dir: str = ""
     """The MPS control daemon's pipe directory for GPU shares' jobs ("": CUDA's default,
     /tmp/nvidia-mps). Without a daemon there, shares run time-sliced, their limits not

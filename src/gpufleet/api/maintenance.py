@@ -43,6 +43,9 @@ class RolloutNodeOut(Reply):
     state: str
     started_at: float | None
     finished_at: float | None
+    reason: str | None = Field(default=None, description="why it failed, or what it waits for")
+    driver: str | None = Field(default=None, description="the driver its last verification saw")
+    attempt: int = Field(default=0, description="an upgrade: the order its agent carries out")
 
 
 class RolloutOut(Reply):
@@ -55,8 +58,15 @@ class RolloutOut(Reply):
     requeue: bool
     reason: str
     finished_at: float | None
-    counts: dict[str, int] = Field(description="nodes per state: waiting, draining, drained, done")
+    counts: dict[str, int] = Field(
+        description="nodes per state: waiting, draining, drained, done (an upgrade: also upgrading, "
+        "verifying, failed)"
+    )
     nodes: list[RolloutNodeOut]
+    kind: str = Field(default="drain", description="drain, or upgrade (a driver upgrade that verifies)")
+    expect_driver: str | None = None
+    hook: str | None = None
+    pause_reason: str | None = None
 
 
 class FleetEventOut(Reply):

@@ -163,6 +163,7 @@ COMMANDS: dict[str, Lazy] = {
     "node": Lazy(
         "node_cmds:node_app", "Nodes (operators): credentials, cordon, drain, MIG, rollout, events."
     ),
+    "upgrade": Lazy("upgrade_cmds:upgrade_app", "Rolling driver upgrades that verify (operators)."),
     "ca": Lazy(
         "server_cmds:ca_app", "The cluster's certificate authority (TLS for the server, mTLS for agents)."
     ),

@@ -175,6 +175,30 @@ def agent(
         "daemon, shares run time-sliced and their limits are not enforced.",
         show_default=False,
     ),
+    upgrade_hook: list[str] = typer.Option(
+        [],
+        "--upgrade-hook",
+        help="A driver upgrade hook: NAME=/path (repeat). `gpufleet upgrade start --command NAME` runs it "
+        "here with the expected driver version as its argument; the only program the server can have "
+        "run as root: root-owned, not writable by group/others, checked at start.",
+        show_default=False,
+    ),
+    upgrade_timeout: str = typer.Option("1h", "--upgrade-timeout", help="An upgrade hook is killed then."),
+    smoke_user: str = typer.Option(
+        "nobody", "--smoke-user", help="Account the GPU smoke check after an upgrade runs as (agent as root)."
+    ),
+    simulate_driver: str = typer.Option(
+        "550.54.15-sim", "--simulate-driver", help="Driver version the simulated node reports."
+    ),
+    simulate_upgrade_to: str | None = typer.Option(
+        None,
+        "--simulate-upgrade-to",
+        help="Driver the simulated node reports after an upgrade hook (default: the one expected).",
+        show_default=False,
+    ),
+    simulate_smoke_fail: str = typer.Option(
+        "", "--simulate-smoke-fail", help="Simulated GPUs whose smoke check fails (0,3).", show_default=False
+    ),
     leaf: str | None = typer.Option(None, "--leaf", help="Leaf switch this node hangs off."),
     rack: str | None = typer.Option(None, "--rack"),
     features: str = typer.Option(
@@ -294,6 +318,9 @@ def agent(
                     gpus=simulate_gpus, model=gpu_model, cpus=simulate_cpus, node_memory_mb=node_memory_mb
                 ),
                 mig=_mig_layouts(simulate_mig, simulate_gpus),
+                driver=simulate_driver,
+                upgrade_to=simulate_upgrade_to,
+                smoke_fails=_indices(simulate_smoke_fail),
             )
             if simulate_gpus
             else NvmlProbe()
@@ -314,6 +341,9 @@ def agent(
         checkpoint_root=checkpoint_root,
         mps_pipe_dir=mps_pipe_dir,
         log_limits=LogLimits(max_bytes=_bytes(job_log_max, "--job-log-max")),
+        upgrade_hooks=_hooks(upgrade_hook),
+        upgrade_timeout_s=_seconds(upgrade_timeout, "--upgrade-timeout"),
+        smoke_user=smoke_user,
     )
     if not simulate_gpus and not cpu_only:
         from gpufleet.agent.jobs import mps_running
@@ -392,3 +422,22 @@ def _mig_layouts(specs: list[str], gpus: int) -> dict[int, list[str]]:
         except ValueError as exc:
             raise fail(f"--simulate-mig {spec!r}: {exc}", BAD_INPUT) from None
     return out
+
+
+def _hooks(specs: list[str]) -> dict[str, Path]:
+    """``--upgrade-hook NAME=/path`` values, each checked (``agent/upgrade.py``): a hook the
+    agent cannot trust stops it at start, not at the first upgrade."""
+    from gpufleet.agent.upgrade import HookError, parse_hooks
+
+    try:
+        return parse_hooks(specs)
+    except HookError as exc:
+        raise fail(f"--upgrade-hook: {exc}", BAD_INPUT) from None
+
+
+def _indices(value: str) -> tuple[int, ...]:
+    """``--simulate-smoke-fail 0,3``: GPU indices."""
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise fail(f"--simulate-smoke-fail: expected GPU indices (0,3), got {value!r}", BAD_INPUT) from None

@@ -27,6 +27,13 @@ Rules, applied in this order by ``decide``:
    Whether a rollout is stuck is ``rollout_status``'s answer (Kubernetes'
    ``progressDeadlineSeconds``), which changes no decision: the controller keeps trying.
 
+   A replica whose node is draining (``Replica.evicted``: a drain, a rolling driver
+   upgrade) is replaced the same way, surge first: a new replica is created elsewhere
+   and the evicted one drained only once enough others are ready, so a drain never
+   takes a service below its ready count where the fleet has room for the surge (a
+   warm one there is stopped at once and refilled elsewhere). Where it has none, the
+   drain's own timeout requeues the replica (``lifecycle.py``).
+
 6. The warm pool (``warm``: standby replicas, started and ready, not in rotation): a
    replica short of the wish is made by promoting a warm one first (ready ones first: it
    takes traffic at once), and only then by creating one; the pool is then refilled
@@ -68,6 +75,8 @@ class Replica:
     pending_since: float | None = None
     """When a replica that is not running yet was created (or requeued)."""
     warm: bool = False
+    evicted: bool = False
+    """Its node is draining: move it elsewhere, surge first (rule 5)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,32 +157,38 @@ def decide(wish: Wish, replicas: Sequence[Replica], now: float) -> list[Action]:
     for r in serving:
         if r.warm and r.generation != gen:
             out.append(Stop(job_id=r.job_id, reason=f"warm replica replaced by generation {gen}"))
-    serving = [r for r in serving if not (r.warm and r.generation != gen)]
-    old = [r for r in serving if r.generation != gen]
-    current = [r for r in serving if r.generation == gen and not r.warm]
+        elif r.warm and r.evicted:
+            out.append(Stop(job_id=r.job_id, reason="warm replica on a draining node"))
+    serving = [r for r in serving if not (r.warm and (r.generation != gen or r.evicted))]
+    old = [r for r in serving if r.generation != gen or r.evicted]
+    current = [r for r in serving if r.generation == gen and not r.warm and not r.evicted]
     warm = [r for r in serving if r.warm]
     if not old:
         return out + _scale(n, wish.warm, current, warm)
+    if any(r.generation != gen for r in old):
+        why, made = f"replaced by generation {gen}", f"rolling update to generation {gen}"
+    else:
+        why = made = "moved off its draining node"
     if len(current) < n and warm:  # a warm replica of the new generation is the surge
         best = min(warm, key=lambda r: (not r.ready, r.slot))
-        out.append(Promote(job_id=best.job_id, reason=f"rolling update to generation {gen}"))
+        out.append(Promote(job_id=best.job_id, reason=made))
         current.append(best)
         warm.remove(best)
     for r in old:
         if not r.ready:
-            out.append(Stop(job_id=r.job_id, reason=f"replaced by generation {gen} (it was not ready)"))
+            out.append(Stop(job_id=r.job_id, reason=f"{why} (it was not ready)"))
     old = [r for r in old if r.ready]
     taken = {r.slot for r in current + old + warm}
     serving = current + old
     room = min(n - len(current), n + wish.max_surge - len(serving))
     for slot in _free_slots(taken)[: max(0, room)]:
-        out.append(Create(slot=slot, reason=f"rolling update to generation {gen}"))
+        out.append(Create(slot=slot, reason=made))
     ready = sum(1 for r in serving if r.ready)
     spare = ready - max(0, n - wish.max_unavailable)
     for r in sorted(old, key=lambda r: (-r.slot, r.job_id)):
         if spare <= 0:
             break
-        out.append(Drain(job_id=r.job_id, reason=f"replaced by generation {gen}"))
+        out.append(Drain(job_id=r.job_id, reason=why))
         spare -= 1
     if len(current) > n:  # scaled down during the update
         out += _scale(n, 0, current, [])

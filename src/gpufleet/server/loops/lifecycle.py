@@ -20,7 +20,10 @@ Transitions it makes:
 - draining node past its deadline (or ``--requeue``) -> its jobs requeued; a draining node
   without jobs is drained;
 - an active rollout keeps ``max_unavailable`` of its nodes draining/drained and finishes
-  when each of them was uncordoned or marked done.
+  when each of them was uncordoned or marked done;
+- an open driver upgrade (``services/upgrades.py``): a waiting node starts draining while
+  fewer than ``max_unavailable`` are out, a drained one is ordered upgraded (or waits
+  for the operator), one node per transaction; the upgrade is done once every node is.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.server.errors import Conflict
 from gpufleet.server.loops import health as gpu_health
 from gpufleet.server.runner import Loop
-from gpufleet.server.services import nodeops
+from gpufleet.server.services import nodeops, upgrades
 from gpufleet.server.store import effects
 from gpufleet.server.store.agentstate import AgentState
 from gpufleet.server.store.db import Database
@@ -133,7 +136,17 @@ class LifecyclePass:
             if n.drain_deadline is not None:
                 self._item(stats, None, self._drain_step, n.name, now)
         self._item(stats, None, self._rollout_step, now)
+        self._upgrades(stats, now)
         return stats
+
+    def _upgrades(self, stats: PassStats, now: float) -> None:
+        """The open driver upgrade (``services/upgrades.py``): each node that may move,
+        in its own transaction, then whether it is done."""
+        with self.db.read() as s:
+            todo = upgrades.steps(s)
+        for rollout_id, node in todo:
+            self._item(stats, None, upgrades.advance, rollout_id, node, now)
+        self._item(stats, None, upgrades.finish, now)
 
     def _item(self, stats: PassStats, counter: str | None, fn: Callable[..., int], *args: object) -> bool:
         """One item in its own transaction (retried on a lost CAS); never raises. An item
@@ -218,7 +231,12 @@ class LifecyclePass:
         return 0
 
     def _rollout_step(self, s: Session, now: float) -> int:
-        ro = s.scalar(select(Rollout).where(Rollout.state == "active").order_by(Rollout.id).limit(1))
+        ro = s.scalar(
+            select(Rollout)
+            .where(Rollout.state == "active", Rollout.expect_driver.is_(None))
+            .order_by(Rollout.id)
+            .limit(1)
+        )
         if ro is None:
             return 0
         members = list(

@@ -1,5 +1,6 @@
 """Node maintenance (operators and admins; users get 403): cordon, uncordon, drain,
-rollouts, and the fleet event log (GPU cordons, lost nodes, drains: the alerts)."""
+rollouts, rolling driver upgrades, and the fleet event log (GPU cordons, lost nodes,
+drains, upgrade steps: the alerts)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from gpufleet.api.maintenance import (
     UncordonIn,
 )
 from gpufleet.api.nodes import NodeOut
+from gpufleet.api.upgrades import ResumeIn, UpgradeIn
 from gpufleet.server.http.deps import Me, NodeNameIn, PartsDep
 from gpufleet.server.problems import Failure, ObjectId, Offset, unwrap
 from gpufleet.server.routers.agents import HotDep
-from gpufleet.server.services import maintenance, miglayouts, nodes
+from gpufleet.server.services import maintenance, miglayouts, nodes, upgrades
 
 router = APIRouter(tags=["maintenance"])
 
@@ -102,6 +104,42 @@ def show_rollout(rollout_id: ObjectId, parts: PartsDep, me: Me) -> RolloutOut:
 @router.post("/rollouts/{rollout_id}/cancel", response_model=RolloutOut)
 def cancel_rollout(rollout_id: ObjectId, parts: PartsDep, me: Me) -> RolloutOut:
     return unwrap(maintenance.cancel_rollout(db=parts.db, actor=me, rollout_id=rollout_id, now=parts.now()))
+
+
+@router.post("/upgrades", status_code=201, response_model=RolloutOut)
+def start_upgrade(spec: UpgradeIn, parts: PartsDep, me: Me) -> RolloutOut:
+    """Roll a driver upgrade through ``nodes``: drain, upgrade (the nodes' own hook, or
+    by hand), verify, uncordon; paused at the first failed verification."""
+    return unwrap(upgrades.start(db=parts.db, actor=me, spec=spec, now=parts.now()))
+
+
+@router.get("/upgrades/current", response_model=RolloutOut)
+def current_upgrade(parts: PartsDep, me: Me) -> RolloutOut:
+    return unwrap(upgrades.show(db=parts.db, actor=me, rollout_id=None))
+
+
+@router.get("/upgrades/{rollout_id}", response_model=RolloutOut)
+def show_upgrade(rollout_id: ObjectId, parts: PartsDep, me: Me) -> RolloutOut:
+    return unwrap(upgrades.show(db=parts.db, actor=me, rollout_id=rollout_id))
+
+
+@router.post("/upgrades/{rollout_id}/pause", response_model=RolloutOut)
+def pause_upgrade(rollout_id: ObjectId, parts: PartsDep, me: Me) -> RolloutOut:
+    return unwrap(upgrades.pause(db=parts.db, actor=me, rollout_id=rollout_id, now=parts.now()))
+
+
+@router.post("/upgrades/{rollout_id}/resume", response_model=RolloutOut)
+def resume_upgrade(rollout_id: ObjectId, parts: PartsDep, me: Me, spec: ResumeIn | None = None) -> RolloutOut:
+    return unwrap(
+        upgrades.resume(
+            db=parts.db, actor=me, rollout_id=rollout_id, spec=spec or ResumeIn(), now=parts.now()
+        )
+    )
+
+
+@router.post("/upgrades/{rollout_id}/abort", response_model=RolloutOut)
+def abort_upgrade(rollout_id: ObjectId, parts: PartsDep, me: Me) -> RolloutOut:
+    return unwrap(upgrades.abort(db=parts.db, actor=me, rollout_id=rollout_id, now=parts.now()))
 
 
 @router.get("/fleet/events", response_model=list[FleetEventOut], tags=["fleet"])

@@ -6,7 +6,9 @@ fleet (rollouts), and the fleet event log. Operators and admins only.
   requeues what is left then (at once with ``requeue``);
 - ``uncordon``: back in service; a node of the active rollout is then *done* and the
   rollout drains the next one;
-- a rollout keeps at most ``max_unavailable`` of its nodes draining or drained at once.
+- a rollout keeps at most ``max_unavailable`` of its nodes draining or drained at once;
+  a driver upgrade (``upgrades.py``) also upgrades and verifies each node, and an
+  ``uncordon`` of a node it holds presses on to its verification instead.
 
 Each change is one transaction with its ``gpu_events`` row, and marks what follows its
 commit (``effects.py``): the fleet caches dropped, the scheduler woken (an uncordon), the
@@ -23,30 +25,20 @@ from gpufleet.api.maintenance import (
     DrainIn,
     FleetEventOut,
     RolloutIn,
-    RolloutNodeOut,
     RolloutOut,
     UncordonIn,
 )
 from gpufleet.server.decide.health import HealthMonitor
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found
+from gpufleet.server.services import upgrades
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.nodeops import add_event, start_drain
+from gpufleet.server.services.rolloutview import rollout_out, seconds
 from gpufleet.server.store import effects
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.models import GpuEvent, GpuRow, NodeRow, Rollout, RolloutNode
-from gpufleet.timefmt import parse_duration
 
-ROLLOUT_STATES = ("waiting", "draining", "drained", "done")
-
-
-def seconds(value: str | float, what: str) -> float | Failure:
-    try:
-        secs = float(value) if isinstance(value, int | float) else parse_duration(value)
-    except ValueError as exc:
-        return invalid(f"{what}: {exc}")
-    if not 0 <= secs <= 30 * 86_400:
-        return invalid(f"{what} must be between 0 and 30 days, got {value!r}")
-    return secs
+__all__ = ["seconds"]  # re-exported: callers of maintenance.seconds keep working
 
 
 def _operator(actor: Principal) -> Failure | None:
@@ -103,6 +95,16 @@ def uncordon(
             gpu.cordoned, gpu.cordon_reason, gpu.cordon_rule, gpu.cordoned_at = False, None, None, None
             monitor.forget(name, spec.gpu)
         else:
+            held = upgrades.member_of_open(s, name)
+            if held is not None:  # a driver upgrade holds it: press on, uncordoned once verified
+                ro, m = held
+                if not upgrades.press_on(s, ro, m, now=now, actor=actor.name):
+                    return conflict(
+                        f"node {name} is {m.state} in driver upgrade {ro.id}: it is uncordoned once "
+                        "verified (or abort the upgrade)"
+                    )
+                effects.wake_lifecycle(s)
+                return None
             node.cordoned, node.cordon_reason = False, None
             node.drain_deadline, node.drain_requeue = None, False
             _rollout_member_done(s, name, now)
@@ -162,29 +164,6 @@ def _rollout_member_done(s: Session, node: str, now: float) -> None:
 # -- rollouts -------------------------------------------------------------------------------------
 
 
-def _rollout_out(s: Session, ro: Rollout) -> RolloutOut:
-    members = list(
-        s.scalars(select(RolloutNode).where(RolloutNode.rollout_id == ro.id).order_by(RolloutNode.position))
-    )
-    counts = {k: sum(1 for m in members if m.state == k) for k in ROLLOUT_STATES}
-    return RolloutOut(
-        id=ro.id,
-        state=ro.state,
-        created_at=ro.created_at,
-        created_by=ro.created_by,
-        max_unavailable=ro.max_unavailable,
-        grace_s=ro.grace_s,
-        requeue=ro.requeue,
-        reason=ro.reason,
-        finished_at=ro.finished_at,
-        counts=counts,
-        nodes=[
-            RolloutNodeOut(node=m.node, state=m.state, started_at=m.started_at, finished_at=m.finished_at)
-            for m in members
-        ],
-    )
-
-
 def start_rollout(*, db: Database, actor: Principal, spec: RolloutIn, now: float) -> RolloutOut | Failure:
     if (bad := _operator(actor)) is not None:
         return bad
@@ -194,7 +173,7 @@ def start_rollout(*, db: Database, actor: Principal, spec: RolloutIn, now: float
     if spec.all == bool(spec.nodes):
         return invalid("give either nodes or all=true")
     with db.write() as s:
-        if s.scalar(select(Rollout.id).where(Rollout.state == "active")) is not None:
+        if s.scalar(select(Rollout.id).where(Rollout.state.in_(upgrades.OPEN))) is not None:
             return conflict("a rollout is already active: wait for it or cancel it")
         q = select(NodeRow.name).order_by(NodeRow.name)
         if spec.pool is not None:
@@ -221,7 +200,7 @@ def start_rollout(*, db: Database, actor: Principal, spec: RolloutIn, now: float
             RolloutNode(rollout_id=ro.id, node=n, position=i, state="waiting") for i, n in enumerate(names)
         )
         s.flush()
-        out = _rollout_out(s, ro)
+        out = rollout_out(s, ro)
         effects.wake_lifecycle(s)  # it drains the first nodes
     return out
 
@@ -239,7 +218,7 @@ def show_rollout(*, db: Database, actor: Principal, rollout_id: int | None) -> R
             ro = s.get(Rollout, rollout_id)
         if ro is None:
             return not_found("no rollout" if rollout_id is None else f"no rollout {rollout_id}")
-        return _rollout_out(s, ro)
+        return rollout_out(s, ro)
 
 
 def cancel_rollout(*, db: Database, actor: Principal, rollout_id: int, now: float) -> RolloutOut | Failure:
@@ -250,11 +229,13 @@ def cancel_rollout(*, db: Database, actor: Principal, rollout_id: int, now: floa
         ro = s.get(Rollout, rollout_id)
         if ro is None:
             return not_found(f"no rollout {rollout_id}")
+        if ro.expect_driver is not None:
+            return conflict(f"rollout {rollout_id} is a driver upgrade: abort it (gpufleet upgrade abort)")
         if ro.state != "active":
             return conflict(f"rollout {rollout_id} is {ro.state}")
         ro.state, ro.finished_at = "cancelled", now
         s.flush()
-        return _rollout_out(s, ro)
+        return rollout_out(s, ro)
 
 
 # -- events ---------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from gpufleet.server.services.inference import LIVE, add_event, desired_replicas
 from gpufleet.server.store import effects
 from gpufleet.server.store.db import Database
 from gpufleet.server.store.leader import EPOCH
-from gpufleet.server.store.models import Job, JobEvent, ServiceRow
+from gpufleet.server.store.models import Allocation, Job, JobEvent, NodeRow, ServiceRow
 
 log = logging.getLogger("gpufleet.server")
 ACTOR = "replicaset"
@@ -162,6 +162,7 @@ def step_service(s: Session, row: ServiceRow, *, now: float, drain_s: float) -> 
         max_unavailable=spec.max_unavailable,
         progress_deadline_s=spec.progress_deadline,
     )
+    evicted = _on_draining_nodes(s, list(jobs))
     seen = [
         Replica(
             job_id=j.id,
@@ -173,6 +174,7 @@ def step_service(s: Session, row: ServiceRow, *, now: float, drain_s: float) -> 
             draining_at=j.draining_at,
             pending_since=None if j.state == JobState.RUNNING else j.pending_since,
             warm=j.warm,
+            evicted=j.id in evicted,
         )
         for j in jobs.values()
     ]
@@ -193,6 +195,19 @@ def step_service(s: Session, row: ServiceRow, *, now: float, drain_s: float) -> 
     if not deleting:
         _note_stall(s, row, wish, seen, now=now)
     return bool(actions)
+
+
+def _on_draining_nodes(s: Session, job_ids: list[int]) -> set[int]:
+    """The replicas that hold GPUs on a draining node (a drain, a driver upgrade): the
+    controller moves them elsewhere, surge first (``decide/replicas.py``, rule 5)."""
+    if not job_ids:
+        return set()
+    q = (
+        select(Allocation.job_id)
+        .join(NodeRow, NodeRow.name == Allocation.node)
+        .where(Allocation.job_id.in_(job_ids), NodeRow.drain_deadline.is_not(None))
+    )
+    return set(s.scalars(q))
 
 
 def _note_stall(s: Session, row: ServiceRow, wish: Wish, seen: list[Replica], *, now: float) -> None:

@@ -66,7 +66,7 @@ from gpufleet.api.base import MAX_GPU_INDEX
 from gpufleet.api.nodes import GpuIn, NodeSync, SyncReply
 from gpufleet.server.errors import Conflict
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
-from gpufleet.server.services import miglayouts, preflight
+from gpufleet.server.services import miglayouts, upgrades
 from gpufleet.server.services.logs import LOG_MAX_BYTES, ingest_logs
 from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
 from gpufleet.server.services.nodework import desired, observe, quarantine, scope_of, would_change
@@ -117,7 +117,6 @@ _NODE = select(
     NodeRow.memory_mb,
     NodeRow.warning,
     NodeRow.features,
-    NodeRow.cuda_version,
 ).where(NodeRow.name == bindparam("node"))
 
 
@@ -158,8 +157,6 @@ class _Placed(Protocol):
     def features(self) -> list[str]: ...
     @property
     def warning(self) -> str | None: ...
-    @property
-    def cuda_version(self) -> str | None: ...
 
 
 def _node_differs(n: _Placed, body: NodeSync) -> bool:
@@ -175,7 +172,6 @@ def _node_differs(n: _Placed, body: NodeSync) -> bool:
             (body.address, n.address),
             (body.cpus, n.cpus),
             (body.memory_mb, n.memory_mb),
-            (body.cuda_version, n.cuda_version),  # where jobs that need CUDA may go
         )
     )
 
@@ -190,7 +186,7 @@ def _fast_reply(db: Database, name: str, body: NodeSync) -> _Answer | None:
     """The answer when this sync changes nothing durable, else None. Most syncs of a
     fleet end here (a heartbeat and telemetry): plain Core statements, no ORM objects
     unless the node reports jobs."""
-    if body.logs or body.mig_results or body.steps or body.preflight:
+    if body.logs or body.mig_results or body.steps or body.upgrade:
         return None
     with db.read() as s:
         n = s.connection().execute(_NODE, {"node": name}).first()
@@ -206,7 +202,10 @@ def _fast_reply(db: Database, name: str, body: NodeSync) -> _Answer | None:
             return None
         jobs = desired(s, name) if busy else []
         return _Answer(
-            reply=SyncReply(node=name, jobs=jobs, mig=miglayouts.changes(s, name)), rejected=scope.rejected
+            reply=SyncReply(
+                node=name, jobs=jobs, mig=miglayouts.changes(s, name), upgrade=upgrades.order_for(s, name)
+            ),
+            rejected=scope.rejected,
         )
 
 
@@ -247,10 +246,6 @@ def _write(
     if body.features is not None:  # ``--constraint`` matches them (``scheduler/features.py``)
         node.features = sorted(set(body.features))
     node.warning = body.warning or None
-    if body.cuda_version is not None:  # ``scheduler/cuda.py`` places jobs that need one by it
-        node.cuda_version = body.cuda_version
-    if body.preflight is not None and preflight.record(s, node, body.preflight, now):
-        reshaped = True  # cordoned: the fleet caches see it
     s.flush()
     if body.gpus is not None and new_gpus:
         bad = inventory_problem(s, name, body.gpus)
@@ -264,6 +259,8 @@ def _write(
     step_acks = ingest_tasks(s, name, body.steps, now)  # srun's tasks (``services/steps.py``)
     if body.mig_results and miglayouts.record(s, name, body.mig_results, actor=actor, now=now):
         reshaped = True
+    if body.upgrade is not None and upgrades.record_report(s, name, body.upgrade, now=now):
+        reshaped = True  # a driver upgrade judged (``services/upgrades.py``)
     s.flush()
     if reshaped:
         effects.invalidate_fleets(s)
@@ -276,6 +273,7 @@ def _write(
             log_acks=acks,
             mig=miglayouts.changes(s, name),
             step_acks=step_acks,
+            upgrade=upgrades.order_for(s, name),
         ),
         rejected=scope.rejected,
     )
