@@ -73,6 +73,7 @@ from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.jobsignal import signal_due
 from gpufleet.agent.logship import acked, chunks_of, pending
 from gpufleet.agent.miglayouts import MigLayouts
+from gpufleet.agent.preflight import PreflightLimits, preflight, report
 from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
 from gpufleet.agent.replicas import ReplicaProbes, free_port
 from gpufleet.agent.report import gpu_row, node_facts, telemetry_row
@@ -156,6 +157,20 @@ class Agent:
         if isinstance(process, ProcessRunner):
             work = Path(config.work_dir)
             self.steps = StepTasks(work_dir=work, node=config.node, runner=process, watch=self._exits.watch)
+        self.preflight_report: dict[str, Any] | None = None
+        """The last preflight's findings (``agent/preflight.py``), sent until a sync is answered."""
+        self.run_preflight()
+
+    def run_preflight(self, limits: PreflightLimits = PreflightLimits()) -> list[Any]:
+        """Check the node (at start; after an upgrade) and report the findings with the
+        next sync, soon: the server cordons the node on a fatal one."""
+        found = preflight(self.probe, limits)
+        for f in found:
+            log.warning("node %s: preflight %s: %s", self.config.node, f.severity, f.reason)
+        # nothing to say when all passed (and an older server refuses the key)
+        self.preflight_report = report(found, self.clock.now()) if found else None
+        self._news = self._urgent = True
+        return found
 
     # -- local state ------------------------------------------------------------------------
     def restore(self) -> int:
@@ -322,6 +337,8 @@ class Agent:
         upgrade = self.upgrades.report()
         if upgrade is not None:  # only then: an older server refuses the key
             body["upgrade"] = upgrade
+        if self.preflight_report is not None:
+            body["preflight"] = self.preflight_report
         return body
 
     def apply(self, reply: dict[str, Any], *, sent: dict[str, Any]) -> None:
@@ -475,6 +492,8 @@ class Agent:
             return False
         self.stats.syncs += 1
         self.stats.last_error = None
+        if body.get("preflight") is self.preflight_report:  # delivered (a newer one waits)
+            self.preflight_report = None
         if self._skip_logs:
             self._skip_logs = False
         elif body.get("logs"):

@@ -4,8 +4,10 @@ Telemetry follows the load the agent places on each GPU (``set_load``: utilisati
 0..1 per GPU index): utilisation and memory follow at once, power with the utilisation,
 temperature approaches its steady state (idle 32 C, ~80 C at full load) with a time
 constant of ``thermal_tau_s``, read from the injected clock. Faults are injected by
-hand: ``overheat``, ``xid``, ``ecc_double_bit``, ``retire_pages``, ``lose``; ``clear``
-removes them (and lets the temperature fall back).
+hand: ``overheat``, ``xid``, ``ecc_double_bit``, ``retire_pages``, ``lose``,
+``downtrain`` (a PCIe link below its max), ``nvlink_fail`` (links down), ``ecc_off``;
+``clear`` removes them (and lets the temperature fall back). Like a real GPU, an idle
+one reports its PCIe link at Gen1 (power saving) and at its max generation under load.
 
 MIG: ``mig`` gives GPU index -> a layout (``gpufleet.mig`` profile names; empty: MIG
 mode on, no instances). Those GPUs report MIG mode on and their instances, placed as
@@ -32,6 +34,7 @@ from gpufleet.clock import Clock, SystemClock
 IDLE_C = 32.0
 FULL_LOAD_C = 80.0
 OVERHEAT_C = 97.0
+MAX_PCIE_GEN = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +64,10 @@ class _GpuState:
     replay: int = 0
     retired: int = 0
     xids: list[int] = field(default_factory=list)
+    link: tuple[int | None, int] = (None, 16)
+    """PCIe (generation forced, None: as the load says; width) of a downtrained link."""
+    links_down: tuple[int, ...] = ()
+    ecc_off: bool = False
 
 
 class SimulatedProbe:
@@ -120,7 +127,7 @@ class SimulatedProbe:
                     uuid=f"GPU-sim-{self.node}-{i}",
                     model=self.spec.model,
                     memory_mb=self.spec.memory_mb,
-                    pcie_gen=5,
+                    pcie_gen=MAX_PCIE_GEN,
                     pcie_width=16,
                     nvlink_peers=tuple(j for j in range(n) if j != i) if self.spec.nvlink else (),
                     nvlink_domain=0 if self.spec.nvlink else i,
@@ -242,9 +249,25 @@ class SimulatedProbe:
         with self._lock:
             self._gpus[index].lost = True
 
+    def downtrain(self, index: int, *, width: int = 8, gen: int | None = None) -> None:
+        """The GPU's PCIe link trains at ``width`` lanes (and ``gen``, if given, even
+        under load) instead of x16 Gen5."""
+        with self._lock:
+            self._gpus[index].link = (gen, width)
+
+    def nvlink_fail(self, index: int, links: Sequence[int] = (0,)) -> None:
+        with self._lock:
+            self._gpus[index].links_down = tuple(sorted(set(links)))
+
+    def ecc_disable(self, index: int) -> None:
+        """ECC mode off (as ``nvidia-smi -e 0`` and a reboot leave it)."""
+        with self._lock:
+            self._gpus[index].ecc_off = True
+
     def clear(self, index: int) -> None:
         with self._lock:
             g = self._gpus[index]
+            g.link, g.links_down, g.ecc_off = (None, 16), (), False
             g.overheat = g.lost = False
             g.dbe = g.retired = 0
             g.xids.clear()
@@ -282,6 +305,13 @@ class SimulatedProbe:
             xid_events=xids,
             pcie_replay=g.replay,
             retired_pages=g.retired,
+            pcie_gen=g.link[0] if g.link[0] is not None else (MAX_PCIE_GEN if util > 0 else 1),
+            pcie_width=g.link[1],
+            pcie_max_gen=MAX_PCIE_GEN,
+            pcie_max_width=16,
+            nvlink_down=g.links_down if self.spec.nvlink else (),
+            ecc_enabled=not g.ecc_off,
+            ecc_pending=not g.ecc_off,
             mig_instances=tuple(
                 MigSample(
                     gpu_instance_id=m.gpu_instance_id,

@@ -127,6 +127,15 @@ class GpuTelemetry(Request):
     retired_pages: int | None = None
     pcie_gen: int | None = None
     pcie_width: int | None = None
+    pcie_max_gen: int | None = Field(
+        default=None, ge=0, le=64, description="the most the GPU and its slot can do (issue 34)"
+    )
+    pcie_max_width: int | None = Field(default=None, ge=0, le=64)
+    nvlink_down: list[Annotated[int, Field(ge=0, le=1024)]] = Field(
+        default_factory=list, max_length=64, description="NVLink links NVML supports but reports inactive"
+    )
+    ecc_enabled: bool | None = Field(default=None, description="ECC mode now; None: not supported")
+    ecc_pending: bool | None = Field(default=None, description="ECC mode after the next reboot")
     nvlink_peers: list[int] = Field(default_factory=list, max_length=1024)
     mig_enabled: bool | None = None
     lost: bool = False
@@ -177,6 +186,30 @@ class MigResult(Request):
     )
 
 
+class PreflightFinding(Request):
+    """One check of the agent's preflight (``agent/preflight.py``) that did not pass:
+    ``fatal`` cordons the node with ``reason`` (the server uncordons nothing by itself),
+    ``warning`` is an event."""
+
+    check: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+    severity: Literal["fatal", "warning"]
+    gpu: int | None = Field(default=None, ge=0, le=MAX_GPU_INDEX)
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+    @field_validator("reason", mode="before")
+    @classmethod
+    def _clean(cls, value: object) -> object:
+        """A driver's words: cleaned, not refused (it must not cost the node its sync)."""
+        return clean_text(value) if isinstance(value, str) else value
+
+
+class Preflight(Request):
+    """The checks an agent ran at start or after an upgrade, sent until a sync is answered."""
+
+    at: float = Field(ge=0, le=1e11, description="when it ran (the agent's clock)")
+    findings: list[PreflightFinding] = Field(default_factory=list, max_length=1024)
+
+
 class NodeSync(Request):
     gpus: list[GpuIn] | None = Field(default=None, max_length=1024)
     telemetry: list[GpuTelemetry] | None = Field(default=None, max_length=1024)
@@ -202,6 +235,9 @@ class NodeSync(Request):
     )
     upgrade: UpgradeReport | None = Field(
         default=None, description="how the driver upgrade the server asked for goes (api/upgrades.py)"
+    )
+    preflight: Preflight | None = Field(
+        default=None, description="its preflight's result, after start or an upgrade (issue 34)"
     )
 
 

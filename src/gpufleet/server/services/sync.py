@@ -66,7 +66,7 @@ from gpufleet.api.base import MAX_GPU_INDEX
 from gpufleet.api.nodes import GpuIn, NodeSync, SyncReply
 from gpufleet.server.errors import Conflict
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
-from gpufleet.server.services import miglayouts, upgrades
+from gpufleet.server.services import miglayouts, preflight, upgrades
 from gpufleet.server.services.logs import LOG_MAX_BYTES, ingest_logs
 from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
 from gpufleet.server.services.nodework import desired, observe, quarantine, scope_of, would_change
@@ -117,6 +117,7 @@ _NODE = select(
     NodeRow.memory_mb,
     NodeRow.warning,
     NodeRow.features,
+    NodeRow.cuda_version,
 ).where(NodeRow.name == bindparam("node"))
 
 
@@ -157,6 +158,8 @@ class _Placed(Protocol):
     def features(self) -> list[str]: ...
     @property
     def warning(self) -> str | None: ...
+    @property
+    def cuda_version(self) -> str | None: ...
 
 
 def _node_differs(n: _Placed, body: NodeSync) -> bool:
@@ -172,6 +175,7 @@ def _node_differs(n: _Placed, body: NodeSync) -> bool:
             (body.address, n.address),
             (body.cpus, n.cpus),
             (body.memory_mb, n.memory_mb),
+            (body.cuda_version, n.cuda_version),  # where jobs that need CUDA may go
         )
     )
 
@@ -186,7 +190,7 @@ def _fast_reply(db: Database, name: str, body: NodeSync) -> _Answer | None:
     """The answer when this sync changes nothing durable, else None. Most syncs of a
     fleet end here (a heartbeat and telemetry): plain Core statements, no ORM objects
     unless the node reports jobs."""
-    if body.logs or body.mig_results or body.steps or body.upgrade:
+    if body.logs or body.mig_results or body.steps or body.preflight or body.upgrade:
         return None
     with db.read() as s:
         n = s.connection().execute(_NODE, {"node": name}).first()
@@ -246,6 +250,10 @@ def _write(
     if body.features is not None:  # ``--constraint`` matches them (``scheduler/features.py``)
         node.features = sorted(set(body.features))
     node.warning = body.warning or None
+    if body.cuda_version is not None:  # ``scheduler/cuda.py`` places jobs that need one by it
+        node.cuda_version = body.cuda_version
+    if body.preflight is not None and preflight.record(s, node, body.preflight, now):
+        reshaped = True  # cordoned: the fleet caches see it
     s.flush()
     if body.gpus is not None and new_gpus:
         bad = inventory_problem(s, name, body.gpus)
