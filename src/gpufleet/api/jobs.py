@@ -250,6 +250,19 @@ class JobOut(Reply):
     cuda: str | None = Field(default=None, description="the CUDA version it needs (--cuda)")
 
 
+class JobDiagnosis(Reply):
+    """What a failed job's output matched (issue 34: ``gpufleet.diagnosis``)."""
+
+    signature: str = Field(description="the signature's id (nccl-ib-completion-error, cuda-oom...)")
+    diagnosis: str
+    hint: str
+    blame: str = Field(description="node (the hardware), job (its code) or unknown")
+    priority: int = 0
+    node: str = Field(description="the node whose output of the job matched")
+    line: str = Field(description="the first matching line, cut to 300 characters")
+    at: float
+
+
 class JobDetail(JobOut):
     env: dict[str, str]
     output: str | None
@@ -261,6 +274,9 @@ class JobDetail(JobOut):
     cpus_per_task: int = 0
     ntasks_per_node: int = 0
     events: list[JobEventOut]
+    diagnosis: JobDiagnosis | None = Field(
+        default=None, description="what its failed output matched (None: not failed, or nothing known)"
+    )
 
 
 class JobPage(Reply):

@@ -156,9 +156,24 @@ def show_lines(given: Job | JobDetail, *, now: float) -> list[str]:
         ("energy", f"{job['energy_kwh']:.3f} kWh" if job.get("energy_kwh") else None),
     ]
     lines += [f"{k:>{_LABEL}}: {'-' if v is None else v}" for k, v in tail]
+    lines += diagnosis_lines(job.get("diagnosis"))
     lines.append("events:")
     lines += [_event(e) for e in job.get("events") or ()]
     return lines
 
 
-__all__ = ["batch_fields", "clip", "command_lines", "placement", "show_lines"]
+def diagnosis_lines(found: Mapping[str, Any] | None) -> list[str]:
+    """What a failed job's output matched (issue 34), as ``jobs show`` prints it."""
+    if not found:
+        return []
+    blame = {"node": "the node", "job": "the job's code"}.get(str(found.get("blame")), "unknown")
+    fields = [
+        ("diagnosis", f"{found.get('diagnosis')} [{found.get('signature')}]"),
+        ("blame", f"{blame} (seen on {found.get('node')})"),
+        ("hint", found.get("hint")),
+        ("matched", found.get("line")),
+    ]
+    return [f"{k:>{_LABEL}}: {v}" for k, v in fields if v]
+
+
+__all__ = ["batch_fields", "clip", "command_lines", "diagnosis_lines", "placement", "show_lines"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -27,6 +28,10 @@ from gpufleet.server.decide.health import DEFAULT_FATAL_XIDS
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.sim.config import NODES_PER_LEAF
 from gpufleet.timefmt import parse_duration
+
+if TYPE_CHECKING:
+    from gpufleet.diagnosis import Signature
+    from gpufleet.server.decide.suspicion import DiagnosisConfig
 
 
 def server(
@@ -182,6 +187,21 @@ def server(
     log_days: float = typer.Option(
         30.0, "--log-days", min=0.0001, help="Keep the logs of ended jobs this many days."
     ),
+    diagnosis_rules: Path | None = typer.Option(
+        None,
+        "--diagnosis-rules",
+        help="A TOML file of failure signatures ([[signature]] id, pattern, diagnosis, hint, blame, "
+        "priority) added to the built-in ones; bad entries are skipped with a warning.",
+    ),
+    suspect_users: int = typer.Option(
+        3,
+        "--suspect-users",
+        min=0,
+        max=1000,
+        help="Cordon a node once failed jobs of this many users show the same signature that blames "
+        "it (0: never).",
+    ),
+    suspect_window: str = typer.Option("24h", "--suspect-window", help="...within this long."),
     metrics_public: bool = flag(
         "--metrics-public", help="Serve /metrics without a token (default: operators and admins)."
     ),
@@ -348,6 +368,7 @@ def server(
         backup_dir=backup_dir,
         backup_every_s=backup_every_s,
         backup_keep=backup_keep,
+        diagnosis=_diagnosis(diagnosis_rules, suspect_users, suspect_window),
     )
     try:
         run(config, host=host, port=port)
@@ -372,6 +393,36 @@ def _backup_every(every: str, directory: Path | None) -> float:
         if not directory.is_dir() or not os.access(directory, os.W_OK | os.X_OK):
             raise fail(f"--backup-dir {directory}: not a folder this user may write in", BAD_INPUT)
     return every_s
+
+
+def _diagnosis(rules: Path | None, users: int, window: str) -> DiagnosisConfig:
+    """The signature table (the built-ins and ``--diagnosis-rules``: a file that cannot
+    be read is refused, each bad entry skipped with a warning) and the suspicion rule."""
+    from gpufleet.diagnosis import RulesError, load_rules, table
+    from gpufleet.server.decide.suspicion import DiagnosisConfig, SuspicionRule
+
+    try:
+        window_s = parse_duration(window)
+    except ValueError as exc:
+        raise fail(f"--suspect-window: {exc}", BAD_INPUT) from None
+    if not 60 <= window_s <= 90 * 86_400:
+        raise fail("--suspect-window must be between 1m and 90d", BAD_INPUT)
+    extra: tuple[Signature, ...] = ()
+    if rules is not None:
+        try:
+            got = load_rules(rules)
+        except RulesError as exc:
+            raise fail(f"--diagnosis-rules: {exc}", BAD_INPUT) from None
+        for why in got.skipped:
+            typer.echo(f"warning: --diagnosis-rules {rules}: {why}: skipped", err=True)
+        if got.skipped:
+            typer.echo(
+                f"warning: --diagnosis-rules {rules}: {len(got.skipped)} of "
+                f"{len(got.skipped) + len(got.signatures)} signatures skipped",
+                err=True,
+            )
+        extra = got.signatures
+    return DiagnosisConfig(signatures=table(extra), suspicion=SuspicionRule(users=users, window_s=window_s))
 
 
 def _loopback(host: str) -> bool:

@@ -9,6 +9,7 @@ from gpufleet.netguard import GuardLimits
 from gpufleet.ratelimit import LaneSizes, RateLimits
 from gpufleet.server.decide.health import HealthRules
 from gpufleet.server.decide.pricing import PriceSchedule
+from gpufleet.server.decide.suspicion import DiagnosisConfig
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 
 MIB = 1024 * 1024
@@ -78,6 +79,10 @@ class ServerConfig:
     job_log_max_bytes: int = 64 * MIB
     """Of each job attempt's log from each node, this much is kept (``--job-log-max-mib``;
     ``services/logs.py``: one marker line, the rest counted, not kept)."""
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
+    """Failed jobs' output read against known signatures, and when a node becomes suspect
+    (``--diagnosis-rules``, ``--suspect-users``, ``--suspect-window``;
+    ``services/diagnoses.py``)."""
     log_days: float = 30.0
     """Logs of jobs that ended longer ago than this are deleted (``--log-days``)."""
     metrics_public: bool = False

@@ -15,6 +15,7 @@ from gpufleet.server.loops.audit import retention_loop
 from gpufleet.server.loops.automig import AutoMigConfig, automig_loop
 from gpufleet.server.loops.backup import BackupPolicy, BackupStatus, backup_loop
 from gpufleet.server.loops.child import ChildLoop, LoopSpec
+from gpufleet.server.loops.diagnosis import diagnosis_loop
 from gpufleet.server.loops.lifecycle import LifecycleConfig, LifecyclePass, lifecycle_loop
 from gpufleet.server.loops.replicas import replica_loop
 from gpufleet.server.loops.scheduling import PassObserver
@@ -138,6 +139,7 @@ def build(
             db=db, clock=clock, keep_s=config.audit_days * 86400, log_keep_s=config.log_days * 86400
         )
     )
+    loops.add(diagnosis_loop(db=db, clock=clock, config=config.diagnosis))
     if config.auto_mig:
         planner = AutoMigConfig(
             interval_s=config.auto_mig_interval_s,

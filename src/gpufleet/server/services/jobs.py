@@ -20,6 +20,7 @@ from gpufleet.api.jobs import (
     Cancelled,
     CancelMany,
     JobDetail,
+    JobDiagnosis,
     JobEventOut,
     JobUpdate,
 )
@@ -127,7 +128,18 @@ def _detail(
         signal=job.signal,
         cpus_per_task=job.cpus_per_task,
         ntasks_per_node=job.ntasks_per_node,
+        diagnosis=_diagnosis(job.diagnosis),
     )
+
+
+def _diagnosis(stored: dict[str, Any] | None) -> JobDiagnosis | None:
+    """``Job.diagnosis`` as the API shows it (a row it cannot read: none)."""
+    if not stored:
+        return None
+    try:
+        return JobDiagnosis.model_validate(stored)
+    except ValueError:
+        return None
 
 
 def _load(s: Session, actor: Principal, job_id: int) -> tuple[Job, str, str] | Failure:

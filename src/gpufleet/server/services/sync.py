@@ -67,6 +67,7 @@ from gpufleet.api.nodes import GpuIn, NodeSync, SyncReply
 from gpufleet.server.errors import Conflict
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
 from gpufleet.server.services import miglayouts, preflight, upgrades
+from gpufleet.server.services.diagnoses import queue_closed
 from gpufleet.server.services.logs import LOG_MAX_BYTES, ingest_logs
 from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
 from gpufleet.server.services.nodework import desired, observe, quarantine, scope_of, would_change
@@ -264,6 +265,7 @@ def _write(
         s.flush()
     changed = observe(s, name, body, scope, actor, now, readings)
     acks = ingest_logs(s, name, scope.logs, now, max_bytes=log_max_bytes)
+    queue_closed(s, name, scope.logs, now)  # failed attempts' output to diagnose (issue 34)
     step_acks = ingest_tasks(s, name, body.steps, now)  # srun's tasks (``services/steps.py``)
     if body.mig_results and miglayouts.record(s, name, body.mig_results, actor=actor, now=now):
         reshaped = True

@@ -1,0 +1,27 @@
+"""The diagnosis loop (issue 34): reads the output of failed job attempts that nodes
+queued (``services/diagnoses.py``), attaches what it matched to the job, and raises
+the suspicion of the node when the signature blames it.
+
+Transitions: a queued ``job_diagnoses`` row -> done (with or without a finding); a
+job's ``diagnosis`` set or replaced by a higher-ranking finding (a job event); a node
+suspect (a fleet event) -> cordoned with its evidence (``decide/suspicion.py``). One row
+per transaction; a row that fails is logged and marked done, never retried for ever.
+It polls (every ``interval_s``): queuing happens inside nodes' syncs, and a diagnosis a
+second or two after the exit is soon enough.
+"""
+
+from __future__ import annotations
+
+from gpufleet.clock import Clock
+from gpufleet.server.decide.suspicion import DiagnosisConfig
+from gpufleet.server.runner import Loop
+from gpufleet.server.services.diagnoses import diagnose_queued
+from gpufleet.server.store.db import Database
+
+
+def diagnosis_loop(*, db: Database, clock: Clock, config: DiagnosisConfig, interval_s: float = 1.0) -> Loop:
+    def step() -> None:
+        while diagnose_queued(db, config=config, now=clock.now()) >= 50:
+            pass  # a backlog: the next batch at once
+
+    return Loop(name="diagnosis", interval_s=interval_s, step=step)
