@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, text
 
 from gpufleet.server.store import db as dbmod
-from server.conftest import gpufleet
+from server.conftest import gpufleet, scratch_postgres
 
 
 def _sql(path: Path, query: str) -> list[tuple[object, ...]]:
@@ -123,8 +124,8 @@ def fake_pg(tmp_path: Path) -> dict[str, str]:
     bin_dir, record = tmp_path / "bin", tmp_path / "record"
     bin_dir.mkdir()
     record.mkdir()
-    for name, text in (("pg_dump", FAKE_PG_DUMP), ("pg_restore", FAKE_PG_RESTORE)):
-        (bin_dir / name).write_text(text)
+    for name, script in (("pg_dump", FAKE_PG_DUMP), ("pg_restore", FAKE_PG_RESTORE)):
+        (bin_dir / name).write_text(script)
         (bin_dir / name).chmod(0o755)
     return {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
@@ -173,3 +174,33 @@ def test_without_pg_dump_the_command_is_named_without_its_password(tmp_path: Pat
     assert res.returncode == 1 and "pg_dump is not installed" in res.stderr
     assert "pg_dump --format=custom" in res.stderr and "postgresql://u:***@db/gf" in res.stderr
     assert not (tmp_path / "b.dump").exists()
+
+
+def test_postgresql_restore_migrates_an_older_dump_and_refuses_a_full_database(tmp_path: Path) -> None:
+    older = _previous(dbmod.head_revision())
+    with scratch_postgres("bk_src") as source, scratch_postgres("bk_dst") as target:
+        dbmod.upgrade(source, older)
+        engine = create_engine(source)
+        with engine.begin() as c:
+            c.execute(text("INSERT INTO pools (name, gpu, description) VALUES ('old', true, '')"))
+        engine.dispose()
+        dump = tmp_path / "b.dump"
+        res = gpufleet("db", "backup", str(dump), "--database-url", source, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert dump.read_bytes()[:5] == b"PGDMP" and f"schema revision {older}" in res.stdout
+        full = gpufleet("db", "restore", str(dump), "--database-url", source, timeout=120)
+        assert full.returncode == 2 and "is not empty" in full.stderr
+        sqlite_target = f"sqlite:///{tmp_path / 'r.db'}"
+        wrong = gpufleet("db", "restore", str(dump), "--database-url", sqlite_target, timeout=120)
+        assert wrong.returncode == 2 and "is a backup of pg_dump" in wrong.stderr
+        res = gpufleet("db", "restore", str(dump), "--database-url", target, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert f"migrated to {dbmod.head_revision()}" in res.stdout
+        engine = create_engine(target)
+        with engine.connect() as c:
+            assert (
+                c.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
+                == dbmod.head_revision()
+            )
+            assert c.execute(text("SELECT count(*) FROM pools WHERE name = 'old'")).scalar_one() == 1
+        engine.dispose()
