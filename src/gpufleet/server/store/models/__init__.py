@@ -34,6 +34,7 @@ from gpufleet.server.store.models.nodes import (
     RolloutNode,
 )
 from gpufleet.server.store.models.pools import DEFAULT_POOL, LicenseRow, Pool, QosRow
+from gpufleet.server.store.models.power import PowerFigureRow, RackPowerRow
 from gpufleet.server.store.models.reservations import ReservationEvent, ReservationRow
 from gpufleet.server.store.models.services import (
     ServiceEvent,
@@ -65,8 +66,10 @@ __all__ = [
     "NodeCredential",
     "NodeRow",
     "Pool",
+    "PowerFigureRow",
     "PriceScheduleRow",
     "QosRow",
+    "RackPowerRow",
     "ReservationEvent",
     "ReservationRow",
     "Rollout",
