@@ -20,7 +20,19 @@ import pytest
 from sqlalchemy import text
 
 from jobaccounts import ROOT, passable, user_map_file
-from server.conftest import Server, gpufleet, make_node, make_pool, make_team, make_user, ok, unique, wait_for
+from server.conftest import (
+    Server,
+    gpufleet,
+    make_node,
+    make_pool,
+    make_team,
+    make_user,
+    ok,
+    start_server,
+    stop_server,
+    unique,
+    wait_for,
+)
 
 pytestmark = pytest.mark.skipif(not ROOT, reason="a root agent runs jobs as another account")
 
@@ -197,3 +209,56 @@ def test_a_user_cannot_make_another_node_suspect(server: Server, agent: Agent) -
     with server.engine.connect() as conn:
         rows = conn.execute(text("SELECT count(*) FROM job_diagnoses WHERE node = :n"), {"n": other}).scalar()
     assert rows == 0
+
+
+RULES = """
+[[signature]]
+id = "nccl-socket-timeout"
+pattern = 'NCCL WARN .*socket timed out'
+diagnosis = "an NCCL socket connection timed out"
+hint = "check the node's Ethernet link and NCCL_SOCKET_IFNAME"
+blame = "unknown"
+priority = 60
+
+[[signature]]
+id = "greedy"
+pattern = '(a+)+b'
+diagnosis = "refused: it backtracks"
+"""
+
+
+def test_operators_signatures_from_a_toml_file(tmp_path: Path) -> None:
+    """``--diagnosis-rules``: a bad entry is skipped with a warning, the server starts and
+    the good one diagnoses; a file that is no TOML refuses to start, saying why."""
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[[signature]\n")
+    refused = gpufleet(
+        "server",
+        "--port",
+        "1",
+        "--database-url",
+        f"sqlite:///{tmp_path / 'x.db'}",
+        "--diagnosis-rules",
+        str(broken),
+    )
+    assert refused.returncode != 0 and "--diagnosis-rules: not TOML" in refused.stderr
+    rules = tmp_path / "rules.toml"
+    rules.write_text(RULES)
+    srv = start_server(f"sqlite:///{tmp_path / 'rules.db'}", extra=("--diagnosis-rules", str(rules)))
+    agent = None
+    try:
+        assert "signature 2 ('greedy'): pattern may backtrack without end" in srv.stderr()
+        assert "1 of 2 signatures skipped" in srv.stderr()
+        (tmp_path / "agent").mkdir()
+        agent = Agent(srv, tmp_path / "agent")
+        team = make_team(srv)
+        token = make_user(srv, team=team)
+        line = "h:1:2 [0] NCCL WARN Call to connect returned Connection refused, socket timed out"
+        job = run(srv, agent, token, team, f"echo {shlex.quote(line)}; exit 3")
+        d = diagnosed(srv, job)["diagnosis"]
+        assert (d["signature"], d["blame"]) == ("nccl-socket-timeout", "unknown")
+        assert "NCCL_SOCKET_IFNAME" in d["hint"]
+    finally:
+        if agent is not None:
+            agent.close()
+        stop_server(srv)

@@ -36,6 +36,10 @@ Observations, in order (passive first, like the scheduling loop):
   attempt of it: a node that reports one running keeps the stop unconfirmed, which
   delays only its own job) is confirmed stopped (it may then be placed again).
 
+A sync that closes the log of a FAILED job's attempt (its chunk marked ``last``) queues
+that attempt's output for the diagnosis loop (``services/diagnoses.py``, issue 34): the
+matching never runs in the sync.
+
 An inventory that contradicts what the server knows (``nodes.judge_inventory``: a GPU
 changing model under a running job, an impossible or repeated index, a repeated UUID,
 several models) is not stored: the node is cordoned with the reason and a critical
