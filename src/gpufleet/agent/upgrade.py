@@ -288,7 +288,7 @@ class Upgrades:
                 why = f"no upgrade hook named {order.hook} on node {self.node} (configured: {have})"
                 return self._stage(order, "done", hook_error=why[:512])
             self._remember(order)
-            log.warning("node %s: running upgrade hook %s (%s)", self.node, order.hook, order.expect_driver)
+            log.info("node %s: running upgrade hook %s (%s)", self.node, order.hook, order.expect_driver)
             run = run_hook(path, order.expect_driver, timeout_s=self.timeout_s)
             if run.error is not None:
                 return self._stage(order, "done", hook_error=run.error[:512], output=run.output)
