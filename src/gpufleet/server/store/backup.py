@@ -367,12 +367,19 @@ def _upgrade(url: str) -> None:
 
 
 def _restore_sqlite(file: Path, target: Path, url: str, *, migrate: bool) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock = SqliteLock(target)
-    why = lock.acquire()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = SqliteLock(target)
+        why = lock.acquire()
+    except OSError as exc:
+        raise BackupError(f"cannot restore into {target}: {exc.strerror or exc}") from exc
     if why is not None:
         raise BackupError(why)
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=".gpufleet-restore-", suffix=".tmp")
+    try:
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=".gpufleet-restore-", suffix=".tmp")
+    except OSError as exc:
+        lock.release()
+        raise BackupError(f"cannot write in {target.parent}: {exc.strerror or exc}") from exc
     os.close(fd)
     tmp = Path(name)
     try:
@@ -387,7 +394,7 @@ def _restore_sqlite(file: Path, target: Path, url: str, *, migrate: bool) -> Non
             if b.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]:
                 raise BackupError(f"{shown(url)} got tables while restoring; nothing was restored")
             a.backup(b)  # one step: all or nothing
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, OSError) as exc:
         raise BackupError(f"restoring into {target} failed: {exc}") from exc
     finally:
         for f in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
