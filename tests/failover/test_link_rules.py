@@ -56,9 +56,7 @@ ASSESS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("reading", "tally", "want"), [c[1:] for c in ASSESS], ids=[c[0] for c in ASSESS]
-)
+@pytest.mark.parametrize(("reading", "tally", "want"), [c[1:] for c in ASSESS], ids=[c[0] for c in ASSESS])
 def test_assess_links(reading: GpuTelemetry, tally: tuple[int, int], want: list[str]) -> None:
     assert [f.rule for f in assess(RULES, reading, hot_for_s=60, pcie_low=tally)] == want
 
