@@ -12,6 +12,7 @@ job, on exactly which GPUs) and every preemption must be the same.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -43,8 +44,15 @@ Event = tuple[float, str, tuple[tuple[str, tuple[int, ...]], ...]]
 """(trace time, job id, placement as (node, GPU indices) pairs)."""
 
 
+OLD_DRIVER = "node-0000"
+"""Its driver supports CUDA 12.2, the others' 12.4: jobs that need 12.4 never go there."""
+
+
 def _fleet() -> Fleet:
-    gpu_nodes = FleetSpec(nodes=4, gpus_per_node=8, nodes_per_leaf=2).build().nodes
+    gpu_nodes = tuple(
+        dataclasses.replace(n, cuda=(12, 2) if n.name == OLD_DRIVER else (12, 4))
+        for n in FleetSpec(nodes=4, gpus_per_node=8, nodes_per_leaf=2).build().nodes
+    )
     cpu = Node(name="node-cpu", gpus=(), leaf="leaf-009", rack="rack-009")
     return Fleet(nodes=(*gpu_nodes, cpu))
 
@@ -65,6 +73,7 @@ def _jobs(seed: int = 11, n: int = 48) -> list[TraceJob]:
                 gpus=gpus,
                 time_limit_s=duration + STEP * rng.randint(0, 6),
                 priority=rng.choice([0, 0, 0, 1]),
+                cuda="12.4" if i % 4 == 0 and gpus else None,
             )
         )
     out.sort(key=lambda j: (j.submit_s, int(j.job_id)))
@@ -219,6 +228,7 @@ class ServerReplay:
                 state=str(JobState.PENDING),
                 submit_time=T0 + tj.submit_s,
                 pending_since=T0 + tj.submit_s,
+                cuda=tj.cuda,
             )
             s.add(job)
             s.flush()
@@ -290,6 +300,7 @@ def server_db(tmp_path: Path) -> Iterator[dbmod.Database]:
                     rack=node.rack,
                     created_at=0,
                     last_seen=T0 + 1e9,
+                    cuda_version=None if node.cuda is None else f"{node.cuda[0]}.{node.cuda[1]}",
                 )
             )
             s.flush()
@@ -320,6 +331,9 @@ def test_simulator_and_server_decide_the_same(server_db: dbmod.Database, policy:
     assert not any(j.job_id in started for j in jobs if j.team == HELD)  # held: never started
     assert any(j.job_id in started for j in jobs if j.gpus == 0)  # 0-GPU jobs placed by the core
     assert len(started) >= len([j for j in jobs if j.team != HELD]) - 2
+    needy = {j.job_id for j in jobs if j.cuda is not None}
+    assert needy & started  # jobs that need CUDA 12.4 ran, never on the older driver
+    assert not any(job in needy and any(n == OLD_DRIVER for n, _ in pl) for _, job, pl in sim_starts)
 
 
 def test_server_replay_is_not_vacuous(server_db: dbmod.Database) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from gpufleet.cudaver import parse_reported
 from gpufleet.scheduler import (
     Fleet,
     JobRequest,
@@ -244,6 +245,7 @@ class Simulator:
             time_limit_s=tj.time_limit_s,
             submit_time=tj.submit_s,
             oracle_remaining_s=tj.duration_s,
+            cuda=parse_reported(tj.cuda),  # as the server's snapshot reads jobs.cuda
         )
         why: object
         if req.gpus == 0:  # placed by the core on the least busy node of its pool (cpu.py)

@@ -34,6 +34,9 @@ class TraceJob:
     gpu_type: str | None = None
     dependency: str | None = None
     """Slurm's ``--dependency`` over this trace's (numeric) job ids: ``afterok:12``..."""
+    cuda: str | None = None
+    """``--cuda``: the CUDA version it needs (``gpufleet.cudaver``; only nodes whose
+    ``Node.cuda`` supports it)."""
     gpu_milli: int = WHOLE_GPU
     """The share of each of its GPUs the job asks for, in thousandths: 1000 = whole GPUs;
     1..999 = that fraction of ONE GPU (``gpus`` is then 1; see ``gpu_share_problem``).
