@@ -73,7 +73,7 @@ from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.jobsignal import signal_due
 from gpufleet.agent.logship import acked, chunks_of, pending
 from gpufleet.agent.miglayouts import MigLayouts
-from gpufleet.agent.preflight import PreflightLimits, preflight, report
+from gpufleet.agent.preflight import Finding, PreflightLimits, run
 from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
 from gpufleet.agent.replicas import ReplicaProbes, free_port
 from gpufleet.agent.report import gpu_row, node_facts, telemetry_row
@@ -157,18 +157,12 @@ class Agent:
         if isinstance(process, ProcessRunner):
             work = Path(config.work_dir)
             self.steps = StepTasks(work_dir=work, node=config.node, runner=process, watch=self._exits.watch)
-        self.preflight_report: dict[str, Any] | None = None
-        """The last preflight's findings (``agent/preflight.py``), sent until a sync is answered."""
+        self.preflight_report: dict[str, Any] | None = None  # sent until a sync is answered
         self.run_preflight()
 
-    def run_preflight(self, limits: PreflightLimits = PreflightLimits()) -> list[Any]:
-        """Check the node (at start; after an upgrade) and report the findings with the
-        next sync, soon: the server cordons the node on a fatal one."""
-        found = preflight(self.probe, limits)
-        for f in found:
-            log.warning("node %s: preflight %s: %s", self.config.node, f.severity, f.reason)
-        # nothing to say when all passed (and an older server refuses the key)
-        self.preflight_report = report(found, self.clock.now()) if found else None
+    def run_preflight(self, limits: PreflightLimits = PreflightLimits()) -> list[Finding]:
+        """Check the node (at start, after an upgrade): the server cordons it on a fatal finding."""
+        found, self.preflight_report = run(self.probe, self.config.node, self.clock.now(), limits)
         self._news = self._urgent = True
         return found
 

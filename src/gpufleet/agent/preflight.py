@@ -31,13 +31,16 @@ Pure but for the probe's two reads.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpufleet import gpuchecks
 from gpufleet.agent.probe import CRITICAL_XIDS, GpuProbe, GpuSample, NodeInventory, ProbeError
 
-__all__ = ["Finding", "PreflightLimits", "check_gpu", "check_node", "preflight", "report"]
+__all__ = ["Finding", "PreflightLimits", "check_gpu", "check_node", "preflight", "report", "run"]
+
+log = logging.getLogger("gpufleet.agent")
 
 Severity = Literal["fatal", "warning"]
 
@@ -124,6 +127,17 @@ def check_gpu(s: GpuSample, limits: PreflightLimits) -> list[Finding]:
     if why := gpuchecks.nvlink_down(s.nvlink_down):
         out.append(fatal("nvlink", why))
     return out
+
+
+def run(
+    probe: GpuProbe, node: str, at: float, limits: PreflightLimits = PreflightLimits()
+) -> tuple[list[Finding], dict[str, Any] | None]:
+    """``preflight``, logged, and what the next sync carries of it (None when every check
+    passed: nothing to say, and an older server refuses the key)."""
+    found = preflight(probe, limits)
+    for f in found:
+        log.warning("node %s: preflight %s: %s", node, f.severity, f.reason)
+    return found, report(found, at) if found else None
 
 
 def report(findings: list[Finding], at: float) -> dict[str, Any]:
