@@ -178,10 +178,11 @@ COMMANDS: dict[str, Lazy] = {
 }
 """Every command of ``gpufleet``, in the order its help lists them."""
 
-_BEFORE = {"chargeback_cmds": ("admin_cmds",)}
-"""Modules imported before a module: two modules fill ``admin`` (``@apps.admin_app.command``,
-in import order), admin_cmds (users, teams...) before chargeback_cmds (prices, budgets),
-whichever command (``admin``, ``price``, ``usage``) imports them."""
+_BEFORE = {"chargeback_cmds": ("admin_cmds", "rack_cmds")}
+"""Modules imported before a module: three modules fill ``admin`` (``@apps.admin_app.command``,
+in import order), admin_cmds (users, teams...) and rack_cmds (``admin rack``) before
+chargeback_cmds (prices, budgets), whichever command (``admin``, ``price``, ``usage``)
+imports them."""
 
 
 def _import(module: str) -> Any:

@@ -26,7 +26,7 @@ budget lowered, readings that rose) keeps what runs and starts nothing new.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpufleet.migindex import device_kind, slice_parent_model, slice_share_of
 from gpufleet.scheduler.capacity import Capacity, FleetIndex
@@ -34,7 +34,7 @@ from gpufleet.scheduler.model import RunningJob, Snapshot
 from gpufleet.scheduler.options import Options
 from gpufleet.scheduler.powermodel import PowerModel, RackBudget, board_power_w, default_base_w
 
-__all__ = ["RackLoad", "rack_load"]
+__all__ = ["RackLoad", "estimate_draw", "rack_load"]
 
 _EPS = 1e-6
 
@@ -265,3 +265,14 @@ def _idle_draw(load: RackLoad, model: PowerModel, snap: Snapshot) -> None:
             m = measured.get((node.name, g.index)) if kind == "gpu" else None
             w += idle if m is None else m
         load.draw_w[rack] += w
+
+
+def estimate_draw(snap: Snapshot, racks: Iterable[str]) -> dict[str, float]:
+    """Each of ``racks``' estimated draw, W, as a pass over ``snap`` counts it (budget
+    or not: for the page, ``/metrics`` and ``gpufleet admin rack list``)."""
+    model = snap.power or PowerModel(racks=())
+    have = {b.rack for b in model.racks}
+    extra = tuple(RackBudget(rack=r, budget_w=float("inf")) for r in sorted(set(racks) - have))
+    wide = replace(snap, power=replace(model, racks=model.racks + extra))
+    load = rack_load(wide, FleetIndex(snap.fleet), [0] * len(snap.fleet.nodes))
+    return {} if load is None else {r: load.draw_w[r] for r in racks if r in load.draw_w}

@@ -38,6 +38,7 @@ from gpufleet.server.routers import agents, jobs, logs, maintenance, nodes, secu
 from gpufleet.server.routers import chargeback as chargeback_router
 from gpufleet.server.routers import licenses as licenses_router
 from gpufleet.server.routers import qos as qos_router
+from gpufleet.server.routers import racks as racks_router
 from gpufleet.server.routers import reservations as reservations_router
 from gpufleet.server.routers import servers as servers_router
 from gpufleet.server.routers import steps as steps_router
@@ -310,6 +311,8 @@ def create_app(
     v1.include_router(reservations_router.router)
     v1.include_router(qos_router.router)
     v1.include_router(licenses_router.router)
+    v1.include_router(racks_router.router)
+    v1.include_router(racks_router.figures)
     v1.include_router(chargeback_router.router)
     v1.include_router(security.router)
     v1.include_router(services.router)

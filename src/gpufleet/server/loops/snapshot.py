@@ -39,7 +39,7 @@ from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import JobRef
 from gpufleet.server.loops import dependencies, eligibility
 from gpufleet.server.loops.reservations import Booked, load_booked
-from gpufleet.server.services import layoutwait
+from gpufleet.server.services import layoutwait, racks
 from gpufleet.server.services.inventory import LiveFleet
 from gpufleet.server.store import ledger
 from gpufleet.server.store.models import Allocation, Job, LicenseRow, QosRow, Team, User
@@ -295,6 +295,7 @@ class SnapshotReader:
             holds=holds,
             qos=limits,
             licenses=declared,
+            power=racks.power_model(s),  # rack power budgets (scheduler/power.py)
         )
         return Loaded(snapshot=snap, refs=refs, booked=booked, kill=kill)
 

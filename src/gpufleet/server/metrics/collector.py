@@ -83,6 +83,10 @@ out of the sum: Prometheus sees a counter reset, which ``rate`` handles):
                                                     only while QPS > 0 and prices are set;
                                                     left out with ``team_costs`` False
 ==================================================  ===========================================
+
+Racks (``services/racks.py``, label ``rack``): ``gpufleet_rack_power_watts``, its estimated
+draw as the scheduler counts it (every rack); ``gpufleet_rack_power_budget_watts`` and
+``gpufleet_rack_power_cap_watts``, its feed and the feed less headroom (racks with a budget).
 """
 
 from __future__ import annotations
@@ -147,6 +151,7 @@ class FleetCollector(Collector):
         if self.team_costs:
             yield from self._cost(view)
         yield from self._reservations(view)
+        yield from self._racks(view)
         yield from self._services(view)
         yield from self._scheduler()
 
@@ -342,6 +347,29 @@ class FleetCollector(Collector):
             gpus.add_metric(key, r.gpus)
             used.add_metric(key, r.used)
         yield from (gpus, used)
+
+    def _racks(self, view: FleetView) -> Iterator[Metric]:
+        draw = GaugeMetricFamily(
+            "gpufleet_rack_power_watts",
+            "A rack's estimated draw, W, as the scheduler counts it (scheduler/powermodel.py).",
+            labels=["rack"],
+        )
+        budget = GaugeMetricFamily(
+            "gpufleet_rack_power_budget_watts",
+            "A rack's declared power feed, W (racks with a budget).",
+            labels=["rack"],
+        )
+        cap = GaugeMetricFamily(
+            "gpufleet_rack_power_cap_watts",
+            "A rack's feed less its headroom: what new work may fill, W.",
+            labels=["rack"],
+        )
+        for r in view.racks:
+            draw.add_metric([r.rack], r.draw_kw * 1000)
+            if r.power_kw is not None and r.cap_kw is not None:
+                budget.add_metric([r.rack], r.power_kw * 1000)
+                cap.add_metric([r.rack], r.cap_kw * 1000)
+        yield from (draw, budget, cap)
 
     def _services(self, view: FleetView) -> Iterator[Metric]:
         labels = ["service", "team"]

@@ -23,12 +23,14 @@ from sqlalchemy.orm import Session
 
 from gpufleet.api.fleet import FleetSnapshot, NodeHistory, NodeJob, SnapshotNode
 from gpufleet.api.nodes import GpuTelemetry
+from gpufleet.api.racks import RackOut
 from gpufleet.migindex import SHARE_UNITS, device_gpu, share_of, slice_index, slice_of, wants_share
 from gpufleet.scheduler import JobRequest
 from gpufleet.server.decide.pricing import PriceSchedule
 from gpufleet.server.decide.traffic import TrafficStore
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.problems import Failure, not_found
+from gpufleet.server.services import racks
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.fleetservices import ServiceHistory, ServiceInfo, load_services
 from gpufleet.server.services.reservations import BOOKED, to_core
@@ -182,6 +184,8 @@ class FleetView:
     """(node, MIG slice index) -> job id holding that slice"""
     held_units: dict[tuple[str, int], int] = field(default_factory=dict)
     """(node, shared GPU index) -> share units its jobs hold (a GPU without any: absent)"""
+    racks: tuple[RackOut, ...] = ()
+    """every rack, its estimated draw and power budget (``services/racks.py``)"""
 
 
 def load_view(
@@ -286,6 +290,7 @@ def load_view(
             team_gpus[t] = team_gpus.get(t, 0.0) + int(n or 0) / per_gpu
         reservations = load_reservations(s, now=now, held=held)
         services = load_services(s)
+        power = tuple(racks.rack_draws(s, now)[0])
     return FleetView(
         at=now,
         nodes=nodes,
@@ -300,6 +305,7 @@ def load_view(
         spend=spend,
         services=services,
         prices=prices,
+        racks=power,
     )
 
 

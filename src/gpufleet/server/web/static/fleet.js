@@ -121,6 +121,7 @@
     Promise.all([api("/v1/usage?by=team"), apiAll("/v1/teams"), api("/v1/prices")])
       .then(function (r) { renderUsage(r[0], r[1], r[2]); }).catch(fail);
     renderReservations();
+    renderRacks();
   }
 
   // -- header ---------------------------------------------------------------------------
@@ -775,6 +776,26 @@
         el("summary", { text: "Exact times (" + rows.length + ")" }),
         el("div", { class: "table-wrap" }, [table(["Name", "Team", "What", "From", "To", "State"], rows, null, "Reservations")]),
       ]));
+    }).catch(fail);
+  }
+
+  // -- racks: each rack's estimated draw against its power budget (gpufleet admin rack) ---
+  function renderRacks() {
+    api("/v1/racks").then(function (r) {
+      var items = r.items.filter(function (x) { return x.power_kw !== null || x.busy_gpus > 0; });
+      $("rack-count").textContent = items.length ? String(items.length) : "";
+      if (!items.length) { $("racks").replaceChildren(el("p", { class: "empty", text: "No rack has a power budget. Set one with gpufleet admin rack set." })); return; }
+      var rows = items.map(function (x) {
+        var share = x.cap_kw ? Math.min(1, x.draw_kw / x.cap_kw) : 0;
+        var over = x.cap_kw !== null && x.draw_kw > x.cap_kw;
+        return [x.rack, x.busy_gpus + "/" + x.gpus, x.draw_kw.toFixed(1),
+                x.cap_kw === null ? "-" : x.cap_kw.toFixed(1),
+                x.power_kw === null ? "no budget" : x.power_kw + " kW, " + Math.round(x.headroom * 100) + "% headroom",
+                el("meter", { min: "0", max: "1", high: "0.9", value: String(share), class: over ? "over" : null,
+                              "aria-label": x.rack + " draw against cap", title: Math.round(share * 100) + "% of cap" })];
+      });
+      $("racks").replaceChildren(table(["Rack", "Busy GPUs", "Draw kW", "Cap kW", "Feed", "Of cap"], rows,
+                                      [false, true, true, true, false, false], "Rack power"));
     }).catch(fail);
   }
 
