@@ -6,8 +6,10 @@ with a fake clock, driven by the same event rules (a pass at each arrival or fin
 rounded up to the scheduling interval; preemptive policies also every preemption
 interval while jobs wait). GPU jobs of several widths, 0-GPU jobs (placed by the core
 on the least busy node), team quotas and a team held by its hard budget (the server:
-a budget of 0; the simulator: a ``Hold``) are in the list. Every start (when, which
-job, on exactly which GPUs) and every preemption must be the same.
+a budget of 0; the simulator: a ``Hold``) are in the list, and one rack has a power
+budget (the server: a ``rack_power`` row; the simulator: ``SimConfig.power``) that keeps
+it from running all its GPUs at once. Every start (when, which job, on exactly which
+GPUs) and every preemption must be the same.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from sqlalchemy import update
 
 from gpufleet.clock import FakeClock
 from gpufleet.scheduler import Fleet, Hold, Node, Plan, Quota, Snapshot, make_policy
+from gpufleet.scheduler.powermodel import PowerModel, RackBudget
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import move, ref, release_attempt
 from gpufleet.server.loops.scheduling import PassObserver, SchedulingPass
 from gpufleet.server.store import db as dbmod
-from gpufleet.server.store.models import GpuRow, Job, Membership, NodeRow, Team, User
+from gpufleet.server.store.models import GpuRow, Job, Membership, NodeRow, RackPowerRow, Team, User
 from gpufleet.sim.config import FleetSpec, SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.trace import TraceJob
@@ -43,6 +46,11 @@ QUOTAS = (Quota(team="a", gpus=20), Quota(team="b", gpus=12, limit=16), Quota(te
 Event = tuple[float, str, tuple[tuple[str, tuple[int, ...]], ...]]
 """(trace time, job id, placement as (node, GPU indices) pairs)."""
 
+
+POWER = RackBudget(rack="rack-001", budget_w=15_000.0, headroom=0.25)
+"""Nodes 2 and 3 idle at 2 x (1500 + 8 x 70) W; the cap, 11.25 kW, powers 11 of their 16
+GPUs (630 W each above idle)."""
+POWERED = 11
 
 OLD_DRIVER = "node-0000"
 """Its driver supports CUDA 12.2, the others' 12.4: jobs that need 12.4 never go there."""
@@ -98,15 +106,32 @@ def simulate(jobs: list[TraceJob], policy: str) -> tuple[list[Event], list[tuple
         preempt_interval_s=PREEMPT_EVERY,
         quotas=QUOTAS,
         holds=(Hold(team=HELD, reason="held"),),
+        power=PowerModel(racks=(POWER,)),
     )
     sim = Simulator(jobs, _fleet(), make_policy(policy), cfg, record=True)
     sim.run()
+    _check_power(sim.log)
     starts = [
         (t, job, tuple((p.node, tuple(p.gpus)) for p in pl))
         for t, what, job, pl in sim.log
         if what == "start"
     ]
     return starts, sorted(_preemptions(sim.log))
+
+
+def _check_power(log: list[tuple[float, str, str, object]]) -> None:
+    """The budgeted rack never held more than ``POWERED`` GPUs at once, and was full."""
+    rack = {n.name for n in _fleet().nodes if n.rack == POWER.rack}
+    held: dict[str, int] = {}
+    busy = peak = 0
+    for _, what, job, placement in log:
+        if what == "start":
+            held[job] = sum(len(p.gpus) for p in placement if p.node in rack)  # type: ignore[attr-defined]
+            busy += held[job]
+        elif what == "stop":
+            busy -= held.pop(job, 0)
+        peak = max(peak, busy)
+    assert peak == POWERED
 
 
 def _preemptions(log: list[tuple[float, str, str, object]]) -> list[tuple[float, str]]:
@@ -291,6 +316,15 @@ def server_db(tmp_path: Path) -> Iterator[dbmod.Database]:
         for u in s.query(User):
             for tid in teams.values():
                 s.add(Membership(user_id=u.id, team_id=tid))
+        s.add(
+            RackPowerRow(
+                rack=POWER.rack,
+                budget_w=POWER.budget_w,
+                headroom=POWER.headroom,
+                updated_at=0,
+                updated_by="test",
+            )
+        )
         for node in _fleet().nodes:
             s.add(
                 NodeRow(
