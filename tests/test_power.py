@@ -40,6 +40,9 @@ def busy(node_name: str, watts: float) -> tuple[tuple[str, int, float], ...]:
 
 
 FULL_A0 = running("r", {"a0": tuple(range(8))}, started=0.0)
+READ_300 = model(("r0", 10, 0.3), measured=busy("a0", 300))
+IDLE_20 = model(("r0", 9, 0.0), measured=busy("a0", 20) + busy("a1", 20))
+READ_100 = model(("r0", 12, 0.0), measured=busy("a0", 100) + busy("a1", 100))
 
 # name, fleet, running, pending, power, want: {job: nodes it starts on} or (job, reason)
 CASES = [
@@ -59,15 +62,14 @@ CASES = [
     ("tdp_of_running_job", ONE_RACK, (FULL_A0,), job("p", 1), model(("r0", 10, 0.3)),
      ("p", "Power: rack r0 at 9.2/7.0 kW, job adds 0.6 kW")),
     # a0 read at 300 W a GPU: 1500x2 + 8x300 + 8x70 = 5960 W: room for one GPU (630 W).
-    ("measured_running_job", ONE_RACK, (FULL_A0,), job("p", 1), model(("r0", 10, 0.3), measured=busy("a0", 300)),
-     {"p": {"a1"}}),
-    ("measured_leaves_one", ONE_RACK, (FULL_A0,), job("p", 2), model(("r0", 10, 0.3), measured=busy("a0", 300)),
+    ("measured_running_job", ONE_RACK, (FULL_A0,), job("p", 1), READ_300, {"p": {"a1"}}),
+    ("measured_leaves_one", ONE_RACK, (FULL_A0,), job("p", 2), READ_300,
      ("p", "Power: rack r0 at 6.0/7.0 kW, job adds 1.3 kW")),
     # started 40 s before now (100): not settled, so counted at board power.
     ("unsettled_reading_ignored", ONE_RACK, (dataclasses.replace(FULL_A0, started_at=60.0),), job("p", 1),
-     model(("r0", 10, 0.3), measured=busy("a0", 300)), ("p", "Power: rack r0 at 9.2/7.0 kW, job adds 0.6 kW")),
+     READ_300, ("p", "Power: rack r0 at 9.2/7.0 kW, job adds 0.6 kW")),
     # idle GPUs read at 20 W instead of 70: 1500x2 + 16x20 = 3320 W, room for 5 GPUs.
-    ("measured_idle", ONE_RACK, (), job("p", 5), model(("r0", 9, 0.0), measured=busy("a0", 20) + busy("a1", 20)),
+    ("measured_idle", ONE_RACK, (), job("p", 5), IDLE_20,
      {"p": {"a0"}}),
 ]  # fmt: skip
 
@@ -135,7 +137,7 @@ def test_no_preemption_for_power() -> None:
     assert p.pending[0].reason.startswith("Power: rack r0")
 
 
-@pytest.mark.parametrize(("power", "preempts"), [(None, True), (model(("r0", 12, 0.0), measured=busy("a0", 100) + busy("a1", 100)), False)],
+@pytest.mark.parametrize(("power", "preempts"), [(None, True), (READ_100, False)],
                          ids=["no_budget", "would_overrun"])  # fmt: skip
 def test_preemption_that_would_overrun_a_rack_is_not_made(power: PowerModel | None, preempts: bool) -> None:
     """The victim reads 100 W a GPU (3.2 kW for 16): the new job at board power (11.2 kW
