@@ -9,9 +9,10 @@ A node's states (``RolloutNode.state``)::
                               ^              |
                               +-- failed <---+        (resume: tried again)
 
-- *draining*: ``nodeops.start_drain`` (running jobs may finish for the drain timeout,
-  then are requeued; service replicas on it are replaced elsewhere first,
-  ``decide/replicas.py``);
+- *draining*, batch by batch (``max_unavailable`` nodes, in the order given; the next
+  batch once every node of this one is done): ``nodeops.start_drain`` (running jobs
+  may finish for the drain timeout, then are requeued; service replicas on it are
+  replaced elsewhere first, ``decide/replicas.py``);
 - *upgrading*: no job holds the node. With a hook, its agent is ordered (sync reply
   ``upgrade``) to run it; without one, the operator upgrades by hand and presses on
   (``upgrade resume``, or ``node uncordon``);
@@ -393,8 +394,11 @@ def steps(s: Session) -> list[tuple[int, str]]:
 
 
 def advance(s: Session, rollout_id: int, node: str, now: float) -> int:
-    """One member, in its own transaction: waiting -> draining while fewer than
-    ``max_unavailable`` are out; draining -> upgrading once no job holds the node."""
+    """One member, in its own transaction: waiting -> draining once every node of the
+    batches before its own (``max_unavailable`` nodes each, in the order given) is done,
+    as a rollout "per batch" is read: a bad node stops the rollout at its batch, never
+    a window that slid past it while it drained; draining -> upgrading once no job
+    holds the node."""
     ro = s.get(Rollout, rollout_id)
     m = s.get(RolloutNode, (rollout_id, node))
     if ro is None or m is None or ro.state not in OPEN:
@@ -404,12 +408,22 @@ def advance(s: Session, rollout_id: int, node: str, now: float) -> int:
         m.state, m.phase_at, m.finished_at, m.reason = "skipped", now, now, "node deleted"
         return 1
     if m.state == "waiting" and ro.state == "active":
+        first = (m.position // ro.max_unavailable) * ro.max_unavailable  # its batch's first position
+        behind = s.scalar(
+            select(func.count())
+            .select_from(RolloutNode)
+            .where(
+                RolloutNode.rollout_id == ro.id,
+                RolloutNode.position < first,
+                RolloutNode.state.not_in(("done", "skipped")),
+            )
+        )
         out = s.scalar(
             select(func.count())
             .select_from(RolloutNode)
             .where(RolloutNode.rollout_id == ro.id, RolloutNode.state.in_(UNAVAILABLE))
         )
-        if (out or 0) >= ro.max_unavailable:
+        if behind or (out or 0) >= ro.max_unavailable:
             return 0
         start_drain(s, n, now=now, grace_s=ro.grace_s, requeue=False, reason=held_reason(ro), actor=ACTOR)
         m.state, m.started_at, m.phase_at, m.reason = "draining", now, now, None
