@@ -275,3 +275,33 @@ def test_gateway_reports_feed_the_services_traffic(server: Server) -> None:
         traffic = ok(c.get(f"/services/{name}"))["traffic"]
         assert traffic["gateways"] == 1 and traffic["error_rate"] == 0.1 and traffic["inflight"] == 2
         assert traffic["qps"] > 0 and 10.0 <= traffic["p99_ms"] <= 100.0
+
+
+def test_replicas_need_the_cuda_the_service_declares(server: Server) -> None:
+    """``cuda`` on a service: its replicas run only where the driver supports it (as ``submit
+    --cuda``), wait with the reason where none does, and a change of it rolls them."""
+    pool = make_pool(server)
+    make_team(server)
+    node = make_node(server, pool=pool, gpus=2)
+    with server.client() as c:
+        live = {"jobs": [], "cuda_version": "12.4", "driver_version": "550.54.15"}
+        ok(c.post(f"/nodes/{node}/sync", json=live))
+        bad = c.put(f"/services/{sname()}", json=spec("x", pool, cuda="abc"))
+        assert bad.status_code == 422, bad.text
+        name = sname()
+        out = ok(c.put(f"/services/{name}", json=spec(name, pool, replicas=1, cuda="99.0.1")))
+        want = f"BadConstraints: needs CUDA 99.0; the newest driver in pool {pool} supports 12.4"
+
+        def waits(o: dict[str, Any]) -> bool:
+            if not o["replicas"]:
+                return False
+            job = ok(c.get(f"/jobs/{o['replicas'][0]['job_id']}"))
+            return job["state"] == "PENDING" and job["cuda"] == "99.0" and job["wait_reason"] == want
+
+        until(c, name, waits, timeout=15)
+        out = ok(c.patch(f"/services/{name}", json={"cuda": "12.4"}))
+        assert out["generation"] == 2  # what replicas run changed: a new generation
+        out = until(c, name, lambda o: any(r["nodes"] == [node] for r in o["replicas"]), timeout=15)
+        placed = next(r for r in out["replicas"] if r["nodes"] == [node])
+        assert ok(c.get(f"/jobs/{placed['job_id']}"))["cuda"] == "12.4"
+        assert c.delete(f"/services/{name}").status_code == 202

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import (
+    AfterValidator,
     Field,
     StringConstraints,
     field_validator,
@@ -13,6 +14,18 @@ from pydantic_core import PydanticCustomError
 
 from gpufleet.api.base import INT32, MAX_ENV, EnvKey, Id, Label, Name, NodeName, Reply, Request
 from gpufleet.cudaver import format_cuda, parse_cuda
+
+
+def _canonical_cuda(value: str) -> str:
+    """Canonical (``12.4``); anything else is refused with the reason (``gpufleet.cudaver``)."""
+    try:
+        return format_cuda(parse_cuda(value))
+    except ValueError as exc:
+        raise PydanticCustomError("cuda_version", "{why}", {"why": str(exc)}) from None
+
+
+CudaVersion = Annotated[str, StringConstraints(min_length=1, max_length=16), AfterValidator(_canonical_cuda)]
+"""The CUDA version a job or a service's replicas need (``--cuda 12.4``), canonical."""
 
 POOL_LIST = r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63}(?:,[A-Za-z0-9][A-Za-z0-9._-]{0,63}){0,15})?$"
 """A pool's name, or up to 16 of them comma-separated (Slurm's ``-p a,b``), or nothing."""
@@ -131,21 +144,10 @@ class JobSubmit(Request):
         description="part of one shared GPU (0.25): that share of its compute and memory, enforced by MPS "
         "(gpus 1; with gpu_memory the larger of the two)",
     )
-    cuda: Annotated[str, StringConstraints(min_length=1, max_length=16)] | None = Field(
+    cuda: CudaVersion | None = Field(
         default=None,
         description="the CUDA version it needs (12.4): it runs only on nodes whose driver supports it",
     )
-
-    @field_validator("cuda")
-    @classmethod
-    def _cuda_version(cls, value: str | None) -> str | None:
-        """Canonical (``12.4``); anything else is refused with the reason (``gpufleet.cudaver``)."""
-        if value is None:
-            return None
-        try:
-            return format_cuda(parse_cuda(value))
-        except ValueError as exc:
-            raise PydanticCustomError("cuda_version", "{why}", {"why": str(exc)}) from None
 
     @field_validator("gpus", mode="before")
     @classmethod

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, RootModel, StringConstraints, ValidationError, model_validator
 
 from gpufleet.api.base import Name, Reply, Request
+from gpufleet.api.jobs import CudaVersion
 from gpufleet.api.servicemodels import ServiceModelOut
 
 SERVICE_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -64,6 +65,10 @@ class ServiceSpec(Request):
         lt=1,
         allow_inf_nan=False,
         description="each replica on part of one shared GPU (0.25), under MPS limits (gpus_per_replica 1)",
+    )
+    cuda: CudaVersion | None = Field(
+        default=None,
+        description="the CUDA version replicas need (12.4): they run only on nodes whose driver supports it",
     )
     pool: Name = "default"
     health_path: Annotated[str, StringConstraints(pattern=r"^/[!-~]{0,255}$")] | None = Field(
@@ -172,6 +177,7 @@ class ServicePatch(Request):
     gpus_per_replica: int | None = Field(default=None, ge=0, le=1024)
     gpu_type: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
     gpu_fraction: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    cuda: CudaVersion | None = None
     health_path: Annotated[str, StringConstraints(pattern=r"^/[!-~]{0,255}$")] | None = None
     readiness_timeout: float | None = Field(default=None, gt=0, le=86_400)
     env: (

@@ -132,6 +132,7 @@ def summary_lines(svc: ServiceOut, *, now: float) -> list[str]:
         ("rate limit", spec.rate_limit),
         ("protocol", f"{spec.protocol} (readiness probe {spec.probe_path})"),
         ("gpus", gpus + (f" ({spec.gpu_type})" if spec.gpu_type else "")),
+        ("cuda", spec.cuda),
         ("pool", spec.pool),
         ("priority", spec.priority),
         ("env", ", ".join(sorted(spec.env)) + " (values: --json)" if spec.env else None),
@@ -224,6 +225,9 @@ def deploy(
     gpu_fraction: float | None = typer.Option(
         None, "--gpu-fraction", help="Each replica on part of one shared GPU (0.25), under MPS limits."
     ),
+    cuda: str | None = typer.Option(
+        None, "--cuda", help="The CUDA version replicas need (12.4): only nodes whose driver supports it."
+    ),
     pool: str | None = typer.Option(None, "--pool", "-p", help="The pool to run in (default: default)."),
     team: str | None = typer.Option(
         None, "--team", help="The team it counts against (default: your default team)."
@@ -265,6 +269,7 @@ def deploy(
             "gpus_per_replica": gpus_per_replica,
             "gpu_type": gpu_type,
             "gpu_fraction": gpu_fraction,
+            "cuda": cuda,
             "port": port,
             "health_path": health_path,
             "readiness_timeout": readiness_timeout,
@@ -368,6 +373,7 @@ def update(
     replicas: int | None = typer.Option(None, "--replicas", help=_HELP["replicas"]),
     gpus_per_replica: int | None = typer.Option(None, "--gpus-per-replica", help=_HELP["gpus"]),
     gpu_type: str | None = typer.Option(None, "--gpu-type"),
+    cuda: str | None = typer.Option(None, "--cuda", help="The CUDA version replicas need (12.4)."),
     port: int | None = typer.Option(None, "--port", help=_HELP["port"]),
     health_path: str | None = typer.Option(None, "--health-path", help=_HELP["health"]),
     readiness_timeout: str | None = typer.Option(None, "--readiness-timeout", help=_HELP["timeout"]),
@@ -401,6 +407,7 @@ def update(
             "replicas": replicas,
             "gpus_per_replica": gpus_per_replica,
             "gpu_type": gpu_type,
+            "cuda": cuda,
             "port": port,
             "health_path": health_path,
             "readiness_timeout": readiness_timeout,

@@ -73,6 +73,7 @@ ROLLING = (
     "gpus_per_replica",
     "gpu_type",
     "gpu_fraction",
+    "cuda",
     "pool",
 )
 

@@ -80,6 +80,7 @@ def _create(
         "gpus_per_node": 0,
         "nodes": 0,
         "gpu_type": spec.gpu_type,
+        "cuda": spec.cuda,  # where it may run: scheduler/cuda.py
         **share_of(spec),
         "priority": spec.priority,
         "time_limit_s": None,
