@@ -174,6 +174,9 @@ class JobRequest:
     """``-L``: (license, count) it holds while it runs (``licenses.py``)."""
     cuda: tuple[int, int] | None = None
     """``--cuda``: the CUDA version it needs; only nodes whose driver supports it (``cuda.py``)."""
+    checkpoint_s: float | None = None
+    """``--checkpoint-every``: how often it saves its state (seconds; None: not declared).
+    A running job stopped now loses the work since its last checkpoint (``victims.lost_work``)."""
 
     @property
     def units(self) -> int:
