@@ -6,7 +6,9 @@ in a group, then the ones not needed given back (fewest victims, best-ranked spa
 Most calls need one or two victims and release them one by one on the capacity; past a
 few, ``release.py`` works the same answer out on free counts and the pass applies it at
 once. Both ways give the same victims and the same order of nodes inside the free-count
-buckets (what best fit reads first). ``clear_reserved_gpus`` preempts the other way
+buckets (what best fit reads first). Among victims of one rank class the one that loses
+least work goes first (``victims.cheapest_first``), and every preemption's reason names
+its preemptor and the work lost. ``clear_reserved_gpus`` preempts the other way
 round: what runs on GPUs of a reservation whose window starts. Every step reads and
 changes the pass's ``CycleState`` (its preemption fields are this module's).
 """
@@ -32,7 +34,7 @@ from gpufleet.scheduler.release import (
     release_by_nodes,
     release_plan,
 )
-from gpufleet.scheduler.victims import Ranking, Victim, rank_running
+from gpufleet.scheduler.victims import Ranking, Victim, cheapest_first, lost_work_words, rank_running
 
 __all__ = ["clear_reserved_gpus", "preempt_for"]
 
@@ -79,7 +81,7 @@ def _rank_victims(cs: CycleState, floor: Key) -> list[Victim]:
     assert cs.keyed is not None
     for vkey, rj in cs.keyed.above(floor):
         ranked.append(Victim(vkey, rj, *holdings(rj)))
-    cs.victims = ranked
+    ranked = cs.victims = cheapest_first(ranked, cs.policy.victim_class, cs.now)
     return ranked
 
 
@@ -138,10 +140,9 @@ def _preempt_in_group(
         return None
     counts = choose_nodes(view, gk, shape)
     assert counts is not None
-    reason = f"preempted for job {job.id} ({cs.policy.name})"
     jobs = cs.group_victims[gk].jobs
     for j in got.evict:
-        _evict(cs, jobs[j], job.id, reason)
+        _evict(cs, jobs[j], job.id, _reason(cs, job, jobs[j]))
     return take(cs, counts)
 
 
@@ -281,11 +282,15 @@ def _preempt_one_by_one(
             if i not in spared:
                 _retake(cs, parts)
         return None  # the start would overrun a rack's power budget
-    reason = f"preempted for job {job.id} ({cs.policy.name})"
     for i, (rj, _) in enumerate(released):
         if i not in spared:
-            _evict(cs, rj, job.id, reason)
+            _evict(cs, rj, job.id, _reason(cs, job, rj))
     return take(cs, counts)
+
+
+def _reason(cs: CycleState, job: JobRequest, victim: RunningJob) -> str:
+    """A preemption's reason: the preemptor, the policy and the work the victim loses."""
+    return f"preempted for job {job.id} ({cs.policy.name}); {lost_work_words(victim, cs.now)}"
 
 
 def _release(cs: CycleState, parts: list[tuple[int, tuple[int, ...]]]) -> None:

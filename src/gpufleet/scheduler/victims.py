@@ -12,6 +12,11 @@ built afresh each pass. Either way the ranking is the same: ascending by (key, s
 time), ties in running order, exactly as sorting the keys of every job would give.
 0-GPU jobs are never candidates (stopping them frees no GPU).
 
+Inside one rank class (jobs whose keys agree on the policy's first
+``Policy.victim_class`` elements: equally eligible, as far as the policy can tell) the
+preemption step takes the job that loses least first (``cheapest_first``): GPUs x the
+time since its last checkpoint (``lost_work``), so a job that just checkpointed is cheap.
+
 A ``RunningKeys`` lives on a FleetIndex, which the caller's ``PlanCache`` owns: one
 caller, one thread, so it takes no lock.
 """
@@ -73,6 +78,60 @@ class Ranking:
         else:
             picked = sorted((e for e in entries if e[0] > floor), key=_sort_key)
         return [(e[0], e[3]) for e in reversed(picked)]
+
+
+def lost_work(rj: RunningJob, now: float) -> float:
+    """GPU-seconds ``rj`` loses if it is stopped at ``now``: its GPUs x the time since its
+    last checkpoint, that is its run time in this attempt modulo its declared interval
+    (``JobRequest.checkpoint_s``). A job that declared none may have saved nothing: it
+    loses its whole attempt (the conservative reading; a requeued job restarts from its
+    last checkpoint, so earlier attempts are not counted)."""
+    ran = now - rj.started_at
+    if ran <= 0.0:
+        return 0.0
+    every = rj.job.checkpoint_s
+    if every is not None and every > 0.0:
+        ran %= every
+    return rj.job.gpu_weight * ran
+
+
+def lost_work_words(rj: RunningJob, now: float) -> str:
+    """``lost_work`` as a preemption's reason says it."""
+    hours = lost_work(rj, now) / 3600.0
+    every = rj.job.checkpoint_s
+    since = (
+        f"since its last checkpoint (every {every:g}s)"
+        if every is not None and every > 0.0
+        else "since it started (no checkpoint interval declared)"
+    )
+    return f"loses {hours:.2f} GPU-h {since}"
+
+
+def cheapest_first(victims: list[Victim], width: int, now: float) -> list[Victim]:
+    """``victims`` (worst-ranked first) with each run of one rank class (keys equal in
+    their first ``width`` elements) ordered by ``lost_work``, least first; equal losses
+    keep their rank order. ``width`` 0: as they are. The classes stay in rank order, so
+    floors that split keys only between classes (``Policy.victim_floor``) still split
+    the list in two."""
+    if width <= 0 or len(victims) < 2:
+        return victims
+    out: list[Victim] = []
+    run: list[Victim] = []
+    prefix: Key | None = None
+    for v in victims:
+        p = v.key[:width]
+        if p != prefix:
+            _flush(out, run, now)
+            run, prefix = [], p
+        run.append(v)
+    _flush(out, run, now)
+    return out
+
+
+def _flush(out: list[Victim], run: list[Victim], now: float) -> None:
+    if len(run) > 1:
+        run.sort(key=lambda v: lost_work(v.job, now))
+    out += run
 
 
 def rank_running(

@@ -88,6 +88,11 @@ class Policy:
     backfill: ClassVar[BackfillMode] = "greedy"
     preemptive: ClassVar[bool] = False
     uses_oracle: ClassVar[bool] = False
+    victim_class: ClassVar[int] = 0
+    """How many leading elements of a running job's key make its rank class: victims of
+    one class are equally eligible, and the one that loses least work is preempted first
+    (``victims.cheapest_first``). ``victim_floor`` must split keys only between classes.
+    0: the key alone orders victims."""
 
     default_time_limit_s: float = 4 * 3600.0
     """Assumed run time of a job that gave no time limit (Slurm's DefaultTime): used

@@ -41,6 +41,7 @@ class DefaultPolicy(Policy):
     name: ClassVar[str] = "default"
     backfill: ClassVar[BackfillMode] = "greedy"
     preemptive: ClassVar[bool] = True
+    victim_class: ClassVar[int] = 3  # (priority, starving, level): then least lost work
 
     first_level_gpu_s: float = 1_800.0
     level_growth: float = 4.0

@@ -36,6 +36,7 @@ class LasPolicy(Policy):
     name: ClassVar[str] = "las"
     backfill: ClassVar[BackfillMode] = "greedy"
     preemptive: ClassVar[bool] = True
+    victim_class: ClassVar[int] = 2  # (priority, queue): then least lost work
 
     thresholds_gpu_s: tuple[float, ...] = (3_600.0, 36_000.0)
     starve_factor: float = 0.0  # 0 disables promotion (Tiresias' default build)
@@ -71,6 +72,11 @@ class LasPolicy(Policy):
             return key, math.inf
         crossing = running.started_at + (self.thresholds_gpu_s[queue] - running.job.attained_service_s) / gpus
         return key, crossing - 1e-3  # clear of the boundary, where rounding could tip it
+
+    def victim_floor(self, job_key: Key) -> Key:
+        """Jobs of lower (priority, queue) only: what ``can_preempt`` allows, and a split
+        between rank classes (``victim_class``)."""
+        return (job_key[0], job_key[1], math.inf)
 
     def can_preempt(
         self, job: JobRequest, job_key: Key, victim: RunningJob, victim_key: Key, ctx: Context
