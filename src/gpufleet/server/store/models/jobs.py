@@ -161,6 +161,15 @@ class Job(Base):
     diagnosis: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     """What its failed output matched (``api.jobs.JobDiagnosis`` as JSON; issue 34,
     ``services/diagnoses.py``); None: it did not fail, or nothing known matched."""
+    checkpoint_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """``--checkpoint-every``, seconds (None: not declared): what a preemption costs it
+    (``scheduler/victims.lost_work``)."""
+    preempt_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """A preemption under way after ``--signal`` (``jobstate/preemption.py``): when its
+    grace ends and it is stopped; ``preempt_by`` the job it makes room for (which waits
+    until then), ``preempt_reason`` the plan's reason. None: none under way."""
+    preempt_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    preempt_reason: Mapped[str | None] = mapped_column(String(512), nullable=True)
 
     @property
     def stopping_nodes(self) -> list[str]:
