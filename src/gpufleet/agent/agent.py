@@ -69,12 +69,13 @@ from gpufleet.agent.devices import job_devices, job_share
 from gpufleet.agent.doorbell import Doorbell
 from gpufleet.agent.exits import ExitWatch
 from gpufleet.agent.gpusweep import GpuSweeps
+from gpufleet.agent.healthwatch import HealthWatch
 from gpufleet.agent.jobs import JobSpec, JobStore, LocalJob
 from gpufleet.agent.jobsignal import signal_due
 from gpufleet.agent.logship import acked, chunks_of, pending
 from gpufleet.agent.miglayouts import MigLayouts
 from gpufleet.agent.preflight import Finding, PreflightLimits, run
-from gpufleet.agent.probe import GpuProbe, GpuSample, HealthTracker, LoadSink, NodeInventory, ProbeError
+from gpufleet.agent.probe import GpuProbe, LoadSink, NodeInventory, ProbeError
 from gpufleet.agent.replicas import ReplicaProbes, free_port
 from gpufleet.agent.report import gpu_row, node_facts, telemetry_row
 from gpufleet.agent.runners import VANISHED, JobRunner, ProcessRunner
@@ -112,7 +113,7 @@ class Agent:
         self.runners = dict(runners)
         self.store = store
         self.clock = clock or SystemClock()
-        self.health = HealthTracker()
+        self.watch = HealthWatch(probe)  # the GPUs between syncs (healthwatch.py)
         self.inventory = probe.inventory()
         self.jobs: dict[Key, LocalJob] = {}
         self.stats = AgentStats()
@@ -129,8 +130,6 @@ class Agent:
         self._last_sync = float("-inf")
         self._next_sync = 0.0
         self._lock = threading.Lock()
-        self._xids: dict[int, list[int]] = {}
-        self._faults: dict[int, frozenset[str]] = {}
         self._last_health = time.monotonic()
         self.replicas = ReplicaProbes(interval_s=config.probe_interval_s, timeout_s=config.probe_timeout_s)
         self.migs = MigLayouts(
@@ -282,11 +281,11 @@ class Agent:
     def build_sync(self) -> dict[str, Any]:
         inv = self.inventory
         try:
-            samples = self._with_xids(self.probe.sample())
+            raw = self.probe.sample()
         except ProbeError as exc:
             log.warning("node %s: no telemetry: %s", self.config.node, exc)
-            samples = ()
-        verdicts = self.health.update(samples)
+            raw = ()
+        samples, verdicts = self.watch.for_sync(raw)
         gpus = [gpu_row(g, verdicts[g.index].healthy if g.index in verdicts else True) for g in inv.gpus]
         telemetry = [
             telemetry_row(s, verdicts[s.index].reasons if s.index in verdicts else (), inv) for s in samples
@@ -509,30 +508,10 @@ class Agent:
             return since >= self.config.news_gap_s
         return since >= self.config.log_gap_s and self._pending_logs()
 
-    def _with_xids(self, samples: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
-        """The samples with the XIDs seen by health checks since the last sync."""
-        if not self._xids:
-            return samples
-        xids, self._xids = self._xids, {}
-        return tuple(
-            dataclasses.replace(s, xid_events=(*xids.get(s.index, ()), *s.xid_events)) for s in samples
-        )
-
     def check_health(self) -> bool:
         """Sample the GPUs between syncs; True (and a sync soon) if a GPU shows a new
-        kind of fault. XIDs seen here travel with the next sync."""
-        try:
-            samples = self.probe.sample()
-        except ProbeError:
-            return False
-        for s in samples:
-            if s.xid_events:
-                self._xids.setdefault(s.index, []).extend(s.xid_events)
-        faults = {
-            i: frozenset(r.split()[0] for r in v.reasons) for i, v in self.health.update(samples).items()
-        }
-        new = any(not f <= self._faults.get(i, frozenset()) for i, f in faults.items())
-        self._faults = faults
+        kind of fault (``healthwatch.py``)."""
+        new = self.watch.check()
         if new:
             self._news = self._urgent = True
         return new
