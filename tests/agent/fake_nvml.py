@@ -153,6 +153,9 @@ class FakeNvml:
         """MIG changes in order: ("destroy_ci", uuid), ("destroy_gi", gi id), ("create_gi", name, start)."""
         self.reset_needed = False
         """``nvmlDeviceSetMigMode`` answers "pending a reset" (as most drivers do) when True."""
+        self.driver = "550.54.15"
+        """What ``nvmlSystemGetDriverVersion`` says (a test upgrades it)."""
+        self.inits = 0
 
     def _gpu(self, h: Any, what: str) -> FakeGpu:
         if isinstance(h, MigHandle):
@@ -167,12 +170,14 @@ class FakeNvml:
     def nvmlInit(self) -> None:
         if self.init_error is not None:
             raise self.NVMLError(self.init_error)
+        self.inits += 1
+        self.shut_down = False
 
     def nvmlShutdown(self) -> None:
         self.shut_down = True
 
     def nvmlSystemGetDriverVersion(self) -> bytes:
-        return b"550.54.15"
+        return self.driver.encode()
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         return 12040

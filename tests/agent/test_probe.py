@@ -242,3 +242,26 @@ def test_real_nvml_without_a_driver_fails_clearly() -> None:
         assert isinstance(exc.__cause__, Exception)
     else:  # a machine with a GPU driver: the probe works
         probe.close()
+
+
+def test_nvml_probe_reload_reads_the_new_driver() -> None:
+    """After a driver upgrade without a reboot the agent reloads NVML (``NvmlProbe.reload``):
+    the inventory then names the new driver and the devices it now sees, and the old
+    library handle was shut down first."""
+    from agent.fake_nvml import FakeGpu, FakeNvml
+    from gpufleet.agent import NvmlProbe
+
+    gpus = [FakeGpu(uuid=f"GPU-{i}".encode(), bus_id=f"00000000:{0x18 + i:02X}:00.0") for i in range(2)]
+    lib = FakeNvml(gpus)
+    probe = NvmlProbe(nvml=lib)
+    assert probe.inventory().driver_version == "550.54.15" and lib.inits == 1
+    lib.driver = "560.35.03"
+    gpus.append(FakeGpu(uuid=b"GPU-2", bus_id="00000000:1A:00.0"))
+    probe.reload()
+    assert lib.inits == 2 and not lib.shut_down
+    inv = probe.inventory()
+    assert inv.driver_version == "560.35.03"
+    assert [g.uuid for g in inv.gpus] == ["GPU-0", "GPU-1", "GPU-2"]
+    assert len(probe.sample()) == 3
+    probe.close()
+    assert lib.shut_down

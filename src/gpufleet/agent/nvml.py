@@ -49,10 +49,20 @@ class NvmlProbe:
 
     def __init__(self, nvml: Any = None) -> None:
         self.lib = nvml if nvml is not None else load_nvml()
-        call(self.lib, self.lib.nvmlInit, what="initialise NVML (is the NVIDIA driver installed?)")
         self._handles: list[Any] = []
         self._events: Any = None
         self._mig = NvmlMig(self.lib)
+        self._open()
+
+    def reload(self) -> None:
+        """NVML closed and opened again: after a driver upgrade without a reboot (the
+        upgrade's verification, ``upgrade.py``), the driver, CUDA version and devices are
+        read from the new driver, not from what the old library handle cached."""
+        self.close()
+        self._open()
+
+    def _open(self) -> None:
+        call(self.lib, self.lib.nvmlInit, what="initialise NVML (is the NVIDIA driver installed?)")
         try:
             count = int(call(self.lib, self.lib.nvmlDeviceGetCount, what="count GPUs"))
             self._handles = [
