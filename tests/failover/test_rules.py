@@ -36,7 +36,8 @@ def tel(**kw: Any) -> GpuTelemetry:
         (tel(retired_pages=60), 0, ["retired_pages"]),
     ],
     ids=[
-        "normal", "hot-not-long-enough", "hot-sustained", "below-limit", "at-limit-counts", "xid-79", "xid-48-among-others",
+        "normal", "hot-not-long-enough", "hot-sustained", "below-limit", "at-limit-counts", "xid-79",
+        "xid-48-among-others",
         "harmless-xids", "ecc-dbe", "sbe-only", "lost", "retired-below", "retired-limit",
     ],
 )  # fmt: skip
