@@ -39,6 +39,7 @@ from gpufleet.sim.trace import TraceJob
 
 STEP = 10.0  # the scheduling interval (s): every time in the job list is a multiple
 PREEMPT_EVERY = 60.0
+CHECKPOINT = 6 * STEP  # jobs checkpoint this often: a preempted one loses the work since its last
 T0 = 1_800_000_000.0  # the server's clock at trace time 0
 HELD = "c"
 QUOTAS = (Quota(team="a", gpus=20), Quota(team="b", gpus=12, limit=16), Quota(team=HELD, gpus=4))
@@ -102,6 +103,7 @@ def _placement(plan_start: object) -> tuple[tuple[str, tuple[int, ...]], ...]:
 def simulate(jobs: list[TraceJob], policy: str) -> tuple[list[Event], list[tuple[float, str]]]:
     cfg = SimConfig(
         restart_overhead_s=0.0,
+        checkpoint_interval_s=CHECKPOINT,
         sched_interval_s=STEP,
         preempt_interval_s=PREEMPT_EVERY,
         quotas=QUOTAS,
@@ -152,7 +154,8 @@ class ServerReplay:
     """The server's scheduling pass driven through the job list in fake time: arrivals
     are inserted as the API would; a started job is confirmed RUNNING and a finished
     one completed as its agent's sync would; a preempted job's nodes confirm its stop
-    at once (the simulator's graceful preemption)."""
+    at once and it keeps the work up to its last checkpoint (every ``CHECKPOINT`` from
+    each start), as in the simulator."""
 
     db: dbmod.Database
     policy: str
@@ -173,10 +176,10 @@ class ServerReplay:
         preemptive = make_policy(self.policy).preemptive
         remaining = {j.job_id: j.duration_s for j in self.jobs}
         running: dict[str, float] = {}  # job -> when its attempt started
-        # The simulator's event order: at one instant, finishes, then the pass they asked
-        # for, then arrivals (an arrival at the time of a pass comes after it), each
-        # kind in the order it was pushed.
-        events: list[tuple[float, int, int, str]] = []  # (t, kind, seq, job): 0 finish, 1 pass, 2 arrival
+        # The simulator's event order: at one instant, arrivals, then finishes, then the
+        # pass (a pass at t sees every submit and exit of t), each kind in the order it
+        # was pushed.
+        events: list[tuple[float, int, int, str]] = []  # (t, kind, seq, job): 0 arrival, 1 finish, 2 pass
         seq = 0
 
         def push(at: float, kind: int, job_id: str = "") -> None:
@@ -185,7 +188,7 @@ class ServerReplay:
             seq += 1
 
         for j in self.jobs:
-            push(j.submit_s, 2, j.job_id)
+            push(j.submit_s, 0, j.job_id)
         next_pass: float | None = None
 
         def want_pass(at: float) -> None:
@@ -193,35 +196,36 @@ class ServerReplay:
             at = math.ceil(at / STEP) * STEP
             if next_pass is None or at < next_pass:
                 next_pass = at
-                push(at, 1)
+                push(at, 2)
 
         finish_at: dict[str, float] = {}
         while events:
             t, kind, _, job_id = heapq.heappop(events)
             self.clock.t = T0 + t
-            if kind == 2:
+            if kind == 0:
                 self._submit(job_id)
                 want_pass(t)
-            elif kind == 0:
+            elif kind == 1:
                 if finish_at.get(job_id) != t or job_id not in running:
                     continue  # preempted meanwhile
                 del running[job_id]
                 remaining[job_id] = 0.0
                 self._complete(job_id)
                 want_pass(t)
-            elif kind == 1 and t == next_pass:
+            elif kind == 2 and t == next_pass:
                 next_pass = None
                 self._new_starts, self._new_preempts = [], []
                 step.run_once()
                 for pre in self._new_preempts:
-                    remaining[pre] -= t - running.pop(pre)
+                    ran = t - running.pop(pre)
+                    remaining[pre] -= math.floor(ran / CHECKPOINT) * CHECKPOINT
                     self._confirm_stopped(pre)
                     self.preemptions.append((t, pre))
                 for sid in self._new_starts:
                     self._confirm_running(sid)
                     running[sid] = t
                     finish_at[sid] = t + remaining[sid]
-                    push(finish_at[sid], 0, sid)
+                    push(finish_at[sid], 1, sid)
                 waiting = self._waiting()
                 if preemptive and waiting:
                     want_pass(t + PREEMPT_EVERY)

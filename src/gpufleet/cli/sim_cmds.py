@@ -9,6 +9,13 @@ rounded up to whole nodes, leaving the widest whole-GPU job its GPUs; a trace wi
 fractions shares none and runs as it always did. Besides the policy table, it prints
 per policy the allocated GPU share, the fragmentation of free capacity on partly held
 shared GPUs and FGD's unallocated share at the first failure (``SimResult.capacity``).
+
+A preempted or failed job loses the work since its last checkpoint (``--checkpoint-every``,
+30 min, for jobs whose trace row declares none; 0: nothing is lost); the second table
+prints the GPU-hours lost per policy, the failures injected, and how far the estimated
+starts a job's owner would have read at submit were from its real start
+(``--no-estimates`` skips them for a faster replay). Before the tables: the trace's peak
+weekly offered load and its warnings (``sim/tracecheck.py``).
 """
 
 from __future__ import annotations
@@ -107,6 +114,17 @@ def simulate(
     restart_overhead: str = typer.Option(
         "60s", "--restart-overhead", help="Cost of each restart after a preemption or failure."
     ),
+    checkpoint_every: str = typer.Option(
+        "30m",
+        "--checkpoint-every",
+        help="Jobs whose trace row declares no checkpoint_s checkpoint this often (work from each "
+        "start); a preempted or failed job loses the work since its last checkpoint. 0: nothing lost.",
+    ),
+    estimates: bool = typer.Option(
+        True,
+        "--estimates/--no-estimates",
+        help="Compare each job's estimated start at submit with its real start (slower replay).",
+    ),
     sched_interval: str = typer.Option(
         "0.1s",
         "--sched-interval",
@@ -171,6 +189,8 @@ def simulate(
         )
     config = SimConfig(
         restart_overhead_s=_duration(restart_overhead, "--restart-overhead"),
+        checkpoint_interval_s=_duration(checkpoint_every, "--checkpoint-every"),
+        estimate_starts=estimates,
         sched_interval_s=_duration(sched_interval, "--sched-interval"),
         gpu_failures_per_gpu_day=gpu_failures,
         node_failures_per_node_day=node_failures,
@@ -260,7 +280,10 @@ def simulate(
             str(int(m["preemptions"])),
             f"{m['sim_wall_s']:.1f}",
         )
+    for line in summary["trace"]["lines"]:
+        out.print(line, soft_wrap=True)
     out.print(table)
+    _print_costs(summary)
     booked = summary["reservations"]
     if reservations_file is not None:
         out.print(
@@ -295,6 +318,47 @@ def _print_capacity(summary: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for name, c in summary["capacity"].items():
         table.add_row(name, *capacity_cells(c))
+    out.print(table)
+
+
+def _print_costs(summary: dict[str, Any]) -> None:
+    """Per policy: GPU-hours lost since checkpoints, failures, estimated-start errors."""
+    every = summary["config"]["checkpoint_interval_s"]
+    table = Table(
+        title=f"Lost work (checkpoint every {format_duration(every)} unless the trace says)"
+        if every > 0
+        else "Lost work: off (--checkpoint-every 0)"
+    )
+    cols = (
+        "policy",
+        "preempt",
+        "GPU-h lost",
+        "lost to failures",
+        "failures GPU/node",
+        "jobs hit",
+        "estimated",
+    )
+    for col in (*cols, "est. error p50", "rel. error p50"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, c in summary["costs"].items():
+        e = summary["estimates"][name]
+        cells = ["-", "-", "-"]
+        if e is not None:
+            err, rel = e["median_abs_error_s"], e["median_rel_error"]
+            cells = [
+                f"{int(e['estimated_jobs'])} (+{int(e['no_estimate_jobs'])} none)",
+                "n/a" if err is None else format_duration(err),
+                "n/a" if rel is None else f"{rel:.0%}",
+            ]
+        table.add_row(
+            name,
+            str(int(c["preemptions"])),
+            f"{c['lost_gpu_h_preemption']:,.0f}",
+            f"{c['lost_gpu_h_failure']:,.0f}",
+            f"{int(c['gpu_failures'])}/{int(c['node_failures'])}",
+            str(int(c["jobs_hit_by_failures"])),
+            *cells,
+        )
     out.print(table)
 
 

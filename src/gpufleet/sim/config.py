@@ -10,6 +10,7 @@ import numpy as np
 
 from gpufleet.scheduler import Fleet, Gpu, Hold, Node, Quota
 from gpufleet.scheduler.powermodel import PowerModel
+from gpufleet.sim.estimates import Actual, estimate_accuracy
 from gpufleet.sim.shares import share_gpus
 
 NODES_PER_LEAF = 10
@@ -69,7 +70,14 @@ class SimConfig:
     submit to running is ~0.1 s (``bench/bench_dispatch.py``). 10 s models a cluster
     whose nodes poll."""
     preempt_interval_s: float = 300.0
-    checkpoint_interval_s: float = 3600.0
+    checkpoint_interval_s: float = 1800.0
+    """Jobs that declare no interval (``TraceJob.checkpoint_s``) checkpoint this often (seconds
+    of work from each start); a preempted or failed job loses the work since its last one.
+    0: nothing is lost (the simulator's old graceful preemption, for comparison)."""
+    estimate_starts: bool = False
+    """Keep each job's estimated start at its first pass (``SimResult.first_estimates``): the
+    passes that see a new job then run with ``explain=True``, as a server's always do (the
+    decisions are the same; the replay is slower). ``gpufleet simulate`` turns it on."""
     gpu_failures_per_gpu_day: float = 0.0
     node_failures_per_node_day: float = 0.0
     repair_s: float = 4 * 3600.0
@@ -113,6 +121,7 @@ class SimResult:
     rejected: list[tuple[str, str]]
     preemptions: int
     failures_injected: int
+    """GPU and node failures injected (``gpu_failures`` + ``node_failures``)."""
     busy_gpu_s: float
     """GPU-seconds occupied (a shared GPU counts whole while any unit of it is held)."""
     fleet_gpus: int
@@ -130,6 +139,16 @@ class SimResult:
     first_failure: tuple[float, float] | None = None
     """(time, unallocated share of the fleet's GPUs) after the first pass that left a newly
     arrived job waiting; None if every job started in the pass after it arrived."""
+    gpu_failures: int = 0
+    node_failures: int = 0
+    jobs_hit_by_failures: int = 0
+    """Running attempts stopped by an injected failure."""
+    lost_gpu_s: dict[str, float] = field(default_factory=dict)
+    """GPU-seconds of work lost since the victims' last checkpoints, by cause
+    (``preemption``, ``failure``)."""
+    first_estimates: dict[str, float | None] | None = None
+    """Job -> the estimated start of the first pass that saw it (jobs that waited past it);
+    None when the run did not estimate (``SimConfig.estimate_starts``)."""
 
     def makespan(self) -> float:
         """First submit to last finish of the jobs that finished."""
@@ -153,6 +172,27 @@ class SimResult:
             "preemptions": float(self.preemptions),
             "sim_wall_s": self.wall_s,
         }
+
+    def costs(self) -> dict[str, float]:
+        """What preemptions and failures cost: GPU-hours of work lost since checkpoints by
+        cause, and the failures injected (GPU, node) and the attempts they stopped."""
+        lost = self.lost_gpu_s
+        return {
+            "preemptions": float(self.preemptions),
+            "lost_gpu_h_preemption": lost.get("preemption", 0.0) / 3600.0,
+            "lost_gpu_h_failure": lost.get("failure", 0.0) / 3600.0,
+            "gpu_failures": float(self.gpu_failures),
+            "node_failures": float(self.node_failures),
+            "jobs_hit_by_failures": float(self.jobs_hit_by_failures),
+        }
+
+    def estimates(self) -> dict[str, float | None] | None:
+        """How close the first estimated starts came to the real first starts
+        (``estimates.estimate_accuracy``); None when the run did not estimate."""
+        if self.first_estimates is None:
+            return None
+        actual = {o.job_id: Actual(submit_s=o.submit_s, start_s=o.first_start_s) for o in self.outcomes}
+        return estimate_accuracy(self.first_estimates, actual)
 
     def capacity(self) -> dict[str, float | None]:
         """What the run allocated of the fleet's GPU capacity (``sim/shares.py``):

@@ -7,11 +7,28 @@ does: after something changed, at the next multiple of ``sched_interval_s`` (def
 policies also get a pass every ``preempt_interval_s`` while jobs wait, because their
 priorities change as service accrues.
 
-Job model: a job needs ``duration_s`` of run time on its GPUs. Preemption is graceful
-(the job checkpoints, keeps its progress and pays ``restart_overhead_s`` when it runs
-again). A failure is not: the job keeps only the progress up to its last periodic
-checkpoint (every ``checkpoint_interval_s`` of run time) and also pays the restart
-overhead. A job whose run time would pass its time limit is stopped there (TIMEOUT).
+Job model: a job needs ``duration_s`` of work on its GPUs. It checkpoints every
+``checkpoint_s`` of work (the trace's, else ``SimConfig.checkpoint_interval_s``), counted
+from each (re)start; a preempted or failed job keeps the work up to its last checkpoint,
+loses the rest (counted, in GPU-seconds, per cause) and pays ``restart_overhead_s`` when
+it runs again (interval 0: it loses nothing). Like the server, each attempt is stopped at
+its time limit (TIMEOUT: ``started_at + time_limit_s``, restart overhead included).
+
+What the core sees of a job is what the server would record: ``attained_service_s`` and
+``executed_s`` are the GPU-seconds held and wall seconds run in earlier attempts, lost
+work and restart overhead included (the server cannot tell them apart); only
+``oracle_remaining_s`` (``srtf-oracle``'s) is the work really left. The job's declared
+``checkpoint_s`` goes into its request; the simulator's default interval does not (a
+server knows only what a job declared).
+
+Events at one instant: arrivals first, then finishes, failures, repairs, reservation
+windows and requeues, and the scheduling pass last, so a pass at t sees every submit and
+exit of t, as a server sees a submit and an exit of the same second in one pass (before,
+a finish at t could hand a GPU to an older job that an arrival at t then preempted).
+
+Estimated starts (``SimConfig.estimate_starts``): a pass that sees a job for the first time
+runs with ``explain=True`` (what a server's pass does every time; the decisions are the
+same) and its estimated start is kept for the report (``sim/estimates.py``).
 
 GPU shares: when the fleet has shared GPUs (``shares.share_gpus``), a fractional trace
 job (``gpu_milli`` < 1000) asks for a share of one (``shares.request_shape``) and the
@@ -26,8 +43,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-
-import numpy as np
 
 from gpufleet.cudaver import parse_reported
 from gpufleet.scheduler import (
@@ -47,10 +62,12 @@ from gpufleet.scheduler.deps import Dependency, DependencyError, Phase, Ref, jud
 from gpufleet.scheduler.deps import parse as parse_dependency
 from gpufleet.scheduler.model import Blocked
 from gpufleet.sim.config import JobOutcome, SimConfig, SimResult
-from gpufleet.sim.shares import CapacityMeter, physical_nodes, request_shape, shared_nodes, unit_keys
+from gpufleet.sim.estimates import first_estimates, kept_work
+from gpufleet.sim.outages import Outages
+from gpufleet.sim.shares import CapacityMeter, physical_nodes, request_shape, shared_nodes
 from gpufleet.sim.trace import TraceJob
 
-FINISH, FAIL, REPAIR, WINDOW, PASS, REQUEUE = 0, 1, 2, 3, 4, 5
+FINISH, FAIL, REPAIR, WINDOW, REQUEUE, PASS = 0, 1, 2, 3, 4, 5  # heap order at one instant: PASS last
 
 
 @dataclass(slots=True)
@@ -58,8 +75,9 @@ class _Job:
     trace: TraceJob
     request: JobRequest
     remaining_s: float
+    checkpoint_s: float = 0.0  # its interval in force (0: loses nothing)
     attained_gpu_s: float = 0.0
-    executed_s: float = 0.0
+    executed_s: float = 0.0  # wall seconds run, as the server counts them
     queue_s: float = 0.0
     pending_since: float = 0.0
     started_at: float = 0.0
@@ -92,9 +110,9 @@ class Simulator:
         self.reservations = tuple(reservations)  # admitted already (see runner.admit_reservations)
         self.fleet = fleet
         self.healthy_fleet = fleet  # without outages: decides what can ever run
-        self.servers = physical_nodes(fleet)  # failures hit these (and their shared GPUs)
         self.shared = shared_nodes(fleet)
-        self.meter = CapacityMeter(gpus=sum(len(n.gpus) for n in self.servers), shared=self.shared)
+        self.meter = CapacityMeter(gpus=sum(len(n.gpus) for n in physical_nodes(fleet)), shared=self.shared)
+        self.outages = Outages(fleet, self.meter, seed=config.seed)
         self.first_failure: tuple[float, float] | None = None
         self.policy = policy
         self.cfg = config
@@ -103,7 +121,6 @@ class Simulator:
         self.cache = PlanCache()
         self.held_teams = {h.team for h in config.holds}
         self.limits = {q.team: q.limit for q in config.quotas if q.limit is not None}
-        self.rng = np.random.default_rng(config.seed)
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = 0
         self.now = 0.0
@@ -117,11 +134,13 @@ class Simulator:
         self.done: list[_Job] = []
         self.rejected: list[tuple[str, str]] = []
         self.gpu_owner: dict[tuple[str, int], str] = {}
-        self.down_gpus: dict[tuple[str, int], int] = {}  # (node, gpu) -> outages in force
         self.limbo: dict[str, _Job] = {}  # on a failed node, waiting for the requeue delay
         self.next_pass: float | None = None
         self.preemptions = 0
-        self.failures = 0
+        self.jobs_hit = 0  # job attempts stopped by a failure
+        self.lost_gpu_s = {"preemption": 0.0, "failure": 0.0}  # work lost since checkpoints
+        self.estimates: dict[str, float | None] = {}  # job -> estimated start at its first pass
+        self.unseen: list[str] = []  # arrived, not yet in a pass (when estimating)
         self.busy = 0  # GPUs occupied now (a shared GPU while any unit of it is held)
         # Dependencies (``scheduler/deps.py``), judged each pass as the server does.
         self.deps: dict[str, Dependency] = {}  # pending jobs that have one
@@ -186,7 +205,7 @@ class Simulator:
         i = 0
         while i < len(arrivals) or self.events:
             next_event = self.events[0][0] if self.events else math.inf
-            if i < len(arrivals) and arrivals[i].submit_s < next_event:
+            if i < len(arrivals) and arrivals[i].submit_s <= next_event:  # arrivals at t first
                 tj = arrivals[i]
                 i += 1
                 self.advance(tj.submit_s)
@@ -246,6 +265,7 @@ class Simulator:
             submit_time=tj.submit_s,
             oracle_remaining_s=tj.duration_s,
             cuda=parse_reported(tj.cuda),  # as the server's snapshot reads jobs.cuda
+            checkpoint_s=tj.checkpoint_s,  # declared only: the default is the simulator's
         )
         why: object
         if req.gpus == 0:  # placed by the core on the least busy node of its pool (cpu.py)
@@ -260,7 +280,13 @@ class Simulator:
             self.reject(tj.job_id, why)
             return
         self.dirty = True
-        self.enqueue(_Job(trace=tj, request=req, remaining_s=tj.duration_s, pending_since=tj.submit_s))
+        every = tj.checkpoint_s if tj.checkpoint_s is not None else self.cfg.checkpoint_interval_s
+        job = _Job(
+            trace=tj, request=req, remaining_s=tj.duration_s, checkpoint_s=every, pending_since=tj.submit_s
+        )
+        self.enqueue(job)
+        if self.cfg.estimate_starts:
+            self.unseen.append(tj.job_id)
         self.want_pass(self.now)
 
     def reject(self, job_id: str, why: str) -> None:
@@ -284,7 +310,10 @@ class Simulator:
             holds=self.cfg.holds,
             power=self.cfg.power,
         )
-        result = plan(snap, self.policy, explain=False, cache=self.cache)
+        result = plan(snap, self.policy, explain=bool(self.unseen), cache=self.cache)
+        if self.unseen:
+            self.estimates.update(first_estimates(result, self.unseen))
+            self.unseen.clear()
         for move in result.reservation_moves:
             self.move_reservation(move)
         self.passes += 1
@@ -370,7 +399,7 @@ class Simulator:
         for part in placement:
             for g in part.gpus:
                 key = (part.node, g)
-                if key in self.gpu_owner or key in self.down_gpus:
+                if key in self.gpu_owner or key in self.outages.down:
                     raise AssertionError(f"GPU {key} given to {job.trace.job_id} while taken or down")
                 self.gpu_owner[key] = job.trace.job_id
         if self.record:
@@ -381,18 +410,17 @@ class Simulator:
         if job.first_start is None:
             job.first_start = self.now
         job.running = RunningJob(job=job.request, placement=placement, started_at=self.now)
-        run_for = job.remaining_s
+        run_for = job.overhead_s + job.remaining_s
         limit = job.trace.time_limit_s
-        job.timed_out = False
-        if limit is not None and job.executed_s + run_for > limit:
-            run_for = max(0.0, limit - job.executed_s)
-            job.timed_out = True
+        job.timed_out = limit is not None and run_for > limit
+        if limit is not None and job.timed_out:
+            run_for = limit  # the server's TIMEOUT: started_at + time_limit_s
         job.version += 1
         self.dirty = True
         self.running[job.trace.job_id] = job
         self.running_jobs[job.trace.job_id] = job.running
         self.busy += self.meter.hold(placement, 1)
-        self.push(self.now + job.overhead_s + run_for, FINISH, (job.trace.job_id, job.version))
+        self.push(self.now + run_for, FINISH, (job.trace.job_id, job.version))
 
     def release(self, job: _Job) -> None:
         assert job.running is not None
@@ -406,7 +434,7 @@ class Simulator:
         del self.running[job.trace.job_id]
         del self.running_jobs[job.trace.job_id]
         ran = self.now - job.started_at
-        job.executed_s += max(0.0, ran - job.overhead_s)
+        job.executed_s += ran
         job.attained_gpu_s += ran * job.request.gpu_weight
         job.running = None
         job.version += 1
@@ -424,13 +452,14 @@ class Simulator:
         self.want_pass(self.now)
 
     def stop(self, job: _Job, *, preempted: bool, requeue_after_s: float = 0.0) -> None:
-        """Take a running job off its GPUs and put it back in the queue."""
-        progress = max(0.0, self.now - job.started_at - job.overhead_s)
-        if not preempted:
-            interval = self.cfg.checkpoint_interval_s
-            progress = math.floor(progress / interval) * interval if interval > 0 else 0.0
+        """Take a running job off its GPUs and put it back in the queue, with the work up
+        to its last checkpoint."""
+        progress = min(job.remaining_s, max(0.0, self.now - job.started_at - job.overhead_s))
+        kept = kept_work(progress, job.checkpoint_s)
+        cause = "preemption" if preempted else "failure"
+        self.lost_gpu_s[cause] += (progress - kept) * job.request.gpu_weight
         self.release(job)
-        job.remaining_s = max(0.0, job.remaining_s - progress)
+        job.remaining_s = max(0.0, job.remaining_s - kept)
         job.needs_restart = True
         job.pending_since = self.now
         if preempted:
@@ -438,6 +467,7 @@ class Simulator:
             self.preemptions += 1
         else:
             job.failures += 1
+            self.jobs_hit += 1
         job.request = replace(
             job.request,
             attained_service_s=job.attained_gpu_s,
@@ -460,57 +490,26 @@ class Simulator:
             self.next_failure("node")
 
     def next_failure(self, what: str) -> None:
-        if what == "gpu":
-            rate = self.cfg.gpu_failures_per_gpu_day * self.meter.gpus / 86_400.0
-        else:
-            rate = self.cfg.node_failures_per_node_day * len(self.servers) / 86_400.0
-        self.push(self.now + float(self.rng.exponential(1.0 / rate)), FAIL, what)
+        rate = self.cfg.gpu_failures_per_gpu_day if what == "gpu" else self.cfg.node_failures_per_node_day
+        self.push(self.now + self.outages.next_in(what, rate), FAIL, what)
 
     def fail(self, what: str) -> None:
         if not self.waiting() and not self.running:
             return  # the trace is over: stop injecting
-        node = self.servers[int(self.rng.integers(len(self.servers)))]
-        if what == "gpu":
-            hit = [(node.name, int(self.rng.integers(len(node.gpus))))]
-        else:
-            hit = [(node.name, g.index) for g in node.gpus]
-        hit += [k for name, g in hit for k in unit_keys(name, g, self.shared)]  # a shared GPU's units
-        self.failures += 1
+        hit = self.outages.hit(what)
         victims = {self.gpu_owner[k] for k in hit if k in self.gpu_owner}
         delay = self.cfg.requeue_after_s if what == "node" else 0.0
         for job_id in sorted(victims):
             self.stop(self.running[job_id], preempted=False, requeue_after_s=delay)
-        for k in hit:
-            self.down_gpus[k] = self.down_gpus.get(k, 0) + 1
-        self.rebuild_fleet()
+        self.fleet = self.outages.fleet()
         self.push(self.now + self.cfg.repair_s, REPAIR, hit)
         self.next_failure(what)
         self.want_pass(self.now)
 
     def repair(self, hit: list[tuple[str, int]]) -> None:
-        for k in hit:
-            self.down_gpus[k] -= 1
-            if not self.down_gpus[k]:
-                del self.down_gpus[k]
-        self.rebuild_fleet()
+        self.outages.repair(hit)
+        self.fleet = self.outages.fleet()
         self.want_pass(self.now)
-
-    def rebuild_fleet(self) -> None:
-        down = self.down_gpus
-        self.meter.down = sum(1 for name, _ in down if name not in self.shared)
-        self.fleet = Fleet(
-            nodes=tuple(
-                replace(
-                    n,
-                    gpus=tuple(
-                        replace(g, healthy=g.healthy and (n.name, g.index) not in down) for g in n.gpus
-                    ),
-                )
-                if any((n.name, g.index) in down for g in n.gpus)
-                else n
-                for n in self.healthy_fleet.nodes
-            )
-        )
 
     # -- results ----------------------------------------------------------------------
     def result(self, wall_s: float) -> SimResult:
@@ -536,7 +535,12 @@ class Simulator:
             outcomes=outcomes,
             rejected=self.rejected,
             preemptions=self.preemptions,
-            failures_injected=self.failures,
+            failures_injected=sum(self.outages.injected.values()),
+            gpu_failures=self.outages.injected["gpu"],
+            node_failures=self.outages.injected["node"],
+            jobs_hit_by_failures=self.jobs_hit,
+            lost_gpu_s=dict(self.lost_gpu_s),
+            first_estimates=self.estimates if self.cfg.estimate_starts else None,
             busy_gpu_s=self.busy_gpu_s,
             fleet_gpus=self.meter.gpus,
             fragmentation=self.frag_area / makespan,

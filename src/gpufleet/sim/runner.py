@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.scheduler import Fleet, Reservation, admit_reservation, make_policy
+from gpufleet.scheduler.policies.base import Policy
 from gpufleet.sim.config import FleetSpec, SimConfig, SimResult
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.loaders.reservations import ReservationRequest
 from gpufleet.sim.trace import TraceJob, is_fractional, offered_load
+from gpufleet.sim.tracecheck import trace_facts
 from gpufleet.timefmt import format_duration
 
 
@@ -112,11 +114,13 @@ def compare_policies(
     gpus = fleet.nodes * fleet.gpus_per_node
     shares = fleet.shared_gpus > 0
     first = next(iter(results.values()), None)
+    limit = (policy_params or {}).get("default_time_limit_s", Policy.default_time_limit_s)
     summary: dict[str, Any] = {
         "jobs": len(jobs),
         "fleet": fleet.describe(),
         "fractional_jobs": sum(1 for j in jobs if is_fractional(j)),
         "offered_load": round(offered_load(jobs, gpus, shares=shares), 4),
+        "trace": trace_facts(jobs, gpus, policies, shares=shares, default_limit_s=limit).as_dict(),
         "rejected": len(first.rejected) if first else 0,
         "reservations": {
             "accepted": len(booked),
@@ -126,6 +130,7 @@ def compare_policies(
         "bounds": bounds([j for j in jobs if first is None or j.job_id not in dict(first.rejected)], gpus),
         "config": {
             "restart_overhead_s": config.restart_overhead_s,
+            "checkpoint_interval_s": config.checkpoint_interval_s,
             "sched_interval_s": config.sched_interval_s,
             "gpu_failures_per_gpu_day": config.gpu_failures_per_gpu_day,
             "node_failures_per_node_day": config.node_failures_per_node_day,
@@ -136,5 +141,7 @@ def compare_policies(
         },
         "policies": {name: r.metrics() for name, r in results.items()},
         "capacity": {name: r.capacity() for name, r in results.items()},
+        "costs": {name: r.costs() for name, r in results.items()},
+        "estimates": {name: r.estimates() for name, r in results.items()},
     }
     return Comparison(summary=summary, results=results)

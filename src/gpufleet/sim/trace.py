@@ -43,6 +43,9 @@ class TraceJob:
     Traces of shared-GPU clusters (Alibaba's 2023 openb pods) are mostly such fractions.
     On a fleet with shared GPUs the simulator asks for a share of one
     (``ceil(gpu_milli / 10)`` of its 100 units, ``sim/shares.py``); without, a whole GPU."""
+    checkpoint_s: float | None = None
+    """How often the job saves its state, in seconds of work (``--checkpoint-every``); None:
+    not declared (the simulator then assumes ``SimConfig.checkpoint_interval_s``)."""
 
 
 def gpu_share_problem(gpus: int, gpu_milli: int) -> str | None:

@@ -3,12 +3,13 @@
 Empty ``time_limit_s`` / ``gpu_type`` mean None; ``gpus_per_node`` 0 lets the scheduler
 decide. Floats are written with ``repr`` so a write/load round trip is exact.
 
-Two optional columns may follow the ten, in this order when written (read in either):
+Three optional columns may follow the ten, in this order when written (read in any):
 ``dependency`` holds Slurm's ``--dependency`` over the trace's job ids (``afterok:12``;
 empty: none); ``gpu_milli`` the share of each GPU in thousandths (an integer 1..1000,
-empty: 1000; below 1000 only with ``gpus`` 1). The writer adds a column only when some
-job needs it, so a trace without dependencies or GPU fractions keeps the ten columns and
-older files round-trip byte for byte.
+empty: 1000; below 1000 only with ``gpus`` 1); ``checkpoint_s`` how often the job saves
+its state, seconds of work (> 0; empty: not declared, the simulator's
+``--checkpoint-every`` applies). The writer adds a column only when some job needs it,
+so a trace without them keeps the ten columns and older files round-trip byte for byte.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ HEADER = (
     "priority",
     "gpu_type",
 )
-OPTIONAL = ("dependency", "gpu_milli")
+OPTIONAL = ("dependency", "gpu_milli", "checkpoint_s")
 
 
 def load_gpufleet_csv(path: Path) -> TraceLoad:
@@ -53,7 +54,7 @@ def load_gpufleet_csv(path: Path) -> TraceLoad:
         header = tuple(cell.strip() for cell in first[1])
         if not _known_header(header):
             raise TraceError(
-                f"{path}: header must be exactly {','.join(HEADER)}[,dependency][,gpu_milli]; "
+                f"{path}: header must be exactly {','.join(HEADER)}[,dependency][,gpu_milli][,checkpoint_s]; "
                 f"got {','.join(first[1])}"
             )
         for line, record in rows:
@@ -80,6 +81,10 @@ def parse_row(record: list[str], header: tuple[str, ...] = HEADER) -> TraceJob:
     gpu_milli = to_int(milli, "gpu_milli") if milli else WHOLE_GPU
     if gpus > 0 and (problem := gpu_share_problem(gpus, gpu_milli)) is not None:
         raise BadRow(problem)  # 0 or negative GPUs: the builder names that problem instead
+    every = row.get("checkpoint_s", "")
+    checkpoint_s = to_float(every, "checkpoint_s") if every else None
+    if checkpoint_s is not None and not checkpoint_s > 0:
+        raise BadRow(f"checkpoint_s must be > 0 seconds, got {every}")
     return TraceJob(
         job_id=text(row, "job_id"),
         user=text(row, "user"),
@@ -93,6 +98,7 @@ def parse_row(record: list[str], header: tuple[str, ...] = HEADER) -> TraceJob:
         gpu_type=row["gpu_type"] or None,
         dependency=row.get("dependency") or None,
         gpu_milli=gpu_milli,
+        checkpoint_s=checkpoint_s,
     )
 
 
@@ -100,9 +106,15 @@ def write_gpufleet_csv(path: Path, jobs: Iterable[TraceJob]) -> None:
     jobs = list(jobs)
     deps = any(j.dependency for j in jobs)
     shares = any(j.gpu_milli != WHOLE_GPU for j in jobs)
+    every = any(j.checkpoint_s is not None for j in jobs)
     with path.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(HEADER + (("dependency",) if deps else ()) + (("gpu_milli",) if shares else ()))
+        writer.writerow(
+            HEADER
+            + (("dependency",) if deps else ())
+            + (("gpu_milli",) if shares else ())
+            + (("checkpoint_s",) if every else ())
+        )
         for job in jobs:
             writer.writerow(
                 (
@@ -119,4 +131,5 @@ def write_gpufleet_csv(path: Path, jobs: Iterable[TraceJob]) -> None:
                 )
                 + ((job.dependency or "",) if deps else ())
                 + ((job.gpu_milli,) if shares else ())
+                + (("" if job.checkpoint_s is None else repr(job.checkpoint_s),) if every else ())
             )
