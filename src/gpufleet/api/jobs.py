@@ -91,7 +91,14 @@ class JobSubmit(Request):
         default=None, description="--input: a file for standard input (patterns as --output)"
     )
     signal: Annotated[str, StringConstraints(min_length=1, max_length=32)] | None = Field(
-        default=None, description="--signal=[B:]SIG[@SECONDS]: sent that long before the time limit"
+        default=None,
+        description="--signal=[B:]SIG[@SECONDS]: sent that long before the time limit, and before a "
+        "preemption, which then waits SECONDS (at most the server's --max-preempt-grace) before stopping it",
+    )
+    checkpoint_every: str | float | None = Field(
+        default=None,
+        description="how often it saves its state: 30m, 2h, 1800 (seconds); a preemption then prefers "
+        "a job that just checkpointed (none: a preemption counts its whole run as lost)",
     )
     exclusive: bool = Field(
         default=False, description="whole nodes (sbatch --exclusive): all their GPUs, CPUs and memory"
@@ -273,6 +280,7 @@ class JobDetail(JobOut):
     submit_dir: str | None = None
     workdir: str | None = None
     signal: str | None = None
+    checkpoint_s: float | None = Field(default=None, description="--checkpoint-every, seconds")
     cpus_per_task: int = 0
     ntasks_per_node: int = 0
     events: list[JobEventOut]

@@ -86,6 +86,12 @@ def server(
     idle_release: str = typer.Option(
         "15m", "--idle-release", help="Release a started reservation no owner job used for this long."
     ),
+    max_preempt_grace: str = typer.Option(
+        "2m",
+        "--max-preempt-grace",
+        help="A preempted job that asked --signal=SIG@SECONDS gets SIG and SECONDS, at most this long, "
+        "before it is stopped (0: stop at once).",
+    ),
     prices: Path | None = typer.Option(
         None, "--prices", help="Price schedule (JSON or .toml) to put in force at start."
     ),
@@ -288,6 +294,9 @@ def server(
         requeue_s = parse_duration(requeue_after)
         queue_wait_s = parse_duration(queue_wait_alert)
         idle_release_s = parse_duration(idle_release)
+        max_grace_s = parse_duration(max_preempt_grace)
+        if not 0 <= max_grace_s <= 3600:
+            raise ValueError("--max-preempt-grace must be between 0 and 1h")
         service_drain_s = parse_duration(service_drain)
         service_interval_s = parse_duration(service_interval)
         if service_interval_s <= 0:
@@ -330,6 +339,7 @@ def server(
         alert_webhook=alert_webhook or None,
         queue_wait_alert_s=queue_wait_s,
         reservation_idle_release_s=idle_release_s,
+        max_preempt_grace_s=max_grace_s,
         service_drain_s=service_drain_s,
         service_interval_s=service_interval_s,
         auto_mig=auto_mig,

@@ -96,6 +96,9 @@ class ServerConfig:
     """QueueWaitHigh fires when a pool's oldest pending job has waited this long."""
     reservation_idle_release_s: float = 900.0
     """A started reservation no owner job used for this long is released (``--idle-release``)."""
+    max_preempt_grace_s: float = 120.0
+    """At most this long between a preempted job's ``--signal`` and its stop
+    (``--max-preempt-grace``; 0: preemptions stop jobs at once; ``jobstate/preemption.py``)."""
     prices: PriceSchedule | None = None
     """``--prices FILE``: put this schedule in force at start unless it already is."""
     accrual_interval_s: float = 15.0

@@ -132,4 +132,7 @@ def release_attempt(
         "stopping_attempt": attempt_of(job.scheduled_at),
         "ready": False,  # a service replica: out of the gateways with its attempt
         "endpoint": None,
+        "preempt_at": None,  # a preemption's grace ends with the attempt (``preemption.py``)
+        "preempt_by": None,
+        "preempt_reason": None,
     }

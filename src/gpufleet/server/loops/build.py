@@ -50,6 +50,7 @@ def scheduling(
         node_timeout_s=config.node_timeout_s,
         interval_s=config.schedule_interval_s,
         reservation_idle_release_s=config.reservation_idle_release_s,
+        max_preempt_grace_s=config.max_preempt_grace_s,
         fence_holder=None if fence is None else fence.holder,
         fence_epoch=None if fence is None else fence.epoch,
     )

@@ -64,6 +64,7 @@ class LoopSpec:
     node_timeout_s: float
     interval_s: float
     reservation_idle_release_s: float
+    max_preempt_grace_s: float = 120.0
     fence_holder: str | None = None
     """A leader's term (``leader.PgFence``): the child's writes are fenced with it."""
     fence_epoch: int | None = None
@@ -77,6 +78,7 @@ class LoopSpec:
             node_timeout_s=self.node_timeout_s,
             observer=observer,
             reservation_idle_release_s=self.reservation_idle_release_s,
+            max_preempt_grace_s=self.max_preempt_grace_s,
         )
 
     def loop(self, db: Database, clock: Clock, observer: PassObserver) -> Loop:

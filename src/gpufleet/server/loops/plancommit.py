@@ -3,7 +3,9 @@ transaction of a pass: jobs past their time limit -> TIMEOUT (the server's clock
 the agent is told to stop them through the sync reply and ``stopping_on`` waits for its
 confirmation; a SCHEDULED job's limit starts when it is confirmed RUNNING), then the
 plan: starts (PENDING -> SCHEDULED + allocations, their agents touched), preemptions
-(-> PREEMPTED -> PENDING, GPU-seconds kept, old nodes told to stop), the waiting jobs
+(-> PREEMPTED -> PENDING, GPU-seconds kept, old nodes told to stop; or, for a preemptor
+whose victim asked a ``--signal``, after the grace of ``jobstate/preemption.py``, its
+start and any on those GPUs left out of this plan), the waiting jobs
 the read cancels, the pending statuses (position, estimated start, reason) and what the
 plan does to reservations (``reservations.step_reservations``). Every job write is a
 compare-and-set on (state, version) (``transitions.move``): a lost one raises
@@ -20,7 +22,8 @@ from sqlalchemy.orm import Session
 
 from gpufleet import mig
 from gpufleet.placefmt import placed_reason
-from gpufleet.scheduler import Plan
+from gpufleet.scheduler import Placement, Plan
+from gpufleet.server.jobstate.preemption import Victim, begin_grace, graces, stop_now
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import move, ref, release_attempt
 from gpufleet.server.loops.reservations import step_reservations
@@ -59,9 +62,11 @@ class PlanWriter:
     """Commits each pass's plan; one per scheduling loop (the statuses it last wrote are
     this loop's own)."""
 
-    def __init__(self, *, idle_release_s: float) -> None:
+    def __init__(self, *, idle_release_s: float, max_grace_s: float = 120.0) -> None:
         self.idle_release_s = idle_release_s
         """A reservation idle this long is released (``reservations.step_reservations``)."""
+        self.max_grace_s = max_grace_s
+        """The longest grace a preempted job's ``--signal`` gets (``jobstate/preemption.py``)."""
         self._statuses = _StatusCache()
 
     def forget(self) -> None:
@@ -71,29 +76,15 @@ class PlanWriter:
     def commit(self, s: Session, loaded: Loaded, result: Plan, now: float) -> int:
         """Step 4: the plan's preemptions, starts and cancellations, the pending statuses
         and the reservations' step; how many jobs started."""
-        services = _services_of(s, {int(p.by) for p in result.preemptions if p.by.isdigit()})
-        for pre in result.preemptions:
-            jref = loaded.refs[pre.job_id]
-            job = s.get(Job, jref.id)
-            assert job is not None
-            vals = release_attempt(s, job, now=now, confirmed=False)
-            vals |= {"ended_at": None, "pending_since": now, "scheduled_at": None, "started_at": None}
-            move(
-                s,
-                jref,
-                JobState.PENDING,
-                via=JobState.PREEMPTED,
-                actor=ACTOR,
-                reason=pre.reason + services.get(pre.by, ""),
-                now=now,
-                values=vals,
-            )
+        held, waiting = self._preempt(s, loaded, result, now) if result.preemptions else (set(), set())
         allocs: list[dict[str, Any]] = []
         models = {n.name: n.gpus[0].model for n in loaded.snapshot.fleet.nodes if n.gpus and result.starts}
         for st in result.starts:
+            if waiting and (st.job_id in waiting or _on(st.placement, held)):
+                continue  # its GPUs are a victim's until its grace ends (``jobstate/preemption.py``)
             jref = loaded.refs[st.job_id]
             first = st.placement[0]  # one model per node, per job
-            vals = {
+            vals: dict[str, Any] = {
                 "scheduled_at": now,
                 "queue_position": None,
                 "estimated_start": None,
@@ -137,6 +128,33 @@ class PlanWriter:
         )
         return len(result.starts)
 
+    def _preempt(
+        self, s: Session, loaded: Loaded, result: Plan, now: float
+    ) -> tuple[set[tuple[str, int]], set[str]]:
+        """The plan's preemptions, at once or after a grace (``jobstate/preemption.py``):
+        the GPUs (core node, index) of victims that stay for a grace, and the preemptors
+        that wait for them."""
+        services = _services_of(s, {int(p.by) for p in result.preemptions if p.by.isdigit()})
+        victims: list[Victim] = []
+        for pre in result.preemptions:
+            jref = loaded.refs[pre.job_id]
+            job = s.get(Job, jref.id)
+            assert job is not None
+            why = pre.reason + services.get(pre.by, "")
+            victims.append(Victim(job=job, jref=jref, by=pre.by, reason=why))
+        by = {p.by for p in result.preemptions}
+        waits = graces(victims, {p.id for p in loaded.snapshot.pending if p.id in by}, self.max_grace_s)
+        placements = {rj.job.id: rj.placement for rj in loaded.snapshot.running} if waits else {}
+        held: set[tuple[str, int]] = set()
+        for v in victims:
+            grace = waits.get(v.by)
+            if grace is not None and v.job.state == JobState.RUNNING:
+                begin_grace(s, v, until=now + grace, actor=ACTOR, now=now)
+                held.update((p.node, g) for p in placements.get(str(v.job.id), ()) for g in p.gpus)
+            else:
+                stop_now(s, v, actor=ACTOR, now=now)
+        return held, set(waits)
+
     def _write_statuses(self, s: Session, result: Plan) -> None:
         rows: list[dict[str, Any]] = []
         views = [
@@ -158,6 +176,11 @@ class PlanWriter:
         if rows:
             # Positions are advisory and not part of the CAS: they do not bump the version.
             s.execute(update(Job), rows)
+
+
+def _on(placement: Placement, held: set[tuple[str, int]]) -> bool:
+    """Whether ``placement`` takes a GPU of ``held``."""
+    return any((p.node, g) in held for p in placement for g in p.gpus)
 
 
 def _services_of(s: Session, job_ids: set[int]) -> dict[str, str]:

@@ -50,7 +50,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from gpufleet.clock import Clock
 from gpufleet.scheduler import Plan, PlanCache, Policy, Snapshot, plan
 from gpufleet.server.errors import Conflict
-from gpufleet.server.loops.plancommit import PlanWriter, time_out
+from gpufleet.server.jobstate.preemption import end_graces
+from gpufleet.server.loops.plancommit import ACTOR, PlanWriter, time_out
 from gpufleet.server.loops.snapshot import SnapshotReader
 from gpufleet.server.runner import Loop
 from gpufleet.server.store.db import Database
@@ -101,6 +102,7 @@ class SchedulingPass:
         max_attempts: int = 5,
         observer: PassObserver | None = None,
         reservation_idle_release_s: float = 900.0,
+        max_preempt_grace_s: float = 120.0,
     ) -> None:
         self.db = db
         self.policy = policy
@@ -109,7 +111,7 @@ class SchedulingPass:
         self.max_attempts = max_attempts
         self.observer = observer or PassObserver()
         self._reader = SnapshotReader()
-        self._writer = PlanWriter(idle_release_s=reservation_idle_release_s)
+        self._writer = PlanWriter(idle_release_s=reservation_idle_release_s, max_grace_s=max_preempt_grace_s)
         self._cache = PlanCache()
         """The core's memo from pass to pass (this loop's own: ``scheduler/cache.py``)."""
 
@@ -128,6 +130,7 @@ class SchedulingPass:
                 result = plan(loaded.snapshot, self.policy, explain=True, cache=self._cache, pause_gc=True)
                 with self.db.write() as s:
                     timed_out = time_out(s, now)
+                    end_graces(s, now, actor=ACTOR)  # preemptions whose victims' grace is over
                     started = self._writer.commit(s, loaded, result, now)
             except (Conflict, IntegrityError, OperationalError) as exc:
                 log.info("scheduling pass attempt %d rejected (%s); retrying", attempt, type(exc).__name__)

@@ -88,6 +88,9 @@ class _JobRow(NamedTuple):
     qos: str | None
     licenses: dict[str, int] | None
     cuda: str | None
+    checkpoint_s: float | None
+    preempt_at: float | None
+    preempt_by: int | None
 
     def ref(self) -> JobRef:
         return JobRef(id=self.id, state=_STATES[self.state], version=self.version)
@@ -225,10 +228,13 @@ class SnapshotReader:
             if idx is not None:  # a 0-GPU job's row: its node, no GPU
                 held_here.append(idx)
         running: list[RunningJob] = []
+        leaving: dict[int, list[_JobRow]] = {}  # a preemptor -> its victims in their grace
         active = [str(a) for a in ACTIVE]
         for row in s.execute(_JOB_COLUMNS.where(Job.state.in_(active))):
             job = _JobRow(*row)
             refs[str(job.id)] = job.ref()
+            if job.preempt_at is not None and job.preempt_by is not None:
+                leaving.setdefault(job.preempt_by, []).append(job)
             parts = placements.get(job.id, {})
             running.append(
                 RunningJob(
@@ -278,6 +284,8 @@ class SnapshotReader:
                     kill[jid] = f"{b.code}: {b.detail} (kill_on_invalid_dep)"
                 later = held_back.get(jid)
                 held_back[jid] = b if later is None else replace(b, not_before=later.not_before)
+        for jid, victims in leaving.items():  # ``jobstate/preemption.py``
+            held_back.setdefault(jid, _awaiting(victims))
         if held_back or kill:
             pending = [
                 replace(p, blocked=hb) if (hb := held_back.get(int(p.id))) else p
@@ -298,6 +306,14 @@ class SnapshotReader:
             power=racks.power_model(s),  # rack power budgets (scheduler/power.py)
         )
         return Loaded(snapshot=snap, refs=refs, booked=booked, kill=kill)
+
+
+def _awaiting(victims: list[_JobRow]) -> Blocked:
+    """A preemptor's wait while its victims use their grace (they hold its GPUs)."""
+    until = max(v.preempt_at or 0.0 for v in victims)
+    ids = ", ".join(str(v.id) for v in victims)
+    why = f"job(s) {ids} preempted for it, in their grace"
+    return Blocked(code="Resources", detail=why, not_before=until)
 
 
 def _timed(job: _JobRow) -> eligibility.Timed:
@@ -337,7 +353,8 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str], qos: Qo
         executed_s=job.executed_s,
         pending_since=job.pending_since,
         # An inference replica is never a victim: a service's traffic would fail.
-        preemptible=job.requeue and job.service_id is None and preemptable,
+        # A job in a preemption's grace is leaving already (``jobstate/preemption.py``).
+        preemptible=job.requeue and job.service_id is None and preemptable and job.preempt_at is None,
         reservation=None if job.reservation_id is None else str(job.reservation_id),
         spread=None if job.service_id is None else f"service:{job.service_id}",
         array=None if job.array_job_id is None else str(job.array_job_id),
@@ -349,4 +366,5 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str], qos: Qo
         qos=job.qos,
         licenses=tuple(sorted(job.licenses.items())) if job.licenses else (),
         cuda=parse_reported(job.cuda),
+        checkpoint_s=job.checkpoint_s,
     )

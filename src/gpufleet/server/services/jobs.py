@@ -126,6 +126,7 @@ def _detail(
         submit_dir=job.submit_dir,
         workdir=job.workdir,
         signal=job.signal,
+        checkpoint_s=job.checkpoint_s,
         cpus_per_task=job.cpus_per_task,
         ntasks_per_node=job.ntasks_per_node,
         diagnosis=_diagnosis(job.diagnosis),

@@ -24,6 +24,7 @@ from gpufleet.api.nodes import (
     PeerNode,
     ServiceProbe,
 )
+from gpufleet.server.jobstate.preemption import exited_in_grace
 from gpufleet.server.jobstate.requeue import requeue
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import attempt_of, move, ref, release_attempt
@@ -93,9 +94,7 @@ def _desired_job(
         image=job.image,
         gpus=sorted(placement.get(node, [])),
         time_limit_s=job.time_limit_s,
-        deadline=None
-        if job.time_limit_s is None or job.started_at is None
-        else job.started_at + job.time_limit_s,
+        deadline=_deadline(job),
         user=user,
         output=job.output,
         error=job.error,
@@ -116,6 +115,15 @@ def _desired_job(
         cpus_per_node=job.cpus_per_node,
         mem_per_node_mb=job.mem_per_node_mb,
     )
+
+
+def _deadline(job: Job) -> float | None:
+    """When ``--signal`` counts down to: the end of its time limit, or of a preemption's
+    grace if sooner (``jobstate/preemption.py``: the agent then signals it at once)."""
+    ends = [] if job.time_limit_s is None or job.started_at is None else [job.started_at + job.time_limit_s]
+    if job.preempt_at is not None:
+        ends.append(job.preempt_at)
+    return min(ends) if ends else None
 
 
 def _with_models(s: Session, out: list[DesiredJob], jobs: dict[int, tuple[Job, str]]) -> list[DesiredJob]:
@@ -272,6 +280,11 @@ def observe(
         if to == JobState.RUNNING:
             values = {"started_at": now}
             reason = f"running on {node}"
+        elif exited_in_grace(
+            s, job, node=node, exit_code=o.exit_code, actor=actor, now=now, readings=readings
+        ):
+            changed = True  # asked to leave: preempted, not ended (``jobstate/preemption.py``)
+            continue
         else:
             code = o.exit_code if o.exit_code is not None else -1
             values = release_attempt(

@@ -249,6 +249,7 @@ def _row(new: NewJob, team_id: int) -> dict[str, Any]:
         "workdir": spec.workdir,
         "input": spec.input,
         "signal": new.options.signal,
+        "checkpoint_s": new.options.checkpoint_s,
         "cpus_per_task": new.options.cpus_per_task,
         "ntasks_per_node": new.options.tasks_per_node,
         "cpus_per_node": 0,
@@ -335,6 +336,7 @@ def _submitted(job_id: int, row: dict[str, Any], *, user: str, team: str, event:
         submit_dir=row["submit_dir"],
         workdir=row["workdir"],
         signal=row["signal"],
+        checkpoint_s=row["checkpoint_s"],
         cpus_per_task=row["cpus_per_task"],
         ntasks_per_node=row["ntasks_per_node"],
     )

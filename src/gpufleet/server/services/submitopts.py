@@ -1,7 +1,7 @@
 """A submission's options read and checked before its transaction, with no database:
 the time limit and requeue backoff, Slurm's batch options (memory, tasks and CPUs, begin,
-deadline, signal), the GPUs it counts, and MIG slices and GPU shares kept on one node.
-What needs the pool, the fleet or the accounts is checked in the transaction
+deadline, signal, gpufleet's checkpoint interval), the GPUs it counts, and MIG slices
+and GPU shares kept on one node. What needs the pool, the fleet or the accounts is checked in the transaction
 (``submitfit.py``, ``submitchecks.py``)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from gpufleet.server.problems import Failure, invalid
 from gpufleet.timefmt import parse_duration
 
 MAX_TIME_LIMIT_S = 365 * 86400.0
+MAX_CHECKPOINT_S = 30 * 86400.0
 
 
 def time_limit(value: str | float | None) -> float | Failure | None:
@@ -53,6 +54,22 @@ class BatchOptions:
     begin_at: float | None = None
     deadline: float | None = None
     signal: str | None = None
+    checkpoint_s: float | None = None
+    """gpufleet's own ``--checkpoint-every`` (``checkpoint_every``), seconds."""
+
+
+def checkpoint_every(value: str | float | None) -> float | Failure | None:
+    """``--checkpoint-every`` as given (seconds, or a duration such as 30m), checked;
+    None: not declared."""
+    if value is None:
+        return None
+    try:
+        secs = float(value) if isinstance(value, int | float) else parse_duration(value)
+    except ValueError as exc:
+        return invalid(f"checkpoint_every: {exc}")
+    if not (math.isfinite(secs) and 1 <= secs <= MAX_CHECKPOINT_S):
+        return invalid(f"checkpoint_every must be between 1 second and 30 days, got {value!r}")
+    return secs
 
 
 def batch_options(spec: JobSubmit, *, now: float, time_limit_s: float | None) -> BatchOptions | Failure:
@@ -114,6 +131,9 @@ def batch_options(spec: JobSubmit, *, now: float, time_limit_s: float | None) ->
             return invalid(f"deadline: {spec.deadline!r} is not after the job could start")
         if time_limit_s is not None and start + time_limit_s > deadline:
             return invalid(f"deadline: a job with a {time_limit_s:g} s time limit cannot end by it")
+    every = checkpoint_every(spec.checkpoint_every)
+    if isinstance(every, Failure):
+        return every
     sig = None
     if spec.signal is not None:
         try:
@@ -128,6 +148,7 @@ def batch_options(spec: JobSubmit, *, now: float, time_limit_s: float | None) ->
         begin_at=begin,
         deadline=deadline,
         signal=sig,
+        checkpoint_s=every,
     )
 
 
