@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from gpufleet.cli import sbatch, slurmflags, slurmvalues
+from gpufleet.cli import gpufleet_directives, sbatch, slurmflags, slurmvalues
 from gpufleet.cli.options import flag
 
 if TYPE_CHECKING:
@@ -119,7 +119,18 @@ JOB_FLAGS: dict[str, JobFlag] = {
     "chdir": _opt("chdir", "--chdir", "-D", help="Working directory (default: where you submit)."),
     "begin": _opt("begin", "--begin", "-b", help="Not before: now+1hour, 16:00, tomorrow, 2026-12-05T16:00."),
     "deadline": _opt("deadline", "--deadline", help="Cancelled once it can no longer end by then."),
-    "signal": _opt("signal", "--signal", help="[B:]SIG[@SECONDS]: sent that long before the time limit."),
+    "signal": _opt(
+        "signal",
+        "--signal",
+        help="[B:]SIG[@SECONDS]: sent that long before the time limit, and before a preemption "
+        "(which waits SECONDS, up to the server's --max-preempt-grace).",
+    ),
+    "checkpoint_every": _opt(
+        None,
+        "--checkpoint-every",
+        help="How often it saves its state (30m): a preemption prefers jobs that just checkpointed. "
+        "In a script: #GPUFLEET --checkpoint-every 30m.",
+    ),
     "export": _opt("export", "--export", help="ALL (default), NONE, or [ALL,]VAR[=value],..."),
     "nice": _opt("nice", "--nice", help="Lower the priority by N (negative: operators)."),
     "priority": _opt("priority", "--priority", help="Priority -1000..1000 (above 0: operators)."),
@@ -433,6 +444,12 @@ def job_spec(
             spec[key] = flags[key]
     if flags.get("gpu_fraction"):
         spec["gpu_fraction"] = float(flags["gpu_fraction"])
+    every = flags.get("checkpoint_every") or opts.checkpoint_every
+    if every:
+        try:
+            spec["checkpoint_every"] = gpufleet_directives.checkpoint_every(every)
+        except ValueError as exc:
+            raise Unhonoured(str(exc), refused=False) from None
     if opts.account is not None and "team" not in spec:
         with _unless(ignore, warnings):
             spec["team"] = _team_of_account(c, opts)

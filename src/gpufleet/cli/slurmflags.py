@@ -55,6 +55,7 @@ class SbatchOptions:
     begin: float | None = None  # epoch seconds
     deadline: float | None = None
     signal: str | None = None  # canonical (slurmopts.parse_signal)
+    checkpoint_every: str | None = None  # ``#GPUFLEET --checkpoint-every`` (``gpufleet_directives``)
     requeue: bool | None = None
     hold: bool | None = None
     export: str | None = None

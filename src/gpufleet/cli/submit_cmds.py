@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpufleet.cli import batch, sbatch, slurmflags, words
+from gpufleet.cli import batch, gpufleet_directives, sbatch, slurmflags, words
 from gpufleet.cli._common import BAD_INPUT, FAILED, client, error, fail, print_json, stream_logs, warn
 from gpufleet.cli.localtime import local_zone, show_time
 from gpufleet.cli.options import flag, json_flag
@@ -45,6 +45,14 @@ def _options(
     opts, command = slurmflags.SbatchOptions(), list(args)
     if script is not None:
         opts = sbatch.parse_script(script.text, source=args[0], now=now)
+        own = gpufleet_directives.parse(script.text, source=args[0])  # ``#GPUFLEET`` lines
+        mine = [p for p in own.problems if not (flags.get("checkpoint_every") and p.option)]
+        opts = dataclasses.replace(
+            opts,
+            checkpoint_every=own.checkpoint_every,
+            problems=(*opts.problems, *mine),
+            origins=(*opts.origins, *own.origins),
+        )
         command = [*sbatch.SCRIPT_SHELL, script.text, script.path.name, *args[1:]]
     opts = batch.from_flags(opts, flags, now=now)
     if script is not None and opts.name is None:
@@ -82,6 +90,7 @@ _FIELD_OPTION = {
     "begin": "begin",
     "deadline": "deadline",
     "signal": "signal",
+    "checkpoint_every": "checkpoint-every",
     "time_limit": "time",
     "pool": "partition",
     "reservation": "reservation",
