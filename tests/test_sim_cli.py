@@ -74,3 +74,35 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
     assert bad_format.returncode == 2 and "unknown format" in bad_format.stderr
     both = gpufleet("simulate", "--sample", "--trace", "x")
     assert both.returncode == 2 and "either --trace FILE or --sample" in both.stderr
+
+
+def test_simulate_prints_lost_work_estimates_and_the_trace_facts(tmp_path: Path) -> None:
+    """A trace without limits: sjf's note, the peak weekly load, the lost-work table (on at
+    30 min by default, off with --checkpoint-every 0) and the estimated-start errors, in
+    the output, the JSON and report.md; a bad interval is a one-line usage error."""
+    trace = tmp_path / "t.csv"
+    rows = ["job_id,user,team,submit_s,duration_s,gpus,gpus_per_node,time_limit_s,priority,gpu_type"]
+    rows += [f"{i},u,t,{i * 900},{7200 + 600 * (i % 5)},{4 if i % 3 else 8},0,,{i % 2}," for i in range(300)]
+    trace.write_text("\n".join(rows) + "\n")
+    out, report = tmp_path / "s.json", tmp_path / "r"
+    args = ("simulate", "--trace", str(trace), "--nodes", "2", "--policy", "sjf,default")
+    on = gpufleet(*args, "--json", str(out), "--report", str(report))
+    assert on.returncode == 0, on.stderr
+    assert "sjf (shortest limit first) counts every job as 4h00m" in on.stdout
+    assert "FIFO with skipping" in on.stdout and "peak weekly offered load" in on.stdout
+    assert "Lost work (checkpoint every 30m00s" in on.stdout and "est. error p50" in on.stdout
+    summary = json.loads(out.read_text())
+    assert summary["config"]["checkpoint_interval_s"] == 1800
+    assert summary["costs"]["default"]["lost_gpu_h_preemption"] > 0
+    assert summary["estimates"]["sjf"]["estimated_jobs"] > 0
+    assert summary["trace"]["peak_weekly_load"] == max(summary["trace"]["weekly_loads"])
+    md = (report / "report.md").read_text()
+    assert "FIFO with skipping" in md and "| GPU-h lost |" in md
+    off = gpufleet(*args, "--checkpoint-every", "0", "--no-estimates", "--json", str(out))
+    assert off.returncode == 0, off.stderr
+    assert "Lost work: off" in off.stdout
+    summary = json.loads(out.read_text())
+    assert summary["costs"]["default"]["lost_gpu_h_preemption"] == 0
+    assert summary["estimates"] == {"sjf": None, "default": None}
+    bad = gpufleet(*args, "--checkpoint-every", "soon")
+    assert bad.returncode == 2 and "--checkpoint-every" in bad.stderr and "Traceback" not in bad.stderr

@@ -322,7 +322,8 @@ def _print_capacity(summary: dict[str, Any]) -> None:
 
 
 def _print_costs(summary: dict[str, Any]) -> None:
-    """Per policy: GPU-hours lost since checkpoints, failures, estimated-start errors."""
+    """Per policy: GPU-hours lost since checkpoints, failures, and the estimated starts of the
+    jobs that waited past their first pass (how many, how many had one, the median errors)."""
     every = summary["config"]["checkpoint_interval_s"]
     table = Table(
         title=f"Lost work (checkpoint every {format_duration(every)} unless the trace says)"
@@ -333,10 +334,10 @@ def _print_costs(summary: dict[str, Any]) -> None:
         "policy",
         "preempt",
         "GPU-h lost",
-        "lost to failures",
+        "GPU-h lost to failures",
         "failures GPU/node",
         "jobs hit",
-        "estimated",
+        "waited, estimated",
     )
     for col in (*cols, "est. error p50", "rel. error p50"):
         table.add_column(col, justify="left" if col == "policy" else "right")
@@ -346,7 +347,7 @@ def _print_costs(summary: dict[str, Any]) -> None:
         if e is not None:
             err, rel = e["median_abs_error_s"], e["median_rel_error"]
             cells = [
-                f"{int(e['estimated_jobs'])} (+{int(e['no_estimate_jobs'])} none)",
+                f"{int(e['estimated_jobs'] + e['no_estimate_jobs'])}, {int(e['estimated_jobs'])}",
                 "n/a" if err is None else format_duration(err),
                 "n/a" if rel is None else f"{rel:.0%}",
             ]

@@ -61,6 +61,7 @@ def estimate_accuracy(estimates: EstimateMap, actual: Mapping[str, Actual]) -> d
     """Errors of the first estimates against the real first starts (``actual``: the jobs
     that ran; a job that never did is skipped):
 
+    - ``started_at_once``: jobs that started in their first pass (nothing to estimate);
     - ``estimated_jobs``: jobs that waited past their first pass and had an estimate;
     - ``no_estimate_jobs``: jobs that waited past their first pass without one;
     - ``median_abs_error_s``: median of |estimate - start|;
@@ -88,6 +89,7 @@ def estimate_accuracy(estimates: EstimateMap, actual: Mapping[str, Actual]) -> d
         if wait > 0:
             rel_err.append(err / wait)
     return {
+        "started_at_once": float(sum(1 for job_id in actual if job_id not in estimates)),
         "estimated_jobs": float(len(abs_err)),
         "no_estimate_jobs": float(missing),
         "median_abs_error_s": float(np.median(abs_err)) if abs_err else None,

@@ -49,6 +49,8 @@ def write_report(comparison: Comparison, out_dir: Path, *, title: str = "gpuflee
         f"Bounds: mean JCT >= {format_duration(s['bounds']['avg_jct_lower_s'])} (mean duration), "
         f"utilisation <= {s['bounds']['utilization_upper']:.1%}.",
         "",
+        *(f"- {line}" for line in s["trace"]["lines"]),
+        "",
         "| policy | avg JCT | p50 JCT | p99 JCT | avg queue | p99 queue | makespan | util | frag "
         "| preemptions | sim s |",
         "| --- " + "| ---: " * 10 + "|",
@@ -61,6 +63,7 @@ def write_report(comparison: Comparison, out_dir: Path, *, title: str = "gpuflee
             f"{m['utilization']:.1%} | {m['fragmentation']:.2f} | {int(m['preemptions'])} | "
             f"{m['sim_wall_s']:.1f} |"
         )
+    lines += _cost_lines(s)
     lines += _capacity_lines(s)
     lines += [
         "",
@@ -74,6 +77,11 @@ def write_report(comparison: Comparison, out_dir: Path, *, title: str = "gpuflee
         "- *avg queue* and *p99 queue*: the total time a job waited (including after preemptions). The mean",
         "  is dominated by the few jobs that waited longest; when fewer than 1 % of the jobs wait long, the",
         "  mean can exceed the p99.",
+        "- *GPU-h lost*: work done since the victims' last checkpoints, lost when they were preempted",
+        "  (or, the next column, when an injected failure stopped them): they redo it.",
+        "- *estimated start error*: for the jobs that waited past the first scheduling pass after",
+        "  their submit, the start that pass estimated (what `gpufleet jobs show` would have told",
+        "  the owner) against the real first start; relative: over the job's real wait.",
         "- *frag*: time-averaged share of free GPUs that cannot host the head waiting job's per-node part.",
         "- *allocated*: GPU-hours allocated / GPU-hours the fleet has over the makespan, a GPU share's",
         "  units counted as their part of a GPU (1 % each); *util* counts a shared GPU whole while any",
@@ -96,6 +104,37 @@ def write_report(comparison: Comparison, out_dir: Path, *, title: str = "gpuflee
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _cost_lines(s: dict[str, Any]) -> list[str]:
+    every = s["config"]["checkpoint_interval_s"]
+    lines = [
+        "",
+        f"Lost work: jobs checkpoint every {format_duration(every)} unless the trace says"
+        if every > 0
+        else "Lost work: off (nothing lost at a preemption or failure unless the trace declares intervals)",
+        "",
+        "| policy | preemptions | GPU-h lost | GPU-h lost to failures | failures GPU/node | jobs hit "
+        "| waited | estimated | est. error p50 | rel. error p50 |",
+        "| --- " + "| ---: " * 9 + "|",
+    ]
+    for name, c in s["costs"].items():
+        e = s["estimates"][name]
+        est = ["-"] * 4
+        if e is not None:
+            err, rel = e["median_abs_error_s"], e["median_rel_error"]
+            est = [
+                str(int(e["estimated_jobs"] + e["no_estimate_jobs"])),
+                str(int(e["estimated_jobs"])),
+                "n/a" if err is None else format_duration(err),
+                "n/a" if rel is None else f"{rel:.0%}",
+            ]
+        lines.append(
+            f"| {name} | {int(c['preemptions'])} | {c['lost_gpu_h_preemption']:,.0f} | "
+            f"{c['lost_gpu_h_failure']:,.0f} | {int(c['gpu_failures'])}/{int(c['node_failures'])} | "
+            f"{int(c['jobs_hit_by_failures'])} | " + " | ".join(est) + " |"
+        )
+    return lines
 
 
 def _capacity_lines(s: dict[str, Any]) -> list[str]:

@@ -33,23 +33,26 @@ PILE_MIN_JOBS = 5
 
 
 def weekly_loads(jobs: Sequence[TraceJob], fleet_gpus: int, *, shares: bool = False) -> list[float]:
-    """The offered load of each full week from the first submit (the last, partial week is
-    left out; a trace shorter than a week gives the load over its span, like
-    ``trace.offered_load``)."""
+    """The offered load of each week from the first submit to the last. A last, partial
+    week counts over its own length when it is at least half a week long and is left out
+    otherwise (a few days' submits say little about a week); a trace shorter than a week
+    gives the load over its span, like ``trace.offered_load``."""
     if not jobs or fleet_gpus <= 0:
         return []
     first = min(j.submit_s for j in jobs)
     span = max(j.submit_s for j in jobs) - first
-    weeks = int(span // WEEK_S)
-    if weeks == 0:
+    full = int(span // WEEK_S)
+    if full == 0:
         work = sum(gpu_weight(j, shares=shares) * j.duration_s for j in jobs)
         return [work / (fleet_gpus * span)] if span > 0 else []
-    demand = [0.0] * weeks
+    rest = span - full * WEEK_S
+    lengths = [WEEK_S] * full + ([rest] if rest >= WEEK_S / 2 else [])
+    demand = [0.0] * len(lengths)
     for j in jobs:
         week = int((j.submit_s - first) // WEEK_S)
-        if week < weeks:
+        if week < len(lengths):
             demand[week] += gpu_weight(j, shares=shares) * j.duration_s
-    return [d / (fleet_gpus * WEEK_S) for d in demand]
+    return [d / (fleet_gpus * length) for d, length in zip(demand, lengths, strict=True)]
 
 
 def censoring_warnings(jobs: Sequence[TraceJob]) -> list[str]:
@@ -102,7 +105,8 @@ class TraceFacts:
     """What ``gpufleet simulate`` says about the trace before the results."""
 
     weekly_loads: tuple[float, ...]
-    """Per full week (or the whole span of a trace shorter than a week: ``full_weeks`` False)."""
+    """Per week (``weekly_loads``; the whole span of a trace shorter than a week: ``full_weeks``
+    False)."""
     full_weeks: bool
     warnings: tuple[str, ...]
     notes: dict[str, str]
