@@ -63,8 +63,9 @@ def test_the_fleet_shows_shared_gpus_as_the_servers_inventory_does() -> None:
 
     spec = FleetSpec(nodes=2, gpus_per_node=4, shared_gpus=3)
     nodes = tuple(
-        (f"node-{i:04d}", "default", "leaf-000", "rack-000", False, 1.0, 0, 0, frozenset()) for i in range(2)
-    )  # (name, pool, leaf, rack, cordoned, last seen, cpus, memory, features)
+        (f"node-{i:04d}", "default", "leaf-000", "rack-000", False, 1.0, 0, 0, None, frozenset())
+        for i in range(2)
+    )  # (name, pool, leaf, rack, cordoned, last seen, cpus, memory, cuda, features)
     gpus = tuple(
         (f"node-{i:04d}", g, spec.gpu_model, 81_920, 0, True, False, None, i * 4 + g >= 5)
         for i in range(2)
