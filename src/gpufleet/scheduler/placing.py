@@ -41,6 +41,9 @@ def place(cs: CycleState, job: JobRequest, opts: Options, limit: float) -> Place
     tries: list[NodeFilter | None] = [*node_filters(job)] or [None]
     if cs.power is not None:
         cs.power.hit = False
+        if cs.power.dry(cs.cap.free):  # no node with a free GPU has power for one more
+            cs.power.hit = True
+            return None
     for only in tries:  # a [a|b] constraint: each alternative in turn
         placement = _place_filtered(cs, job, opts, limit, only)
         if placement is not None:

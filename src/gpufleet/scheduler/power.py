@@ -26,7 +26,7 @@ budget lowered, readings that rose) keeps what runs and starts nothing new.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gpufleet.migindex import device_kind, slice_parent_model, slice_share_of
 from gpufleet.scheduler.capacity import Capacity, FleetIndex
@@ -59,6 +59,16 @@ class RackLoad:
     hit: bool = False
     """The last ``mask`` or ``over`` held something back (a job's wait may be Power)."""
     _dry: bool | None = None
+    _limits: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """id(options) -> (node id, devices its rack powers) of its groups' nodes in tight racks."""
+    _said: dict[int, str] = field(default_factory=dict)
+    """id(options) -> ``describe``'s words."""
+
+    def _changed(self) -> None:
+        """Draw changed: what was worked out from it is stale."""
+        self._dry = None
+        self._limits.clear()
+        self._said.clear()
 
     def room_w(self, rack: str) -> float:
         return self.budgets[rack].cap_w - self.draw_w[rack]
@@ -89,17 +99,18 @@ class RackLoad:
     def mask(self, index: FleetIndex, view: Capacity, opts: Options) -> list[tuple[int, int]]:
         """(node id, devices its rack powers) for the nodes of ``opts``' groups where
         that is less than ``view`` shows free."""
-        keys = {gk for gk, _ in opts}
-        out: list[tuple[int, int]] = []
-        nodes = index.nodes
-        for rack in self.budgets:  # the snapshot's order, never a set's (bucket order is best fit's)
-            if rack not in self.tight:
-                continue
-            for nid in self.nodes_of[rack]:
-                if view.free[nid] and nodes[nid].group in keys:
-                    n = self.powered(nid)
-                    if n is not None and n < view.free[nid]:
-                        out.append((nid, n))
+        limits = self._limits.get(id(opts))
+        if limits is None:  # jobs of one shape share one options list (filters.options)
+            keys = {gk for gk, _ in opts}
+            limits = self._limits[id(opts)] = [
+                (nid, n)
+                for rack in self.budgets  # the snapshot's order, never a set's (best fit reads it)
+                if rack in self.tight
+                for nid in self.nodes_of[rack]
+                if index.nodes[nid].group in keys and (n := self.powered(nid)) is not None
+            ]
+        free = view.free
+        out = [(nid, n) for nid, n in limits if n < free[nid]]
         if out:
             self.hit = True
         return out
@@ -127,7 +138,7 @@ class RackLoad:
 
     def take(self, counts: Iterable[tuple[int, int]]) -> None:
         """Devices of ``counts`` turn busy (a start)."""
-        self._dry = None
+        self._changed()
         for nid, c in counts:
             rack = self.rack_of[nid]
             if rack is not None:
@@ -168,7 +179,7 @@ class RackLoad:
 
     def release(self, index: FleetIndex, rj: RunningJob, free: Sequence[int]) -> None:
         """``rj`` is preempted: its devices go back to idle."""
-        self._dry = None
+        self._changed()
         changed = self.job_w(index, rj)
         for rack, w in changed.items():
             self.draw_w[rack] -= w
@@ -181,6 +192,12 @@ class RackLoad:
     def describe(self, index: FleetIndex, opts: Options) -> str:
         """Why power holds a job of ``opts`` back: the tight rack of its groups with
         the most room, its draw against its cap, and what the job would add there."""
+        said = self._said.get(id(opts))
+        if said is None:
+            said = self._said[id(opts)] = self._describe(index, opts)
+        return said
+
+    def _describe(self, index: FleetIndex, opts: Options) -> str:
         keys = {gk for gk, _ in opts}
         best: tuple[float, str, float] | None = None
         for rack in sorted(self.budgets):
