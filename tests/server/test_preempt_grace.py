@@ -143,3 +143,27 @@ def test_a_bad_checkpoint_every_is_a_422_and_no_row(server: Server, team: str, b
     assert "checkpoint_every" in resp.json()["detail"]
     with server.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(text("jobs"))).scalar_one() == before
+
+
+def test_a_drain_counts_down_a_jobs_signal(server: Server, team: str) -> None:
+    """A drain (or a driver upgrade's) requeues what still runs at its deadline: a job that
+    asked ``--signal`` is told that deadline (its agent signals it SECONDS before, to
+    checkpoint), as it is told a time limit's end; a job on another node is not."""
+    pools = make_pool(server), make_pool(server)
+    node, other = make_node(server, pool=pools[0], gpus=1), make_node(server, pool=pools[1], gpus=1)
+    spec = {"gpus": 1, "team": team, "signal": "B:USR1@300", "time_limit": "2h"}
+    first, at = running(server, node, {**spec, "pool": pools[0]})
+    second, at2 = running(server, other, {**spec, "pool": pools[1]})
+    before = sync(server, node, [{"job_id": first, "state": "running", "attempt": at}])["jobs"][0]
+    started = job(server, first)["started_at"]
+    assert before["deadline"] == pytest.approx(started + 7200, abs=1)  # the time limit's end
+    t0 = time.time()
+    with server.client() as c:
+        ok(c.post(f"/nodes/{node}/drain", json={"grace": "10m"}))
+    after = sync(server, node, [{"job_id": first, "state": "running", "attempt": at}])["jobs"][0]
+    assert after["signal"] == "B:USR1@300"
+    assert t0 + 600 - 2 <= after["deadline"] <= time.time() + 600 + 2  # the drain's deadline, sooner
+    untouched = sync(server, other, [{"job_id": second, "state": "running", "attempt": at2}])["jobs"][0]
+    assert untouched["deadline"] == pytest.approx(job(server, second)["started_at"] + 7200, abs=1)
+    with server.client() as c:
+        ok(c.post(f"/nodes/{node}/uncordon"))

@@ -73,15 +73,28 @@ def desired(s: Session, node: str) -> list[DesiredJob]:
         if idx is not None:
             gpus.append(idx)
     names = {n for p in placement.values() for n in p}
-    addresses = dict(s.execute(select(NodeRow.name, NodeRow.address).where(NodeRow.name.in_(names))).all())
-    out = [_desired_job(job, user, node, placement[jid], addresses) for jid, (job, user) in jobs.items()]
+    cols = select(NodeRow.name, NodeRow.address, NodeRow.drain_deadline)
+    addresses: dict[str, str | None] = {}
+    drains: dict[str, float] = {}
+    for name, address, drain_deadline in s.execute(cols.where(NodeRow.name.in_(names))):
+        addresses[name] = address
+        if drain_deadline is not None:
+            drains[name] = drain_deadline
+    out = [
+        _desired_job(job, user, node, placement[jid], addresses, drains) for jid, (job, user) in jobs.items()
+    ]
     out = _with_models(s, out, jobs)  # the services' wished models (issue 30)
     steps = desired_steps(s, node, {d.job_id: d.attempt for d in out})  # srun's tasks here (issue 31)
     return [d.model_copy(update={"steps": steps[d.job_id]}) if d.job_id in steps else d for d in out]
 
 
 def _desired_job(
-    job: Job, user: str, node: str, placement: dict[str, list[int]], addresses: dict[str, str | None]
+    job: Job,
+    user: str,
+    node: str,
+    placement: dict[str, list[int]],
+    addresses: dict[str, str | None],
+    drains: dict[str, float],
 ) -> DesiredJob:
     """The placement's first node is the master; every node gets its rank in it."""
     peers = [PeerNode(node=n, address=addresses.get(n) or n, gpus=sorted(g)) for n, g in placement.items()]
@@ -94,7 +107,7 @@ def _desired_job(
         image=job.image,
         gpus=sorted(placement.get(node, [])),
         time_limit_s=job.time_limit_s,
-        deadline=_deadline(job),
+        deadline=_deadline(job, [drains[n] for n in placement if n in drains]),
         user=user,
         output=job.output,
         error=job.error,
@@ -117,12 +130,15 @@ def _desired_job(
     )
 
 
-def _deadline(job: Job) -> float | None:
+def _deadline(job: Job, drains: list[float]) -> float | None:
     """When ``--signal`` counts down to: the end of its time limit, or of a preemption's
-    grace if sooner (``jobstate/preemption.py``: the agent then signals it at once)."""
+    grace (``jobstate/preemption.py``: the agent then signals it at once), or the drain
+    deadline of one of its nodes (a drain or a driver upgrade requeues it then: it is told
+    to checkpoint first, as Slurm signals jobs before a maintenance), whichever is sooner."""
     ends = [] if job.time_limit_s is None or job.started_at is None else [job.started_at + job.time_limit_s]
     if job.preempt_at is not None:
         ends.append(job.preempt_at)
+    ends.extend(drains)
     return min(ends) if ends else None
 
 
