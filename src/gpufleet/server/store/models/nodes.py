@@ -51,6 +51,10 @@ class NodeRow(Base):
     cuda_version: Mapped[str | None] = mapped_column(String(32), nullable=True)
     """The newest CUDA its driver supports, as its agent reports it (NVML's
     ``nvmlSystemGetCudaDriverVersion``): jobs that need a newer one go elsewhere."""
+    gpu_power: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
+    """Its GPUs' latest power readings, ``{"<index>": watts}``, and when they were taken
+    (``gpu_power_at``): written only when one moved or aged (``services/racks.py``)."""
+    gpu_power_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class GpuRow(Base):
