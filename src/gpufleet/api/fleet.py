@@ -7,6 +7,19 @@ from pydantic import Field
 from gpufleet.api.base import Reply
 
 
+class Suspicion(Reply):
+    """Why failed jobs' output makes a node suspect (issue 34, ``decide/suspicion.py``):
+    the signature that blames it most, in failed jobs of how many distinct users."""
+
+    signature: str
+    diagnosis: str = Field(description="the signature's diagnosis ('' : no longer in the table)")
+    users: int = Field(description="distinct users whose failed jobs on the node carry it, within the window")
+    threshold: int = Field(description="users that cordon the node (0: never cordoned for it)")
+    window_s: float
+    jobs: list[int] = Field(description="the evidence's last jobs, oldest first (at most 5)")
+    cordoned: bool = Field(description="the diagnosis cordoned the node for it (it still is)")
+
+
 class SnapshotNode(Reply):
     name: str
     pool: str
@@ -39,6 +52,11 @@ class SnapshotNode(Reply):
         description='GPU index -> the MIG layout asked for and not yet applied ("2g.20gb,3g.40gb", or '
         '"whole": MIG off), for each GPU with one (left out of the JSON on a node with none)',
     )
+    suspect: Suspicion | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="the failure diagnosis suspects the node, or cordoned it (left out of the JSON when not)",
+    )
 
 
 class FleetSnapshot(Reply):
@@ -59,6 +77,24 @@ class NodeJob(Reply):
     started_at: float | None
 
 
+class NodeFailure(Reply):
+    """A failed job attempt whose output this node shipped, and what it matched (issue 34).
+    ``name``, ``user`` and ``line`` are the job owner's: empty for others' jobs unless
+    you are an operator. All of it is data: the page sets it as text, never as markup."""
+
+    job_id: int
+    attempt: int
+    name: str
+    user: str
+    at: float = Field(description="when it was read (queued, while pending)")
+    pending: bool = Field(description="its output is not read yet")
+    signature: str | None = Field(description="the signature found (null: none matched, or pending)")
+    diagnosis: str = ""
+    hint: str = ""
+    blame: str | None = Field(default=None, description="node, job or unknown")
+    line: str = Field(default="", description="the matching line, cut to 200 characters")
+
+
 class NodeHistory(Reply):
     node: str
     now: float
@@ -67,6 +103,9 @@ class NodeHistory(Reply):
         description="[at, [[value of each series] per GPU]] oldest first"
     )
     jobs: list[NodeJob]
+    failures: list[NodeFailure] = Field(
+        default_factory=list, description="its last failed job attempts (at most 10), newest first"
+    )
 
 
 class ServerOut(Reply):

@@ -27,7 +27,7 @@ STATIC = Path(__file__).resolve().parent / "web" / "static"
 def install(app: FastAPI, parts: Parts, observer: PassObserver) -> Callable[[], FleetView]:
     hot: AgentState = app.state.hot
     metrics = ServerMetrics()
-    views = ViewCache(traffic=hot.traffic)
+    views = ViewCache(traffic=hot.traffic, diagnosis=parts.config.diagnosis)
     app.state.metrics = metrics
     app.state.views = views
     observer.on_pass = metrics.observe_pass

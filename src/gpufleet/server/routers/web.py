@@ -73,4 +73,10 @@ def fleet_services(
 
 @api.get("/nodes/{name}/history", response_model=NodeHistory, tags=["nodes"])
 def node_history(name: str, parts: PartsDep, hot: HotDep, me: Me) -> NodeHistory:
-    return unwrap(dashboard.node_history(db=parts.db, hot=hot, actor=me, name=name, now=parts.now()))
+    """A node's telemetry, its jobs, and its last failed job attempts with their diagnosis."""
+    signatures = parts.config.diagnosis.signatures
+    return unwrap(
+        dashboard.node_history(
+            db=parts.db, hot=hot, actor=me, name=name, now=parts.now(), signatures=signatures
+        )
+    )

@@ -15,22 +15,24 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpufleet.api.fleet import FleetSnapshot, NodeHistory, NodeJob, SnapshotNode
+from gpufleet.api.fleet import FleetSnapshot, NodeHistory, NodeJob, SnapshotNode, Suspicion
 from gpufleet.api.nodes import GpuTelemetry
 from gpufleet.api.racks import RackOut
+from gpufleet.diagnosis import Signature
 from gpufleet.migindex import SHARE_UNITS, device_gpu, share_of, slice_index, slice_of, wants_share
 from gpufleet.scheduler import JobRequest
 from gpufleet.server.decide.pricing import PriceSchedule
+from gpufleet.server.decide.suspicion import DiagnosisConfig
 from gpufleet.server.decide.traffic import TrafficStore
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.problems import Failure, not_found
-from gpufleet.server.services import racks
+from gpufleet.server.services import diagnosisview, racks
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.fleetservices import ServiceHistory, ServiceInfo, load_services
 from gpufleet.server.services.reservations import BOOKED, to_core
@@ -186,6 +188,8 @@ class FleetView:
     """(node, shared GPU index) -> share units its jobs hold (a GPU without any: absent)"""
     racks: tuple[RackOut, ...] = ()
     """every rack, its estimated draw and power budget (``services/racks.py``)"""
+    suspects: dict[str, Suspicion] = field(default_factory=dict)
+    """node -> why failure diagnosis suspects it (suspect nodes only: ``diagnosisview``)"""
 
 
 def load_view(
@@ -195,8 +199,10 @@ def load_view(
     live_since: float,
     spend: tuple[TeamSpend, ...] = (),
     prices: PriceSchedule | None = None,
+    diagnosis: DiagnosisConfig | None = None,
 ) -> FleetView:
-    """``spend`` and ``prices`` come from ``load_spend`` (on its own, slower, cache)."""
+    """``spend`` and ``prices`` come from ``load_spend`` (on its own, slower, cache);
+    ``diagnosis``: the server's table and suspicion rule (None: the defaults)."""
     with db.read() as s:
         nodes = tuple(
             NodeInfo(
@@ -291,6 +297,9 @@ def load_view(
         reservations = load_reservations(s, now=now, held=held)
         services = load_services(s)
         power = tuple(racks.rack_draws(s, now)[0])
+        suspects = diagnosisview.suspicions(
+            s, now=now, config=diagnosis or DiagnosisConfig(), cordoned=[n.name for n in nodes if n.cordoned]
+        )
     return FleetView(
         at=now,
         nodes=nodes,
@@ -306,6 +315,7 @@ def load_view(
         services=services,
         prices=prices,
         racks=power,
+        suspects=suspects,
     )
 
 
@@ -405,6 +415,7 @@ class ViewCache:
     spend_ttl_s: float = 10.0
     traffic: TrafficStore | None = None
     history: ServiceHistory = field(default_factory=ServiceHistory)
+    diagnosis: DiagnosisConfig | None = None
     _hit: tuple[float, FleetView] | None = None
     _spend: tuple[float, tuple[TeamSpend, ...], PriceSchedule | None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -417,7 +428,9 @@ class ViewCache:
             if self._spend is None or self._spend[0] <= time.monotonic():
                 self._spend = (time.monotonic() + self.spend_ttl_s, load_spend(db, now=now), load_prices(db))
             _, spend, prices = self._spend
-            view = load_view(db, now=now, live_since=live_since, spend=spend, prices=prices)
+            view = load_view(
+                db, now=now, live_since=live_since, spend=spend, prices=prices, diagnosis=self.diagnosis
+            )
             self._hit = (time.monotonic() + self.ttl_s, view)
             store = self.traffic
             if store is not None:
@@ -500,16 +513,24 @@ def snapshot(view: FleetView, hot: AgentState) -> FleetSnapshot:
                 gpus=rows,
                 mig=mig,
                 mig_pending=pending,
+                suspect=view.suspects.get(n.name),
             )
         )
     return FleetSnapshot(at=view.at, hot_c=HOT_C, jobs=view.jobs, nodes=out)
 
 
 def node_history(
-    *, db: Database, hot: AgentState, actor: Principal, name: str, now: float
+    *,
+    db: Database,
+    hot: AgentState,
+    actor: Principal,
+    name: str,
+    now: float,
+    signatures: Sequence[Signature] = (),
 ) -> NodeHistory | Failure:
-    """A node's recent telemetry and the jobs on it. Like ``GET /v1/jobs``, a plain user
-    sees the details of their own jobs only (others: id and GPU count)."""
+    """A node's recent telemetry, the jobs on it and its last failed job attempts with
+    their diagnosis (``signatures``: the table that explains them). Like ``GET /v1/jobs``,
+    a plain user sees the details of their own jobs only (others: id and GPU count)."""
     with db.read() as s:
         if s.get(NodeRow, name) is None:
             return not_found(f"no node {name}")
@@ -536,6 +557,7 @@ def node_history(
                 gpus_here=gpus,
                 started_at=job.started_at,
             )
+        failures = diagnosisview.node_failures(s, node=name, actor=actor, signatures=signatures)
     store = hot.telemetry
     samples = store.history(name) if isinstance(store, RecordingTelemetryStore) else []
     return NodeHistory(
@@ -544,4 +566,5 @@ def node_history(
         series=["utilization_pct", "temperature_c", "power_w", "memory_used_mb"],
         samples=[[x.at, [list(g) for g in x.gpus]] for x in samples],
         jobs=list(jobs.values()),
+        failures=failures,
     )
