@@ -123,3 +123,20 @@ def test_demo_fleet_runs_jobs_and_stops_cleanly(tmp_path: Path) -> None:
     assert family and not [
         p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
     ]
+
+
+def test_demo_agents_have_a_driver_upgrade_hook_that_passes_the_agents_checks(tmp_path: Path) -> None:
+    """``gpufleet upgrade start --command driver`` works on the demo: its agents get the hook
+    ``driver``, a script the agent's own hook checks accept, that runs without a shell."""
+    from gpufleet.agent.upgrade import check_hook
+    from gpufleet.demo import demo_upgrade_hooks
+
+    work = tmp_path / "agents"
+    tmp_path.chmod(0o755)
+    hooks = demo_upgrade_hooks(work)
+    assert set(hooks) == {"driver"}
+    check_hook(hooks["driver"])  # raises if the agent would refuse it
+    done = subprocess.run([str(hooks["driver"]), "560.35.03"], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0 and "560.35.03" in done.stdout
+    work.chmod(0o777)  # a directory others may change: refused, and the demo goes on without
+    assert demo_upgrade_hooks(work) == {}

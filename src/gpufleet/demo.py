@@ -280,6 +280,7 @@ class Demo:
         names = [f"node-{i:03d}" for i in range(o.nodes)]
         tokens = self.join_tokens(names)
         work = self.agents_root()
+        hooks = demo_upgrade_hooks(work)
         for i, name in enumerate(names):
             leaf = i // o.nodes_per_leaf
             config = AgentConfig(
@@ -290,6 +291,7 @@ class Demo:
                 address="127.0.0.1",
                 sync_interval_s=o.sync_interval_s,
                 grace_s=5.0,
+                upgrade_hooks=hooks,
             )
             probe = SimulatedProbe(
                 node=name,
@@ -523,3 +525,21 @@ def run_demo(opts: DemoOptions) -> int:
             demo.shutdown()
     console.print("gpufleet demo: stopped.")
     return 0
+
+
+def demo_upgrade_hooks(work: Path) -> dict[str, Path]:
+    """The demo's agents' upgrade hook ``driver`` (``gpufleet upgrade start --command
+    driver``): a script that only prints; the simulated GPUs then report the driver the
+    upgrade expected (``SimulatedProbe.upgraded``). Checked as a real agent checks its
+    hooks; where the checks refuse it (a shared directory), the demo runs without one."""
+    from gpufleet.agent.upgrade import HookError, parse_hooks
+
+    hook = work / "upgrade-driver"
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        hook.write_text('#!/bin/sh\necho "gpufleet demo: installing NVIDIA driver $1 (simulated)"\n')
+        hook.chmod(0o755)
+        return parse_hooks([f"driver={hook}"])
+    except (OSError, HookError) as exc:
+        print(f"gpufleet demo: no driver upgrade hook ({exc})", file=sys.stderr)
+        return {}
