@@ -54,13 +54,15 @@ def _summary(
     rows: Sequence[_Row], *, config: DiagnosisConfig, known: dict[str, Signature], cordoned: bool
 ) -> Suspicion | None:
     """The signature with the most distinct users among one node's evidence (ties: the
-    latest), as a ``Suspicion``."""
+    latest, then the later job), as a ``Suspicion``."""
     per: dict[str, list[_Row]] = {}
     for r in sorted(rows, key=lambda r: (r.at, r.job_id)):
         per.setdefault(r.signature, []).append(r)
     if not per:
         return None
-    sig, evidence = max(per.items(), key=lambda kv: (len({r.user_id for r in kv[1]}), kv[1][-1].at))
+    sig, evidence = max(
+        per.items(), key=lambda kv: (len({r.user_id for r in kv[1]}), kv[1][-1].at, kv[1][-1].job_id)
+    )
     jobs = list(dict.fromkeys(r.job_id for r in evidence))
     rule = config.suspicion
     found = known.get(sig)

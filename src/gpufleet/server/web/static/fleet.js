@@ -315,11 +315,13 @@
     });
     var state = n.ready ? "Ready" : "NotReady";
     ref.btn.classList.toggle("notready", !n.ready);
+    var suspect = GF.suspectText(n);  // failure diagnosis blames the node (diagnoses.js)
+    ref.btn.classList.toggle("suspect", suspect !== null);
     var label = n.name + ", " + state + (n.cordoned ? ", cordoned" : "") + ": " + busy + " of " + n.gpus.length +
       " GPUs allocated" + (served ? " (" + served + " to service replicas)" : "") +
       ", mean utilisation " + (k ? Math.round(sum / k) : 0) + "%" +
       (att.whole ? ", needs attention" : att.gpus.length ? ", " + GF.plural(att.gpus.length, "GPU") + (att.gpus.length === 1 ? " needs" : " need") + " attention" : "") +
-      (migs.length ? "; " + migs.join("; ") : "");
+      (migs.length ? "; " + migs.join("; ") : "") + (suspect ? "; " + suspect : "");
     ref.btn.setAttribute("aria-label", label);
     ref.btn.title = label;
   }
@@ -382,6 +384,7 @@
         el("span", { class: "pill " + (node.ready ? "Ready" : "NotReady"), text: node.ready ? "Ready" : "NotReady" }),
         node.cordoned ? el("span", { class: "pill cordoned", text: "cordoned" }) : null,
         gcord ? el("span", { class: "pill cordoned", text: GF.plural(gcord, "GPU") + " cordoned" }) : null,
+        node.suspect ? el("span", { class: "pill suspect", text: "suspect", title: GF.suspectText(node) }) : null,
         el("span", { class: "muted small", text: node.model + " × " + node.gpus.length + " · " + node.leaf + " · " + node.rack + " · pool " + node.pool }),
       ]));
       var note = attentionNote(node);
@@ -405,6 +408,7 @@
     body.push(h.jobs.length ? table(["Job", "Name", "User", "GPUs here", "State"], h.jobs.map(function (j) {
       return ["#" + j.id, j.name || "(not yours)", j.user ? j.user + " · " + j.team : "", GF.ranges(j.gpus_here), j.state];
     }), null, "Jobs on " + h.node) : el("p", { class: "muted small", text: "No jobs on this node." }));
+    body.push(el("h3", { class: "sub", text: "Recent failures" }), GF.failuresList(h.failures || [], h.now));
     $("node-title").textContent = h.node;
     $("node-body").replaceChildren.apply($("node-body"), body);
   }
@@ -416,6 +420,8 @@
     if (!node.ready) items.push(item("NotReady", "its agent has not reported recently"));
     if (node.cordoned) items.push(item("Node cordoned", node.cordon_reason || "no reason given"));
     if (node.warning) items.push(item("Agent warning", node.warning));
+    if (node.suspect) items.push(item(node.suspect.cordoned ? "Cordoned by failure diagnosis" : "Suspect",
+      GF.suspectWhy(node)));
     var reasons = node.cordoned_gpus || {};
     node.gpus.forEach(function (g) {
       var own = reasons[g[0]];
@@ -426,7 +432,8 @@
       if (g[5] & 1) items.push(item("GPU " + g[0] + " hot", (g[2] === null ? "" : Math.round(g[2]) + " °C, ") + "at or above " + S.snap.hot_c + " °C"));
     });
     if (!items.length) return null;
-    var head = att.whole ? "Needs attention: the whole node" : "Needs attention: " + GF.plural(att.gpus.length, "GPU");
+    var head = att.whole ? "Needs attention: the whole node" : att.gpus.length ? "Needs attention: " + GF.plural(att.gpus.length, "GPU")
+      : "Needs attention: the node";  // only suspect (failure diagnosis)
     return el("div", { class: "attn", role: "note" }, [el("h3", { class: "sub", text: head }), el("ul", null, items)]);
   }
   function gpuState(node, g) {
