@@ -7,15 +7,24 @@ nothing; ``/metrics`` and ``gpufleet admin rack`` show each rack's draw against 
 Figures (``scheduler/powermodel.py``): a 4-GPU "H100" node draws 1000 W besides its GPUs,
 70 W a GPU idle, 700 W busy: its rack idles at 1.28 kW and each one-GPU job adds 0.63 kW.
 A 4 kW feed with 30 % headroom (cap 2.8 kW) powers two (2.54 kW), not three (3.17 kW).
+
+Measured power (the node's syncs carry it; the API process flushes it into the node row
+for the scheduling pass, ``store/gpupower.py``): once the two jobs have run 60 s, their
+GPUs count at what they read (150 W), which leaves room for the third; a node whose
+readings are over two minutes old counts at board power again; readings that do not move
+past the dead band are not written again. "60 s" and "two minutes" pass by moving the
+rows' times back (the server runs on the system clock).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+from sqlalchemy import text
 
 from server.conftest import Server, gpufleet, make_pool, make_team, make_user, ok, unique, wait_for
 
@@ -180,3 +189,105 @@ def test_cli_sets_lists_and_unsets(server: Server) -> None:
     assert gpufleet("admin", "rack", "unset", rack, env=env).returncode == 0
     with server.client() as c:  # a rack of no node and no budget is no longer listed
         assert rack not in [r["rack"] for r in ok(c.get("/racks"))["items"]]
+
+
+def _sync(srv: Server, node: str, *, jobs: list[dict[str, Any]], watts: dict[int, Any]) -> dict[str, Any]:
+    telemetry = [{"index": i, "power_w": w} for i, w in watts.items()]
+    with srv.client() as c:
+        return ok(c.post(f"/nodes/{node}/sync", json={"jobs": jobs, "telemetry": telemetry}))  # type: ignore[no-any-return]
+
+
+def _stored(srv: Server, node: str) -> tuple[dict[str, float] | None, float | None]:
+    """The node row's readings and their time, as the scheduling pass reads them."""
+    with srv.engine.connect() as c:
+        power, at = c.execute(
+            text("SELECT gpu_power, gpu_power_at FROM nodes WHERE name = :n"), {"n": node}
+        ).one()
+    return (json.loads(power) if isinstance(power, str) else power), at
+
+
+def _flushed(
+    srv: Server,
+    node: str,
+    watts: dict[int, Any],
+    want: dict[str, float],
+    jobs: list[dict[str, Any]] | None = None,
+) -> float:
+    """Sync ``watts`` (as an agent does, every ~0.2 s) until the row holds ``want``; its time."""
+
+    def seen() -> float | None:
+        _sync(srv, node, jobs=jobs or [], watts=watts)
+        power, at = _stored(srv, node)
+        return at if power == want else None
+
+    at = _until(seen)
+    assert at is not None, _stored(srv, node)
+    return float(at)
+
+
+def _age(srv: Server, sql: str, **params: Any) -> None:
+    with srv.engine.begin() as c:
+        c.execute(text(sql), params)
+
+
+def test_measured_power_lets_the_third_job_start_and_a_silent_node_falls_back(server: Server) -> None:
+    pool, team, rack = make_pool(server), make_team(server), unique("rack")
+    node = _node(server, pool=pool, rack=rack)
+    with server.client() as c:
+        ok(c.put(f"/racks/{rack}", json={"power_kw": 4, "headroom": 0.3}))
+    jobs = _submit(server, pool, team, 3)
+    for j in jobs[:2]:
+        wait_for(server, j, "SCHEDULED")
+    want = f"Power: rack {rack} at 2.5/2.8 kW, job adds 0.6 kW"
+    assert _until(lambda: _job(server, jobs[2])["wait_reason"] == want), _job(server, jobs[2])
+    desired = _sync(server, node, jobs=[], watts={})["jobs"]
+    running = [{"job_id": d["job_id"], "state": "running", "attempt": d["attempt"]} for d in desired]
+    busy = {g for d in desired for g in d["gpus"]}
+    watts = {i: 150.0 if i in busy else 60.0 for i in range(4)}
+    _flushed(server, node, watts, {str(i): w for i, w in watts.items()}, running)
+    for j in jobs[:2]:
+        wait_for(server, j, "RUNNING")
+    # Idle GPUs count as read at once (2 x 60 W), busy ones at board power until their
+    # jobs have run 60 s: 1000 + 120 + 1400 W, and the third would add 630 W.
+    assert _until(lambda: _rack(server, rack)["draw_kw"] == 2.52), _rack(server, rack)
+    time.sleep(2)  # passes run every second: none starts it yet
+    assert _job(server, jobs[2])["state"] == "PENDING"
+    _age(server, "UPDATE jobs SET started_at = started_at - 61 WHERE id IN (:a, :b)", a=jobs[0], b=jobs[1])
+    # 1000 + 2 x 60 + 2 x 150 = 1420 W: the third fits (+630 W); once it is placed it counts
+    # at board power (its GPU read 60 W idle): 1000 + 60 + 300 + 700 = 2060 W.
+    placed = wait_for(server, jobs[2], "SCHEDULED")
+    assert placed["allocation"][0]["node"] == node
+    assert _until(lambda: _rack(server, rack)["draw_kw"] == 2.06), _rack(server, rack)
+    # The node stops reporting: readings two minutes old count no more, board power again
+    # (1000 + 3 x 700 + 70 W, over the cap: what runs keeps running, nothing new starts).
+    _age(server, "UPDATE nodes SET gpu_power_at = gpu_power_at - 121 WHERE name = :n", n=node)
+    assert _until(lambda: _rack(server, rack)["draw_kw"] == 3.17), _rack(server, rack)
+    (fourth,) = _submit(server, pool, team, 1)
+    want = f"Power: rack {rack} at 3.2/2.8 kW, job adds 0.6 kW"
+    assert _until(lambda: _job(server, fourth)["wait_reason"] == want), _job(server, fourth)
+    with server.client() as c:
+        for j in [*jobs, fourth]:
+            ok(c.post(f"/jobs/{j}/cancel"))
+        ok(c.delete(f"/racks/{rack}"))
+
+
+def test_readings_are_written_when_they_move_and_not_otherwise(server: Server) -> None:
+    node = _node(server, pool=make_pool(server), rack=unique("rack"))
+    assert _stored(server, node) == (None, None)  # a sync without telemetry writes nothing
+    at = _flushed(server, node, {i: 100.0 for i in range(4)}, {str(i): 100.0 for i in range(4)})
+    # Within the dead band (10 W, or 5 % of what was written when that is more), for
+    # longer than the flush's second: the row is left alone.
+    for watts in ({0: 104.0, 1: 96.0, 2: 109.9, 3: 100.0}, {0: 91.0, 1: 100.0, 2: 100.0, 3: 108.0}) * 8:
+        _sync(server, node, jobs=[], watts=watts)
+        time.sleep(0.2)
+    assert _stored(server, node) == ({str(i): 100.0 for i in range(4)}, at)
+    moved = _flushed(
+        server,
+        node,
+        {0: 100.0, 1: 400.0, 2: 100.0, 3: 100.0},
+        {"0": 100.0, "1": 400.0, "2": 100.0, "3": 100.0},
+    )
+    assert moved > at
+    # What is not a wattage is dropped (that GPU counts at board power); a GPU without a
+    # reading is a change too.
+    _flushed(server, node, {0: -5.0, 1: 1e9, 2: 300.0, 3: None}, {"2": 300.0})

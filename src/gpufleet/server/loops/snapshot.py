@@ -303,7 +303,7 @@ class SnapshotReader:
             holds=holds,
             qos=limits,
             licenses=declared,
-            power=racks.power_model(s),  # rack power budgets (scheduler/power.py)
+            power=racks.power_model(s, now),  # rack power budgets and readings (scheduler/power.py)
         )
         return Loaded(snapshot=snap, refs=refs, booked=booked, kill=kill)
 

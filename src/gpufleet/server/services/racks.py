@@ -4,15 +4,24 @@
 
 The scheduler enforces the budgets (``gpufleet.scheduler.power``): ``power_model`` is
 what the scheduling pass's snapshot carries. The draw shown here is the core's own
-estimate (``scheduler.power.estimate_draw``) over the same fleet and allocations, so
-what an operator reads is what the scheduler counts. The server passes no GPU readings
-(the pass runs in a child process that has only the database; agents' telemetry lives
-in the API process): a busy GPU counts at its board power, which errs on the safe side.
+estimate (``scheduler.power.estimate_draw``) over the same fleet, allocations and
+readings, so what an operator reads is what the scheduler counts.
+
+Measured power: the pass runs in a child process that has only the database, while
+agents' telemetry lives in the API process that received their syncs. That process
+writes each node's per-GPU readings into its row (``nodes.gpu_power``, with
+``gpu_power_at``) in the heartbeat flush, only when one moved or aged
+(``store/gpupower.py``: ``write_gpu_power`` is the writer's bulk op); ``power_model``
+reads them back with the budgets. A reading older than ``READING_MAX_AGE_S`` is
+ignored (the node stopped reporting): its GPUs count at board power again. The core
+uses a busy GPU's reading only once its job has run ``PowerModel.settle_s``.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from collections.abc import Sequence
+
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet import mig
@@ -27,16 +36,23 @@ from gpufleet.server.problems import Failure, forbidden, not_found
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.inventory import LiveFleet
 from gpufleet.server.store.db import Database
+from gpufleet.server.store.gpupower import MAX_GPU_W, PowerBatch
 from gpufleet.server.store.models import Allocation, Job, NodeRow, PowerFigureRow, RackPowerRow
 
+READING_MAX_AGE_S = 120.0
+"""A node's readings older than this are not counted (twice the flush's refresh, so a
+node that reports keeps them; one that stopped falls back to board power)."""
 
-def power_model(s: Session) -> PowerModel | None:
-    """The racks' budgets and the operators' figures (None: no rack has a budget)."""
+
+def power_model(s: Session, now: float, *, racks_too: Sequence[str] = ()) -> PowerModel | None:
+    """The racks' budgets, the operators' figures and the readings of the budgeted
+    racks' nodes (and ``racks_too``'s) that are at most ``READING_MAX_AGE_S`` old at
+    ``now`` (None: no rack has a budget)."""
     racks = tuple(
         RackBudget(rack=r.rack, budget_w=r.budget_w, headroom=r.headroom)
         for r in s.scalars(select(RackPowerRow).order_by(RackPowerRow.rack))
     )
-    if not racks:
+    if not racks and not racks_too:
         return None
     figures = list(s.scalars(select(PowerFigureRow).order_by(PowerFigureRow.kind, PowerFigureRow.name)))
     return PowerModel(
@@ -46,7 +62,55 @@ def power_model(s: Session) -> PowerModel | None:
             (f.name, f.board_w) for f in figures if f.kind == "node" and f.board_w is not None
         ),
         node_base_w=tuple((f.name, f.base_w) for f in figures if f.kind == "node" and f.base_w is not None),
+        measured=measured(s, now, {r.rack for r in racks} | set(racks_too)),
     )
+
+
+def measured(s: Session, now: float, racks: set[str]) -> tuple[tuple[str, int, float], ...]:
+    """(node, GPU index, watts) of the nodes in ``racks`` whose readings are recent. A
+    row's malformed entry is skipped (the row is the API process's, but one bad item
+    never fails a pass)."""
+    q = (
+        select(NodeRow.name, NodeRow.gpu_power)
+        .where(NodeRow.rack.in_(sorted(racks)), NodeRow.gpu_power_at >= now - READING_MAX_AGE_S)
+        .order_by(NodeRow.name)
+    )
+    out: list[tuple[str, int, float]] = []
+    for node, watts in s.execute(q):
+        if not isinstance(watts, dict):
+            continue
+        for key, w in watts.items():
+            try:
+                index, value = int(key), float(w)
+            except (TypeError, ValueError):
+                continue
+            if 0.0 <= value <= MAX_GPU_W:  # (NaN fails both)
+                out.append((node, index, value))
+    return tuple(out)
+
+
+def write_gpu_power(s: Session, batches: Sequence[PowerBatch]) -> list[None]:
+    """A ``BulkOp``: the nodes' readings in one executemany, never replacing newer ones
+    (another server's, under HA)."""
+    latest: PowerBatch = {}
+    for batch in batches:
+        for node, reading in batch.items():
+            have = latest.get(node)
+            if have is None or reading.at > have.at:
+                latest[node] = reading
+    if latest:
+        stmt = (
+            update(NodeRow)
+            .where(NodeRow.name == bindparam("n"))
+            .where(NodeRow.gpu_power_at.is_(None) | (NodeRow.gpu_power_at < bindparam("t")))
+            .values(gpu_power=bindparam("w"), gpu_power_at=bindparam("t"))
+        )
+        rows = [
+            {"n": n, "t": r.at, "w": {str(i): w for i, w in sorted(r.watts.items())}}
+            for n, r in sorted(latest.items())
+        ]
+        s.connection().execute(stmt, rows)
+    return [None] * len(batches)
 
 
 def rack_draws(s: Session, now: float, *, also: str | None = None) -> tuple[list[RackOut], Fleet]:
@@ -55,11 +119,11 @@ def rack_draws(s: Session, now: float, *, also: str | None = None) -> tuple[list
     live = LiveFleet()
     fleet = live.load(s, live_since=now - NODE_TIMEOUT_S)
     running = _running(s, live.slices, now)
-    model = power_model(s)
     rows = {r.rack: r for r in s.scalars(select(RackPowerRow))}
     racks = sorted(
         set(s.scalars(select(NodeRow.rack).distinct())) | rows.keys() | ({also} if also else set())
     )
+    model = power_model(s, now, racks_too=racks)
     draws = estimate_draw(Snapshot(now=now, fleet=fleet, running=running, power=model), racks)
     nodes: dict[str, int] = {}
     gpus: dict[str, int] = {}
@@ -98,14 +162,16 @@ def _running(s: Session, slices: dict[tuple[str, int], str], now: float) -> tupl
     """Running and scheduled jobs with their devices, on the core's nodes (as the
     scheduling pass reads them: a MIG slice or GPU share on its slice or share node)."""
     parts: dict[int, dict[str, list[int]]] = {}
+    started: dict[int, float] = {}
     q = (
-        select(Allocation.job_id, Allocation.node, Allocation.gpu_index)
+        select(Allocation.job_id, Allocation.node, Allocation.gpu_index, Job.started_at, Job.scheduled_at)
         .join(Job, Job.id == Allocation.job_id)
         .where(Job.state.in_([str(a) for a in ACTIVE]), Allocation.gpu_index.is_not(None))
     )
-    for jid, node, idx in s.execute(q):
+    for jid, node, idx, started_at, scheduled_at in s.execute(q):
         if idx is None:
             continue
+        started[jid] = started_at or scheduled_at or now  # as the pass's snapshot reads it
         if idx >= SLICE_BASE:
             share = mig.share_of(idx)
             node = (
@@ -118,7 +184,7 @@ def _running(s: Session, slices: dict[tuple[str, int], str], now: float) -> tupl
         RunningJob(
             job=_placeholder(jid, held),
             placement=tuple(NodeGpus(node=n, gpus=tuple(sorted(g))) for n, g in sorted(held.items())),
-            started_at=now,
+            started_at=started[jid],
         )
         for jid, held in sorted(parts.items())
     )

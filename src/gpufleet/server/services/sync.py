@@ -70,7 +70,7 @@ from gpufleet.api.base import MAX_GPU_INDEX
 from gpufleet.api.nodes import GpuIn, NodeSync, SyncReply
 from gpufleet.server.errors import Conflict
 from gpufleet.server.problems import Failure, conflict, forbidden, not_found
-from gpufleet.server.services import miglayouts, preflight, upgrades
+from gpufleet.server.services import miglayouts, preflight, racks, upgrades
 from gpufleet.server.services.diagnoses import queue_closed
 from gpufleet.server.services.logs import LOG_MAX_BYTES, ingest_logs
 from gpufleet.server.services.nodes import inventory_problem, set_gpus, write_heartbeats
@@ -321,10 +321,13 @@ def sync_node(
         )
         if hot.relay is not None:  # several servers: the leader's health rules see it too
             hot.relay.telemetry(name, now, readings_now, body.driver_version, body.cuda_version)
+        if hot.power.note(name, at=now, gpus=readings_now):  # for the scheduling pass's rack power
+            hot.power.maybe_flush(writer, racks.write_gpu_power)
     fast = _fast_reply(db, name, body)
     if fast is not None:
         hot.heartbeats.note(name, now)
         hot.heartbeats.maybe_flush(writer, write_heartbeats)
+        hot.power.maybe_flush(writer, racks.write_gpu_power)  # readings noted earlier, if due
         _count(hot, name, fast.rejected)
         return fast.reply
     write = partial(

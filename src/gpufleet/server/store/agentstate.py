@@ -30,6 +30,7 @@ from gpufleet.api.nodes import GpuTelemetry, SyncStats
 from gpufleet.api.services import ServiceCounters
 from gpufleet.server.decide.health import HealthMonitor
 from gpufleet.server.decide.traffic import TrafficStore
+from gpufleet.server.store.gpupower import PowerReadings
 from gpufleet.server.store.writer import BulkOp, Writer
 
 log = logging.getLogger("gpufleet.server")
@@ -263,6 +264,8 @@ class Rejections:
 class AgentState:
     telemetry: TelemetryStore = field(default_factory=TelemetryStore)
     heartbeats: Heartbeats = field(default_factory=Heartbeats)
+    power: PowerReadings = field(default_factory=PowerReadings)
+    """GPU power readings on their way to the node rows (``gpupower.py``)."""
     latencies: Latencies = field(default_factory=Latencies)
     creds: CredCache = field(default_factory=CredCache)
     revocations: Revocations = field(default_factory=Revocations)
