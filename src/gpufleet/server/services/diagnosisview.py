@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import false, func, select, true
 from sqlalchemy.orm import Session
 
 from gpufleet.api.fleet import NodeFailure, Suspicion
@@ -87,7 +87,7 @@ def _evidence(s: Session, *, since: float, spent: bool, nodes: Iterable[str] | N
     ).where(
         JobDiagnosis.blame == "node",
         JobDiagnosis.signature.is_not(None),
-        JobDiagnosis.spent.is_(spent),
+        JobDiagnosis.spent == (true() if spent else false()),  # as ix_job_diagnoses_suspect says it
         JobDiagnosis.done_at >= since,
     )
     if nodes is not None:

@@ -29,6 +29,14 @@ class JobDiagnosis(Base):
             postgresql_where=text("done_at IS NULL"),
         ),
         Index("ix_job_diagnoses_node_signature", "node", "signature"),
+        # the fleet view's read of unspent evidence against nodes (services/diagnosisview.py):
+        # its query must say ``spent = false`` (``== false()``) for SQLite to use it
+        Index(
+            "ix_job_diagnoses_suspect",
+            "done_at",
+            sqlite_where=text("blame = 'node' AND spent = 0"),
+            postgresql_where=text("blame = 'node' AND spent = false"),
+        ),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
