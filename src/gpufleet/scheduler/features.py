@@ -27,11 +27,13 @@ def node_filters(job: JobRequest) -> list[NodeFilter]:
     """The filters to try in order for ``job``'s ``--constraint``, ``--exclude`` and
     ``--cuda`` (``[]``: none, any node of its pool will do). A constraint stored by the
     server is canonical; one that no longer parses matches no node (the job waits, saying so)."""
+    need = job.cuda
+    if job.constraint is None and not job.exclude and need is None:
+        return []  # the common case, once per job and pass: nothing imported, nothing made
     from gpufleet.scheduler.cuda import supports
 
-    need = job.cuda
     if job.constraint is None and not job.exclude:
-        return [] if need is None else [lambda node: supports(node, need)]
+        return [lambda node: supports(node, need)]
     from gpufleet.scheduler.options import gpu_type_matches
 
     try:

@@ -14,8 +14,9 @@ time), ties in running order, exactly as sorting the keys of every job would giv
 
 Inside one rank class (jobs whose keys agree on the policy's first
 ``Policy.victim_class`` elements: equally eligible, as far as the policy can tell) the
-preemption step takes the job that loses least first (``cheapest_first``): GPUs x the
-time since its last checkpoint (``lost_work``), so a job that just checkpointed is cheap.
+preemption step takes the job that loses least per GPU it frees first (``cheapest_first``:
+the time since its last checkpoint, ``since_checkpoint``), so a job that just checkpointed
+is cheap; its reason states the whole loss, GPUs x that time (``lost_work``).
 
 A ``RunningKeys`` lives on a FleetIndex, which the caller's ``PlanCache`` owns: one
 caller, one thread, so it takes no lock.
@@ -109,7 +110,8 @@ def lost_work_words(rj: RunningJob, now: float) -> str:
 
 def cheapest_first(victims: list[Victim], width: int, now: float) -> list[Victim]:
     """``victims`` (worst-ranked first) with each run of one rank class (keys equal in
-    their first ``width`` elements) ordered by ``lost_work``, least first; equal losses
+    their first ``width`` elements) ordered by the work lost per GPU freed
+    (``since_checkpoint``), least first; equal losses
     keep their rank order. ``width`` 0: as they are. The classes stay in rank order, so
     floors that split keys only between classes (``Policy.victim_floor``) still split
     the list in two."""
@@ -128,9 +130,23 @@ def cheapest_first(victims: list[Victim], width: int, now: float) -> list[Victim
     return out
 
 
+def since_checkpoint(rj: RunningJob, now: float) -> float:
+    """Seconds of work ``rj`` loses per GPU if stopped at ``now`` (``lost_work`` over its
+    GPUs): what a preemption pays for each GPU it frees."""
+    ran = now - rj.started_at
+    if ran <= 0.0:
+        return 0.0
+    every = rj.job.checkpoint_s
+    return ran % every if every is not None and every > 0.0 else ran
+
+
 def _flush(out: list[Victim], run: list[Victim], now: float) -> None:
+    """A rank class, least work lost *per GPU freed* first: victims are taken until the
+    preemptor's GPUs are free, so the loss per GPU is what the order should minimise (a
+    1-GPU job that ran 1 h is not cheaper than an 8-GPU job that checkpointed a minute
+    ago). Without declared intervals this is the newest start first, as before."""
     if len(run) > 1:
-        run.sort(key=lambda v: lost_work(v.job, now))
+        run.sort(key=lambda v: since_checkpoint(v.job, now))
     out += run
 
 
