@@ -36,6 +36,14 @@ def job(server: Server, jid: int) -> dict[str, Any]:
         return ok(c.get(f"/jobs/{jid}"))  # type: ignore[no-any-return]
 
 
+def cancel(server: Server, *ids: int) -> None:
+    """Leave nothing waiting behind: the fleet has one queue across pools, and a job left
+    pending ahead of another file's jobs moves their estimated starts."""
+    with server.client() as c:
+        for jid in ids:
+            c.post(f"/jobs/{jid}/cancel")
+
+
 def running(server: Server, node: str, spec: dict[str, Any]) -> tuple[int, int]:
     """A job submitted and confirmed RUNNING on ``node``: (id, attempt)."""
     jid = submit(server, **spec)["id"]
@@ -83,6 +91,7 @@ def test_a_victim_that_asked_a_signal_gets_its_grace_then_is_requeued(server: Se
     # As any preempted job: its old node confirms the stop, then the preemptor runs there.
     sync(server, node, [])
     wait_for(server, high, "SCHEDULED", timeout=5)
+    cancel(server, low, high)
 
 
 def test_a_victim_that_exits_in_its_grace_is_preempted_not_failed(server: Server, team: str) -> None:
@@ -104,15 +113,17 @@ def test_a_victim_that_exits_in_its_grace_is_preempted_not_failed(server: Server
     assert back["events"][-1]["reason"].endswith("during its grace")
     assert ("RUNNING", "FAILED") not in [(e["from_state"], e["to_state"]) for e in back["events"]]
     wait_for(server, high, "SCHEDULED", timeout=5)  # its node confirmed with the exit
+    cancel(server, low, high)
 
 
 def test_a_victim_without_a_signal_is_stopped_at_once(server: Server, team: str) -> None:
     pool = make_pool(server)
     node = make_node(server, pool=pool, gpus=1)
     low, _ = running(server, node, {"pool": pool, "team": team, "checkpoint_every": "30m"})
-    submit(server, pool=pool, team=team, priority=100)
+    high = submit(server, pool=pool, team=team, priority=100)["id"]
     back = wait_for(server, low, "PENDING", timeout=5)
     assert "since its last checkpoint (every 1800s)" in back["events"][-1]["reason"]
+    cancel(server, low, high)
 
 
 @pytest.mark.parametrize(
@@ -126,6 +137,7 @@ def test_checkpoint_every_is_stored(server: Server, team: str, given: object, st
     made = submit(server, **spec)
     assert made["checkpoint_s"] == stored
     assert job(server, made["id"])["checkpoint_s"] == stored
+    cancel(server, made["id"])
 
 
 @pytest.mark.parametrize("bad", ["abc", "0s", "31d", -5, "", "1e400"], ids=str)
@@ -167,3 +179,4 @@ def test_a_drain_counts_down_a_jobs_signal(server: Server, team: str) -> None:
     assert untouched["deadline"] == pytest.approx(job(server, second)["started_at"] + 7200, abs=1)
     with server.client() as c:
         ok(c.post(f"/nodes/{node}/uncordon"))
+    cancel(server, first, second)
