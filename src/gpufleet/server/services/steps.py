@@ -40,6 +40,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from gpufleet.api.base import INT32
 from gpufleet.api.nodes import SyncReply
 from gpufleet.api.steps import (
     MAX_STEPS,
@@ -340,7 +341,9 @@ def _out(s: Session, step: JobStep, job: Job, *, after: int | None, tasks: bool 
         size = 0
         q = (
             select(JobStepOutput)
-            .where(JobStepOutput.step_id == step.id, JobStepOutput.id > after)
+            # piece ids are 32-bit: a client's larger ``after`` (up to 2**63-1) means "after
+            # all of them", and PostgreSQL refuses an int4 compared with it (a 500, by fuzzing)
+            .where(JobStepOutput.step_id == step.id, JobStepOutput.id > min(after, INT32))
             .order_by(JobStepOutput.id)
         )
         for c in s.scalars(q.limit(1000)):
