@@ -34,6 +34,8 @@ Every step is a fleet event (``gpu_events``).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -75,10 +77,14 @@ def _members(s: Session, ro: Rollout) -> list[RolloutNode]:
     )
 
 
-def _upgrade(s: Session, rollout_id: int) -> Rollout | Failure:
+def _upgrade(s: Session, rollout_id: int, states: Collection[str] | None = OPEN) -> Rollout | Failure:
+    """The driver upgrade ``rollout_id`` if it is in one of ``states`` (None: any), else
+    404 (no such upgrade) or 409 (in another state)."""
     ro = s.get(Rollout, rollout_id)
     if ro is None or ro.expect_driver is None:
         return not_found(f"no driver upgrade {rollout_id}")
+    if states is not None and ro.state not in states:
+        return conflict(f"upgrade {rollout_id} is {ro.state}")
     return ro
 
 
@@ -147,7 +153,7 @@ def show(*, db: Database, actor: Principal, rollout_id: int | None) -> RolloutOu
             if ro is None:
                 return not_found("no driver upgrade")
         else:
-            found = _upgrade(s, rollout_id)
+            found = _upgrade(s, rollout_id, None)
             if isinstance(found, Failure):
                 return found
             ro = found
@@ -159,11 +165,9 @@ def pause(*, db: Database, actor: Principal, rollout_id: int, now: float) -> Rol
     if (bad := _operator(actor)) is not None:
         return bad
     with db.write() as s:
-        ro = _upgrade(s, rollout_id)
+        ro = _upgrade(s, rollout_id, ("active",))
         if isinstance(ro, Failure):
             return ro
-        if ro.state != "active":
-            return conflict(f"upgrade {rollout_id} is {ro.state}")
         ro.state, ro.pause_reason = "paused", f"paused by {actor.name}"
         _event(
             s, now=now, node="", kind="upgrade_paused", reason=f"upgrade rollout {ro.id}: {ro.pause_reason}"
@@ -184,8 +188,6 @@ def resume(
         ro = _upgrade(s, rollout_id)
         if isinstance(ro, Failure):
             return ro
-        if ro.state not in OPEN:
-            return conflict(f"upgrade {rollout_id} is {ro.state}")
         members = _members(s, ro)
         names = {m.node for m in members}
         unknown = [n for n in spec.skip if n not in names]
@@ -233,8 +235,6 @@ def abort(*, db: Database, actor: Principal, rollout_id: int, now: float) -> Rol
         ro = _upgrade(s, rollout_id)
         if isinstance(ro, Failure):
             return ro
-        if ro.state not in OPEN:
-            return conflict(f"upgrade {rollout_id} is {ro.state}")
         for m in _members(s, ro):
             node = s.get(NodeRow, m.node)
             if m.state == "draining" and node is not None:
