@@ -117,7 +117,10 @@ def test_a_node_with_invalid_rows_is_skipped_not_fatal(server: Server, team: str
             skipped = eventually(lambda: metric(server, "gpufleet_scheduler_skipped_nodes") >= 1, timeout=20)
             with server.client() as c:
                 ok(c.post(f"/jobs/{nudge['id']}/cancel"))
-        assert skipped, server.stderr()[-4000:]
+        if not skipped:
+            counts = [metric(server, f"gpufleet_scheduling_{n}") for n in ("passes", "failures")]
+            lines = list(dict.fromkeys(server.stderr().splitlines()))  # each distinct line once
+            raise AssertionError(f"no pass counted it; passes, failures: {counts}\n" + "\n".join(lines[-60:]))
         with server.client() as c:
             assert ok(c.get(f"/jobs/{waiting['id']}"))["state"] == "PENDING"
     finally:

@@ -165,6 +165,9 @@ class LiveFleet:
     """Nodes left out of the last fleet (invalid rows), with the reason."""
     slices: dict[tuple[str, int], str] = field(default_factory=dict)
     """``slice_nodes`` of the last fleet: where an allocation of a MIG slice is, to the core."""
+    quiet: bool = False
+    """Log nothing: a reader built afresh for each request (``racks.py``: the page and
+    ``/metrics``) would repeat the scheduling loop's warning on every scrape."""
 
     def load(self, s: Session, *, live_since: float) -> Fleet:
         nodes, gpus = _rows(s, None)
@@ -175,7 +178,7 @@ class LiveFleet:
         key = (tuple(n[:5] + n[6:] for n in nodes), gpus, ready)  # not last_seen: `ready` has it
         if key != self._key or self._fleet is None:
             self._fleet, skipped = _build(nodes, gpus, live_since=live_since)
-            if skipped.keys() != self.skipped.keys():  # logged when the set changes, not every pass
+            if not self.quiet and skipped.keys() != self.skipped.keys():  # logged when the set changes
                 for name, why in sorted(skipped.items()):
                     log.warning("node %s left out of scheduling: %s", name, why)
             self.skipped = skipped

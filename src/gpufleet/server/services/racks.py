@@ -116,7 +116,7 @@ def write_gpu_power(s: Session, batches: Sequence[PowerBatch]) -> list[None]:
 def rack_draws(s: Session, now: float, *, also: str | None = None) -> tuple[list[RackOut], Fleet]:
     """Every rack the server knows (of a node or a budget; and ``also``), with its
     estimated draw."""
-    live = LiveFleet()
+    live = LiveFleet(quiet=True)  # the scheduling loop's reader says which nodes are left out
     fleet = live.load(s, live_since=now - NODE_TIMEOUT_S)
     running = _running(s, live.slices, now)
     rows = {r.rack: r for r in s.scalars(select(RackPowerRow))}
