@@ -177,6 +177,12 @@ class JobRequest:
     checkpoint_s: float | None = None
     """``--checkpoint-every``: how often it saves its state (seconds; None: not declared).
     A running job stopped now loses the work since its last checkpoint (``victims.lost_work``)."""
+    predicted_s: float | None = None
+    """Its predicted total run time, wall seconds, from the history of jobs like it
+    (``predict.py``; None: no prediction). Policies may read it; only ``srtf-oracle``
+    reads ``oracle_remaining_s``."""
+    predicted_confidence: float = 0.0
+    """0..1: how far ``predicted_s`` is to be trusted (``predict.Prediction``)."""
 
     @property
     def units(self) -> int:
