@@ -287,6 +287,18 @@ class JobDetail(JobOut):
     diagnosis: JobDiagnosis | None = Field(
         default=None, description="what its failed output matched (None: not failed, or nothing known)"
     )
+    predicted_s: float | None = Field(
+        default=None,
+        description="its whole run time as the scheduler predicted it from the jobs like it that ended "
+        "before (same user, name and GPUs, down to its team); None: no history enough",
+    )
+    predicted_end: float | None = Field(
+        default=None, description="a running job: when it is predicted to end (at most its time limit)"
+    )
+    prediction_confidence: float | None = Field(default=None, description="0..1: how far to trust it")
+    prediction_basis: str | None = Field(
+        default=None, description="which history it came from: user+name+gpus (12 jobs)"
+    )
 
 
 class JobPage(Reply):

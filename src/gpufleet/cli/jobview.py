@@ -156,10 +156,26 @@ def show_lines(given: Job | JobDetail, *, now: float) -> list[str]:
         ("energy", f"{job['energy_kwh']:.3f} kWh" if job.get("energy_kwh") else None),
     ]
     lines += [f"{k:>{_LABEL}}: {'-' if v is None else v}" for k, v in tail]
+    lines += prediction_lines(job, now=now)
     lines += diagnosis_lines(job.get("diagnosis"))
     lines.append("events:")
     lines += [_event(e) for e in job.get("events") or ()]
     return lines
+
+
+def prediction_lines(job: Job, *, now: float) -> list[str]:
+    """The scheduler's predicted run time (issue 33) and what it is based on: a running
+    job's predicted end, another's predicted run; nothing without a prediction."""
+    seconds = job.get("predicted_s")
+    if seconds is None:
+        return []
+    why = f"from {job.get('prediction_basis') or '?'}, confidence {job.get('prediction_confidence') or 0:.2f}"
+    end = job.get("predicted_end")
+    if end is None:
+        return [f"{'predicted run':>{_LABEL}}: {format_duration(seconds)} ({why})"]
+    late = now - end
+    when = f"overdue by {format_duration(late)}" if late > 1 else _eta(end, now)
+    return [f"{'predicted end':>{_LABEL}}: {when}, at {_when(end)} ({why})"]
 
 
 def diagnosis_lines(found: Mapping[str, Any] | None) -> list[str]:
@@ -176,4 +192,12 @@ def diagnosis_lines(found: Mapping[str, Any] | None) -> list[str]:
     return [f"{k:>{_LABEL}}: {v}" for k, v in fields if v]
 
 
-__all__ = ["batch_fields", "clip", "command_lines", "diagnosis_lines", "placement", "show_lines"]
+__all__ = [
+    "batch_fields",
+    "clip",
+    "command_lines",
+    "diagnosis_lines",
+    "placement",
+    "prediction_lines",
+    "show_lines",
+]

@@ -23,7 +23,8 @@ Each pass, observe then act (Ray autoscaler's sync/step split):
    Steps 2-3 run outside the write transaction, so a plan never holds the write lock.
 4. *commit* in ONE transaction (with step 1): starts (PENDING -> SCHEDULED + allocations),
    preemptions (-> PREEMPTED -> PENDING, GPU-seconds kept, old nodes told to stop), and
-   the pending statuses (position, estimated start, reason). Every job write is a
+   the pending statuses (position, estimated start, reason) and the run times predicted
+   for the jobs this pass saw first (``history.py``). Every job write is a
    compare-and-set on (state, version); if one fails the transaction rolls back and the
    pass restarts from a fresh snapshot, at most ``max_attempts`` times (Nomad's plan
    rejection). A failed pass is logged and counted; the loop goes on.
@@ -132,11 +133,13 @@ class SchedulingPass:
                     timed_out = time_out(s, now)
                     end_graces(s, now, actor=ACTOR)  # preemptions whose victims' grace is over
                     started = self._writer.commit(s, loaded, result, now)
+                    self._reader.predictions.write(s)  # the jobs first seen this pass (``history.py``)
             except (Conflict, IntegrityError, OperationalError) as exc:
                 log.info("scheduling pass attempt %d rejected (%s); retrying", attempt, type(exc).__name__)
                 self._writer.forget()
                 self._reader.forget()
                 continue
+            self._reader.predictions.written()
             self.observer.passed(loaded.snapshot, result, time.perf_counter() - t0)
             return PassResult(
                 started=started,

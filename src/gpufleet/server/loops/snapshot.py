@@ -11,7 +11,8 @@ Waiting jobs are judged here too (``dependencies``, ``eligibility``, ``layoutwai
 held back with their reasons, or cancelled by the commit (``Loaded.kill``).
 
 ``SnapshotReader`` keeps what need not be read again from pass to pass: the fleet's rows
-and the pending jobs' rows and requests (``_PendingCache``).
+and the pending jobs' rows and requests (``_PendingCache``), and the run-time predictor
+fed from the jobs that ended with each job's prediction (``history.py``).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from gpufleet.scheduler import (
     RunningJob,
     Snapshot,
 )
+from gpufleet.scheduler.predict import Prediction
 from gpufleet.server.jobstate.states import ACTIVE, JobState
 from gpufleet.server.jobstate.transitions import JobRef
 from gpufleet.server.loops import dependencies, eligibility
+from gpufleet.server.loops.history import EndedFeed, Predictions, traits
 from gpufleet.server.loops.reservations import Booked, load_booked
 from gpufleet.server.services import layoutwait, racks
 from gpufleet.server.services.inventory import LiveFleet
@@ -91,6 +94,9 @@ class _JobRow(NamedTuple):
     checkpoint_s: float | None
     preempt_at: float | None
     preempt_by: int | None
+    predicted_s: float | None
+    predicted_conf: float | None
+    prediction_basis: str | None
 
     def ref(self) -> JobRef:
         return JobRef(id=self.id, state=_STATES[self.state], version=self.version)
@@ -148,10 +154,17 @@ class _PendingCache:
                 out.append(hit)
         return out
 
-    def request(self, jid: int, teams: dict[int, str], users: dict[int, str], qos: QosTerms) -> JobRequest:
+    def request(
+        self,
+        jid: int,
+        teams: dict[int, str],
+        users: dict[int, str],
+        qos: QosTerms,
+        predicted: Prediction | None,
+    ) -> JobRequest:
         job, jref, req = self.rows[jid]
         if req is None:
-            req = _request(job, teams, users, qos)
+            req = _request(job, teams, users, qos, predicted)
             self.rows[jid] = (job, jref, req)
         return req
 
@@ -184,6 +197,10 @@ class SnapshotReader:
     def __init__(self) -> None:
         self._fleet = LiveFleet()
         self._pending = _PendingCache()
+        self.history = EndedFeed()
+        """The predictor and what it learnt (``history.py``)."""
+        self.predictions = Predictions()
+        """Each job's prediction, and the new ones the pass's commit writes."""
 
     @property
     def skipped_nodes(self) -> int:
@@ -197,6 +214,7 @@ class SnapshotReader:
     def load(self, s: Session, now: float, *, live_since: float) -> Loaded:
         """The snapshot at ``now``; nodes are live if heard from since ``live_since``."""
         fleet = self._fleet.load(s, live_since=live_since)
+        self.history.read(s, now)  # the jobs that ended since the last pass teach it first
         teams = dict(s.execute(select(Team.id, Team.name)).all())
         users = dict(s.execute(select(User.id, User.name)).all())
         quotas = tuple(
@@ -238,7 +256,7 @@ class SnapshotReader:
             parts = placements.get(job.id, {})
             running.append(
                 RunningJob(
-                    job=_request(job, teams, users, qos),
+                    job=_request(job, teams, users, qos, self._predict(job)),
                     placement=tuple(
                         NodeGpus(node=n, gpus=tuple(sorted(g))) for n, g in sorted(parts.items())
                     ),
@@ -256,7 +274,9 @@ class SnapshotReader:
         timed: list[eligibility.Timed] = []
         for job, jref, req in self._pending.load(s, now):
             refs[str(job.id)] = jref
-            pending.append(req if req is not None else self._pending.request(job.id, teams, users, qos))
+            if req is None:
+                req = self._pending.request(job.id, teams, users, qos, self._predict(job))
+            pending.append(req)
             if job.dependency is not None:
                 w = dependencies.Waiting(
                     id=job.id, user_id=job.user_id, name=job.name, dependency=job.dependency
@@ -292,6 +312,7 @@ class SnapshotReader:
                 for p in pending
                 if int(p.id) not in kill
             ]
+        self.predictions.keep(self._pending.rows.keys() | {int(r.job.id) for r in running})
         booked = load_booked(s, now)
         snap = Snapshot(
             now=now,
@@ -306,6 +327,24 @@ class SnapshotReader:
             power=racks.power_model(s, now),  # rack power budgets and readings (scheduler/power.py)
         )
         return Loaded(snapshot=snap, refs=refs, booked=booked, kill=kill)
+
+    def _predict(self, job: _JobRow) -> Prediction | None:
+        """``job``'s run time, predicted once (``history.Predictions``); none for a
+        service's replica (it runs until scaled down)."""
+        if job.service_id is not None:
+            return None
+        return self.predictions.of(
+            self.history.predictor,
+            job_id=job.id,
+            job=traits(
+                user_id=job.user_id,
+                team_id=job.team_id,
+                name=job.name,
+                gpus=job.gpus,
+                time_limit_s=job.time_limit_s,
+            ),
+            stored=(job.predicted_s, job.predicted_conf, job.prediction_basis),
+        )
 
 
 def _awaiting(victims: list[_JobRow]) -> Blocked:
@@ -333,10 +372,20 @@ QosTerms = dict[str, tuple[int, bool]]
 """QOS name -> (its priority, whether its jobs may be preempted)."""
 
 
-def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str], qos: QosTerms) -> JobRequest:
+def _request(
+    job: _JobRow,
+    teams: dict[int, str],
+    users: dict[int, str],
+    qos: QosTerms,
+    predicted: Prediction | None,
+) -> JobRequest:
     """The core's view of ``job``; its QOS's priority is added to its own (within the
-    API's -1000..1000) and a QOS that is not preemptable makes it a non-victim."""
+    API's -1000..1000) and a QOS that is not preemptable makes it a non-victim. Its
+    predicted run time is at most its time limit (which may have gone down since)."""
     boost, preemptable = qos.get(job.qos, (0, True)) if job.qos is not None else (0, True)
+    predicted_s = None if predicted is None else predicted.duration_s
+    if predicted_s is not None and job.time_limit_s is not None and job.time_limit_s > 0:
+        predicted_s = min(predicted_s, job.time_limit_s)
     return JobRequest(
         id=str(job.id),
         gpus=job.gpus,
@@ -367,4 +416,6 @@ def _request(job: _JobRow, teams: dict[int, str], users: dict[int, str], qos: Qo
         licenses=tuple(sorted(job.licenses.items())) if job.licenses else (),
         cuda=parse_reported(job.cuda),
         checkpoint_s=job.checkpoint_s,
+        predicted_s=predicted_s,
+        predicted_confidence=0.0 if predicted is None else predicted.confidence,
     )

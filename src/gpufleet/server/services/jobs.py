@@ -130,7 +130,23 @@ def _detail(
         cpus_per_task=job.cpus_per_task,
         ntasks_per_node=job.ntasks_per_node,
         diagnosis=_diagnosis(job.diagnosis),
+        predicted_s=job.predicted_s,
+        predicted_end=predicted_end(job),
+        prediction_confidence=job.predicted_conf,
+        prediction_basis=job.prediction_basis,
     )
+
+
+def predicted_end(job: Job) -> float | None:
+    """When a running job is predicted to end: its attempt's start plus what its
+    prediction leaves after its earlier attempts (``executed_s``), within its time limit
+    (``loops/history.py`` predicts)."""
+    if job.state != JobState.RUNNING or job.started_at is None or job.predicted_s is None:
+        return None
+    left = max(0.0, job.predicted_s - job.executed_s)
+    if job.time_limit_s is not None and job.time_limit_s > 0:
+        left = min(left, job.time_limit_s)
+    return job.started_at + left
 
 
 def _diagnosis(stored: dict[str, Any] | None) -> JobDiagnosis | None:

@@ -29,6 +29,7 @@ class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         Index("ix_jobs_state_id", "state", "id"),
+        Index("ix_jobs_ended_at", "ended_at"),  # the scheduling pass's history (``loops/history.py``)
         # Every agent sync asks whether a job waits for this node's stop confirmation:
         # only the few jobs with ``stopping_on`` set are in this index. It holds their
         # ids, not the node list (a B-tree entry has a size limit; the list does not).
@@ -170,6 +171,10 @@ class Job(Base):
     until then), ``preempt_reason`` the plan's reason. None: none under way."""
     preempt_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
     preempt_reason: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    # The run time the scheduling pass predicted when it first saw the job (``loops/history.py``).
+    predicted_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    predicted_conf: Mapped[float | None] = mapped_column(Float, nullable=True)
+    prediction_basis: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     @property
     def stopping_nodes(self) -> list[str]:
