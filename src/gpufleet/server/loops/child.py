@@ -284,32 +284,34 @@ class _Reporter:
         self.out = out
         self.loop = loop
         self.observer = observer
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._sent = (0, 0, 0)
 
     def on_pass(self, snapshot: Snapshot, plan: Plan, seconds: float) -> None:
-        self._send(
-            pass_report(
-                passes=self.loop.passes + 1,  # the runner counts this pass when it returns
-                failures=self.loop.failures,
-                snapshot=snapshot,
-                plan=plan,
-                seconds=seconds,
-                skipped_nodes=self.observer.skipped_nodes,
+        with self._lock:  # read and sent in one step: a report never overtakes a fresher one
+            self._send(
+                pass_report(
+                    passes=self.loop.passes + 1,  # the runner counts this pass when it returns
+                    failures=self.loop.failures,
+                    snapshot=snapshot,
+                    plan=plan,
+                    seconds=seconds,
+                    skipped_nodes=self.observer.skipped_nodes,
+                )
             )
-        )
 
     def ring(self, nodes: set[str]) -> None:
         """The nodes a committed pass touched, for the parent's agents (``dispatch.py``)."""
         self._send({"ring": sorted(nodes)})
 
     def counters(self) -> None:
-        loop, skipped = self.loop, self.observer.skipped_nodes
-        if (loop.passes, loop.failures, skipped) != self._sent:
-            self._send(pass_report(passes=loop.passes, failures=loop.failures, skipped_nodes=skipped))
+        with self._lock:  # else a skipped count read before a pass could follow that pass's report
+            loop, skipped = self.loop, self.observer.skipped_nodes
+            if (loop.passes, loop.failures, skipped) != self._sent:
+                self._send(pass_report(passes=loop.passes, failures=loop.failures, skipped_nodes=skipped))
 
     def _send(self, report: dict[str, Any]) -> None:
-        with self._lock:
+        with self._lock:  # re-entrant: on_pass and counters hold it already
             if "passes" in report:
                 self._sent = (report["passes"], report["failures"], report.get("skipped_nodes", 0))
             try:
