@@ -16,9 +16,10 @@ import pytest
 from sqlalchemy import insert, select, text
 from sqlalchemy.exc import DBAPIError
 
+from gpufleet.server.services import diagnoses
 from gpufleet.server.services.audit import purge
 from gpufleet.server.store import db as dbmod
-from gpufleet.server.store.models import AuditRow
+from gpufleet.server.store.models import AuditRow, Job, JobDiagnosis, Team, User
 from server.conftest import Server, gpufleet, make_pool, make_team, make_user, ok, scratch_postgres, unique
 from server.playnode import register, sync
 
@@ -185,3 +186,37 @@ def test_purge_deletes_only_older_rows(scratch: dbmod.Database, chunk: int) -> N
     with scratch.read() as s:
         left = sorted(round((now - at) / HOUR, 1) for at in s.scalars(select(AuditRow.at)))
     assert left == [0.0, 1.0, 23.0]
+
+
+def test_diagnoses_done_before_the_cutoff_go_and_queued_ones_stay(scratch: dbmod.Database) -> None:
+    """The retention loop's ``diagnoses.purge``: done rows older than the cutoff go, in
+    chunks; a queued row (no ``done_at``) stays however old, and so does the job."""
+    now = 1_000_000.0
+    with scratch.write() as s:
+        s.add(Team(id=1, name="t"))
+        s.add(User(id=1, name="u", role="user", created_at=0))
+        s.flush()
+        job = Job(
+            name="j", user_id=1, team_id=1, pool="default", gpus=1, command=["x"], env={},
+            state="FAILED", submit_time=now, pending_since=now,
+        )  # fmt: skip
+        s.add(job)
+        s.flush()
+        for attempt, done_h in enumerate([50, 49, 1, None]):
+            s.add(
+                JobDiagnosis(
+                    job_id=job.id,
+                    attempt=attempt,
+                    node="n",
+                    user_id=1,
+                    queued_at=now - 60 * HOUR,
+                    done_at=None if done_h is None else now - done_h * HOUR,
+                )
+            )
+    assert diagnoses.purge(scratch, before=now - 48 * HOUR, chunk=1) == 2
+    with scratch.read() as s:
+        left = sorted(
+            (a, d is None) for a, d in s.execute(select(JobDiagnosis.attempt, JobDiagnosis.done_at))
+        )
+        assert left == [(2, False), (3, True)]
+        assert s.get(Job, job.id) is not None

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.nodes import LogChunkIn
@@ -259,3 +259,29 @@ def _suspect(
     s.execute(update(JobDiagnosis).where(JobDiagnosis.id.in_([r.id for r in rows])).values(spent=True))
     effects.invalidate_fleets(s)
     log.warning("node %s cordoned by diagnosis: %s in jobs %s", node, found.signature, jobs)
+
+
+# -- retention ---------------------------------------------------------------------------------------
+
+
+def purge(db: Database, *, before: float, chunk: int = 5000) -> int:
+    """Delete diagnoses done before ``before``, ``chunk`` at a time (the retention loop,
+    with the logs they read: ``--log-days``); returns how many went. Queued rows stay, and
+    so does each job's finding (``Job.diagnosis``): only the work items and the evidence
+    that ``decide/suspicion.py`` no longer counts (its window is a day) go."""
+    gone = 0
+    while True:
+        with db.write() as s:
+            ids = list(
+                s.scalars(
+                    select(JobDiagnosis.id)
+                    .where(JobDiagnosis.done_at < before)
+                    .order_by(JobDiagnosis.id)
+                    .limit(chunk)
+                )
+            )
+            if ids:
+                s.execute(delete(JobDiagnosis).where(JobDiagnosis.id.in_(ids)))
+        gone += len(ids)
+        if len(ids) < chunk:
+            return gone
