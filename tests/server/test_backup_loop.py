@@ -17,6 +17,7 @@ import pytest
 
 from gpufleet.clock import FakeClock
 from gpufleet.server.loops.backup import (
+    STALE_TEMP_S,
     BackupPolicy,
     BackupStatus,
     BackupStep,
@@ -209,3 +210,25 @@ def test_bad_backup_options_are_refused_before_start(
     res = gpufleet("server", "--database-url", f"sqlite:///{tmp_path / 'g.db'}", *argv, timeout=60)
     assert res.returncode == 2 and says in res.stderr
     assert not (tmp_path / "g.db").exists()  # refused before the database was touched
+
+
+def test_a_dead_writers_temporary_file_goes_and_a_live_one_stays(tmp_path: Path) -> None:
+    """``kill -9`` mid-backup leaves ``.gpufleet-backup-*.tmp``: pruning deletes it once it
+    has not changed for ``STALE_TEMP_S``; a fresh one (a copy in progress) and a symlink of
+    that name stay."""
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    dead, live = folder / ".gpufleet-backup-dead.tmp", folder / ".gpufleet-backup-live.tmp"
+    dead.write_text("half a copy")
+    live.write_text("a copy being written")
+    old = time.time() - STALE_TEMP_S - 60
+    os.utime(dead, (old, old))
+    outside = tmp_path / "precious"
+    outside.write_text("keep")
+    link = folder / ".gpufleet-backup-link.tmp"
+    link.symlink_to(outside)
+    os.utime(link, (old, old), follow_symlinks=False)
+    policy = BackupPolicy(directory=folder, every_s=HOUR, keep=2)
+    BackupStep(url="sqlite:///unused", clock=FakeClock(T0), policy=policy, status=BackupStatus()).prune()
+    assert not dead.exists() and live.read_text() == "a copy being written"
+    assert link.is_symlink() and outside.read_text() == "keep"

@@ -31,6 +31,7 @@ import os
 import re
 import stat
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -119,6 +120,28 @@ def ours(directory: Path) -> list[tuple[float, Path]]:
     return sorted(found)
 
 
+STALE_TEMP_S = 3600.0
+"""A backup's temporary file (``store/backup.py``: ``.gpufleet-backup-*.tmp``) untouched
+this long is a dead writer's (``kill -9`` mid-copy): ``prune`` deletes it. A copy in
+progress writes all along, so its file is never this old."""
+
+
+def stale_temps(directory: Path, *, now: float) -> list[Path]:
+    """Regular files named like a backup's temporary file, unmodified ``STALE_TEMP_S``."""
+    found: list[Path] = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            name = entry.name
+            if not (name.startswith(".gpufleet-backup-") and name.endswith(".tmp")):
+                continue
+            if (
+                entry.is_file(follow_symlinks=False)
+                and now - entry.stat(follow_symlinks=False).st_mtime >= STALE_TEMP_S
+            ):
+                found.append(Path(entry.path))
+    return sorted(found)
+
+
 def to_delete(backups: list[tuple[float, Path]], keep: int) -> list[Path]:
     """Of the loop's backups (oldest first), those beyond the newest ``keep``."""
     return [path for _, path in backups[: max(0, len(backups) - keep)]]
@@ -158,19 +181,28 @@ class BackupStep:
         self.prune()
 
     def prune(self) -> None:
-        """Delete the loop's backups beyond the newest ``keep``; one that cannot be
-        deleted is logged and left, the rest go on."""
+        """Delete the loop's backups beyond the newest ``keep`` and dead writers'
+        temporary files (``stale_temps``); one that cannot be deleted is logged and
+        left, the rest go on."""
         backups = ours(self.policy.directory)
-        deleted = 0
+        gone = 0
         for path in to_delete(backups, self.policy.keep):
-            try:
-                if not stat.S_ISREG(path.lstat().st_mode):  # changed since the listing
-                    continue
-                path.unlink()
-                deleted += 1
-            except OSError as exc:
-                log.warning("backup %s not deleted: %s", path, exc.strerror or exc)
-        self.status.pruned(deleted=deleted, files=len(backups) - deleted)
+            gone += _unlink(path)
+        for path in stale_temps(self.policy.directory, now=time.time()):  # file times: the wall clock
+            _unlink(path)
+        self.status.pruned(deleted=gone, files=len(backups) - gone)
+
+
+def _unlink(path: Path) -> int:
+    """1 when ``path`` (still a regular file) was deleted, else 0 (logged)."""
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode):  # changed since the listing
+            return 0
+        path.unlink()
+        return 1
+    except OSError as exc:
+        log.warning("backup %s not deleted: %s", path, exc.strerror or exc)
+        return 0
 
 
 def backup_loop(*, url: str, clock: Clock, policy: BackupPolicy, status: BackupStatus) -> Loop:
