@@ -70,3 +70,9 @@ def compact(indices: list[int] | tuple[int, ...]) -> str:
         out.append(str(it[i]) if i == j else f"{it[i]}-{it[j]}")
         i = j + 1
     return ",".join(out)
+
+
+def runs_text(runs: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> str:
+    """Ascending, disjoint runs of task ids ``(first, last)`` -> ``1-3,7,9-12`` (what
+    ``compact`` makes of their indices, from the runs a database computed)."""
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)

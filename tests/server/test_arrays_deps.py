@@ -146,3 +146,60 @@ def test_nobody_depends_on_or_cancels_another_users_jobs(server: Server, team: s
         assert c.post("/jobs/cancel", json={"user": "admin"}).status_code == 403
         assert c.post("/jobs/cancel", json={}).status_code == 422
     assert {t["state"] for t in array_jobs(server, theirs["array_job_id"])} == {"PENDING"}
+
+
+def _collapsed(srv: Server, array: int, token: str = ADMIN_TOKEN) -> list[Any]:
+    with srv.client(token) as c:
+        page = ok(c.get("/jobs", params={"array": array, "arrays": "collapsed", "limit": 1000}))
+    return [(j["state"], j["array_task_id"], j["array_tasks"], j["array_task_count"]) for j in page["items"]]
+
+
+def test_a_large_array_holds_releases_lists_and_cancels_one_request_each(server: Server, team: str) -> None:
+    """Issue 35: a 2,000-task array is one statement per state change (``bulkjobs``), one
+    item per waiting state in the collapsed list, and every task has its events."""
+    pool = make_pool(server)  # no node: nothing starts
+    first = submit(server, pool=pool, team=team, name="sweep", array="0-1999", hold=True)
+    array = first["array_job_id"]
+    assert _collapsed(server, array) == [("HELD", 0, "0-1999", 2000)]
+    with server.client() as c:
+        ids: dict[int, int] = {}
+        for offset in (0, 1000):  # two pages of 1,000
+            page = ok(c.get("/jobs", params={"array": array, "limit": 1000, "offset": offset}))
+            ids |= {t["array_task_id"]: t["id"] for t in page["items"]}
+        assert len(ids) == 2000
+        out = ok(c.post("/jobs/release", json={"ids": [ids[t] for t in (3, 4, 5, 10)]}))
+        assert out == {"changed": [ids[t] for t in (3, 4, 5, 10)], "skipped": []}
+        folded = [("HELD", 0, "0-2,6-9,11-1999", 1996), ("PENDING", 3, "3-5,10", 4)]
+        assert _collapsed(server, array) == folded
+        out = ok(c.post("/jobs/hold", json={"array": array}))
+        assert len(out["changed"]) == 4 and len(out["skipped"]) == 1996  # those were held already
+        out = ok(c.post("/jobs/update", json={"array": array, "set": {"name": "sweep2", "time_limit": "1h"}}))
+        assert len(out["changed"]) == 2000 and out["skipped"] == []
+        out = ok(c.post("/jobs/cancel", json={"array": array}))
+        assert sorted(out["cancelled"]) == sorted(ids.values()) and out["skipped"] == []
+        left = ok(c.get("/jobs", params={"array": array, "state": "PENDING,HELD,SCHEDULED,RUNNING"}))
+        assert left["items"] == []
+        last = ok(c.get(f"/jobs/{ids[1999]}"))
+        moved = ok(c.get(f"/jobs/{ids[4]}"))
+    assert (last["state"], last["name"], last["time_limit_s"]) == ("CANCELLED", "sweep2", 3600)
+    assert [(e["from_state"], e["to_state"]) for e in last["events"]][-2:] == [
+        ("HELD", "HELD"),
+        ("HELD", "CANCELLED"),
+    ]
+    assert [e["to_state"] for e in moved["events"]] == ["HELD", "PENDING", "HELD", "HELD", "CANCELLED"]
+    assert moved["events"][-1]["reason"] == "cancelled by admin" and moved["ended_at"] is not None
+
+
+def test_bulk_changes_touch_only_your_own_jobs_and_need_a_match(server: Server, team: str) -> None:
+    pool = make_pool(server)
+    alice, bob = make_user(server, team=team), make_user(server, team=team)
+    theirs = submit(server, alice, pool=pool, team=team, array="0-4", hold=True)
+    array = theirs["array_job_id"]
+    with server.client(bob) as c:
+        assert ok(c.post("/jobs/release", json={"array": array})) == {"changed": [], "skipped": []}
+        assert c.post("/jobs/hold", json={"user": "admin"}).status_code == 403
+        assert c.post("/jobs/release", json={}).status_code == 422
+        assert c.post("/jobs/update", json={"array": array, "set": {}}).status_code == 422
+        assert c.get("/jobs", params={"arrays": "folded"}).status_code == 422
+    assert _collapsed(server, array, alice) == [("HELD", 0, "0-4", 5)]
+    assert _collapsed(server, array, bob) == []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import email.message
 import json
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -19,12 +19,13 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpufleet.api.base import INT32
+from gpufleet.api.bulk import JobMatch, JobsChanged, JobsUpdate
 from gpufleet.api.jobs import Cancelled, CancelMany, JobDetail, JobPage, JobSubmit, JobUpdate, PriorityChange
 from gpufleet.server.http.audit import note_object
 from gpufleet.server.http.deps import Me, Parts, PartsDep, current_principal, get_parts
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.problems import IdQuery, ObjectId, ProblemError, unwrap
-from gpufleet.server.services import jobs, submissions
+from gpufleet.server.services import bulkjobs, jobs, submissions
 from gpufleet.server.services.auth import Principal
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -209,13 +210,23 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[int | None, Query(ge=0, le=INT32)] = None,
     offset: Annotated[int | None, Query(ge=0, le=INT32)] = None,
+    arrays: Annotated[
+        Literal["expanded", "collapsed"],
+        Query(
+            description="collapsed: an array's tasks waiting in one state are one item (squeue's 123_[5-99])"
+        ),
+    ] = "expanded",
 ) -> Response:
     """The page comes as JSON from the service (``jobs.list_jobs``: written straight from
     the rows): returned as a model, FastAPI would dump, validate and serialise 1,000 jobs.
     ``since`` and ``until``: the jobs in the system at some time in that window
     (``gpufleet history``, sacct's ``-S``/``-E``). ``job``: only these jobs, and the
     tasks of the arrays with these ids (``sacct -j``: one job, not every job's pages);
-    an id no job can have (out of PostgreSQL's integer) matches none, as ``/steps``."""
+    an id no job can have (out of PostgreSQL's integer) matches none, as ``/steps``.
+    ``arrays=collapsed``: the waiting tasks of an array, per state, are one item (the
+    first task's, at its place) with ``array_tasks`` (``5-9999``, ``1-3,7,9-12``) and
+    ``array_task_count``; every other item has them null. A 10,000-task array is one
+    item, not 10,000."""
     body = jobs.list_jobs(
         db=parts.db,
         actor=me,
@@ -230,6 +241,7 @@ def list_jobs(
         limit=limit,
         cursor=cursor,
         offset=offset,
+        collapse=arrays == "collapsed",
     )
     return Response(body, media_type="application/json")
 
@@ -240,6 +252,33 @@ def cancel_many(spec: CancelMany, parts: PartsDep, me: Me) -> Cancelled:
     a user's, a name, states), among your own (an operator: anyone's)."""
     states = _states(spec.states or [])
     return unwrap(jobs.cancel_many(db=parts.db, actor=me, spec=spec, states=states, now=parts.now()))
+
+
+def _match(spec: JobMatch | CancelMany) -> bulkjobs.Match:
+    return bulkjobs.Match(
+        ids=spec.ids, array=spec.array, user=spec.user, states=_states(spec.states or []), name=spec.name
+    )
+
+
+@router.post("/hold", response_model=JobsChanged)
+def hold_many(spec: JobMatch, parts: PartsDep, me: Me) -> JobsChanged:
+    """``scontrol hold`` of every PENDING job matched (a whole array: ``{"array": 123}``),
+    in one transaction whatever their number; the others are ``skipped``."""
+    return unwrap(bulkjobs.hold_many(db=parts.db, actor=me, match=_match(spec), now=parts.now()))
+
+
+@router.post("/release", response_model=JobsChanged)
+def release_many(spec: JobMatch, parts: PartsDep, me: Me) -> JobsChanged:
+    """``scontrol release`` of every HELD job matched, in one transaction."""
+    return unwrap(bulkjobs.release_many(db=parts.db, actor=me, match=_match(spec), now=parts.now()))
+
+
+@router.post("/update", response_model=JobsChanged)
+def update_many(spec: JobsUpdate, parts: PartsDep, me: Me) -> JobsChanged:
+    """``scontrol update`` of every live job matched (``set``: what ``PATCH
+    /v1/jobs/{id}`` takes), in one transaction; a job that cannot take it is skipped."""
+    match = _match(spec)
+    return unwrap(bulkjobs.update_many(db=parts.db, actor=me, match=match, spec=spec.set, now=parts.now()))
 
 
 @router.get("/{job_id}", response_model=JobDetail)
