@@ -14,8 +14,9 @@ A preempted or failed job loses the work since its last checkpoint (``--checkpoi
 30 min, for jobs whose trace row declares none; 0: nothing is lost); the second table
 prints the GPU-hours lost per policy, the failures injected, and how far the estimated
 starts a job's owner would have read at submit were from its real start
-(``--no-estimates`` skips them for a faster replay). Before the tables: the trace's peak
-weekly offered load and its warnings (``sim/tracecheck.py``).
+(``--no-estimates`` skips them for a faster replay). Each job's run time is predicted at
+its submit from the jobs that ended before it, as the server does (``--no-predict``: none).
+Before the tables: the trace's peak weekly offered load and its warnings (``sim/tracecheck.py``).
 """
 
 from __future__ import annotations
@@ -125,6 +126,12 @@ def simulate(
         "--estimates/--no-estimates",
         help="Compare each job's estimated start at submit with its real start (slower replay).",
     ),
+    predict: bool = typer.Option(
+        True,
+        "--predict/--no-predict",
+        help="Predict each job's run time at its submit from the jobs that ended before it (by "
+        "user, name and GPUs, down to team), as the server does, and let the policies use it.",
+    ),
     sched_interval: str = typer.Option(
         "0.1s",
         "--sched-interval",
@@ -191,6 +198,7 @@ def simulate(
         restart_overhead_s=_duration(restart_overhead, "--restart-overhead"),
         checkpoint_interval_s=_duration(checkpoint_every, "--checkpoint-every"),
         estimate_starts=estimates,
+        predict=predict,
         sched_interval_s=_duration(sched_interval, "--sched-interval"),
         gpu_failures_per_gpu_day=gpu_failures,
         node_failures_per_node_day=node_failures,

@@ -1,7 +1,10 @@
 """Estimated start times: play the future forward on GPU counts.
 
-Running jobs end at their time limit (Slurm's assumption; a job past its limit is
-assumed to end now). Waiting jobs are then booked one after another in queue order,
+Running jobs end where their predicted run time does (``JobRequest.predicted_s``; a
+job past its prediction runs ``Policy.overrun_share`` of what it ran again), never after
+their time limit; jobs without a prediction at their time limit (Slurm's assumption; a
+job past its limit is assumed to end now). Waiting jobs are booked for their predicted
+run time, else their limit (``Policy.expected_s``), one after another in queue order,
 each at the earliest moment its shape fits, never earlier than the job before it
 (so an estimate is a promise in queue order, not a backfill guess). Every booking is
 a heap push, so estimating 10,000 waiting jobs costs O(n log n).
@@ -17,7 +20,10 @@ from gpufleet.scheduler.model import JobRequest, RunningJob, Start
 from gpufleet.scheduler.placement import Shape, choose_nodes
 from gpufleet.scheduler.policies.base import Policy
 
-Event = tuple[float, int, int, int]  # (time, seq, node id, GPUs)
+Event = tuple[float, int, int, int]  # (time, node id, seq, GPUs)
+"""Ends at one time come free in node order, whatever order the running jobs came in (the
+server's snapshot and the simulator's list them differently): the capacity's buckets, and
+so the nodes a booking picks, must not depend on it."""
 
 
 def release_events(
@@ -28,23 +34,39 @@ def release_events(
     policy: Policy,
     now: float,
 ) -> list[Event]:
-    """When the GPUs held now come free, assuming every job runs to its time limit."""
+    """When the GPUs held now come free (``expected_end``)."""
     id_of = cap.index.id_of
     events: list[Event] = []
     for rj in running:
-        end = max(now, rj.started_at + policy.limit(rj.job))
+        end = expected_end(policy, rj, now)
         for part in rj.placement:
             nid = id_of.get(part.node)
             if nid is not None:
                 n = cap.countable(nid, part.gpus)
                 if n:
-                    events.append((end, len(events), nid, n))
+                    events.append((end, nid, len(events), n))
     for job, start in zip(started, starts, strict=True):
-        end = now + policy.limit(job)
+        end = now + policy.expected_s(job, job.executed_s)
         for part in start.placement:
-            events.append((end, len(events), id_of[part.node], len(part.gpus)))
+            events.append((end, id_of[part.node], len(events), len(part.gpus)))
     heapq.heapify(events)
     return events
+
+
+def expected_end(policy: Policy, rj: RunningJob, now: float) -> float:
+    """When ``rj`` is expected to end: its predicted end (``Policy.expected_s``) capped by
+    its attempt's time limit, else that limit; never before ``now``."""
+    job = rj.job
+    p = job.predicted_s
+    if p is None:
+        return max(now, rj.started_at + policy.limit(job))
+    ran = rj.executed_s(now)
+    # Not ``now + (p - ran)``: the same end on every clock (the server's epoch seconds,
+    # the simulator's trace seconds), so both take the same decisions.
+    end = rj.started_at + (p - job.executed_s) if p > ran else now + policy.expected_s(job, ran)
+    if job.time_limit_s is not None:
+        end = min(end, rj.started_at + job.time_limit_s)
+    return max(now, end)
 
 
 class Estimator:
@@ -68,7 +90,7 @@ class Estimator:
                 return None
             t = events[0][0]
             while events and events[0][0] <= t:
-                _, _, nid, n = heapq.heappop(events)
+                _, nid, _, n = heapq.heappop(events)
                 self.cap.give(nid, n)
             if t > self.t:
                 self.t = t
@@ -78,7 +100,7 @@ class Estimator:
         taken = min(gpus, self.cap.free[nid])
         if taken > 0:
             self.cap.take(nid, taken)
-            heapq.heappush(self.events, (until, self.seq, nid, taken))
+            heapq.heappush(self.events, (until, nid, self.seq, taken))
             self.seq += 1
 
     def book(self, gk: GroupKey, shape: Shape, duration: float) -> None:
@@ -87,5 +109,5 @@ class Estimator:
         end = self.t + duration
         for nid, c in counts:
             self.cap.take(nid, c)
-            heapq.heappush(self.events, (end, self.seq, nid, c))
+            heapq.heappush(self.events, (end, nid, self.seq, c))
             self.seq += 1

@@ -48,7 +48,7 @@ class JobTraits:
 @dataclass(frozen=True, slots=True)
 class Prediction:
     duration_s: float
-    """Predicted total run time, wall seconds (not GPU-seconds)."""
+    """Predicted total run time, wall seconds (not GPU-seconds), whole."""
     confidence: float
     """0..1: how far to trust it (``DurationPredictor`` docs)."""
     basis: str
@@ -136,7 +136,9 @@ class DurationPredictor:
             n = len(logs)
             spread = logs[(3 * n) // 4] - logs[n // 4]  # inter-quartile range of log-durations
             confidence = weight * min(1.0, n / (2 * self.min_samples)) * math.exp(-spread / 2)
-            duration = math.exp(mid)
+            # Whole seconds: sums with whole-second clocks stay exact, so a server (epoch
+            # seconds) and the simulator (trace seconds) compare predicted ends alike.
+            duration = max(1.0, float(round(math.exp(mid))))
             if traits.time_limit_s is not None and traits.time_limit_s > 0:
                 duration = min(duration, traits.time_limit_s)
             return Prediction(duration_s=duration, confidence=confidence, basis=f"{name} ({n} jobs)")

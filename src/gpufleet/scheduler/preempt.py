@@ -289,8 +289,12 @@ def _preempt_one_by_one(
 
 
 def _reason(cs: CycleState, job: JobRequest, victim: RunningJob) -> str:
-    """A preemption's reason: the preemptor, the policy and the work the victim loses."""
-    return f"preempted for job {job.id} ({cs.policy.name}); {lost_work_words(victim, cs.now)}"
+    """A preemption's reason: the preemptor, the policy, why it ranks first (the policy's
+    words: for ``default`` both sides' predicted or attained figures) and the work the
+    victim loses."""
+    why = cs.policy.preempt_words(job, victim, cs.now)
+    words = f"; {why}" if why else ""
+    return f"preempted for job {job.id} ({cs.policy.name}{words}); {lost_work_words(victim, cs.now)}"
 
 
 def _release(cs: CycleState, parts: list[tuple[int, tuple[int, ...]]]) -> None:

@@ -78,6 +78,10 @@ class SimConfig:
     """Keep each job's estimated start at its first pass (``SimResult.first_estimates``): the
     passes that see a new job then run with ``explain=True``, as a server's always do (the
     decisions are the same; the replay is slower). ``gpufleet simulate`` turns it on."""
+    predict: bool = True
+    """Predict each job's run time when a pass first sees it, from the jobs that ended
+    before (``scheduler/predict.py``), and hand it to the core (``JobRequest.predicted_s``),
+    as the server does (``gpufleet simulate --no-predict``: off, for comparison)."""
     gpu_failures_per_gpu_day: float = 0.0
     node_failures_per_node_day: float = 0.0
     repair_s: float = 4 * 3600.0

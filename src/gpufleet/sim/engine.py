@@ -30,6 +30,12 @@ Estimated starts (``SimConfig.estimate_starts``): a pass that sees a job for the
 runs with ``explain=True`` (what a server's pass does every time; the decisions are the
 same) and its estimated start is kept for the report (``sim/estimates.py``).
 
+Predicted durations (``SimConfig.predict``): each job's run time is predicted by the first
+pass that sees it, as the server's does (``scheduler/predict.py``), from the jobs that
+ended before that pass, each observed at its final end with its whole run time (lost work
+and restart overhead included: what a server records), and set on the request the core
+sees.
+
 GPU shares: when the fleet has shared GPUs (``shares.share_gpus``), a fractional trace
 job (``gpu_milli`` < 1000) asks for a share of one (``shares.request_shape``) and the
 core places it; ``shares.CapacityMeter`` keeps what is allocated, for the report's
@@ -61,6 +67,7 @@ from gpufleet.scheduler.core import shared_options
 from gpufleet.scheduler.deps import Dependency, DependencyError, Phase, Ref, judge
 from gpufleet.scheduler.deps import parse as parse_dependency
 from gpufleet.scheduler.model import Blocked
+from gpufleet.scheduler.predict import DurationPredictor, JobTraits
 from gpufleet.sim.config import JobOutcome, SimConfig, SimResult
 from gpufleet.sim.estimates import first_estimates, kept_work
 from gpufleet.sim.outages import Outages
@@ -68,6 +75,11 @@ from gpufleet.sim.shares import CapacityMeter, physical_nodes, request_shape, sh
 from gpufleet.sim.trace import TraceJob
 
 FINISH, FAIL, REPAIR, WINDOW, REQUEUE, PASS = 0, 1, 2, 3, 4, 5  # heap order at one instant: PASS last
+
+
+def traits(tj: TraceJob) -> JobTraits:
+    """What a trace job's run time is predicted from (and recorded under when it ends)."""
+    return JobTraits(user=tj.user, team=tj.team, name=tj.name, gpus=tj.gpus, time_limit_s=tj.time_limit_s)
 
 
 @dataclass(slots=True)
@@ -158,6 +170,8 @@ class Simulator:
         self.running_view: tuple[RunningJob, ...] = ()
         self.pending_view: tuple[JobRequest, ...] = ()
         self.log: list[tuple[float, str, str, Placement]] = []  # (t, start|stop, job, GPUs)
+        self.predictor = DurationPredictor() if config.predict else None
+        self.unpredicted: list[_Job] = []  # arrived, not yet in a pass (when predicting)
 
     # -- event plumbing ---------------------------------------------------------------
     def push(self, t: float, kind: int, data: object) -> None:
@@ -287,6 +301,8 @@ class Simulator:
         self.enqueue(job)
         if self.cfg.estimate_starts:
             self.unseen.append(tj.job_id)
+        if self.predictor is not None:
+            self.unpredicted.append(job)
         self.want_pass(self.now)
 
     def reject(self, job_id: str, why: str) -> None:
@@ -295,6 +311,8 @@ class Simulator:
         self.deps.pop(job_id, None)
 
     def schedule_pass(self) -> None:
+        if self.unpredicted:
+            self.predict()
         if self.dirty:
             self.running_view = tuple(self.running_jobs.values())
             self.pending_view = tuple(self.pending_requests.values())
@@ -326,6 +344,22 @@ class Simulator:
             self.note_failure(pending)
         if self.policy.preemptive and self.waiting():
             self.want_pass(self.now + self.cfg.preempt_interval_s)
+
+    def predict(self) -> None:
+        """Predict the run time of the jobs that arrived since the last pass, from the jobs
+        that ended before this pass: the server predicts a job when a pass first sees it."""
+        assert self.predictor is not None
+        for job in self.unpredicted:
+            jid = job.trace.job_id
+            guess = self.predictor.predict(traits(job.trace))
+            if guess is None or self.pending.get(jid) is not job:
+                continue
+            job.request = replace(
+                job.request, predicted_s=guess.duration_s, predicted_confidence=guess.confidence
+            )
+            self.pending_requests[jid] = job.request
+            self.dirty = True
+        self.unpredicted.clear()
 
     def note_failure(self, asked: tuple[JobRequest, ...]) -> None:
         """FGD's moment: a job that arrived and never ran (not held, not waiting for a
@@ -449,6 +483,8 @@ class Simulator:
         job.finish = self.now
         self.done.append(job)
         self.ended[job_id] = not job.timed_out
+        if self.predictor is not None:
+            self.predictor.observe(traits(job.trace), job.executed_s)
         self.want_pass(self.now)
 
     def stop(self, job: _Job, *, preempted: bool, requeue_after_s: float = 0.0) -> None:

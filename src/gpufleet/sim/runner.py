@@ -131,6 +131,7 @@ def compare_policies(
         "config": {
             "restart_overhead_s": config.restart_overhead_s,
             "checkpoint_interval_s": config.checkpoint_interval_s,
+            "predict": config.predict,
             "sched_interval_s": config.sched_interval_s,
             "gpu_failures_per_gpu_day": config.gpu_failures_per_gpu_day,
             "node_failures_per_node_day": config.node_failures_per_node_day,

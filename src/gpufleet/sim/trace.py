@@ -46,6 +46,9 @@ class TraceJob:
     checkpoint_s: float | None = None
     """How often the job saves its state, in seconds of work (``--checkpoint-every``); None:
     not declared (the simulator then assumes ``SimConfig.checkpoint_interval_s``)."""
+    name: str = ""
+    """The job's name (Slurm's JobName; "": unknown): with its user, what its run time is
+    predicted from (``scheduler/predict.py``)."""
 
 
 def gpu_share_problem(gpus: int, gpu_milli: int) -> str | None:

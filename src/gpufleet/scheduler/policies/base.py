@@ -98,6 +98,11 @@ class Policy:
     """Assumed run time of a job that gave no time limit (Slurm's DefaultTime): used
     for estimated start times and backfill, never to stop a job."""
 
+    overrun_share: float = 0.5
+    """A job that has run past its prediction is assumed to run this share of what it
+    has run again (heavy tails: the longer it ran, the longer it goes on), for
+    estimated starts."""
+
     @property
     def static_pending_keys(self) -> bool:
         """True when a waiting job's key depends on the job alone (not on time or load)."""
@@ -105,6 +110,18 @@ class Policy:
 
     def limit(self, job: JobRequest) -> float:
         return job.time_limit_s if job.time_limit_s is not None else self.default_time_limit_s
+
+    def expected_s(self, job: JobRequest, ran_s: float) -> float:
+        """How much longer ``job`` is expected to run, having run ``ran_s`` wall seconds in
+        all, for estimated starts: what is left of its prediction (``predicted_s``; past
+        it, ``overrun_share`` of ``ran_s``), else its ``limit`` (a new attempt's). A
+        running job's attempt still ends at its time limit (``estimate.expected_end``)."""
+        p = job.predicted_s
+        if p is None:
+            return self.limit(job)
+        left = p - ran_s if p > ran_s else self.overrun_share * ran_s
+        limit = job.time_limit_s
+        return left if limit is None else min(left, limit)
 
     def key(self, job: JobRequest, running: RunningJob | None, ctx: Context) -> Key:
         return (-job.priority, job.submit_time, job.id)
@@ -139,6 +156,11 @@ class Policy:
         self, job: JobRequest, job_key: Key, victim: RunningJob, victim_key: Key, ctx: Context
     ) -> bool:
         return False
+
+    def preempt_words(self, job: JobRequest, victim: RunningJob, now: float) -> str:
+        """Why ``job`` may preempt ``victim``, for the preemption's reason ("": nothing to
+        add to the preemptor, the policy and the work lost)."""
+        return ""
 
     def preemptible_now(self, victim: RunningJob, ctx: Context) -> bool:
         """Whether ``victim`` may be preempted by anyone at this moment (e.g. it has

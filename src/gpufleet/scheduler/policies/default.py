@@ -2,21 +2,33 @@
 
 Design, and why:
 
-* **Least attained service, finely discretised.** Nobody knows how long a training job
-  will run (users' time limits are padded, traces have none), but GPU job durations are
-  heavy-tailed: a job that has already run long will probably run long still. So the
-  job with the least attained service (GPUs x seconds, 2D as in Tiresias) goes first.
-  Service levels grow geometrically (x``level_growth`` from ``first_level_gpu_s``), so
-  short jobs overtake early and long jobs are not reshuffled for small differences.
-* **Requested time as a tie-breaker, never as a promise.** Inside one level, a job that
-  asked for less remaining time goes first (SJF on honest information the user gave);
-  jobs without a limit keep FIFO order.
+* **Shortest predicted remaining GPU-time where history knows the job.** A job whose
+  run time was predicted confidently from the jobs like it that ended before
+  (``JobRequest.predicted_s``, ``scheduler/predict.py``; Helios' QSSF, Lucid) ranks by
+  what it probably still needs: (predicted - executed) x GPUs. That is SRTF on a guess,
+  and what lets a long wide job run to its end instead of sinking 8x faster than 1-GPU
+  jobs, as it does on attained service alone.
+* **Least attained service, finely discretised, where it does not.** Nobody knows how
+  long a job without history (or one that outran its prediction) will run, but GPU job
+  durations are heavy-tailed: a job that has already run long will probably run long
+  still. So such a job ranks by its attained service (GPUs x seconds, 2D as in
+  Tiresias). Service levels grow geometrically (x``level_growth`` from
+  ``first_level_gpu_s``), so short jobs overtake early and long jobs are not reshuffled
+  for small differences.
+* **Requested time as a hint, never as a promise.** Without a confident prediction, a
+  job with a time limit ranks by what is left of it (users pad limits, but short limits
+  still mean short jobs); jobs without a limit keep FIFO order inside a level.
 * **Preemption with hysteresis.** A waiting job preempts only jobs at least
   ``preempt_gap`` levels below it that have run ``min_run_s`` in their current attempt,
-  so restart/checkpoint overhead stays small and two similar jobs never ping-pong.
-* **No starvation.** A job waiting longer than ``starve_factor`` x the time it has
-  already run (and at least ``starve_min_s``) jumps to the front, so queueing delay is
-  bounded by roughly the starve threshold plus one drain of the fleet.
+  so restart/checkpoint overhead stays small and two similar jobs never ping-pong. A
+  job ranked by its predicted remaining time only gets closer to the front as it runs,
+  so the job it preempted never preempts it back. Every preemption's reason names both
+  sides' figures (``preempt_words``).
+* **No starvation, without churn.** A job waiting longer than ``starve_factor`` x the
+  time it has already run (and at least ``starve_min_s``) jumps to the front. Once
+  started it is protected for ``starve_protect_s`` or ``protect_growth`` x what it had
+  run before, whichever is longer: a long wide job promoted again and again gets longer
+  runs each time (its protected runs double), instead of being cycled every hour.
 * **Greedy fill.** Anything that fits starts; with preemption available, holding GPUs
   idle for a blocked wide job (as EASY backfill does) only costs utilisation: once it
   is starving, the wide job preempts what it needs.
@@ -54,6 +66,13 @@ class DefaultPolicy(Policy):
     starve_protect_s: float = 3600.0
     fresh_job_s: float = 1_800.0
     use_limits: bool = True
+    predict_confidence: float = 0.3
+    """A prediction at least this confident (``JobRequest.predicted_confidence``) ranks the
+    job by its predicted remaining GPU-time; below it, by its limit or attained service.
+    Above 1: predictions are ignored."""
+    protect_growth: float = 0.0
+    """A job started because it starved is protected for ``starve_protect_s`` or this x
+    the time it had run before that start, whichever is longer."""
     width_aware: bool = True
     tie_break: str = "submit"
 
@@ -72,11 +91,23 @@ class DefaultPolicy(Policy):
         has), but never less than a typical fresh job of its width."""
         return self._remaining(job, running, now)[0]
 
+    def predicted(self, job: JobRequest) -> float | None:
+        """The job's predicted run time if it is confident enough to rank it by, else None."""
+        p = job.predicted_s
+        return p if p is not None and job.predicted_confidence >= self.predict_confidence else None
+
     def _remaining(
         self, job: JobRequest, running: RunningJob | None, now: float
     ) -> tuple[float, float, float]:
         """(value, rate of change per second while running, time the formula changes)."""
         g = job.gpu_weight
+        p = self.predicted(job)
+        if p is not None:
+            ran = executed(job, running, now)
+            if ran < p:  # past its prediction it is a job of unknown length again
+                if running is None:
+                    return (p - ran) * g, 0.0, math.inf
+                return (p - ran) * g, -g, now + (p - ran)
         if self.use_limits and job.time_limit_s is not None:
             left = max(0.0, job.time_limit_s - executed(job, running, now)) * g
             return left, (-g if running is not None and left > 0 else 0.0), math.inf
@@ -105,11 +136,16 @@ class DefaultPolicy(Policy):
         has run, at least ``starve_min_s``, at most ``starve_max_s``."""
         return min(self.starve_max_s, max(self.starve_min_s, self.starve_factor * job.executed_s))
 
+    def protection(self, job: JobRequest) -> float:
+        """How long a job started because it starved is protected: ``starve_protect_s``, or
+        ``protect_growth`` x what it had run before (``job.executed_s``) if longer."""
+        return max(self.starve_protect_s, self.protect_growth * job.executed_s)
+
     def starving(self, job: JobRequest, running: RunningJob | None, now: float) -> bool:
-        """Waiting too long for its size, or started because it was and still within
-        ``starve_protect_s`` of that start: a promoted job gets a real run before the
-        next short job may preempt it again (which would only reset its wait)."""
-        if running is not None and now - running.started_at >= self.starve_protect_s:
+        """Waiting too long for its size, or started because it was and still within its
+        ``protection`` of that start: a promoted job gets a real run before the next
+        short job may preempt it again (which would only reset its wait)."""
+        if running is not None and now - running.started_at >= self.protection(job):
             return False
         waited = (running.started_at if running is not None else now) - job.queued_since
         return waited >= self.patience(job)
@@ -123,7 +159,7 @@ class DefaultPolicy(Policy):
         level, until = self._level_until(job, running, now)
         starving = -1 if self.starving(job, running, now) else 0
         if running is not None and starving:
-            until = min(until, running.started_at + self.starve_protect_s - 1e-3)
+            until = min(until, running.started_at + self.protection(job) - 1e-3)
         tie = job.gpus if self.tie_break == "width" else 0
         key = (-job.priority, starving, level, tie, job.submit_time, job.id)
         if running is not None:
@@ -157,6 +193,7 @@ class DefaultPolicy(Policy):
         width_aware = self.width_aware
         width_tie = self.tie_break == "width"
         starve_min, starve_max, factor = self.starve_min_s, self.starve_max_s, self.starve_factor
+        trust = self.predict_confidence
         keyed: list[tuple[Key, JobRequest]] = []
         append = keyed.append
         for j in pending:
@@ -167,7 +204,10 @@ class DefaultPolicy(Policy):
                 since = j.submit_time if j.pending_since is None else j.pending_since
                 due = since + min(starve_max, max(starve_min, factor * ran))
                 limit = j.time_limit_s
-                if with_limits and limit is not None:
+                p = j.predicted_s
+                if p is not None and p > ran and j.predicted_confidence >= trust:
+                    value = (p - ran) * g
+                elif with_limits and limit is not None:
                     value = max(0.0, limit - ran) * g
                 else:
                     got = j.attained_service_s
@@ -195,6 +235,27 @@ class DefaultPolicy(Policy):
         if job_key[1] < 0:
             return True
         return bool(victim_key[2] >= job_key[2] + self.preempt_gap)
+
+    def preempt_words(self, job: JobRequest, victim: RunningJob, now: float) -> str:
+        """Why ``job`` ranks before ``victim``: starvation, or both sides' figures (predicted
+        or limit's GPU-hours left, or GPU-hours attained)."""
+        if self.starving(job, None, now):
+            return f"it waited {_hours(now - job.queued_since)}, starving"
+        return f"{self.figure(job, None, now)} against {self.figure(victim.job, victim, now)}"
+
+    def figure(self, job: JobRequest, running: RunningJob | None, now: float) -> str:
+        """What ranks ``job``, in words: "predicted 0.4 h left (3.2 GPU-h)"..."""
+        value = self._remaining(job, running, now)[0]
+        p = self.predicted(job)
+        if p is not None and executed(job, running, now) < p:
+            return f"predicted {_hours(value / job.gpu_weight)} left ({value / 3600:.1f} GPU-h)"
+        if self.use_limits and job.time_limit_s is not None:
+            return f"{value / 3600:.1f} GPU-h of its limit left"
+        return f"{attained(job, running, now) / 3600:.1f} GPU-h attained"
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h"
 
 
 def _first(item: tuple[Key, JobRequest]) -> Key:

@@ -8,7 +8,8 @@ Three optional columns may follow the ten, in this order when written (read in a
 empty: none); ``gpu_milli`` the share of each GPU in thousandths (an integer 1..1000,
 empty: 1000; below 1000 only with ``gpus`` 1); ``checkpoint_s`` how often the job saves
 its state, seconds of work (> 0; empty: not declared, the simulator's
-``--checkpoint-every`` applies). The writer adds a column only when some job needs it,
+``--checkpoint-every`` applies); ``name`` the job's name (what its run time is predicted
+from, with its user; empty: unknown). The writer adds a column only when some job needs it,
 so a trace without them keeps the ten columns and older files round-trip byte for byte.
 """
 
@@ -41,7 +42,7 @@ HEADER = (
     "priority",
     "gpu_type",
 )
-OPTIONAL = ("dependency", "gpu_milli", "checkpoint_s")
+OPTIONAL = ("dependency", "gpu_milli", "checkpoint_s", "name")
 
 
 def load_gpufleet_csv(path: Path) -> TraceLoad:
@@ -54,7 +55,8 @@ def load_gpufleet_csv(path: Path) -> TraceLoad:
         header = tuple(cell.strip() for cell in first[1])
         if not _known_header(header):
             raise TraceError(
-                f"{path}: header must be exactly {','.join(HEADER)}[,dependency][,gpu_milli][,checkpoint_s]; "
+                f"{path}: header must be exactly {','.join(HEADER)}"
+                "[,dependency][,gpu_milli][,checkpoint_s][,name]; "
                 f"got {','.join(first[1])}"
             )
         for line, record in rows:
@@ -99,6 +101,7 @@ def parse_row(record: list[str], header: tuple[str, ...] = HEADER) -> TraceJob:
         dependency=row.get("dependency") or None,
         gpu_milli=gpu_milli,
         checkpoint_s=checkpoint_s,
+        name=row.get("name", ""),
     )
 
 
@@ -107,6 +110,7 @@ def write_gpufleet_csv(path: Path, jobs: Iterable[TraceJob]) -> None:
     deps = any(j.dependency for j in jobs)
     shares = any(j.gpu_milli != WHOLE_GPU for j in jobs)
     every = any(j.checkpoint_s is not None for j in jobs)
+    named = any(j.name for j in jobs)
     with path.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(
@@ -114,6 +118,7 @@ def write_gpufleet_csv(path: Path, jobs: Iterable[TraceJob]) -> None:
             + (("dependency",) if deps else ())
             + (("gpu_milli",) if shares else ())
             + (("checkpoint_s",) if every else ())
+            + (("name",) if named else ())
         )
         for job in jobs:
             writer.writerow(
@@ -132,4 +137,5 @@ def write_gpufleet_csv(path: Path, jobs: Iterable[TraceJob]) -> None:
                 + ((job.dependency or "",) if deps else ())
                 + ((job.gpu_milli,) if shares else ())
                 + (("" if job.checkpoint_s is None else repr(job.checkpoint_s),) if every else ())
+                + ((job.name,) if named else ())
             )

@@ -1,12 +1,13 @@
 """Slurm accounting exports: ``sacct --parsable2`` (``|``-separated, header first), e.g.
-``sacct -a -X --parsable2 --format=JobID,User,Account,Partition,Submit,Start,End,Elapsed,
+``sacct -a -X --parsable2 --format=JobID,JobName,User,Account,Partition,Submit,Start,End,Elapsed,
 Timelimit,AllocTRES,ReqTRES,NNodes,State,Priority``.
 
 Columns are read by name. Required: ``JobID``, ``Submit`` and either ``Elapsed`` or
 ``Start`` + ``End`` (``Elapsed`` wins when both are there). GPUs come from ``AllocTRES``
 (``gres/gpu=4``, ``gres/gpu:a100=4``; the typed form names ``gpu_type``), else
 ``ReqTRES``, else ``AllocGRES``/``ReqGRES`` (``gpu:4``, ``gpu:a100:4``). Team = Account,
-else User. Times are naive local ISO times; only their differences are used.
+else User. ``JobName`` (optional) is the job's name, what its run time is predicted
+from. Times are naive local ISO times; only their differences are used.
 
 Job steps (``123.batch``, ``123.0``) are not jobs and are passed over silently, so an
 export made without ``-X`` loads the same. PENDING jobs, jobs that never started
@@ -88,6 +89,7 @@ def parse_row(row: dict[str, str]) -> TraceJob:
         time_limit_s=None if limit in _NO_LIMIT else slurm_duration(limit, "Timelimit"),
         priority=to_int(row.get("Priority") or "0", "Priority"),
         gpu_type=gpu_type,
+        name=(row.get("JobName") or "").strip(),
     )
 
 
