@@ -63,6 +63,7 @@ from gpufleet.agent import (
     UserMap,
     make_agent,
 )
+from gpufleet.agent.config import SYNC_INTERVAL_S
 from gpufleet.client import tls_verify
 from gpufleet.demoservice import DemoService
 from gpufleet.demoworkload import ADMIN_TEAM, TraceReplay, book_reservations, setup_accounts
@@ -105,7 +106,9 @@ class DemoOptions:
     admin_token: str | None = None
     tls: bool = False
     """Serve HTTPS with the demo's own CA; agents enrol for node certificates (mTLS)."""
-    sync_interval_s: float = 2.0
+    sync_interval_s: float = SYNC_INTERVAL_S
+    """A real agent's (10 s): pushes and exits reach the agents at once anyway, and an idle
+    node's periodic sync is a lease renewal (issue 35; ``bench/bench_idle.py``)."""
     agent_threads: int = 16
     max_job_s: float = 120.0
     gateway_port: int = 8081

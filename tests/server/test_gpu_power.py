@@ -33,8 +33,12 @@ def _gpus(*watts: float | None) -> list[GpuTelemetry]:
         ({0: 400.0}, {0: 379.0}, True),
         ({0: 100.0, 1: 50.0}, {0: 100.0}, True),  # a GPU lost its reading
         ({}, {0: 0.0}, True),
+        (dict.fromkeys(range(8), 600.0), {i: 600.0 * (1.05 if i % 2 else 0.95) for i in range(8)}, False),
+        (dict.fromkeys(range(8), 600.0), dict.fromkeys(range(8), 624.0), False),  # the total: +4 %
+        (dict.fromkeys(range(8), 600.0), dict.fromkeys(range(8), 636.0), True),  # +6 %
+        ({0: 700.0, 1: 70.0}, {0: 70.0, 1: 700.0}, True),  # the same total: a job moved GPUs
     ],
-    ids=["10W-in", "10W-out", "5pct-in", "5pct-out", "gpu-gone", "gpu-new"],
+    ids=["10W-in", "10W-out", "5pct-in", "5pct-out", "gpu-gone", "gpu-new", "noise", "4pct", "6pct", "moved"],
 )
 def test_the_dead_band(old: dict[int, float], new: dict[int, float], want: bool) -> None:
     assert moved(old, new) is want

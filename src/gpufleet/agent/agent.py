@@ -25,7 +25,8 @@ new GPU fault) ``urgent_gap_s`` later.
 
 Push: where the transport can long-poll, the doorbell (``doorbell.py``) rings when the
 node's desired set may have changed, and the agent syncs at once (no gap); the periodic
-sync stays the safety net and the liveness signal. A process the agent started kicks
+sync stays the safety net and the liveness signal (an idle node's is a lease renewal
+while it has nothing new to say: ``renewal.py``). A process the agent started kicks
 the loop the moment it exits (``exits.py``), so an exit is reported within
 milliseconds, not at the next tick.
 
@@ -76,6 +77,7 @@ from gpufleet.agent.logship import acked, chunks_of, pending
 from gpufleet.agent.miglayouts import MigLayouts
 from gpufleet.agent.preflight import Finding, PreflightLimits, run
 from gpufleet.agent.probe import GpuProbe, LoadSink, NodeInventory, ProbeError
+from gpufleet.agent.renewal import Renewals, renewed
 from gpufleet.agent.replicas import ReplicaProbes, free_port
 from gpufleet.agent.report import gpu_row, node_facts, telemetry_row
 from gpufleet.agent.runners import VANISHED, JobRunner, ProcessRunner
@@ -136,6 +138,7 @@ class Agent:
             node=config.node, lock=self._lock, inventory=lambda: self.inventory, applied=self._mig_applied
         )
         self.upgrades = Upgrades.of(config, probe, done=self._upgrade_news)  # driver upgrades (upgrade.py)
+        self.renewals = Renewals()  # an idle node's lease (renewal.py)
         self._skip_logs = False
         """The last sync was refused as too large: the next carries no log chunks."""
         self._log_backlog = False
@@ -463,12 +466,18 @@ class Agent:
         return self.migs.settle(timeout_s)
 
     def sync_once(self) -> bool:
+        quiet = not (self._news or self._urgent or self._pushed)  # else a full sync (renewal.py)
         body = self.build_sync()
         self._news = self._urgent = self._pushed = False
         self._last_sync = time.monotonic()
         try:
+            if quiet and renewed(self.renewals, self.transport, self.config.node, body):
+                self.stats.renewals += 1
+                self.stats.last_error = None
+                return True
             reply = self.transport.sync(self.config.node, body)
             self.apply(reply, sent=body)
+            self.renewals.granted(body, reply.get("lease"))
         except AgentTransportError as exc:
             self.stats.failures += 1
             self.stats.last_error, self.stats.last_status = str(exc), exc.status

@@ -11,6 +11,10 @@ from pathlib import Path
 
 from gpufleet.agent.logship import LogLimits
 
+SYNC_INTERVAL_S = 10.0
+"""A node's periodic sync (or lease renewal: ``renewal.py``); ``gpufleet agent
+--sync-interval`` and the demo's agents."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AgentConfig:
@@ -21,7 +25,7 @@ class AgentConfig:
     address: str | None = None
     features: tuple[str, ...] = ()
     """Slurm's node features this node reports (``--features ib,nvme``; none: none sent)."""
-    sync_interval_s: float = 10.0
+    sync_interval_s: float = SYNC_INTERVAL_S
     news_gap_s: float = 0.3
     """At most this often when there is news (a job started or stopped)."""
     urgent_gap_s: float = 0.02
@@ -63,6 +67,8 @@ class AgentConfig:
 @dataclass(slots=True)
 class AgentStats:
     syncs: int = 0
+    renewals: int = 0
+    """Periodic syncs sent as a lease renewal (``renewal.py``)."""
     failures: int = 0
     started: int = 0
     stopped: int = 0

@@ -1,6 +1,7 @@
 """The agent's HTTP seam: ``sync(node, body) -> reply``, and (optionally, a
 ``WaitTransport``) ``wait(node, seen, timeout_s) -> version``, the long-poll that tells
-the agent to sync now (``server/store/dispatch.py``).
+the agent to sync now (``server/store/dispatch.py``), and (a ``RenewTransport``)
+``renew(node, lease) -> bool``, an idle node's lease renewal (``renewal.py``).
 
 ``HttpTransport`` speaks to a gpufleet server with httpx (keep-alive, a node credential
 or an operator token); ``AgentTransportError`` carries the HTTP status when there was
@@ -53,6 +54,14 @@ class WaitTransport(Protocol):
     def wait(self, node: str, seen: str | None, timeout_s: float) -> str:
         """The node's dispatch version once it differs from ``seen``, or after
         ``timeout_s`` (the same). Raises ``AgentTransportError``."""
+        ...
+
+
+@runtime_checkable
+class RenewTransport(Protocol):
+    def renew(self, node: str, lease: str) -> bool:
+        """Renew an idle node's lease (``renewal.py``): True if the server took it, False
+        if the node must sync in full now. Raises ``AgentTransportError``."""
         ...
 
 
@@ -136,6 +145,12 @@ class HttpTransport:
         several = len(self.servers.urls) > 1
         limit = self._timeout(SYNC_READ_S) if several else None
         return self.post(f"/nodes/{node}/sync", body, repeatable=True, timeout=limit)
+
+    def renew(self, node: str, lease: str) -> bool:
+        several = len(self.servers.urls) > 1  # idempotent, as a sync
+        limit = self._timeout(SYNC_READ_S) if several else None
+        out = self.post(f"/nodes/{node}/renew", {"lease": lease}, repeatable=True, timeout=limit)
+        return out.get("renewed") is True
 
     def post(
         self,

@@ -331,6 +331,27 @@ class SyncReply(Reply):
     upgrade: UpgradeOrder | None = Field(
         default=None, description="a driver upgrade to carry out and verify (api/upgrades.py)"
     )
+    lease: str | None = Field(
+        default=None,
+        description="an idle node's lease: while nothing changes, renew it (POST /v1/nodes/{name}/renew) "
+        "instead of syncing in full",
+    )
+
+
+class NodeRenew(Request):
+    """``POST /v1/nodes/{name}/renew``: an idle node that has nothing new to say (the same
+    inventory, no job, no log, telemetry within its dead bands) renews the lease of its
+    last full sync (Kubernetes' node lease: tens of bytes)."""
+
+    lease: str = Field(min_length=1, max_length=64)
+
+
+class RenewReply(Reply):
+    """``renewed``: the node's liveness was renewed; false: sync in full now (the lease is
+    unknown here, expired, or the node's desired state may have changed since)."""
+
+    node: str
+    renewed: bool
 
 
 class WaitReply(Reply):

@@ -193,6 +193,10 @@ def create_app(
     bell = NodeBell()  # agents' long-polls (``dispatch.py``): rung after commits that touch nodes
     database.on_ring(bell.ring)
     hot = AgentState(health=HealthMonitor(config.health), telemetry=RecordingTelemetryStore())  # with history
+    # idle means idle (issue 35): sightings and power readings reach the database in bulk, a
+    # sixth of the node timeout apart (every reader of last_seen sees a live node in time)
+    hot.heartbeats.flush_s = hot.power.flush_s = config.node_timeout_s / 6
+    hot.leases.silence_s = config.node_timeout_s
     notify: PgNotify | None = None
     relays = Relays(None)
     leading = [False]  # set by the terms (PostgreSQL): only a leader takes relayed readings
@@ -228,6 +232,7 @@ def create_app(
     # What a committed write sets off (``effects.py``): services mark it in their
     # transaction, the database runs these after the commit (never after a rollback).
     database.after_commit(Effect.INVALIDATE_FLEETS, parts.fleets.invalidate)
+    database.after_commit(Effect.INVALIDATE_FLEETS, hot.leases.clear)  # a node deleted: no renewal stands
     database.after_commit(
         Effect.REFRESH_BUDGETS, lambda: parts.budget_warnings.refresh(database, clock.now())
     )

@@ -1,7 +1,7 @@
 """The audit log: one row per mutating API request (POST, PUT, PATCH, DELETE) with who
 (user, role, token), from where, what (method, path, the object's id when known) and how
-it ended (the status), written by ``AuditMiddleware``. Agents' syncs are not audited
-(thousands a minute; what they change is in the job event log).
+it ended (the status), written by ``AuditMiddleware``. Agents' syncs and lease renewals
+are not audited (thousands a minute; what they change is in the job event log).
 
 Who: the ``Me`` dependency (``deps.current_principal``, which the submit route calls
 too) and the agent
@@ -53,7 +53,7 @@ from gpufleet.server.store.writer import Writer
 log = logging.getLogger("gpufleet.server")
 
 MUTATING = frozenset(("POST", "PUT", "PATCH", "DELETE"))
-NOT_AUDITED = re.compile(r"/v1/nodes/[^/]+/sync")
+NOT_AUDITED = re.compile(r"/v1/nodes/[^/]+/(?:sync|renew)")
 SUBMIT = ("POST", "/v1/jobs")
 ACTOR_KEY = "gpufleet.actor"
 OBJECT_KEY = "gpufleet.object"

@@ -9,7 +9,7 @@ highest first:
 
 ======  ==========================================================================
 node    agents: ``POST /v1/nodes/{name}/sync`` (and anything else) with a node
-        credential (``gfn_``) or a node certificate, and a sync (or a long-poll)
+        credential (``gfn_``) or a node certificate, and a sync (a renewal, a long-poll)
         made with an operator's or admin's token (an agent run with one). An
         agent's long-poll (``GET /v1/nodes/{name}/wait``, ``dispatch.py``) takes no
         seat: it waits for seconds on a future, holding nothing a sync needs
@@ -106,7 +106,7 @@ if TYPE_CHECKING:
     from gpufleet.server.store.db import Database
 
 NODE_TOKEN_PREFIX = "gfn_"
-SYNC_PATH = re.compile(r"/v1/nodes/[^/]+/sync")
+SYNC_PATH = re.compile(r"/v1/nodes/[^/]+/(?:sync|renew)")
 WAIT_PATH = re.compile(r"/v1/nodes/[^/]+/wait")
 UNLIMITED = ("/v1/healthz", "/v1/readyz")
 """Probes: answered without a token or a database look-up, outside any lane."""

@@ -22,14 +22,23 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.api.credentials import CertificateIn, CertificateOut, NodeCredentialList, RevokedOut
-from gpufleet.api.nodes import FleetSummary, JoinTokenIn, JoinTokenOut, NodeSync, SyncReply, WaitReply
+from gpufleet.api.nodes import (
+    FleetSummary,
+    JoinTokenIn,
+    JoinTokenOut,
+    NodeRenew,
+    NodeSync,
+    RenewReply,
+    SyncReply,
+    WaitReply,
+)
 from gpufleet.pki import PeerIdentity, node_identity
 from gpufleet.server.errors import ProblemError
 from gpufleet.server.http.audit import Actor, note_actor
 from gpufleet.server.http.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
 from gpufleet.server.problems import unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
-from gpufleet.server.services import fleet, nodecreds, steps, sync
+from gpufleet.server.services import fleet, nodecreds, renew, steps, sync
 from gpufleet.server.services.auth import hash_token, hasher_for
 from gpufleet.server.store.agentstate import AgentState, NodeCred
 from gpufleet.server.store.dispatch import NodeBell
@@ -185,11 +194,14 @@ def revoke_node(name: str, parts: PartsDep, hot: HotDep, me: Me) -> RevokedOut:
 def sync_node(
     name: NodeNameIn,
     body: NodeSync,
+    request: Request,
     parts: PartsDep,
     hot: HotDep,
     actor: Annotated[sync.AgentActor, Depends(sync_actor)],
 ) -> SyncReply:
     t0 = time.perf_counter()
+    bell: NodeBell = request.app.state.bell
+    version = bell.version(name)  # before the sync reads what the node should run (a lease's base)
     out = sync.sync_node(
         db=parts.db,
         writer=parts.writer,
@@ -200,12 +212,37 @@ def sync_node(
         now=parts.now(),
         readings=parts.readings,
         log_max_bytes=parts.config.job_log_max_bytes,
+        version=version,
     )
     reply = unwrap(out)
     if reply.jobs:  # each job's own credential (``services/steps.py``), derived, never stored
         reply = steps.with_credentials(reply, hasher_for(parts.db, parts.hasher))
     hot.latencies.add(time.perf_counter() - t0)
     return reply
+
+
+@router.post("/nodes/{name}/renew", response_model=RenewReply)
+async def renew_node(
+    name: NodeNameIn,
+    body: NodeRenew,
+    request: Request,
+    parts: PartsDep,
+    hot: HotDep,
+    actor: Annotated[sync.AgentActor, Depends(sync_actor)],
+) -> RenewReply:
+    """An idle node's lease renewal (``services/renew.py``): memory only, so it is
+    answered on the event loop. Who may renew: whoever may sync this node."""
+    bell: NodeBell = request.app.state.bell
+    out = renew.renew_node(
+        hot=hot,
+        writer=parts.writer,
+        actor=actor,
+        name=name,
+        lease=body.lease,
+        version=bell.version(name),
+        now=parts.now(),
+    )
+    return unwrap(out)
 
 
 WAIT_MAX_S = 60.0

@@ -51,6 +51,11 @@ can have also has their telemetry dropped.
 
 A sync that would change nothing durable (the steady state of an idle or busy fleet) is
 answered from a read transaction; its heartbeat goes to ``AgentState.heartbeats``.
+
+A reply that asks nothing of the node (no job, MIG change, upgrade order or
+acknowledgement) to a sync that reported no XID event carries a lease
+(``agentstate.Leases``, issue 35): while the agent has nothing new to say it renews it
+(``services/renew.py``) instead of syncing in full.
 """
 
 from __future__ import annotations
@@ -304,6 +309,7 @@ def sync_node(
     now: float,
     readings: ledger.Readings = ledger.no_readings,
     log_max_bytes: int = LOG_MAX_BYTES,
+    version: str | None = None,
 ) -> SyncReply | Failure:
     """Answer one sync. ``readings``: the latest GPU telemetry, for the energy of jobs
     that ended; ``log_max_bytes``: what is kept of a job attempt's log from one node
@@ -311,7 +317,8 @@ def sync_node(
     observation, log bytes, a new address or GPU set) goes through the group-commit
     ``writer``: many agents' writes share one transaction (on SQLite one write lock and
     one fsync per batch instead of per agent), and the reply leaves only after the
-    commit."""
+    commit. ``version``: the node's dispatch version read before this sync (None: no
+    lease is granted)."""
     if actor.node is not None and actor.node != name:
         return forbidden(f"this node credential belongs to node {actor.node}, not {name}")
     if body.telemetry is not None:
@@ -329,7 +336,7 @@ def sync_node(
         hot.heartbeats.maybe_flush(writer, write_heartbeats)
         hot.power.maybe_flush(writer, racks.write_gpu_power)  # readings noted earlier, if due
         _count(hot, name, fast.rejected)
-        return fast.reply
+        return _leased(hot, name, body, fast.reply, version, now)
     write = partial(
         _write,
         name=name,
@@ -347,8 +354,21 @@ def sync_node(
         if isinstance(out, Failure):
             return out
         _count(hot, name, out.rejected)
-        return out.reply
+        return _leased(hot, name, body, out.reply, version, now)
     return conflict(f"node {name}: the database is busy or its jobs change too fast; sync again")
+
+
+def _leased(
+    hot: AgentState, name: str, body: NodeSync, reply: SyncReply, version: str | None, now: float
+) -> SyncReply:
+    """``reply`` with a lease where it asks nothing of the node (``agentstate.Leases``).
+    Not after XID events: a renewal re-counts the telemetry the server holds."""
+    xids = any(t.xid_events for t in body.telemetry or ())
+    asks = reply.jobs or reply.log_acks or reply.mig or reply.step_acks or reply.upgrade is not None
+    if version is None or asks or xids:
+        hot.leases.revoke(name)
+        return reply
+    return reply.model_copy(update={"lease": hot.leases.grant(name, version=version, at=now)})
 
 
 def _count(hot: AgentState, node: str, rejected: Counter[tuple[str, str]]) -> None:

@@ -5,9 +5,11 @@ with ``services.nodes.write_heartbeats``).
 
 - latest telemetry per node (``GET /v1/nodes/{name}`` shows it; history in SQL is a
   later issue),
-- heartbeats: a sync that changes nothing durable only notes the time here; all noted
-  ``last_seen`` values go to the group-commit writer at most every ``flush_s``, so a
-  fleet of idle agents costs one statement a second instead of one write per sync,
+- heartbeats: a sync that changes nothing durable, and an idle node's lease renewal,
+  only note the time here; all noted ``last_seen`` values go to the group-commit writer
+  at most every ``flush_s`` (the app sets a sixth of the node timeout), so a fleet of
+  idle agents costs one statement every few seconds instead of one write per sync,
+- idle nodes' leases (``Leases``, issue 35): what lets a renewal stand for a full sync,
 - the node-credential cache, and sync latency figures (``GET /v1/fleet/summary``).
 
 One ``AgentState`` per app (``app.state.hot``). With several server processes each keeps
@@ -17,7 +19,9 @@ its own telemetry; liveness is shared through the database.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
+import secrets
 import threading
 import time
 from collections import deque
@@ -151,6 +155,77 @@ class Heartbeats:
                 self.note(node, at)
 
 
+LEASE_MAX_S = 300.0
+"""An idle node syncs in full at least this often, renewals or not (Kubernetes' kubelet
+reports its node status every 5 minutes when nothing changed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    token: str
+    version: str
+    """The node's dispatch version read before the sync that granted it."""
+    granted_at: float
+    seen_at: float
+    """Its grant or last renewal."""
+
+
+@dataclass(slots=True)
+class Leases:
+    """Idle nodes' leases (Kubernetes' node lease): a full sync whose reply asks nothing
+    of the node (no job, no MIG change, no upgrade order, no acknowledgement) grants one;
+    while the agent has nothing new to say it renews it (``POST /v1/nodes/{name}/renew``)
+    instead of syncing, and the server only notes the sighting in memory. A renewal is
+    refused, and the agent syncs in full at once, when the lease is not this process's
+    (another server, a restart), when the node's dispatch version moved since the grant
+    (``dispatch.NodeBell``: every write that changes what a node should run rings it),
+    when the node was silent for ``silence_s`` (the node timeout: a node that went
+    NotReady comes back through a full sync), or ``max_age_s`` after the grant. A commit
+    that reshapes the fleet (a node deleted, cordoned, registered) drops them all
+    (``clear``, after the commit)."""
+
+    silence_s: float = 30.0
+    max_age_s: float = LEASE_MAX_S
+    _leases: dict[str, Lease] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def grant(self, node: str, *, version: str, at: float) -> str:
+        token = secrets.token_urlsafe(12)
+        with self._lock:
+            self._leases[node] = Lease(token=token, version=version, granted_at=at, seen_at=at)
+        return token
+
+    def revoke(self, node: str) -> None:
+        with self._lock:
+            self._leases.pop(node, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._leases.clear()
+
+    def renew(self, node: str, token: str, *, version: str, now: float) -> bool:
+        """True if ``token`` is the node's lease and still stands (then renewed), else
+        False (and the lease is gone: the node syncs in full)."""
+        with self._lock:
+            lease = self._leases.pop(node, None)
+            if (
+                lease is None
+                or not hmac.compare_digest(lease.token.encode(), token.encode())
+                or lease.version != version
+                or now - lease.seen_at > self.silence_s
+                or now - lease.granted_at > self.max_age_s
+            ):
+                return False
+            self._leases[node] = Lease(
+                token=lease.token, version=version, granted_at=lease.granted_at, seen_at=now
+            )
+            return True
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._leases)
+
+
 @dataclass(slots=True)
 class Latencies:
     """Sync handling times of the last ``window_s`` seconds (at most ``size``), for the
@@ -264,6 +339,10 @@ class Rejections:
 class AgentState:
     telemetry: TelemetryStore = field(default_factory=TelemetryStore)
     heartbeats: Heartbeats = field(default_factory=Heartbeats)
+    leases: Leases = field(default_factory=Leases)
+    """Idle nodes' leases: their renewals stand for full syncs (issue 35)."""
+    renewals: int = 0
+    """Lease renewals taken since start."""
     power: PowerReadings = field(default_factory=PowerReadings)
     """GPU power readings on their way to the node rows (``gpupower.py``)."""
     latencies: Latencies = field(default_factory=Latencies)

@@ -7,9 +7,12 @@ power rule (``scheduler/power.py``) gets agents' readings from ``nodes.gpu_power
 keep an idle fleet from rewriting them every second, a node's readings are handed to the
 writer only when
 
-- one GPU's reading moved from what was last written by more than ``MOVE_W`` watts *and*
+- the node's total moved from what was last written by more than ``MOVE_W`` watts *and*
   more than ``MOVE_SHARE`` of it (a dead band, as a monitoring agent's: the rack's
-  headroom absorbs what it hides), or a GPU gained or lost its reading, or
+  headroom absorbs what it hides; a total, so busy GPUs' noise of a few percent each
+  averages out instead of rewriting the row every second: issue 35), or one GPU's
+  reading moved by more than ``STEP_W`` watts and ``STEP_SHARE`` of it (a job started or
+  ended there, whatever the total did), or a GPU gained or lost its reading, or
 - what was written is ``REFRESH_S`` old (its age tells the pass that the node still
   reports: ``services.racks.READING_MAX_AGE_S``).
 
@@ -36,6 +39,8 @@ log = logging.getLogger("gpufleet.server")
 
 MOVE_W = 10.0
 MOVE_SHARE = 0.05
+STEP_W = 50.0
+STEP_SHARE = 0.25
 REFRESH_S = 60.0
 MAX_GPU_W = 5000.0
 """Above any board's power (a B200 is 1000 W): a larger figure is not a reading."""
@@ -64,17 +69,20 @@ def readings_of(gpus: Iterable[GpuTelemetry]) -> dict[int, float]:
 
 
 def moved(old: Mapping[int, float], new: Mapping[int, float]) -> bool:
-    """Whether ``new`` differs from ``old`` past the dead band (or in its GPUs)."""
+    """Whether ``new`` differs from ``old`` past the dead bands (or in its GPUs)."""
     if old.keys() != new.keys():
         return True
-    return any(abs(w - old[i]) > max(MOVE_W, MOVE_SHARE * old[i]) for i, w in new.items())
+    was = sum(old.values())
+    if abs(sum(new.values()) - was) > max(MOVE_W, MOVE_SHARE * was):
+        return True
+    return any(abs(w - old[i]) > max(STEP_W, STEP_SHARE * old[i]) for i, w in new.items())
 
 
 @dataclass(slots=True)
 class PowerReadings:
     """Readings waiting to be written, and what was last handed to the writer per node.
     ``maybe_flush`` hands the waiting ones over at most every ``flush_s`` with none in
-    flight (the heartbeats' cadence); a failed write puts them back."""
+    flight (the heartbeats' cadence: the app sets both); a failed write puts them back."""
 
     flush_s: float = 1.0
     refresh_s: float = REFRESH_S
