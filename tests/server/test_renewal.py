@@ -41,6 +41,7 @@ def test_renewals_write_nothing_but_keep_the_node_ready(server: Server) -> None:
             assert answer == {"node": node, "renewed": True}
             seen.add(_row(server, node)["last_seen"])
         out = ok(c.get(f"/nodes/{node}"))
+        metrics = c.get(server.url + "/metrics").text
     after = _row(server, node)
     assert {k: v for k, v in after.items() if k != "last_seen"} == {
         k: v for k, v in before.items() if k != "last_seen"
@@ -49,6 +50,10 @@ def test_renewals_write_nothing_but_keep_the_node_ready(server: Server) -> None:
     assert out["state"] == "Ready"
     assert out["telemetry_at"] > at  # the held readings, as fresh as the renewal
     assert [g["telemetry"]["power_w"] for g in out["gpus"]] == [70.0, 70.0]
+    taken = [
+        line.split()[1] for line in metrics.splitlines() if line.startswith("gpufleet_node_renewals_total ")
+    ]
+    assert float(taken[0]) >= 20
 
 
 def test_a_refused_lease_is_gone_and_a_fleet_change_drops_every_lease(server: Server) -> None:

@@ -501,6 +501,11 @@ class FleetCollector(Collector):
         for (kind, reason), n in sorted(self.hot.rejected.counts().items()):
             rejected.add_metric([kind, reason], n)
         yield rejected
+        yield CounterMetricFamily(
+            "gpufleet_node_renewals",
+            "Idle nodes' lease renewals taken instead of full syncs (memory only, no database write).",
+            value=self.hot.renewals,
+        )
         skipped = CounterMetricFamily(
             "gpufleet_gateway_report_rejected_items",
             "Entries of gateways' traffic reports skipped (the rest taken): reason=name (not a "

@@ -342,7 +342,7 @@ class AgentState:
     leases: Leases = field(default_factory=Leases)
     """Idle nodes' leases: their renewals stand for full syncs (issue 35)."""
     renewals: int = 0
-    """Lease renewals taken since start."""
+    """Lease renewals taken since start (``gpufleet_node_renewals_total``)."""
     power: PowerReadings = field(default_factory=PowerReadings)
     """GPU power readings on their way to the node rows (``gpupower.py``)."""
     latencies: Latencies = field(default_factory=Latencies)
