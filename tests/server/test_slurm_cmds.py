@@ -296,3 +296,20 @@ def test_slurm_install_writes_only_its_own(tmp_path: Path) -> None:
     refused = gpufleet("slurm", "install", "--force", str(where))
     assert refused.returncode == 1 and f"{real}" in refused.stderr and "nothing written" in refused.stderr
     assert real.read_bytes().startswith(b"\x7fELF") and not (where / "sinfo").exists()
+
+
+def test_squeue_folds_a_waiting_array_and_r_shows_each_task(server: Server, fleet: dict[str, Any]) -> None:
+    """Slurm's default: an array's waiting tasks are one line, ``123_[0-2,4]`` (the
+    server folds them); ``-r`` one line a task; ``scancel`` of the array cancels all."""
+    env, pool = fleet["env"], make_pool(server)  # no node: every task waits
+    sub = slurm("sbatch", "--parsable", "-H", "-p", pool, "-a", "0-4", "--wrap", "true", env=env)
+    assert sub.returncode == 0, sub.stderr
+    array = int(sub.stdout.strip())
+    one = slurm("scancel", f"{array}_3", env=env)
+    assert one.returncode == 0, one.stderr
+    folded = slurm("squeue", "-h", "-p", pool, "-o", "%i %A %a %t", env=env).stdout
+    assert folded == f"{array}_[0-2,4] {array} [0-2,4] PD\n"
+    each = slurm("squeue", "-h", "-r", "-p", pool, "-o", "%i", env=env).stdout.split()
+    assert each == [f"{array}_{t}" for t in (0, 1, 2, 4)]
+    assert slurm("scancel", str(array), env=env).returncode == 0
+    assert slurm("squeue", "-h", "-p", pool, env=env).stdout == ""

@@ -49,8 +49,8 @@ def queue(
     job's reason is Slurm's (Priority, Resources, Dependency, JobArrayTaskLimit,
     JobHeldUser...) with gpufleet's detail."""
     states = None if include_finished else ["PENDING", "HELD", "SCHEDULED", "RUNNING"]
-    with client() as c:
-        items = c.job_listing(states=states, user=user, pool=pool)
+    with client() as c:  # the table: an array's waiting tasks folded by the server, one item
+        items = c.job_listing(states=states, user=user, pool=pool, collapsed=not json_out)
     if json_out:
         print_json(items)
         return
@@ -65,11 +65,13 @@ def queue_rows(items: Sequence[dict[str, Any]]) -> list[tuple[object, ...]]:
     """The queue's rows from the listing's JSON objects (``JobOut``'s fields): one per
     job, but one per array for the tasks of an array that wait in the same state (at the
     first one's place, with its position, ETA and reason), as squeue shows a pending
-    array."""
+    array. The server folds them (an item with ``array_tasks``); a server from before
+    lists every task, folded here."""
     waiting: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for j in items:
         if (
-            j.get("array_job_id") is not None
+            j.get("array_tasks") is None
+            and j.get("array_job_id") is not None
             and j.get("array_task_id") is not None
             and j["state"]
             in (
@@ -84,11 +86,12 @@ def queue_rows(items: Sequence[dict[str, Any]]) -> list[tuple[object, ...]]:
         tasks = waiting.get((array or 0, j["state"])) if array is not None else None
         if tasks is not None and j is not tasks[0]:
             continue  # shown on its array's line
-        shown = (
-            slurmnames.array_ids(array or 0, [t["array_task_id"] for t in tasks])
-            if tasks is not None
-            else slurmnames.job_id(j["id"], array, j.get("array_task_id"))
-        )
+        if j.get("array_tasks") is not None:
+            shown = slurmnames.folded_ids(array or 0, str(j["array_tasks"]), j.get("array_task_count"))
+        elif tasks is not None:
+            shown = slurmnames.array_ids(array or 0, [t["array_task_id"] for t in tasks])
+        else:
+            shown = slurmnames.job_id(j["id"], array, j.get("array_task_id"))
         where = " ".join(
             f"{a['node']}:{','.join(device_labels(a['gpus']))}" for a in j.get("allocation") or ()
         )

@@ -64,6 +64,12 @@ def array_ids(array_job_id: int, tasks: Iterable[int]) -> str:
     return f"{array_job_id}_{ids[0]}" if len(ids) == 1 else f"{array_job_id}_[{compact(ids)}]"
 
 
+def folded_ids(array_job_id: int, tasks: str, count: int | None) -> str:
+    """``123_[5-99]`` of a folded listing item (``array_tasks``: ``5-99``, Slurm's index
+    list, as the server wrote it; ``123_5`` for one task)."""
+    return f"{array_job_id}_{tasks}" if count == 1 else f"{array_job_id}_[{tasks}]"
+
+
 @dataclass(frozen=True, slots=True)
 class JobRef:
     """A job as named on the command line: ``123`` (a job, or a whole array when 123 is

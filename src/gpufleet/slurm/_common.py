@@ -147,9 +147,21 @@ def timestamp(at: float | None, *, none: str = "N/A") -> str:
 
 
 def job_label(job: dict[str, Any]) -> str:
-    """``123``, or ``123_4`` for task 4 of array 123."""
+    """``123``, or ``123_4`` for task 4 of array 123, or ``123_[5-99]`` for the waiting
+    tasks a folded listing item stands for (``array_tasks``)."""
     array, task = job.get("array_job_id"), job.get("array_task_id")
-    return str(job["id"]) if array is None or task is None else f"{array}_{task}"
+    if array is None or task is None:
+        return str(job["id"])
+    return f"{array}_{task_label(job)}"
+
+
+def task_label(job: dict[str, Any]) -> str:
+    """An array task's index as squeue writes it: ``4``, or ``[5-99]`` for a folded
+    item's tasks (Slurm's ``%K``/ArrayTaskID of a pending array record)."""
+    tasks, count = job.get("array_tasks"), job.get("array_task_count")
+    if tasks is None:
+        return str(job.get("array_task_id"))
+    return str(tasks) if count == 1 else f"[{tasks}]"
 
 
 def started(job: dict[str, Any]) -> float | None:
@@ -186,6 +198,7 @@ __all__ = [
     "elapsed",
     "error",
     "job_label",
+    "task_label",
     "node_names",
     "reason",
     "run",

@@ -65,6 +65,8 @@ def main(argv: list[str]) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    from gpufleet.client import BULK_TIMEOUT_S  # a whole array's cancel waits for its answer
+
     if args.signal and args.signal.upper().removeprefix("SIG") not in ("KILL", "TERM", "INT", "9", "15", "2"):
         raise SlurmError(
             f"--signal={args.signal}: gpufleet cancels jobs; it does not send them other signals"
@@ -81,7 +83,7 @@ def _main(args: argparse.Namespace) -> int:
             if filters.get("ids") == []:
                 return 0
         if not args.ids:
-            c.request("POST", "/jobs/cancel", json=filters)
+            c.request("POST", "/jobs/cancel", json=filters, timeout=BULK_TIMEOUT_S)
         for given in args.ids:
             errors += _cancel(c, given, filters)
     if not args.quiet:
@@ -102,7 +104,7 @@ def _with_pool(c: GpufleetClient, filters: dict[str, Any], pool: str, given: lis
 
 def _cancel(c: GpufleetClient, given: str, filters: dict[str, Any]) -> list[str]:
     """Cancel one id of the command line; the error lines."""
-    from gpufleet.client import ClientError
+    from gpufleet.client import BULK_TIMEOUT_S, ClientError
 
     try:
         job_id, tasks = parse_ref(given)
@@ -117,7 +119,7 @@ def _cancel(c: GpufleetClient, given: str, filters: dict[str, Any]) -> list[str]
         if in_pool is not None:
             ids = [i for i in ids if i in in_pool]
         if ids:
-            c.request("POST", "/jobs/cancel", json=api | {"ids": ids})
+            c.request("POST", "/jobs/cancel", json=api | {"ids": ids}, timeout=BULK_TIMEOUT_S)
         return errors
     try:
         job = c.request("GET", f"/jobs/{job_id}")
@@ -128,7 +130,7 @@ def _cancel(c: GpufleetClient, given: str, filters: dict[str, Any]) -> list[str]
     if in_pool is not None and job_id not in in_pool and job.get("array_job_id") != job_id:
         return []
     body = api | ({"array": job_id} if job.get("array_job_id") == job_id else {"ids": [job_id]})
-    out = c.request("POST", "/jobs/cancel", json=body)
+    out = c.request("POST", "/jobs/cancel", json=body, timeout=BULK_TIMEOUT_S)
     if not api and not out.get("cancelled") and not out.get("skipped"):
         return [f"Kill job error on job id {given}: {ENDED}"]
     return []

@@ -5,9 +5,10 @@ with the letters scripts use (``FORMATS``), widths as Slurm reads them (``%.18i`
 right-aligned in 18, ``%-10j``/``%10j``: left-aligned; a longer value is cut to the
 width), ``-h/--noheader``, ``-u USER[,USER]``/``--me``, ``-j ID[,ID]`` (``123`` an
 array's every task, ``123_4`` one), ``-t STATES`` (``PD,R``, ``all``), ``-p POOLS``,
-``-n NAMES``. An array's tasks are one row each (``123_4``), as ``squeue -r`` shows
-them; waiting tasks are not folded into ``123_[5-99]``, which keeps ``%i`` one job a
-line for scripts that read it.
+``-n NAMES``. An array's tasks that wait in one state are one row, ``123_[5-99]``, as
+Slurm's squeue shows a pending array (the server folds them: a 10,000-task array is one
+item, not 10,000); ``-r/--array`` shows one row a task (``123_5``), and so does ``-j``
+(which names jobs and tasks one by one).
 
 Which jobs a user sees is the server's rule (users: their own; operators: all).
 """
@@ -34,6 +35,7 @@ from gpufleet.slurm._common import (
     run_time,
     slurm_state,
     started,
+    task_label,
     timestamp,
     wanted_states,
 )
@@ -81,7 +83,7 @@ def _end(job: dict[str, Any], now: float) -> str:
 FORMATS: dict[str, tuple[str, Field]] = {
     "i": ("JOBID", lambda j, now: job_label(j)),
     "A": ("ARRAY_JOB_ID", lambda j, now: j.get("array_job_id") or j["id"]),
-    "a": ("ARRAY_TASK_ID", lambda j, now: "N/A" if j.get("array_task_id") is None else j["array_task_id"]),
+    "a": ("ARRAY_TASK_ID", lambda j, now: "N/A" if j.get("array_task_id") is None else task_label(j)),
     "j": ("NAME", lambda j, now: j.get("name") or ""),
     "u": ("USER", lambda j, now: j.get("user") or ""),
     "a_": ("ACCOUNT", lambda j, now: j.get("team") or ""),
@@ -215,7 +217,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--partition", action="append", default=[], help="These pools (comma list).")
     p.add_argument("-n", "--name", action="append", default=[], help="Jobs of these names (comma list).")
     p.add_argument("-a", "--all", action="store_true", help="Accepted: every pool is shown already.")
-    p.add_argument("-r", "--array", action="store_true", help="Accepted: a task is a line already.")
+    p.add_argument("-r", "--array", action="store_true", help="One line a task (default: 123_[5-99]).")
     p.add_argument("-l", "--long", action="store_true", help="Slurm's long format.")
     return p
 
@@ -242,6 +244,7 @@ def _main(args: argparse.Namespace) -> int:
     users: list[str | None] = list(_csv(args.user)) or [None]
     pools: list[str | None] = list(_csv(args.partition)) or [None]
     names, refs = set(_csv(args.name)), _csv(args.jobs)
+    folded = not args.array and not refs
     now = time.time()
     jobs: dict[int, dict[str, Any]] = {}
     with connect() as c:
@@ -249,7 +252,7 @@ def _main(args: argparse.Namespace) -> int:
             users = [str(c.request("GET", "/users/me")["name"])]
         for user in users:
             for pool in pools:
-                for j in c.job_listing(states=states or None, user=user, pool=pool):
+                for j in c.job_listing(states=states or None, user=user, pool=pool, collapsed=folded):
                     jobs[int(j["id"])] = j
     found = [jobs[k] for k in sorted(jobs)]
     if names:
