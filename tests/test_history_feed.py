@@ -146,5 +146,5 @@ def test_the_cache_forgets_jobs_that_left() -> None:
     cache = Predictions()
     for jid in range(3000):
         cache.of(history, job_id=jid, job=T, stored=(60.0, 1.0, "b"))
-    cache.keep({1, 2})
+    cache.keep(2, lambda: {1, 2})
     assert set(cache.rows) == {1, 2}

@@ -26,7 +26,7 @@ first seen with no history enough keeps none.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -204,12 +204,12 @@ class Predictions:
         self.rows[job_id] = got
         return got
 
-    def keep(self, live: Set[int]) -> None:
-        """Forget the jobs not in ``live`` (pending or running) once they are most of
-        the cache."""
-        if len(self.rows) > 2 * len(live) + 1000:
-            rows = self.rows
-            self.rows = {j: p for j, p in rows.items() if j in live or j in self.new}
+    def keep(self, count: int, live: Callable[[], Set[int]]) -> None:
+        """Forget the jobs no longer pending or running once they are most of the cache
+        (``count`` of them are; ``live()`` says which)."""
+        if len(self.rows) > 2 * count + 1000:
+            ids = live()
+            self.rows = {j: p for j, p in self.rows.items() if j in ids or j in self.new}
 
     def write(self, s: Session) -> int:
         """Write the new predictions on their rows (in the pass's transaction: not part

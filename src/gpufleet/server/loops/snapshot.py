@@ -312,7 +312,10 @@ class SnapshotReader:
                 for p in pending
                 if int(p.id) not in kill
             ]
-        self.predictions.keep(self._pending.rows.keys() | {int(r.job.id) for r in running})
+        self.predictions.keep(
+            len(self._pending.rows) + len(running),
+            lambda: self._pending.rows.keys() | {int(r.job.id) for r in running},
+        )
         booked = load_booked(s, now)
         snap = Snapshot(
             now=now,
@@ -333,6 +336,9 @@ class SnapshotReader:
         service's replica (it runs until scaled down)."""
         if job.service_id is not None:
             return None
+        known = self.predictions.rows
+        if job.id in known:  # every pass, for each running job: no traits built
+            return known[job.id]
         return self.predictions.of(
             self.history.predictor,
             job_id=job.id,
