@@ -1,8 +1,8 @@
 """Run times predicted from the server's own history (issue 33), on a running server:
 jobs of one name by one user end with known run times; the next job of that name gets
-its prediction from them (a cancelled one teaches nothing), and ``GET /v1/jobs/{id}``
-and ``gpufleet jobs show`` give a running job's predicted end and its basis, a pending
-one's predicted run. Nodes are played through the sync endpoint."""
+its prediction from them (a cancelled one teaches nothing), and ``GET /v1/jobs/{id}``,
+the job list and ``gpufleet jobs show`` give a running job's predicted end and its
+basis, a pending one's predicted run. Nodes are played through the sync endpoint."""
 
 from __future__ import annotations
 
@@ -62,6 +62,11 @@ def test_a_job_gets_its_predicted_end_from_the_jobs_like_it_that_ended(server: S
         assert job["prediction_basis"] == "user+name+gpus (3 jobs)"
         assert 0 < job["prediction_confidence"] <= 1
         assert job["predicted_end"] == pytest.approx(job["started_at"] + 600.0)
+        with server.client() as c:  # the list (``gpufleet queue``, the fleet page) says it too
+            listed = ok(c.get("/jobs", params={"team": team, "state": "RUNNING"}))["items"]
+        assert [(j["id"], j["predicted_end"], j["prediction_basis"]) for j in listed] == [
+            (jid, job["predicted_end"], job["prediction_basis"])
+        ]
         lines = show_lines(job, now=job["started_at"] + 60)
         assert any(
             line.strip().startswith("predicted end: in 9m") and "user+name+gpus (3 jobs)" in line

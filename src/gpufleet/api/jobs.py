@@ -257,6 +257,18 @@ class JobOut(Reply):
     qos: str | None = Field(default=None, description="its QOS (--qos, else the default QOS)")
     licenses: dict[str, int] | None = Field(default=None, description="-L: license -> count")
     cuda: str | None = Field(default=None, description="the CUDA version it needs (--cuda)")
+    predicted_s: float | None = Field(
+        default=None,
+        description="its whole run time as the scheduler predicted it from the jobs like it that ended "
+        "before (same user, name and GPUs, down to its team); None: no history enough",
+    )
+    prediction_confidence: float | None = Field(default=None, description="0..1: how far to trust it")
+    prediction_basis: str | None = Field(
+        default=None, description="which history it came from: user+name+gpus (12 jobs)"
+    )
+    predicted_end: float | None = Field(
+        default=None, description="a running job: when it is predicted to end (at most its time limit)"
+    )
 
 
 class JobDiagnosis(Reply):
@@ -286,18 +298,6 @@ class JobDetail(JobOut):
     events: list[JobEventOut]
     diagnosis: JobDiagnosis | None = Field(
         default=None, description="what its failed output matched (None: not failed, or nothing known)"
-    )
-    predicted_s: float | None = Field(
-        default=None,
-        description="its whole run time as the scheduler predicted it from the jobs like it that ended "
-        "before (same user, name and GPUs, down to its team); None: no history enough",
-    )
-    predicted_end: float | None = Field(
-        default=None, description="a running job: when it is predicted to end (at most its time limit)"
-    )
-    prediction_confidence: float | None = Field(default=None, description="0..1: how far to trust it")
-    prediction_basis: str | None = Field(
-        default=None, description="which history it came from: user+name+gpus (12 jobs)"
     )
 
 

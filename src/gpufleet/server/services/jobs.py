@@ -98,6 +98,16 @@ def _fields(job: Job, user: str, team: str, alloc: list[AllocationOut]) -> dict[
         "qos": job.qos,
         "licenses": job.licenses,
         "cuda": job.cuda,
+        "predicted_s": job.predicted_s,
+        "prediction_confidence": job.predicted_conf,
+        "prediction_basis": job.prediction_basis,
+        "predicted_end": predicted_end(
+            state=job.state,
+            started_at=job.started_at,
+            executed_s=job.executed_s,
+            predicted_s=job.predicted_s,
+            time_limit_s=job.time_limit_s,
+        ),
     }
 
 
@@ -131,23 +141,26 @@ def _detail(
         cpus_per_task=job.cpus_per_task,
         ntasks_per_node=job.ntasks_per_node,
         diagnosis=_diagnosis(job.diagnosis),
-        predicted_s=job.predicted_s,
-        predicted_end=predicted_end(job),
-        prediction_confidence=job.predicted_conf,
-        prediction_basis=job.prediction_basis,
     )
 
 
-def predicted_end(job: Job) -> float | None:
+def predicted_end(
+    *,
+    state: str,
+    started_at: float | None,
+    executed_s: float,
+    predicted_s: float | None,
+    time_limit_s: float | None,
+) -> float | None:
     """When a running job is predicted to end: its attempt's start plus what its
     prediction leaves after its earlier attempts (``executed_s``), within its time limit
     (``loops/history.py`` predicts)."""
-    if job.state != JobState.RUNNING or job.started_at is None or job.predicted_s is None:
+    if state != JobState.RUNNING or started_at is None or predicted_s is None:
         return None
-    left = max(0.0, job.predicted_s - job.executed_s)
-    if job.time_limit_s is not None and job.time_limit_s > 0:
-        left = min(left, job.time_limit_s)
-    return job.started_at + left
+    left = max(0.0, predicted_s - executed_s)
+    if time_limit_s is not None and time_limit_s > 0:
+        left = min(left, time_limit_s)
+    return started_at + left
 
 
 def _diagnosis(stored: dict[str, Any] | None) -> JobDiagnosis | None:
@@ -225,6 +238,10 @@ _LISTED = (
     Job.qos,
     Job.licenses,
     Job.cuda,
+    Job.predicted_s,
+    Job.predicted_conf.label("prediction_confidence"),
+    Job.prediction_basis,
+    Job.executed_s,  # not shown: what ``predicted_end`` is made of (with the above)
 )
 """What a list shows, in ``JobOut``'s field order and named as its fields, read as plain
 rows: a page of 1,000 jobs is the API's heaviest read, and ORM objects (with ``env`` and
@@ -234,7 +251,7 @@ _LIST_Q = select(*_LISTED).join_from(Job, User, User.id == Job.user_id).join(Tea
 _LIST_KEYS = tuple(_LIST_Q.selected_columns.keys())
 _HEAD = _LIST_KEYS.index("reservation")
 _HEAD_KEYS = _LIST_KEYS[:_HEAD]
-_TAIL_KEYS = _LIST_KEYS[_HEAD + 3 :]  # after reservation, cost and energy_wh
+_TAIL_KEYS = _LIST_KEYS[_HEAD + 3 : -1]  # after reservation, cost and energy_wh; before executed_s
 _PENDING = str(JobState.PENDING)
 _WAITING = frozenset({_PENDING, str(JobState.HELD)})
 
@@ -253,7 +270,14 @@ def _listed(row: Sequence[Any], alloc: list[AllocationOut]) -> dict[str, Any]:
     f["cost"] = round(row[_HEAD + 1], 6)
     f["energy_kwh"] = round(row[_HEAD + 2] / 1000.0, 6)
     f["warnings"] = []
-    f.update(zip(_TAIL_KEYS, row[_HEAD + 3 :], strict=True))
+    f.update(zip(_TAIL_KEYS, row[_HEAD + 3 : -1], strict=True))
+    f["predicted_end"] = predicted_end(
+        state=state,
+        started_at=f["started_at"],
+        executed_s=row[-1],
+        predicted_s=f["predicted_s"],
+        time_limit_s=f["time_limit_s"],
+    )
     return f
 
 
