@@ -528,11 +528,21 @@
     $("running-count").title = "Jobs running or starting (RUNNING or SCHEDULED: they hold their GPUs)";
     if (!items.length) { $("running").replaceChildren(el("p", { class: "empty", text: "No jobs are running." })); return; }
     var open = new Set(Array.from($("running").querySelectorAll("details[open]")).map(function (d) { return d.dataset.job; }));
-    $("running").replaceChildren(table(["Job", "User · team", "GPUs", "Where", "Running for", "State"],
+    $("running").replaceChildren(table(["Job", "User · team", "GPUs", "Where", "Running for", "Ends (predicted)", "State"],
       items.map(function (j) {
         return ["#" + j.id + " " + j.name, j.user + " · " + j.team, String(j.gpus), whereCell(j, open),
-                j.started_at ? GF.ago(now - j.started_at) : "starting", el("span", { class: "pill " + j.state, text: j.state })];
-      }), [false, false, true, false, true, false], "Running jobs"));
+                j.started_at ? GF.ago(now - j.started_at) : "starting", predictedEnd(j, now),
+                el("span", { class: "pill " + j.state, text: j.state })];
+      }), [false, false, true, false, true, true, false], "Running jobs"));
+  }
+  // When the scheduler predicts a running job ends (issue 33: from the jobs like it that
+  // ended before), with what it is based on as the tooltip; "–" without a prediction.
+  function predictedEnd(j, now) {
+    if (j.predicted_end === null || j.predicted_end === undefined) return "–";
+    var late = now - j.predicted_end;
+    return el("span", { title: "predicted from " + j.prediction_basis + ", confidence " +
+                        (j.prediction_confidence || 0).toFixed(2) + " (at most its time limit)",
+                        text: late > 1 ? "overdue " + GF.ago(late) : "in " + GF.ago(-late) });
   }
   // Where a job runs, short (GF.where: a hostlist); a multi-node one opens to each node's GPUs.
   function whereCell(j, open) {
