@@ -37,6 +37,12 @@ def _eta(at: float | None) -> str:
     return "now" if delta <= 1 else "in " + format_duration(delta)
 
 
+def _ends(at: float) -> str:
+    """A running job's predicted end, for the ETA column (``jobs show`` says its basis)."""
+    delta = at - time.time()
+    return "overdue" if delta < -1 else "ends " + _eta(at)
+
+
 def queue(
     include_finished: bool = flag("--all", help="Include finished jobs."),
     user: str | None = typer.Option(None, "--user", "-u", help="Only this user's jobs (operators)."),
@@ -96,6 +102,8 @@ def queue_rows(items: Sequence[dict[str, Any]]) -> list[tuple[object, ...]]:
             f"{a['node']}:{','.join(device_labels(a['gpus']))}" for a in j.get("allocation") or ()
         )
         eta = _eta(j.get("estimated_start"))
+        if j["state"] == "RUNNING" and j.get("predicted_end") is not None:
+            eta = _ends(j["predicted_end"])  # issue 33: from the jobs like it that ended
         shown_row = (
             shown,
             str(j["name"])[:20],
