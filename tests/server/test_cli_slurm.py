@@ -75,6 +75,13 @@ def test_an_array_script_is_one_submit_shown_collapsed_and_cancelled_by_task_or_
     assert one.stdout.splitlines() == [f"cancelled {array}_1", f"cancelled {array}_[3-4]"]
     queue = gpufleet("queue", "--pool", pool, env=env).stdout.splitlines()
     assert [line.split()[0] for line in queue[1:]] == [f"{array}_[0,2]"]
+    held = gpufleet("hold", str(array), env=env)
+    assert held.stdout.strip() == f"held array {array} (2 tasks)", held.stderr
+    assert {t["state"] for t in tasks(server, array)} == {"HELD", "CANCELLED"}
+    again = gpufleet("hold", str(array), env=env)
+    assert again.returncode == 1 and "no task to hold (none is PENDING)" in again.stderr
+    released = gpufleet("release", str(array), env=env)
+    assert released.stdout.strip() == f"released array {array} (2 tasks)", released.stderr
     rest = gpufleet("cancel", str(array), env=env)
     assert rest.stdout.strip() == f"cancelled array {array} (2 tasks)", rest.stderr
     assert {t["state"] for t in tasks(server, array)} == {"CANCELLED"}

@@ -298,9 +298,16 @@ def test_slurm_install_writes_only_its_own(tmp_path: Path) -> None:
     assert real.read_bytes().startswith(b"\x7fELF") and not (where / "sinfo").exists()
 
 
+def _states(srv: Server, array: int) -> dict[str, int]:
+    with srv.client() as c:
+        items = ok(c.get("/jobs", params={"array": array}))["items"]
+    return {st: sum(1 for j in items if j["state"] == st) for st in {j["state"] for j in items}}
+
+
 def test_squeue_folds_a_waiting_array_and_r_shows_each_task(server: Server, fleet: dict[str, Any]) -> None:
     """Slurm's default: an array's waiting tasks are one line, ``123_[0-2,4]`` (the
-    server folds them); ``-r`` one line a task; ``scancel`` of the array cancels all."""
+    server folds them); ``-r`` one line a task; ``scontrol hold|release`` and ``scancel``
+    of the array's id act on all its tasks."""
     env, pool = fleet["env"], make_pool(server)  # no node: every task waits
     sub = slurm("sbatch", "--parsable", "-H", "-p", pool, "-a", "0-4", "--wrap", "true", env=env)
     assert sub.returncode == 0, sub.stderr
@@ -311,5 +318,9 @@ def test_squeue_folds_a_waiting_array_and_r_shows_each_task(server: Server, flee
     assert folded == f"{array}_[0-2,4] {array} [0-2,4] PD\n"
     each = slurm("squeue", "-h", "-r", "-p", pool, "-o", "%i", env=env).stdout.split()
     assert each == [f"{array}_{t}" for t in (0, 1, 2, 4)]
+    assert slurm("scontrol", "release", str(array), env=env).returncode == 0  # every task
+    assert _states(server, array) == {"PENDING": 4, "CANCELLED": 1}
+    assert slurm("scontrol", "hold", str(array), env=env).returncode == 0
+    assert _states(server, array) == {"HELD": 4, "CANCELLED": 1}
     assert slurm("scancel", str(array), env=env).returncode == 0
     assert slurm("squeue", "-h", "-p", pool, env=env).stdout == ""

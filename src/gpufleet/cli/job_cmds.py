@@ -152,16 +152,15 @@ def jobs_show(job_id: int = typer.Argument(...), json_out: bool = json_flag("the
         typer.echo(line)
 
 
-def _each(ids: list[int], act: Callable[[GpufleetClient, int], Any], verb: str) -> None:
-    """``act`` on each job; one the server refuses is reported and the rest go on (exit 1
-    at the end). An unreachable server ends it at once."""
+def _each(ids: list[int], act: Callable[[GpufleetClient, int], str]) -> None:
+    """``act`` on each job (the line it returns is printed); one the server refuses is
+    reported and the rest go on (exit 1 at the end). An unreachable server ends it at once."""
     failed = 0
     try:
         with GpufleetClient.from_env() as c:
             for jid in ids:
                 try:
-                    j = act(c, jid)
-                    typer.echo(f"{verb} {jid} ({j.state})")
+                    typer.echo(act(c, jid))
                 except ClientError as exc:
                     if exc.status is None:
                         raise
@@ -173,6 +172,39 @@ def _each(ids: list[int], act: Callable[[GpufleetClient, int], Any], verb: str) 
         raise fail(exc.message) from None
     if failed:
         raise typer.Exit(FAILED)
+
+
+def _one(one: Callable[[GpufleetClient, int], Any], past: str) -> Callable[[GpufleetClient, int], str]:
+    def act(c: GpufleetClient, jid: int) -> str:
+        return f"{past} {jid} ({one(c, jid).state})"
+
+    return act
+
+
+def _array_or_one(
+    verb: str, one: Callable[[GpufleetClient, int], Any], past: str
+) -> Callable[[GpufleetClient, int], str]:
+    """``verb`` (hold, release) on every task of array ``jid`` in one request (as
+    ``scontrol hold`` takes an array's id), or on job ``jid`` when it is no array of
+    yours (or the server is from before bulk changes: 404/405; an id out of range: 422)."""
+
+    def act(c: GpufleetClient, jid: int) -> str:
+        try:
+            out = c.change_many(verb, {"array": jid})
+        except ClientError as exc:
+            if exc.status not in (404, 405, 422):
+                raise
+            return _one(one, past)(c, jid)
+        if not out.changed and not out.skipped:
+            return _one(one, past)(c, jid)
+        if not out.changed:
+            raise ClientError(f"array {jid}: no task to {verb} (none is {_FROM[verb]})", status=409)
+        return f"{past} array {jid} ({words.count(len(out.changed), 'task')})"
+
+    return act
+
+
+_FROM = {"hold": "PENDING", "release": "HELD"}
 
 
 def cancel(
@@ -271,7 +303,7 @@ def _ended(ids: Sequence[int], out: Cancelled, filters: dict[str, Any]) -> bool:
 def requeue(job_ids: list[int] = typer.Argument(...)) -> None:
     """Put running jobs back in the queue (scontrol requeue): each stops and waits again,
     keeping its id and history."""
-    _each(job_ids, GpufleetClient.requeue, "requeued")
+    _each(job_ids, _one(GpufleetClient.requeue, "requeued"))
 
 
 def update(
@@ -304,13 +336,17 @@ def update(
 
 
 def hold(job_ids: list[int] = typer.Argument(...)) -> None:
-    """Hold pending jobs (scontrol hold)."""
-    _each(job_ids, GpufleetClient.hold, "held")
+    """Hold pending jobs (scontrol hold).
+
+    An array's id holds every pending task of it, in one request."""
+    _each(job_ids, _array_or_one("hold", GpufleetClient.hold, "held"))
 
 
 def release(job_ids: list[int] = typer.Argument(...)) -> None:
-    """Release held jobs (scontrol release)."""
-    _each(job_ids, GpufleetClient.release, "released")
+    """Release held jobs (scontrol release).
+
+    An array's id releases every held task of it, in one request."""
+    _each(job_ids, _array_or_one("release", GpufleetClient.release, "released"))
 
 
 def logs(

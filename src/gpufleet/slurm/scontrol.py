@@ -39,7 +39,7 @@ from gpufleet.slurm._common import (
 from gpufleet.slurm.batchscript import BatchScript
 
 if TYPE_CHECKING:
-    from gpufleet.client import ClientError
+    from gpufleet.client import ClientError, GpufleetClient
 
 PROG = "scontrol"
 USAGE = """\
@@ -407,7 +407,8 @@ def _act(verb: str, rest: list[str]) -> int:
     with connect() as c:
         for jid in ids:
             try:
-                c.request("POST", f"/jobs/{jid}/{route}")
+                if verb == "requeue" or not _whole_array(c, route, jid):
+                    c.request("POST", f"/jobs/{jid}/{route}")
             except ClientError as exc:
                 if exc.status is None:
                     raise
@@ -418,6 +419,27 @@ def _act(verb: str, rest: list[str]) -> int:
                 else:
                     sys.stderr.write(f"scontrol: error: {verb} of job {jid}: {why}\n")
     return 1 if failed else 0
+
+
+def _whole_array(c: GpufleetClient, route: str, jid: int) -> bool:
+    """Hold or release every task of array ``jid`` in one request, as Slurm takes an
+    array's id; False when ``jid`` is no array of yours (or the server is from before
+    ``POST /v1/jobs/hold``): then it is one job's. ClientError (409) when it is an array
+    none of whose tasks could be."""
+    from gpufleet.client import BULK_TIMEOUT_S, ClientError
+
+    try:
+        out = c.request("POST", f"/jobs/{route}", json={"array": jid}, timeout=BULK_TIMEOUT_S)
+    except ClientError as exc:
+        if exc.status in (404, 405, 422):
+            return False
+        raise
+    if out.get("changed"):
+        return True
+    if out.get("skipped"):
+        state = "pending" if route == "hold" else "held"
+        raise ClientError(f"no task of array {jid} is {state}", status=409, detail=f"Job is not {state}")
+    return False
 
 
 def _update(rest: list[str]) -> int:
