@@ -320,6 +320,7 @@ class Demo:
 
     def _run_agents(self, agents: list[Agent]) -> None:
         random.Random(len(agents)).shuffle(agents)
+        tick_s = min((bot.config.tick_s for bot in agents), default=0.5)  # a real agent's loop
         kick = threading.Event()  # any of them pushed by the server, or a job of theirs ended
         for bot in agents:
             bot.kick = kick
@@ -330,7 +331,7 @@ class Demo:
                     return
                 with contextlib.suppress(Exception):  # one agent's bad turn must not stop the rest
                     bot.step()
-            kick.wait(0.25)
+            kick.wait(tick_s)
             kick.clear()
 
     # -- status -----------------------------------------------------------------------------
