@@ -29,7 +29,7 @@ def explain_waits(cs: CycleState, ordered: list[tuple[Key, JobRequest]]) -> tupl
     out: list[PendingStatus] = []
     slots: dict[str, list[float]] = {}  # per array held back by its limit: when a slot frees
     waits = cs.waits
-    expected_s = cs.policy.expected_s
+    limit, expected_s = cs.policy.limit, cs.policy.expected_s
     for _, job in ordered:
         wait = waits.get(job.id)
         if wait is None:
@@ -41,7 +41,8 @@ def explain_waits(cs: CycleState, ordered: list[tuple[Key, JobRequest]]) -> tupl
             booked = est.earliest(wait.options)
             if booked is not None:
                 eta = est.t
-                est.book(booked[0], booked[1], expected_s(job, job.executed_s))
+                run_s = limit(job) if job.predicted_s is None else expected_s(job, job.executed_s)
+                est.book(booked[0], booked[1], run_s)
         out.append(
             PendingStatus(
                 job_id=job.id,

@@ -56,9 +56,13 @@ class DefaultPolicy(Policy):
     victim_class: ClassVar[int] = 3  # (priority, starving, level): then least lost work
 
     first_level_gpu_s: float = 1_800.0
-    level_growth: float = 4.0
-    max_level: int = 8
-    preempt_gap: int = 1
+    level_growth: float = 2.0
+    """Levels twice as wide each (jobs within 2x of each other share one; issue 33's
+    replays: finer than Tiresias' 10x ranks predicted jobs closer to SRTF)."""
+    max_level: int = 16
+    preempt_gap: int = 2
+    """A victim ranks this many levels below its preemptor: at least 2x its figure, 4x
+    as a rule (with ``level_growth`` 2)."""
     min_run_s: float = 600.0
     starve_factor: float = 4.0
     starve_min_s: float = 6 * 3600.0
