@@ -8,7 +8,9 @@ times: submits an array of ``--tasks`` tasks held, and times, each through the A
 this process (``GpufleetClient``, as the CLI asks; the client's own timeout is lifted
 so that a slow operation is measured, not cut off):
 
-- ``submit``: ``POST /v1/jobs`` with ``array=0-N`` and ``hold``;
+- ``submit``: ``POST /v1/jobs`` with ``array=0-N`` and ``hold`` (``--arrays`` of them, all
+  named ``sweepRUN``: then the bulk steps below match them by name, not by array id, so
+  that ``--arrays 10`` measures 100,000 tasks against the issue's figures);
 - ``queue (expanded)``: every page of ``GET /v1/jobs?state=PENDING,HELD,SCHEDULED,RUNNING``
   (``GpufleetClient.job_listing``, one item per task), and its JSON's size;
 - ``queue (collapsed)``: the same listing as ``gpufleet queue`` and ``squeue`` ask it
@@ -25,7 +27,7 @@ The table shows the median of the runs (seconds, or KB), the fastest, and the is
 goal where it has one (its figures are for 100,000 tasks; gpufleet's arrays stop at
 ``arrayspec.MAX_TASKS``). Run it under ``flock /tmp/bench.lock``:
 
-    .venv/bin/python bench/bench_arrays.py [--runs 3] [--tasks 10000] [--sample 300]
+    .venv/bin/python bench/bench_arrays.py [--runs 3] [--tasks 10000] [--arrays 1] [--sample 300]
 """
 
 from __future__ import annotations
@@ -92,11 +94,13 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def _bulk(c: GpufleetClient, verb: str, array: int, tasks: list[int], sample: int) -> tuple[float, bool]:
-    """Seconds to ``verb`` (hold/release) the whole array, and whether it was estimated
+def _bulk(
+    c: GpufleetClient, verb: str, match: dict[str, object], tasks: list[int], sample: int
+) -> tuple[float, bool]:
+    """Seconds to ``verb`` (hold/release) the matched tasks, and whether it was estimated
     from per-task requests on a server without the bulk endpoint."""
     try:
-        return timed(lambda: c.request("POST", f"/jobs/{verb}", json={"array": array})), False
+        return timed(lambda: c.request("POST", f"/jobs/{verb}", json=match)), False
     except ClientError as exc:
         if exc.status not in (404, 405, 422):
             raise
@@ -106,19 +110,25 @@ def _bulk(c: GpufleetClient, verb: str, array: int, tasks: list[int], sample: in
     return took * len(tasks) / max(1, len(some)), True
 
 
-def one_run(c: GpufleetClient, tasks: int, sample: int) -> tuple[dict[str, float], set[str], bool]:
+def one_run(
+    c: GpufleetClient, run: int, *, tasks: int, arrays: int, sample: int
+) -> tuple[dict[str, float], set[str], bool]:
+    name = f"sweep{run}"
     spec = {
         "command": ["python", "task.py"],
         "gpus": 1,
         "pool": POOL,
-        "name": "sweep",
+        "name": name,
         "array": f"0-{tasks - 1}",
         "hold": True,
     }
     out: dict[str, float] = {}
     got: dict[str, object] = {}
-    out["submit"] = timed(lambda: got.update(job=c.request("POST", "/jobs", json=spec)))
-    array = int(got["job"]["id"])  # type: ignore[index]
+    heads: list[int] = []
+    out["submit"] = timed(
+        lambda: heads.extend(int(c.request("POST", "/jobs", json=spec)["id"]) for _ in range(arrays))
+    )
+    match: dict[str, object] = {"array": heads[0]} if arrays == 1 else {"name": name}
     out["queue (expanded)"] = timed(lambda: got.update(items=c.job_listing(states=LIVE)))
     items: list[dict[str, object]] = got["items"]  # type: ignore[assignment]
     out["queue (expanded) KB"] = len(httpx.Response(200, json={"items": items}).content) / 1000
@@ -129,20 +139,21 @@ def one_run(c: GpufleetClient, tasks: int, sample: int) -> tuple[dict[str, float
     if len(folded) >= len(items):
         estimated.add("queue (collapsed)")  # the server ignored it: not there
     out["queue (collapsed) KB"] = len(httpx.Response(200, json={"items": folded}).content) / 1000
-    ids = sorted(int(j["id"]) for j in items if j.get("array_job_id") == array)  # type: ignore[call-overload]
+    ids = sorted(int(j["id"]) for j in items if j.get("array_job_id") in heads)  # type: ignore[call-overload]
     for verb in ("release", "hold"):
-        out[verb], guess = _bulk(c, verb, array, ids, sample)
+        out[verb], guess = _bulk(c, verb, match, ids, sample)
         if guess:
             estimated.add(verb)
-    out["cancel"] = timed(lambda: c.request("POST", "/jobs/cancel", json={"array": array}))
-    left = c.job_listing(array=array, states=LIVE)
+    out["cancel"] = timed(lambda: c.request("POST", "/jobs/cancel", json=match))
+    left = c.job_listing(states=LIVE)
     return out, estimated, not left
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--tasks", type=int, default=10_000)
+    ap.add_argument("--tasks", type=int, default=10_000, help="tasks an array (arrayspec.MAX_TASKS at most)")
+    ap.add_argument("--arrays", type=int, default=1, help="arrays a run, of one name (matched by it)")
     ap.add_argument("--sample", type=int, default=300, help="per-task requests timed where no bulk endpoint")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,11 +163,15 @@ def main() -> None:
                 c.request("POST", "/teams", json={"name": TEAM})
                 c.request("POST", f"/teams/{TEAM}/members", json={"user": "admin"})
                 c.request("POST", "/pools", json={"name": POOL, "gpu": True})
-                runs = [one_run(c, args.tasks, args.sample) for _ in range(args.runs)]
+                runs = [
+                    one_run(c, r, tasks=args.tasks, arrays=args.arrays, sample=args.sample)
+                    for r in range(args.runs)
+                ]
         finally:
             proc.terminate()
             proc.wait(10)
-    print(f"array of {args.tasks} held tasks, {args.runs} runs, SQLite, one server process")
+    what = f"{args.arrays} arrays of one name (matched by it)" if args.arrays > 1 else "an array"
+    print(f"{what} of {args.tasks} held tasks, {args.runs} runs, SQLite, one server process")
     print(f"{'step':<22} {'median':>10} {'fastest':>10} {'goal (100k)':>12}")
     estimated = set().union(*(r[1] for r in runs))
     for key in runs[0][0]:
