@@ -7,8 +7,9 @@ the lowest id among them (its place in id order, its position, ETA and reason), 
 ``array_task_count``. The database does the folding: the items are the rows that are no
 waiting task plus one row per (array, state) (``MIN(id) ... GROUP BY``), so a page of
 100 items reads 100 rows however large the arrays; the index lists of the arrays on a
-page are the runs of consecutive task ids (gaps and islands: ``task - ROW_NUMBER()``
-is constant along a run), a few rows per array. Paging by ``cursor`` stays stable: an
+page are their lowest and highest ids where these say one run, else the runs of
+consecutive ids (gaps and islands: ``task - ROW_NUMBER()`` is constant along a run), a
+few rows per array. Paging by ``cursor`` stays stable: an
 array's item is on the page of its lowest waiting id.
 """
 
@@ -53,17 +54,48 @@ def tasks_of(
     s: Session, conds: Sequence[ColumnElement[bool]], firsts: Sequence[tuple[int, str]]
 ) -> dict[tuple[int, str], tuple[str, int]]:
     """(array, state) -> (index list, count) of the waiting tasks ``conds`` match, for
-    these arrays (the folded items of a page)."""
+    these arrays (the folded items of a page). First each one's lowest, highest and
+    count: where they say one run (``5-9999``, an array's usual waiting part), that is
+    its list; only the others are read as runs (``_runs``)."""
     arrays = sorted({a for a, _ in firsts})
     if not arrays:
         return {}
+    mine = [*conds, _waiting_task(), Job.array_job_id.in_(arrays)]
+    q = (
+        select(
+            Job.array_job_id,
+            Job.state,
+            func.min(Job.array_task_id),
+            func.max(Job.array_task_id),
+            func.count(),
+        )
+        .select_from(_FROM)
+        .where(*mine)
+        .group_by(Job.array_job_id, Job.state)
+    )
+    out: dict[tuple[int, str], tuple[str, int]] = {}
+    holed: list[int] = []
+    rows: list[tuple[Any, ...]] = [tuple(r) for r in s.execute(q)]  # (the min and max: never NULL here)
+    for array, state, lo, hi, n in rows:
+        if int(hi) - int(lo) + 1 == int(n):
+            out[(int(array), str(state))] = (runs_text([(int(lo), int(hi))]), int(n))
+        else:
+            holed.append(int(array))
+    if holed:
+        out |= _runs(s, [*conds, _waiting_task(), Job.array_job_id.in_(holed)])
+    return out
+
+
+def _runs(s: Session, conds: Sequence[ColumnElement[bool]]) -> dict[tuple[int, str], tuple[str, int]]:
+    """The index lists of the matched tasks as runs of consecutive ids (gaps and islands:
+    ``task - ROW_NUMBER()`` is constant along a run), a row per run."""
     run = Job.array_task_id - func.row_number().over(
         partition_by=(Job.array_job_id, Job.state), order_by=Job.array_task_id
     )
     inner = (
         select(Job.array_job_id, Job.state, Job.array_task_id, run.label("run"))
         .select_from(_FROM)
-        .where(*conds, _waiting_task(), Job.array_job_id.in_(arrays))
+        .where(*conds)
         .subquery()
     )
     q = (
