@@ -322,5 +322,12 @@ def test_squeue_folds_a_waiting_array_and_r_shows_each_task(server: Server, flee
     assert _states(server, array) == {"PENDING": 4, "CANCELLED": 1}
     assert slurm("scontrol", "hold", str(array), env=env).returncode == 0
     assert _states(server, array) == {"HELD": 4, "CANCELLED": 1}
+    renamed = slurm("scontrol", "update", f"JobId={array}", "JobName=swept", env=env)
+    assert renamed.returncode == 0, renamed.stderr
+    with server.client() as c:
+        names = {
+            j["name"] for j in ok(c.get("/jobs", params={"array": array}))["items"] if j["state"] == "HELD"
+        }
+    assert names == {"swept"}
     assert slurm("scancel", str(array), env=env).returncode == 0
     assert slurm("squeue", "-h", "-p", pool, env=env).stdout == ""

@@ -442,6 +442,29 @@ def _whole_array(c: GpufleetClient, route: str, jid: int) -> bool:
     return False
 
 
+def _update_array(c: GpufleetClient, jid: int, changes: dict[str, Any]) -> bool:
+    """``scontrol update JobId=ARRAY``: every live task of array ``jid`` in one request
+    (``POST /v1/jobs/update``); False when ``jid`` is no array of yours (then it is one
+    job's, ``PATCH /v1/jobs/ID``, whose errors are Slurm's lines)."""
+    from gpufleet.client import BULK_TIMEOUT_S, ClientError
+
+    try:
+        out = c.request("POST", "/jobs/update", json={"array": jid, "set": changes}, timeout=BULK_TIMEOUT_S)
+    except ClientError as exc:
+        if exc.status in (404, 405, 422):
+            return False
+        raise
+    if out.get("changed"):
+        return True
+    if out.get("skipped"):
+        raise ClientError(
+            f"array {jid}: no task took it",
+            status=409,
+            detail="no task could take it (ended, or a time limit only operators raise)",
+        )
+    return False
+
+
 def _update(rest: list[str]) -> int:
     from gpufleet.client import ClientError
     from gpufleet.timefmt import parse_duration
@@ -472,7 +495,8 @@ def _update(rest: list[str]) -> int:
         raise SlurmError("No changes specified")
     with connect() as c:
         try:
-            c.request("PATCH", f"/jobs/{int(jid)}", json=changes)
+            if not _update_array(c, int(jid), changes):
+                c.request("PATCH", f"/jobs/{int(jid)}", json=changes)
         except ClientError as exc:
             if exc.status is None:
                 raise
