@@ -10,7 +10,11 @@ Three passes are timed, each the median of REPS:
 - *steady*: the next pass, nothing changed (predictions cached by job id);
 - *50 ended*: 50 more jobs ended since the last pass (the watermark's read).
 
-Usage: ``flock /tmp/bench.lock python bench/bench_pass_history.py [PENDING] [HISTORY]``
+With ``default`` the difference includes what the policy does with the predictions
+(ranking by predicted remaining GPU-time, estimated starts from predicted ends); with
+``fifo`` (which reads none) it is the read and the predictions alone.
+
+Usage: ``flock /tmp/bench.lock python bench/bench_pass_history.py [PENDING] [HISTORY] [POLICY]``
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ from gpufleet.server.store.models import Allocation, GpuRow, Job, Membership, No
 T0 = 1_700_000_000.0
 NODES, GPUS = 50, 8
 REPS = 7
-POLICY = "default"
 
 
 class _NoHistory(EndedFeed):
@@ -136,6 +139,7 @@ def timed(fn: Callable[[], object]) -> float:
 def main() -> None:
     pending = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
     history = int(sys.argv[2]) if len(sys.argv) > 2 else 20_000
+    policy = sys.argv[3] if len(sys.argv) > 3 else "default"
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'bench.db'}"
         users, teams = seed(url, pending=pending, history=history)
@@ -150,7 +154,7 @@ def main() -> None:
                 with db.write() as s:  # a restarted scheduler with no prediction stored yet
                     cleared = {"predicted_s": None, "predicted_conf": None, "prediction_basis": None}
                     s.execute(update(Job).values(**cleared))
-                step = SchedulingPass(db=db, policy=make_policy(POLICY), clock=clock, node_timeout_s=1e12)
+                step = SchedulingPass(db=db, policy=make_policy(policy), clock=clock, node_timeout_s=1e12)
                 if variant == "without":
                     step._reader = _BaselineReader()
                 res["cold"].append(timed(step.run_once))
@@ -166,7 +170,7 @@ def main() -> None:
                 clock.advance(1.0)
         db.dispose()
     running = NODES * GPUS
-    print(f"scheduling pass, SQLite, policy {POLICY}: {pending} pending, {running} running, {history} ended")
+    print(f"scheduling pass, SQLite, policy {policy}: {pending} pending, {running} running, {history} ended")
     print(f"median of {REPS} runs, ms")
     print(f"{'pass':<10} {'without':>9} {'with':>9} {'ratio':>7}")
     for name in ("cold", "steady", "50 ended"):

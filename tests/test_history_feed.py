@@ -1,6 +1,7 @@
 """The scheduling pass's predictor fed from the server's history (``loops/history.py``):
 which ended jobs teach, the bounded warm start, the watermark that reads only what
-ended since (and what ended late), and a job's prediction made once."""
+ended since (and what ended late), and a job's prediction made once; and the pass's
+rule for rewriting a waiting job's estimated start (predicted ends move it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from gpufleet.scheduler.predict import DurationPredictor, Prediction
 from gpufleet.server.loops.history import Ended, EndedFeed, Predictions, run_time, traits
+from gpufleet.server.loops.plancommit import same_eta
 
 USER, TEAM, NAME = 7, 3, "train"
 T = traits(user_id=USER, team_id=TEAM, name=NAME, gpus=1, time_limit_s=None)
@@ -148,3 +150,25 @@ def test_the_cache_forgets_jobs_that_left() -> None:
         cache.of(history, job_id=jid, job=T, stored=(60.0, 1.0, "b"))
     cache.keep(2, lambda: {1, 2})
     assert set(cache.rows) == {1, 2}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "same"),
+    [
+        (None, None, True),
+        (None, 1010.0, False),
+        (1010.0, None, False),
+        (1010.0, 1014.0, True),  # within 5 s
+        (1010.0, 1016.0, False),
+        (4600.0, 4660.0, True),  # within 2 % of the hour it announced
+        (4600.0, 4700.0, False),
+        (990.0, 994.0, True),  # an estimate already past: 5 s
+    ],
+    ids=["none", "appears", "goes", "5s", "6s", "1min-of-1h", "100s-of-1h", "past"],
+)
+def test_a_waiting_jobs_estimate_is_rewritten_only_when_it_moved(
+    old: float | None, new: float | None, same: bool
+) -> None:
+    """Estimates behind a running job past its predicted end move with the clock: the
+    pass rewrites them only when they moved enough to tell (``plancommit.same_eta``)."""
+    assert same_eta(old, new, now=1000.0) is same

@@ -116,7 +116,7 @@ class PlanWriter:
         if allocs:
             s.execute(insert(Allocation), allocs)
             touch(s, {a["node"] for a in allocs})  # their agents learn at the commit (``dispatch.py``)
-        self._write_statuses(s, result)
+        self._write_statuses(s, result, now)
         step_reservations(
             s,
             booked=loaded.booked,
@@ -155,8 +155,9 @@ class PlanWriter:
                 stop_now(s, v, actor=ACTOR, now=now)
         return held, set(waits)
 
-    def _write_statuses(self, s: Session, result: Plan) -> None:
+    def _write_statuses(self, s: Session, result: Plan, now: float) -> None:
         rows: list[dict[str, Any]] = []
+        last = self._statuses.rows
         views = [
             (
                 int(p.job_id),
@@ -168,14 +169,30 @@ class PlanWriter:
         ]
         for jid, pos, eta, reason in views:
             val = (pos, eta, reason[:512])
-            if self._statuses.rows.get(jid) != val:
+            old = last.get(jid)
+            if old != val and not (old is not None and old[0::2] == val[0::2] and same_eta(old[1], eta, now)):
                 rows.append(
                     {"id": jid, "queue_position": val[0], "estimated_start": val[1], "wait_reason": val[2]}
                 )
-                self._statuses.rows[jid] = val
+                last[jid] = val
         if rows:
             # Positions are advisory and not part of the CAS: they do not bump the version.
             s.execute(update(Job), rows)
+
+
+ETA_SLACK_S = 5.0
+ETA_SLACK_SHARE = 0.02
+
+
+def same_eta(old: float | None, new: float | None, now: float) -> bool:
+    """Whether an estimated start moved too little to write again: by at most 2 % of
+    the wait it announced, and at least 5 s. Estimates behind a running job that is past
+    its predicted end (``scheduler/estimate.expected_end``: never before now) move with
+    the clock at every pass; rewriting every waiting job's row for that was most of a
+    pass with thousands waiting (``bench/bench_pass_history.py``)."""
+    if old is None or new is None:
+        return old is new
+    return abs(new - old) <= max(ETA_SLACK_S, ETA_SLACK_SHARE * (old - now))
 
 
 def _on(placement: Placement, held: set[tuple[str, int]]) -> bool:
