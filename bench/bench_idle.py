@@ -3,10 +3,12 @@
 Starts ``gpufleet server`` (subprocess, temp SQLite) and one agents process that runs
 ``--nodes`` real agents the way ``gpufleet demo`` does (``make_agent`` over HTTP with
 ``SimulatedProbe`` nodes of 8 H100s, ``--threads`` threads of agents stepping in turn,
-each agent's long-poll open), with no job at all. After ``--settle`` seconds it measures
+each agent's long-poll open, each thread waiting the agents' ``tick_s`` between
+turns), with no job at all. After ``--settle`` seconds it measures
 for ``--seconds``:
 
-- server CPU-s per minute (the server process and its children: the scheduling child),
+- server CPU-s per minute (the server process and its children; ``(child)``: the
+  children's share, the scheduling pass's process),
 - agents CPU-s per minute (the agents process),
 - database commits per minute (``PRAGMA data_version`` polled every 20 ms from a
   connection of the bench's own: each change is a commit by the server),
@@ -69,6 +71,7 @@ def agents_main(url: str, nodes: int, interval: float, threads: int, work: str) 
 
     def run(mine: list[Agent]) -> None:  # as ``demo.Demo._run_agents``
         random.Random(len(mine)).shuffle(mine)
+        tick_s = min((bot.config.tick_s for bot in mine), default=0.5)
         kick = threading.Event()
         for bot in mine:
             bot.kick = kick
@@ -77,7 +80,7 @@ def agents_main(url: str, nodes: int, interval: float, threads: int, work: str) 
             for bot in mine:
                 with contextlib.suppress(Exception):
                     bot.step()
-            kick.wait(0.25)
+            kick.wait(tick_s)
             kick.clear()
 
     groups = max(1, min(threads, len(agents)))
@@ -141,15 +144,15 @@ def profiled_server(out: str, argv: list[str]) -> None:
     cli()
 
 
-def cpu_s(pid: int) -> float:
-    """CPU seconds of a process and its live children."""
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of a process, and of its live children."""
     p = psutil.Process(pid)
-    total = 0.0
-    for q in [p, *p.children(recursive=True)]:
+    out = [0.0, 0.0]
+    for i, q in enumerate([p, *p.children(recursive=True)]):
         with contextlib.suppress(psutil.Error):
             t = q.cpu_times()
-            total += t.user + t.system
-    return total
+            out[min(i, 1)] += t.user + t.system
+    return out[0], out[1]
 
 
 def count_commits(db: Path, until: float) -> int:
@@ -175,6 +178,7 @@ def ready(url: str) -> int:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Run:
     server: float
+    child: float
     agents: float
     commits: float
     ready: int
@@ -189,9 +193,9 @@ def once(args: argparse.Namespace, interval: float, profile: str | None) -> Run:
         )
         try:
             time.sleep(args.settle)
-            s0, a0, t0 = cpu_s(srv.proc.pid), cpu_s(child.pid), time.time()
+            (s0, c0), a0, t0 = cpu_s(srv.proc.pid), sum(cpu_s(child.pid)), time.time()
             commits = count_commits(Path(tmp) / "bench.db", t0 + args.seconds)
-            s1, a1, t1 = cpu_s(srv.proc.pid), cpu_s(child.pid), time.time()
+            (s1, c1), a1, t1 = cpu_s(srv.proc.pid), sum(cpu_s(child.pid)), time.time()
             up = ready(srv.url)
         finally:
             child.terminate()
@@ -202,7 +206,13 @@ def once(args: argparse.Namespace, interval: float, profile: str | None) -> Run:
             except subprocess.TimeoutExpired:
                 srv.proc.kill()
     per_min = 60.0 / (t1 - t0)
-    return Run(server=(s1 - s0) * per_min, agents=(a1 - a0) * per_min, commits=commits * per_min, ready=up)
+    return Run(
+        server=(s1 - s0 + c1 - c0) * per_min,
+        child=(c1 - c0) * per_min,
+        agents=(a1 - a0) * per_min,
+        commits=commits * per_min,
+        ready=up,
+    )
 
 
 def main() -> None:
@@ -223,16 +233,25 @@ def main() -> None:
     ap.add_argument("--profile", metavar="FILE", help="cProfile the server of the first run into FILE")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs; {args.nodes} idle nodes x 8 GPUs; median of {args.runs}")
-    cols = ("interval", "server", "agents", "total", "commits", "ready", "ok")
+    cols = ("interval", "server", "(child)", "agents", "total", "commits", "ready", "ok")
     print("  ".join(f"{c:>9}" for c in cols) + "   (CPU-s and commits per minute)")
     for k, interval in enumerate(float(x) for x in args.interval.split(",")):
         runs = [once(args, interval, args.profile if k == 0 and i == 0 else None) for i in range(args.runs)]
         cpu = statistics.median(r.server for r in runs)
+        kid = statistics.median(r.child for r in runs)
         agt = statistics.median(r.agents for r in runs)
         com = statistics.median(r.commits for r in runs)
         up = min(r.ready for r in runs)
         ok = cpu < 0.5 and cpu + agt < 1.0 and up == args.nodes
-        row = (f"{interval:g}s", f"{cpu:.2f}", f"{agt:.2f}", f"{cpu + agt:.2f}", f"{com:.0f}", up)
+        row = (
+            f"{interval:g}s",
+            f"{cpu:.2f}",
+            f"{kid:.2f}",
+            f"{agt:.2f}",
+            f"{cpu + agt:.2f}",
+            f"{com:.0f}",
+            up,
+        )
         print("  ".join(f"{v:>9}" for v in (*row, "yes" if ok else "NO")), flush=True)
 
 
