@@ -61,7 +61,22 @@ def test_simulate_max_jobs_on_the_bundled_sample(tmp_path: Path) -> None:
     out = tmp_path / "s.json"
     ran = gpufleet("simulate", "--sample", "--max-jobs", "200", "--policy", "backfill", "--json", str(out))
     assert ran.returncode == 0, ran.stderr
-    assert json.loads(out.read_text())["jobs"] == 200
+    summary = json.loads(out.read_text())
+    assert summary["jobs"] == 200
+    assert summary["config"]["predict"] is True  # as the server does, unless --no-predict
+    off = gpufleet(
+        "simulate",
+        "--sample",
+        "--max-jobs",
+        "200",
+        "--policy",
+        "backfill",
+        "--no-predict",
+        "--json",
+        str(out),
+    )
+    assert off.returncode == 0, off.stderr
+    assert json.loads(out.read_text())["config"]["predict"] is False
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
