@@ -128,21 +128,41 @@ def move_all(
     return ids
 
 
+_ROUNDS = 4
+"""Rounds of ``cancel_waiting``'s statements at most (PostgreSQL: jobs moved between
+PENDING and HELD by concurrent writers escape one round)."""
+
+
 def cancel_waiting(s: Session, conds: Sequence[ColumnElement[bool]], *, actor: str, now: float) -> list[int]:
     """Cancel every matched waiting job (``jobs.cancel``'s values: ended now); the
-    scheduler is woken after the commit (what it may place changed)."""
+    scheduler is woken after the commit (what it may place changed).
+
+    A statement per waiting state, again while a matched job still waits (a few rounds
+    at most): on PostgreSQL (read committed) a job that a concurrent hold and release
+    moved PENDING -> HELD -> PENDING while the statements waited for its row lock is
+    matched by neither, and a cancel of an array racing them cancelled none of it. Each
+    statement sees the commits before it; the jobs this transaction cancelled are
+    locked, so the others are caught in the next round. On SQLite (one writer) one
+    round always does. Jobs still waiting after the last round are the caller's
+    (``jobs.cancel_many`` cancels them one by one)."""
     ids: list[int] = []
-    for src in WAITING:
-        ids += move_all(
-            s,
-            conds,
-            src,
-            JobState.CANCELLED,
-            actor=actor,
-            reason=f"cancelled by {actor}",
-            now=now,
-            values={"ended_at": now},
-        )
+    for _ in range(_ROUNDS):
+        for src in WAITING:
+            ids += move_all(
+                s,
+                conds,
+                src,
+                JobState.CANCELLED,
+                actor=actor,
+                reason=f"cancelled by {actor}",
+                now=now,
+                values={"ended_at": now},
+            )
+        if (
+            s.scalar(select(Job.id).where(*conds, Job.state.in_([str(st) for st in WAITING])).limit(1))
+            is None
+        ):
+            break
     if ids:
         effects.wake_scheduler(s)
     return sorted(ids)
@@ -220,7 +240,7 @@ def update_many(
     def change(s: Session, conds: list[ColumnElement[bool]]) -> list[int]:
         conds = [*conds, *extra]
         ids: list[int] = []
-        for src in (JobState.PENDING, JobState.HELD, JobState.SCHEDULED, JobState.RUNNING):
+        for src in _update_order(spec.held):
             to, more, why = src, dict(values), list(said)
             if spec.held is True and src == JobState.PENDING:
                 to, more["wait_reason"] = JobState.HELD, f"JobHeldUser: held by {actor.name}"
@@ -236,6 +256,14 @@ def update_many(
         return sorted(ids)
 
     return _each_state(db, actor, match, change)
+
+
+def _update_order(held: bool | None) -> tuple[JobState, ...]:
+    """The states ``update_many`` changes, one statement each, in this order: the state a
+    job is moved to before the one it leaves (held: HELD, then PENDING -> HELD), so no
+    job is matched twice in the transaction (two events, its id twice in ``changed``)."""
+    waiting = (JobState.HELD, JobState.PENDING) if held is True else (JobState.PENDING, JobState.HELD)
+    return (*waiting, JobState.SCHEDULED, JobState.RUNNING)
 
 
 def _each_state(

@@ -415,17 +415,17 @@ def cancel_many(
     """Cancel every job the filters match: ``scancel`` with filters, a whole array, or a
     list of ids. The waiting ones (PENDING, HELD: most of an array) in one transaction of
     a few statements (``bulkjobs.cancel_waiting``); then each scheduled or running one
-    in its own small transaction, the way ``cancel`` does it (its GPUs released, its
-    cost closed, its agents told; a job the scheduler changes meanwhile is retried,
-    then skipped)."""
+    (and a waiting one those statements missed) in its own small transaction, the way
+    ``cancel`` does it (its GPUs released, its cost closed, its agents told; a job the
+    scheduler changes meanwhile is retried, then skipped)."""
     match = bulkjobs.Match(ids=spec.ids, array=spec.array, user=spec.user, states=states, name=spec.name)
     conds = bulkjobs.where(actor, match)
     if isinstance(conds, Failure):
         return conds
     with db.write() as s:
         done = bulkjobs.cancel_waiting(s, conds, actor=actor.name, now=now)
-    with db.read() as s:
-        active = bulkjobs.matching(s, conds, sorted(ACTIVE))
+    with db.read() as s:  # and any waiting job the bulk statements missed (bulkjobs.cancel_waiting)
+        active = bulkjobs.matching(s, conds, [JobState(st) for st in bulkjobs.LIVE])
     skipped: list[int] = []
     decide = _cancelling(actor, now)
     for jid in active:
