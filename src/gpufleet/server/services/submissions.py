@@ -23,6 +23,7 @@ from gpufleet.scheduler import deps
 from gpufleet.server.jobstate.states import JobState
 from gpufleet.server.jobstate.transitions import event_row
 from gpufleet.server.problems import Failure, invalid
+from gpufleet.server.services import arraysubmit
 from gpufleet.server.services.auth import Principal
 from gpufleet.server.services.caps import PendingCounts
 from gpufleet.server.services.inventory import FleetCache
@@ -123,14 +124,16 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
     """The group-commit ``BulkOp`` of submissions: check every job against the pools,
     memberships and fleets of this transaction (one query each per batch, not per job),
     then insert the valid ones and their "submitted" events with two multi-row INSERTs
-    (prepared Core statements: this is the API's hottest path). A refused job is a
+    (prepared Core statements: this is the API's hottest path); of an array only the
+    first task is a row there, the others are copies of it made in SQL
+    (``arraysubmit.insert_rest``: 10,000 tasks in ~0.08 s instead of 0.66 s). A refused job is a
     Failure and writes nothing; a batch that inserted some wakes the scheduler once it
     has committed (``effects.py``)."""
     ctx = look_up(s, batch)
     conn = s.connection()
     out: list[Failure | None] = []  # None: accepted
     rows: list[dict[str, Any]] = []
-    accepted: list[tuple[int, NewJob, str, list[dict[str, Any]]]] = []
+    accepted: list[tuple[int, NewJob, str, dict[str, Any]]] = []
     for new in batch:
         team = team_for(ctx, new.actor, new.spec.team)
         if isinstance(team, Failure):
@@ -160,54 +163,54 @@ def insert_jobs(s: Session, batch: Sequence[NewJob]) -> list[JobDetail | Failure
             or reservation_problem(ctx, new)
             or dependency_problem(ctx, new)
         )
-        mine = _rows(new, team[0], ctx.pools[new.spec.pool]) if problem is None else []
-        if problem is None and new.pending is not None:  # last: it counts the jobs as accepted
-            who = new.actor
-            problem = new.pending.admit(s, user_id=who.user_id, name=who.name, role=who.role, jobs=len(mine))
         if problem is not None:
             out.append(problem)
             continue
-        accepted.append((len(out), new, team[1], mine))
+        row = _first_row(new, team[0], ctx.pools[new.spec.pool])
+        if new.pending is not None:  # last: it counts the jobs as accepted
+            who, count = new.actor, 1 if new.array is None else len(new.array.indices)
+            short = new.pending.admit(s, user_id=who.user_id, name=who.name, role=who.role, jobs=count)
+            if short is not None:
+                out.append(short)
+                continue
+        accepted.append((len(out), new, team[1], row))
         out.append(None)
-        rows += mine
+        rows.append(row)  # an array's first task: the others are copies of its row
     if not rows:
         return [f for f in out if f is not None]
     ids = iter(conn.execute(_INSERT_JOBS, rows).scalars().all())
     events: list[dict[str, Any]] = []
     details: dict[int, JobDetail] = {}
-    for at, new, team_name, mine in accepted:
-        actor = new.actor.name
-        first: tuple[int, dict[str, Any], dict[str, Any]] | None = None
-        tasks: list[int] = []
-        for row in mine:
-            job_id = next(ids)
-            why = "submitted" if new.array is None else f"submitted (task {row['array_task_id']} of an array)"
-            why += " held" if new.spec.hold else ""
-            dst = JobState.HELD if new.spec.hold else JobState.PENDING
-            ev = event_row(job_id=job_id, at=new.now, actor=actor, src=None, dst=dst, reason=why)
-            events.append(ev)
-            tasks.append(job_id)
-            if first is None:
-                first = (job_id, row, ev)
-        assert first is not None
+    for at, new, team_name, row in accepted:
+        actor, job_id, held = new.actor.name, next(ids), bool(new.spec.hold)
+        if new.array is None:
+            why = "submitted held" if held else "submitted"
+        else:
+            why = arraysubmit.reason(row["array_task_id"], held=held)
+        dst = JobState.HELD if held else JobState.PENDING
+        ev = event_row(job_id=job_id, at=new.now, actor=actor, src=None, dst=dst, reason=why)
+        events.append(ev)
         if new.array is not None:  # the array's id is its first task's (Slurm's ArrayJobId)
-            conn.execute(_SET_ARRAY, [{"jid": jid, "array": tasks[0]} for jid in tasks])
-            first[1]["array_job_id"] = tasks[0]
-        details[at] = _submitted(first[0], first[1], user=actor, team=team_name, event=first[2])
+            conn.execute(_SET_ARRAY, [{"jid": job_id, "array": job_id}])
+            row["array_job_id"] = job_id
+            rest = new.array.indices[1:]
+            arraysubmit.insert_rest(conn, first=job_id, indices=rest, at=new.now, actor=actor, held=held)
+        details[at] = _submitted(job_id, row, user=actor, team=team_name, event=ev)
     conn.execute(_INSERT_EVENTS, events)
     effects.wake_scheduler(s)
     return [details[i] if f is None else f for i, f in enumerate(out)]
 
 
-def _rows(new: NewJob, team_id: int, pool: PoolDefaults) -> list[dict[str, Any]]:
-    """One row, or one per task of an array (``array_job_id`` is set after the insert)."""
+def _first_row(new: NewJob, team_id: int, pool: PoolDefaults) -> dict[str, Any]:
+    """The job's row, or its first task's for an array (``array_job_id`` is set after the
+    insert; the other tasks are copies of it: ``arraysubmit.insert_rest``)."""
     row = _row(new, team_id)
     row["cpus_per_node"], row["mem_per_node_mb"] = _resources(new, pool)
     if new.array is None:
-        return [row]
+        return row
     ix = new.array.indices
     info = {"count": len(ix), "min": ix[0], "max": ix[-1]}
-    return [row | {"array_task_id": i, "array_limit": new.array.limit, "array_info": info} for i in ix]
+    return row | {"array_task_id": ix[0], "array_limit": new.array.limit, "array_info": info}
 
 
 def _row(new: NewJob, team_id: int) -> dict[str, Any]:
