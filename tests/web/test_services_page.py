@@ -143,9 +143,11 @@ def test_an_admin_sees_every_service_and_its_replicas_on_the_heatmap(page: Any, 
     sync_api.expect(badge).to_have_text("0 / 2")
     reps = llama.locator(".replicas li")
     sync_api.expect(reps).to_have_count(2)
-    nodes = sorted({n for n, _ in fleet.placed["llama"]})
+    held: dict[str, list[int]] = {}  # where the server placed each replica (one node each)
+    for n, g in fleet.placed["llama"]:
+        held.setdefault(n, []).append(g)
     texts = sorted(reps.all_inner_texts())
-    assert texts == [f"{n}:{g} starting" for n, g in zip(nodes, ["0-1", "0-1"], strict=True)], texts
+    assert texts == [f"{n}:{min(g)}-{max(g)} starting" for n, g in sorted(held.items())], texts
     sync_api.expect(rows.filter(has_text="alice-svc").locator(".replicas li")).to_contain_text("starting")
 
     # the heatmap marks exactly the replicas' GPUs, each tile saying whose it is
