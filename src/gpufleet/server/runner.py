@@ -19,11 +19,13 @@ sender) is a loop woken by each put.
 
 A *pacer* (optional) decides how long the loop rests after a step, to hold a loop
 that is woken all the time to a share of the CPU (the scheduling loop's
-``StormPacer``), or to gather what comes during a short gap (``Rest``). ``Loops`` is
-the one object that starts and stops a set of loops: every loop of a term, and the
-process's (HA), each started in order and stopped in reverse (the term's start is
-conditional on leadership). A loop may also run in a child process
-(``loops/child.py``): what the rest of the server needs of a loop is ``Runner``.
+``StormPacer``), or to gather what comes during a short gap (``Rest``). A loop whose
+passes are mostly idle may rest longer after a pass that found nothing to do
+(``rest``, ``Idle``): until its earliest deadline, capped, woken as ever by the events
+that give it work. ``Loops`` is the one object that starts and stops a set of loops:
+every loop of a term, and the process's (HA), each started in order and stopped in
+reverse (the term's start is conditional on leadership). A loop may also run in a
+child process (``loops/child.py``): what the rest of the server needs of a loop is ``Runner``.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class Loop:
         on_stop: Callable[[], None] | None = None,
         retry_after_s: float | None = None,
         expected: tuple[type[Exception], ...] = (),
+        rest: Callable[[], float] | None = None,
     ) -> None:
         """``first_after_s``: the first step runs this long after ``start`` (default:
         one interval, or at once if woken). ``on_stop``: called once the thread has
@@ -89,7 +92,10 @@ class Loop:
         (default: one interval); then it waits as after any step (an interval or a
         wake-up). ``expected``: failures logged as one line (besides
         ``Conflict`` and ``Fenced``), e.g. a database's errors for a step that talks
-        to it and nothing else."""
+        to it and nothing else. ``rest``: how long to wait after a step that returned
+        (default: one interval), asked after each such step: a loop whose last pass
+        found nothing to do sleeps until its earliest deadline (``Idle``); a wake-up
+        still ends the wait at once."""
         self.name = name
         self.step = step
         self.interval_s = interval_s
@@ -98,6 +104,7 @@ class Loop:
         self.on_stop = on_stop
         self.retry_after_s = interval_s if retry_after_s is None else retry_after_s
         self.expected: tuple[type[Exception], ...] = (Conflict, Fenced, *expected)
+        self.rest = rest
         self.passes = 0
         self.failures = 0
         self._wake = threading.Event()
@@ -147,12 +154,37 @@ class Loop:
             if not ok:  # rest whatever wakes us: a failing step must not spin
                 self._stop.wait(self.retry_after_s)
                 continue
+            if self.rest is not None:
+                wait = self.rest()
             if self.pacer is not None:
                 woken = self._wake.is_set()
                 rest = self.pacer.rest_after(started=started, ended=time.monotonic(), woken=woken)
                 if rest > 0:
                     self._stop.wait(rest)
                     self.pacer.rested(woken=self._wake.is_set())
+
+
+class Idle:
+    """A loop's ``rest`` that follows its last pass: one interval while the pass found
+    work (``busy``), else until the earliest time-based work it knows of falls due
+    (``until``), never less than one interval nor more than ``cap_s`` (work that no
+    event announces, or a deadline that moved, is looked at again within ``cap_s``)."""
+
+    def __init__(self, interval_s: float, cap_s: float) -> None:
+        self.interval_s = interval_s
+        self.cap_s = max(cap_s, interval_s)
+        self.wait_s = interval_s
+
+    def busy(self) -> None:
+        self.wait_s = self.interval_s
+
+    def until(self, due_in_s: float | None) -> None:
+        """Nothing to do now; the earliest deadline is ``due_in_s`` away (None: none)."""
+        due = self.cap_s if due_in_s is None else due_in_s
+        self.wait_s = min(self.cap_s, max(self.interval_s, due))
+
+    def __call__(self) -> float:
+        return self.wait_s
 
 
 class Rest:

@@ -28,6 +28,9 @@ from gpufleet.server.store.db import Database
 from gpufleet.server.store.leader import Leadership, PgFence
 from gpufleet.server.store.pgnotify import PgNotify
 
+IDLE_S = 10.0
+"""The longest rest of a loop whose last pass found nothing to do (``runner.Idle``)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scheduling:
@@ -71,6 +74,7 @@ def replicas(config: ServerConfig, db: Database, clock: Clock, hot: AgentState) 
         interval_s=config.service_interval_s,
         drain_s=config.service_drain_s,
         autoscaler=Autoscaler(hot=hot),
+        idle_s=IDLE_S,
     )
 
 
@@ -127,6 +131,7 @@ def build(
             node_timeout_s=config.node_timeout_s,
             requeue_after_s=config.requeue_after_s,
             interval_s=config.schedule_interval_s,
+            idle_s=IDLE_S if db.fence is None else config.schedule_interval_s,  # HA: lifecycle.py
         ),
     )
     loops.add(lifecycle_loop(lifecycle))

@@ -24,6 +24,15 @@ Transitions it makes:
 - an open driver upgrade (``services/upgrades.py``): a waiting node starts draining while
   fewer than ``max_unavailable`` are out, a drained one is ordered upgraded (or waits
   for the operator), one node per transaction; the upgrade is done once every node is.
+
+At rest (``idle_s`` > interval: a single server, SQLite) a pass that found nothing in
+flight (no lost node, no drain, no recoverable cordon, no open rollout or upgrade, no
+finding, nothing changed) lets the loop sleep until the first node could be declared
+lost (its last sighting + ``node_timeout_s`` + ``requeue_after_s``), at most
+``idle_s``; every other transition is announced by a wake-up (a health finding, a
+drain, rollout or upgrade started or moved by a request: ``effects.wake_lifecycle``).
+Under HA (PostgreSQL) those requests may land on another server, whose wake-ups reach
+only its own monitor: the leader's loop keeps its pass every interval.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from gpufleet.server.decide.health import RECOVERABLE, Finding, HealthMonitor
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
 from gpufleet.server.errors import Conflict
 from gpufleet.server.loops import health as gpu_health
-from gpufleet.server.runner import Loop
+from gpufleet.server.runner import Idle, Loop
 from gpufleet.server.services import nodeops, upgrades
 from gpufleet.server.store import effects
 from gpufleet.server.store.agentstate import AgentState
@@ -57,6 +66,8 @@ class LifecycleConfig:
     node_timeout_s: float = NODE_TIMEOUT_S
     requeue_after_s: float = REQUEUE_AFTER_S
     interval_s: float = 1.0
+    idle_s: float = 1.0
+    """The longest rest after a pass with nothing in flight (module docstring)."""
 
 
 @dataclass(slots=True)
@@ -88,6 +99,8 @@ class LifecyclePass:
         self.started_at = clock.now()
         self.item_errors = 0
         """Items that failed (logged); the pass itself went on."""
+        self.idle = Idle(config.interval_s, config.idle_s)
+        """The loop's rest after the last pass (``runner.Idle``)."""
 
     @property
     def monitor(self) -> HealthMonitor:
@@ -113,6 +126,7 @@ class LifecyclePass:
                     select(GpuRow).where(GpuRow.cordoned.is_(True), GpuRow.cordon_rule.in_(RECOVERABLE))
                 )
             )
+            rollout = s.scalar(select(Rollout.id).where(Rollout.state.in_(upgrades.OPEN)).limit(1))
         lost_after = self.config.node_timeout_s + self.config.requeue_after_s
         for n in nodes:
             sighted = max(n.last_seen or 0.0, seen.get(n.name, 0.0))
@@ -137,6 +151,16 @@ class LifecyclePass:
                 self._item(stats, None, self._drain_step, n.name, now)
         self._item(stats, None, self._rollout_step, now)
         self._upgrades(stats, now)
+        quiet = not (findings or recoverable or rollout is not None or stats.changes or stats.errors) and all(
+            n.lost_at is None and n.drain_deadline is None for n in nodes
+        )
+        if quiet:  # the next thing that falls due unannounced: a node declared lost
+            due = [
+                max(n.last_seen or 0.0, seen.get(n.name, 0.0), self.started_at) + lost_after for n in nodes
+            ]
+            self.idle.until(min(due) - now + 0.05 if due else None)
+        else:
+            self.idle.busy()
         return stats
 
     def _upgrades(self, stats: PassStats, now: float) -> None:
@@ -292,6 +316,6 @@ def lifecycle_loop(step: LifecyclePass) -> Loop:
     direct, not an after-commit effect (``effects.py``): a fresh finding is in memory,
     there is no commit to wait for (a drain or rollout started by a request wakes it
     through ``effects.wake_lifecycle``, whose hook is ``HealthMonitor.poke``)."""
-    loop = Loop(name="lifecycle", step=step.run_once, interval_s=step.config.interval_s)
+    loop = Loop(name="lifecycle", step=step.run_once, interval_s=step.config.interval_s, rest=step.idle)
     step.monitor.waker = loop.wake
     return loop
