@@ -203,3 +203,18 @@ def test_bulk_changes_touch_only_your_own_jobs_and_need_a_match(server: Server, 
         assert c.get("/jobs", params={"arrays": "folded"}).status_code == 422
     assert _collapsed(server, array, alice) == [("HELD", 0, "0-4", 5)]
     assert _collapsed(server, array, bob) == []
+
+
+def test_holding_and_renaming_an_array_at_once_changes_each_task_once(server: Server, team: str) -> None:
+    pool = make_pool(server)  # no node: nothing starts
+    first = submit(server, pool=pool, team=team, array="0-4")
+    array = first["array_job_id"]
+    with server.client() as c:
+        out = ok(c.post("/jobs/update", json={"array": array, "set": {"held": True, "name": "renamed"}}))
+        assert len(out["changed"]) == 5 and out["changed"] == sorted(set(out["changed"]))  # each id once
+        moved = ok(c.get(f"/jobs/{array}"))
+    assert [(e["from_state"], e["to_state"]) for e in moved["events"]] == [
+        (None, "PENDING"),
+        ("PENDING", "HELD"),
+    ]
+    assert (moved["state"], moved["name"]) == ("HELD", "renamed")
