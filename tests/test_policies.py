@@ -277,8 +277,15 @@ def test_higher_user_priority_preempts_even_a_fresh_job() -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"use_limits": False}, {"width_aware": False, "tie_break": "width"}, {"starve_max_s": 7200.0}],
-    ids=["default", "no-limits", "narrow-width-tie", "starve-cap"],
+    [
+        {},
+        {"use_limits": False},
+        {"width_aware": False, "tie_break": "width"},
+        {"starve_max_s": 7200.0},
+        {"predict_fresh": False},
+        {"predict_confidence": 2.0},
+    ],
+    ids=["default", "no-limits", "narrow-width-tie", "starve-cap", "fresh-by-floor", "no-predictions"],
 )
 def test_default_order_agrees_with_key(options: dict[str, object]) -> None:
     """``DefaultPolicy.order`` inlines ``key`` for waiting jobs (it runs for every job
@@ -297,16 +304,22 @@ def test_default_order_agrees_with_key(options: dict[str, object]) -> None:
             executed_s=ran,
             attained_service_s=ran * g,
             pending_since=since,
+            predicted_s=pred,
+            predicted_confidence=conf,
         )
-        for i, (g, p, lim, ran, since) in enumerate(
+        for i, (g, p, lim, ran, since, pred, conf) in enumerate(
             [
-                (1, 0, None, 0.0, None),
-                (8, 0, 3600.0, 0.0, None),
-                (4, 1, None, 5_000.0, 20_000.0),
-                (2, 0, 600.0, 900.0, 10_000.0),  # ran past its limit
-                (16, 0, None, 40_000.0, 1_000.0),
-                (1, -1, 7200.0, 100.0, None),
-                (2, 0, None, 200.0, 30_000.0),
+                (1, 0, None, 0.0, None, None, 0.0),
+                (8, 0, 3600.0, 0.0, None, None, 0.0),
+                (4, 1, None, 5_000.0, 20_000.0, None, 0.0),
+                (2, 0, 600.0, 900.0, 10_000.0, None, 0.0),  # ran past its limit
+                (16, 0, None, 40_000.0, 1_000.0, None, 0.0),
+                (1, -1, 7200.0, 100.0, None, None, 0.0),
+                (2, 0, None, 200.0, 30_000.0, None, 0.0),
+                (8, 0, None, 0.0, None, 36_000.0, 0.9),  # fresh, predicted long
+                (1, 0, 7200.0, 600.0, 5_000.0, 900.0, 0.9),  # predicted short, has run
+                (4, 0, None, 3_000.0, 2_000.0, 2_000.0, 0.9),  # past its prediction
+                (2, 0, None, 0.0, None, 600.0, 0.1),  # not confident
             ]
         )
     ]

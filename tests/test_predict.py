@@ -218,3 +218,22 @@ def test_the_gpufleet_csv_carries_job_names(tmp_path: Path) -> None:
         j.name for j in sorted(_trace(), key=lambda j: (j.submit_s, j.job_id))
     ]
     assert path.read_text().splitlines()[0].endswith(",name")
+
+
+@pytest.mark.parametrize(
+    ("predict_fresh", "victims"),
+    [
+        pytest.param(True, [], id="fresh-job-ranked-by-its-long-prediction"),
+        pytest.param(False, ["r"], id="by-floor"),
+    ],
+)
+def test_a_fresh_job_ranks_by_its_prediction_or_the_fresh_floor(
+    predict_fresh: bool, victims: list[str]
+) -> None:
+    """``predict_fresh`` False: a job that has not run yet ranks as attained service ranks
+    it (the fresh-job floor), its prediction taking over once it has run."""
+    run = (running("r", {"n0": tuple(range(8))}, started=-3 * H),)  # 24 GPU-h attained, no prediction
+    pend = (job("new", 8, predicted_s=40 * H, predicted_confidence=0.9),)
+    pol = make_policy("default", predict_fresh=predict_fresh)
+    got = plan(snapshot(uniform_fleet(1), now=0.0, running_jobs=run, pending=pend), pol)
+    assert [p.job_id for p in got.preemptions] == victims

@@ -74,6 +74,9 @@ class DefaultPolicy(Policy):
     """A prediction at least this confident (``JobRequest.predicted_confidence``) ranks the
     job by its predicted remaining GPU-time; below it, by its limit or attained service.
     Above 1: predictions are ignored."""
+    predict_fresh: bool = True
+    """Rank a job that has not run yet by its prediction too; False: by the fresh-job floor
+    (as attained service does), its prediction taking over once it has run."""
     protect_growth: float = 0.0
     """A job started because it starved is protected for ``starve_protect_s`` or this x
     the time it had run before that start, whichever is longer."""
@@ -108,7 +111,8 @@ class DefaultPolicy(Policy):
         p = self.predicted(job)
         if p is not None:
             ran = executed(job, running, now)
-            if ran < p:  # past its prediction it is a job of unknown length again
+            ranked = running is not None or job.executed_s > 0 or self.predict_fresh
+            if ran < p and ranked:  # past its prediction it is a job of unknown length again
                 if running is None:
                     return (p - ran) * g, 0.0, math.inf
                 return (p - ran) * g, -g, now + (p - ran)
@@ -198,6 +202,7 @@ class DefaultPolicy(Policy):
         width_tie = self.tie_break == "width"
         starve_min, starve_max, factor = self.starve_min_s, self.starve_max_s, self.starve_factor
         trust = self.predict_confidence
+        fresh_too = self.predict_fresh
         keyed: list[tuple[Key, JobRequest]] = []
         append = keyed.append
         for j in pending:
@@ -209,7 +214,7 @@ class DefaultPolicy(Policy):
                 due = since + min(starve_max, max(starve_min, factor * ran))
                 limit = j.time_limit_s
                 p = j.predicted_s
-                if p is not None and p > ran and j.predicted_confidence >= trust:
+                if p is not None and p > ran and j.predicted_confidence >= trust and (ran > 0 or fresh_too):
                     value = (p - ran) * g
                 elif with_limits and limit is not None:
                     value = max(0.0, limit - ran) * g
@@ -251,7 +256,8 @@ class DefaultPolicy(Policy):
         """What ranks ``job``, in words: "predicted 0.4 h left (3.2 GPU-h)"..."""
         value = self._remaining(job, running, now)[0]
         p = self.predicted(job)
-        if p is not None and executed(job, running, now) < p:
+        ranked = running is not None or job.executed_s > 0 or self.predict_fresh
+        if p is not None and ranked and executed(job, running, now) < p:
             return f"predicted {_hours(value / job.gpu_weight)} left ({value / 3600:.1f} GPU-h)"
         if self.use_limits and job.time_limit_s is not None:
             return f"{value / 3600:.1f} GPU-h of its limit left"
