@@ -1,7 +1,8 @@
 """Loops at rest (``runner.Idle``): a pass that found nothing to do lets its loop sleep
 until its earliest deadline (at least an interval, at most the cap) and a wake-up still
 runs the next pass at once; the lifecycle pass at rest sleeps until the first node could
-be declared lost, and keeps its interval while anything is in flight. In process, on
+be declared lost, and keeps its interval while anything is in flight; the scheduling
+pass with no job until the first live node could turn NotReady. In process, on
 SQLite, with a fake clock."""
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import pytest
 from sqlalchemy import update
 
 from gpufleet.clock import FakeClock
+from gpufleet.scheduler import make_policy
 from gpufleet.server.loops.lifecycle import LifecycleConfig, LifecyclePass
+from gpufleet.server.loops.scheduling import SchedulingPass
 from gpufleet.server.runner import Idle, Loop
 from gpufleet.server.store import db as dbmod
 from gpufleet.server.store.agentstate import AgentState
@@ -104,3 +107,24 @@ def test_the_lifecycle_at_rest_sleeps_until_the_first_node_could_be_lost(databas
     unbounded = LifecyclePass(db=database, hot=hot, clock=clock, config=LifecycleConfig(interval_s=1.0))
     unbounded.run_once()
     assert unbounded.idle() == 1.0  # idle_s no longer than the interval (HA): every interval
+
+
+def test_the_scheduler_at_rest_sleeps_until_the_first_live_node_could_turn_not_ready(
+    database: dbmod.Database,
+) -> None:
+    clock = FakeClock(T0)
+    sched = SchedulingPass(db=database, policy=make_policy("default"), clock=clock, node_timeout_s=30.0)
+    sched.run_once()
+    assert sched.idle() == 10.0  # no node, no job: the cap
+    with database.write() as s:
+        s.add_all(
+            [
+                NodeRow(name=name, pool="default", created_at=T0 - 100, last_seen=T0 - ago)
+                for name, ago in (("a", 26), ("b", 3), ("gone", 31))
+            ]
+        )
+    sched.run_once()
+    assert sched.idle() == pytest.approx(4.05)  # a turns NotReady at T0+4 ("gone" already has)
+    clock.advance(4.1)
+    sched.run_once()
+    assert sched.idle() == pytest.approx(10.0)  # b next, at T0+27: past the cap

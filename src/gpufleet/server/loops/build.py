@@ -25,6 +25,7 @@ from gpufleet.server.services.dashboard import FleetView
 from gpufleet.server.store import ledger
 from gpufleet.server.store.agentstate import AgentState
 from gpufleet.server.store.db import Database
+from gpufleet.server.store.effects import Effect
 from gpufleet.server.store.leader import Leadership, PgFence
 from gpufleet.server.store.pgnotify import PgNotify
 
@@ -123,6 +124,7 @@ def build(
 ) -> Loops:
     """Every loop of the server, not started."""
     loops = Loops([sched.runner, replica_runner])
+    single = db.fence is None  # not a leader's term (HA): every wake-up is this server's
     lifecycle = LifecyclePass(
         db=db,
         hot=hot,
@@ -131,7 +133,7 @@ def build(
             node_timeout_s=config.node_timeout_s,
             requeue_after_s=config.requeue_after_s,
             interval_s=config.schedule_interval_s,
-            idle_s=IDLE_S if db.fence is None else config.schedule_interval_s,  # HA: lifecycle.py
+            idle_s=IDLE_S if single else config.schedule_interval_s,  # HA: lifecycle.py
         ),
     )
     loops.add(lifecycle_loop(lifecycle))
@@ -145,7 +147,11 @@ def build(
             db=db, clock=clock, keep_s=config.audit_days * 86400, log_keep_s=config.log_days * 86400
         )
     )
-    loops.add(diagnosis_loop(db=db, clock=clock, config=config.diagnosis))
+    diagnosis = loops.add(
+        diagnosis_loop(db=db, clock=clock, config=config.diagnosis, idle_s=IDLE_S if single else 1.0)
+    )
+    if single:  # the one term of this database (SQLite): the sync that queues a row wakes it
+        db.after_commit(Effect.WAKE_DIAGNOSIS, diagnosis.wake)
     if config.auto_mig:
         planner = AutoMigConfig(
             interval_s=config.auto_mig_interval_s,

@@ -79,6 +79,7 @@ class LoopSpec:
             observer=observer,
             reservation_idle_release_s=self.reservation_idle_release_s,
             max_preempt_grace_s=self.max_preempt_grace_s,
+            interval_s=self.interval_s,
         )
 
     def loop(self, db: Database, clock: Clock, observer: PassObserver) -> Loop:

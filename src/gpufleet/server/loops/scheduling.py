@@ -36,6 +36,13 @@ thread or, in ``gpufleet server``, in a child process (``child.py``) so that a p
 over thousands of pending jobs does not hold the API process's GIL. Either way
 ``PassObserver`` carries what a pass reports (the metrics' ``on_pass``, the nodes it
 skipped) to the API process.
+
+At rest (no job that is not finished, no reservation not yet over: nothing the pass
+could place, time out, preempt, promote or estimate) a pass that changed nothing lets
+the loop sleep until the first live node could turn NotReady (its last sighting +
+``node_timeout_s``: the fleet the metrics' fragmentation is of), at most ``idle_s``
+(10 s; ``runner.Idle``). What ends the rest is what gives it work, and it wakes the
+loop as ever: a submit, a release, a reservation, a node's sync (NOTIFY under HA).
 """
 
 from __future__ import annotations
@@ -46,16 +53,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session
 
 from gpufleet.clock import Clock
 from gpufleet.scheduler import Plan, PlanCache, Policy, Snapshot, plan
 from gpufleet.server.errors import Conflict
 from gpufleet.server.jobstate.preemption import end_graces
+from gpufleet.server.jobstate.states import TERMINAL
 from gpufleet.server.loops.plancommit import ACTOR, PlanWriter, time_out
 from gpufleet.server.loops.snapshot import SnapshotReader
-from gpufleet.server.runner import Loop
+from gpufleet.server.runner import Idle, Loop
 from gpufleet.server.store.db import Database
+from gpufleet.server.store.models import Job, NodeRow, ReservationRow
 
 log = logging.getLogger("gpufleet.scheduling")
 
@@ -104,6 +115,8 @@ class SchedulingPass:
         observer: PassObserver | None = None,
         reservation_idle_release_s: float = 900.0,
         max_preempt_grace_s: float = 120.0,
+        interval_s: float = 1.0,
+        idle_s: float = 10.0,
     ) -> None:
         self.db = db
         self.policy = policy
@@ -115,6 +128,8 @@ class SchedulingPass:
         self._writer = PlanWriter(idle_release_s=reservation_idle_release_s, max_grace_s=max_preempt_grace_s)
         self._cache = PlanCache()
         """The core's memo from pass to pass (this loop's own: ``scheduler/cache.py``)."""
+        self.idle = Idle(interval_s, idle_s)
+        """The loop's rest after the last pass (module docstring)."""
 
     def run_once(self) -> PassResult:
         """One pass; raises ``Conflict`` when every attempt lost a compare-and-set (the
@@ -140,7 +155,13 @@ class SchedulingPass:
                 self._reader.forget()
                 continue
             self._reader.predictions.written()
-            self.observer.passed(loaded.snapshot, result, time.perf_counter() - t0)
+            snap = loaded.snapshot
+            if snap.pending or snap.running or snap.reservations or started or timed_out:
+                self.idle.busy()
+            else:
+                with self.db.read() as s:
+                    self.idle.until(self._due_in(s, now))
+            self.observer.passed(snap, result, time.perf_counter() - t0)
             return PassResult(
                 started=started,
                 preempted=len(result.preemptions),
@@ -149,6 +170,20 @@ class SchedulingPass:
                 attempts=attempt,
             )
         raise Conflict(f"scheduling pass gave up after {self.max_attempts} attempts")
+
+    def _due_in(self, s: Session, now: float) -> float | None:
+        """How long the loop may rest after a pass that placed nothing: 0 (one interval)
+        while any job is not finished or any reservation is not over, else until the
+        first live node could turn NotReady (None: no live node)."""
+        if s.scalar(select(Job.id).where(Job.state.not_in(TERMINAL)).limit(1)) is not None:
+            return 0.0
+        if s.scalar(select(ReservationRow.id).where(ReservationRow.end > now).limit(1)) is not None:
+            return 0.0
+        live_since = now - self.node_timeout_s
+        first: float | None = s.scalar(
+            select(func.min(NodeRow.last_seen)).where(NodeRow.last_seen >= live_since)
+        )
+        return None if first is None else first + self.node_timeout_s - now + 0.05
 
 
 class StormPacer:
@@ -198,4 +233,5 @@ def scheduling_loop(step: SchedulingPass, *, interval_s: float) -> Loop:
         interval_s=interval_s,
         first_after_s=0.0,
         pacer=StormPacer(max_rest_s=interval_s),
+        rest=step.idle,
     )

@@ -77,6 +77,8 @@ def queue_closed(s: Session, node: str, chunks: list[LogChunkIn], now: float) ->
         ).tuples()
     )
     new = [k for k in sorted(failed) if k not in have]
+    if new:
+        effects.wake_diagnosis(s)  # the diagnosis loop at rest (``loops/diagnosis.py``)
     for job_id, attempt in new:
         s.add(
             JobDiagnosis(

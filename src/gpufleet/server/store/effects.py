@@ -3,7 +3,8 @@
 A service (or a loop's step) *marks*, inside its transaction, what its commit must be
 followed by: ``wake_scheduler(s)`` (a job, node, quota or reservation changed what the
 next pass can place), ``wake_replicas(s)`` (a service's spec changed),
-``wake_lifecycle(s)`` (a drain or rollout started), ``invalidate_fleets(s)`` (a node's
+``wake_lifecycle(s)`` (a drain or rollout started), ``wake_diagnosis(s)`` (a failed
+attempt's output queued for diagnosis), ``invalidate_fleets(s)`` (a node's
 shape changed: the fleet caches of ``services/inventory.py``), ``refresh_budgets(s)``
 (a budget changed: the warnings a submit reads); and the nodes whose agents must sync
 (``dispatch.touch``). Routers never wake or invalidate by hand, and services are handed
@@ -48,6 +49,7 @@ class Effect(enum.Enum):
     WAKE_SCHEDULER = "wake_scheduler"
     WAKE_REPLICAS = "wake_replicas"
     WAKE_LIFECYCLE = "wake_lifecycle"
+    WAKE_DIAGNOSIS = "wake_diagnosis"
 
 
 @dataclass(slots=True)
@@ -91,6 +93,10 @@ def wake_replicas(s: Session) -> None:
 
 def wake_lifecycle(s: Session) -> None:
     mark(s, Effect.WAKE_LIFECYCLE)
+
+
+def wake_diagnosis(s: Session) -> None:
+    mark(s, Effect.WAKE_DIAGNOSIS)
 
 
 def invalidate_fleets(s: Session) -> None:
