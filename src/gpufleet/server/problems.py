@@ -4,6 +4,11 @@ Services return expected failures as values (``Failure``); routers turn them int
 ``ProblemError`` with ``unwrap``; the handlers here render that, FastAPI's validation
 errors, Starlette's 404/405 and anything else as ``application/problem+json``.
 An unexpected exception is a 500 whose detail says nothing internal.
+
+FastAPI and Starlette are imported only when an HTTP part here is used (issue 35): the
+scheduling child and the services import ``Failure`` from here and never serve HTTP, and
+FastAPI costs a process some 25 MB. The path and query parameter types (``ObjectId``, ...)
+are built on first access (the module's ``__getattr__``).
 """
 
 from __future__ import annotations
@@ -13,21 +18,18 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Annotated, Any, TypeVar
-
-from fastapi import FastAPI, Query, Request
-from fastapi import Path as PathParam
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from gpufleet.api.base import ID_RANGE, INT32
 from gpufleet.server.errors import (
     ProblemError as ProblemError,  # (for routers/jobs.py, deps.py until they import errors)
 )
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI, Query, Request
+    from fastapi import Path as PathParam
+    from starlette.responses import JSONResponse
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("gpufleet.server")
 PROBLEM_JSON = "application/problem+json"
@@ -87,6 +89,9 @@ def problem_response(
     errors: list[Any] | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
+    from fastapi.encoders import jsonable_encoder
+    from starlette.responses import JSONResponse
+
     body: dict[str, Any] = {
         "type": "about:blank",
         "title": title or HTTPStatus(status).phrase,
@@ -117,6 +122,10 @@ def _where(loc: Any) -> str:
 
 
 def install_handlers(app: FastAPI) -> None:
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import ClientDisconnect
+
     @app.exception_handler(ProblemError)
     async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
         return problem_response(request, exc.status, exc.detail, title=exc.title, errors=exc.errors)
@@ -203,6 +212,8 @@ class BodyLimitMiddleware:
 
 def body_too_large(max_bytes: int, path: str | None = None) -> JSONResponse:
     """The 413 of a body above the server's limit (here and in ``lanes.Admission``)."""
+    from starlette.responses import JSONResponse
+
     body = {"type": "about:blank", "title": "Content Too Large", "status": 413}
     body |= {"detail": f"request body larger than {max_bytes} bytes", "instance": path}
     return JSONResponse(body, status_code=413, media_type=PROBLEM_JSON)
@@ -223,6 +234,8 @@ class UrlGuardMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and _has_nul(scope):
+            from starlette.responses import JSONResponse
+
             body = {"type": "about:blank", "title": "Bad Request", "status": 400}
             body |= {"detail": "the URL holds a NUL character (%00)", "instance": None}
             await JSONResponse(body, status_code=400, media_type=PROBLEM_JSON)(scope, receive, send)
@@ -242,13 +255,34 @@ def _has_nul(scope: Scope) -> bool:
     )
 
 
-ObjectId = Annotated[int, PathParam(ge=1, le=INT32, description=f"an object id ({ID_RANGE})")]
-"""The id in a path (``/jobs/{job_id}``): validated before any SQL sees it, so an id no
-id column can hold (``api.base.Id``: PostgreSQL's ``integer``) is a 422, not a driver
-error."""
-IdQuery = Annotated[int | None, Query(ge=1, le=INT32, description=f"an object id ({ID_RANGE})")]
-"""An id in a query string (``?array=``), when given."""
-Offset = Annotated[int, Query(ge=0, le=INT32)]
-StepNumber = Annotated[int, PathParam(ge=0, le=INT32, description="a step of its job (0, 1, ...)")]
-"""A count of rows to skip, or an id to start after (``?after=``, ``?cursor=``): every
-id column is PostgreSQL's ``integer``, and no table holds more rows than that."""
+if TYPE_CHECKING:
+    ObjectId = Annotated[int, PathParam(ge=1, le=INT32, description=f"an object id ({ID_RANGE})")]
+    """The id in a path (``/jobs/{job_id}``): validated before any SQL sees it, so an id no
+    id column can hold (``api.base.Id``: PostgreSQL's ``integer``) is a 422, not a driver
+    error."""
+    IdQuery = Annotated[int | None, Query(ge=1, le=INT32, description=f"an object id ({ID_RANGE})")]
+    """An id in a query string (``?array=``), when given."""
+    Offset = Annotated[int, Query(ge=0, le=INT32)]
+    StepNumber = Annotated[int, PathParam(ge=0, le=INT32, description="a step of its job (0, 1, ...)")]
+    """A count of rows to skip, or an id to start after (``?after=``, ``?cursor=``): every
+    id column is PostgreSQL's ``integer``, and no table holds more rows than that."""
+
+
+def _params() -> dict[str, Any]:
+    from fastapi import Path as PathParam
+    from fastapi import Query
+
+    return {
+        "ObjectId": Annotated[int, PathParam(ge=1, le=INT32, description=f"an object id ({ID_RANGE})")],
+        "IdQuery": Annotated[int | None, Query(ge=1, le=INT32, description=f"an object id ({ID_RANGE})")],
+        "Offset": Annotated[int, Query(ge=0, le=INT32)],
+        "StepNumber": Annotated[int, PathParam(ge=0, le=INT32, description="a step of its job (0, 1, ...)")],
+    }
+
+
+def __getattr__(name: str) -> Any:
+    """The parameter types, built (and FastAPI imported) when a router first asks."""
+    if name in ("ObjectId", "IdQuery", "Offset", "StepNumber"):
+        globals().update(_params())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

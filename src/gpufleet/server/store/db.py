@@ -26,19 +26,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.server.store import effects
 from gpufleet.server.store.effects import Effect, Marks
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 BUSY_TIMEOUT_MS = 10_000
 log = logging.getLogger("gpufleet.server")
@@ -212,6 +211,10 @@ class Database:
 
 
 def alembic_config(url: str) -> Config:
+    """Alembic is imported by the functions of this part only: the scheduling child never
+    migrates, and Alembic costs a process some 5 MB (issue 35)."""
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", "gpufleet.server:migrations")
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -219,6 +222,8 @@ def alembic_config(url: str) -> Config:
 
 
 def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
     heads = ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads()
     return heads[0]
 
@@ -229,12 +234,16 @@ def upgrade(url: str, revision: str = "head") -> None:
         with engine.begin() as conn:
             cfg = alembic_config(url)
             cfg.attributes["connection"] = conn
+            from alembic import command
+
             command.upgrade(cfg, revision)
     finally:
         engine.dispose()
 
 
 def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
@@ -264,6 +273,8 @@ def schema_problem(engine: Engine, url: str) -> str | None:
             f"server does not create one): run `gpufleet db upgrade --database-url {where}` "
             "if it is gpufleet's"
         )
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory.from_config(alembic_config(url))
     known = {rev.revision for rev in script.walk_revisions()}
     if current not in known:
