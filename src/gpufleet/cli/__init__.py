@@ -132,7 +132,7 @@ COMMANDS: dict[str, Lazy] = {
         "request's scheduled time (no coordinated omission).",
     ),
     "logs": Lazy("job_cmds:logs", "A job's output (stdout and stderr, as its nodes shipped them)."),
-    "demo": Lazy("server_cmds:demo", "A whole simulated fleet on this machine. Ctrl-C stops everything."),
+    "demo": Lazy("demo_cmds:demo", "A whole simulated fleet on this machine. Ctrl-C stops everything."),
     "reserve": Lazy(
         "reservation_cmds:reserve",
         "Book GPUs for a window. Inside it only the jobs of those it is for (--team, --users) run there; "

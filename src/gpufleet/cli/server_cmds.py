@@ -1,10 +1,10 @@
-"""Commands that run or set up the control plane on this machine: ``gpufleet server``,
-``gpufleet ca init`` and ``gpufleet demo``.
+"""Commands that run or set up the control plane on this machine: ``gpufleet server`` and
+``gpufleet ca init`` (``gpufleet demo``: ``demo_cmds.py``).
 
 They import the server (or the agent) when they run, not when the CLI starts: the help
 shows defaults from ``gpufleet.server.defaults`` and ``gpufleet.server.decide.health``, which
 are plain constants. ``GPUFLEET_ADMIN_TOKEN``, when set, is the admin token of
-``server`` and ``demo``.
+``server``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from gpufleet.cli.options import (
 )
 from gpufleet.server.decide.health import DEFAULT_FATAL_XIDS
 from gpufleet.server.defaults import NODE_TIMEOUT_S, REQUEUE_AFTER_S
-from gpufleet.sim.config import NODES_PER_LEAF
 from gpufleet.timefmt import parse_duration
 
 if TYPE_CHECKING:
@@ -469,46 +468,4 @@ def ca_init(
     typer.echo(f"server key  {key}")
 
 
-def demo(
-    nodes: int = typer.Option(50, "--nodes", min=1, max=2000),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=64),
-    port: int = typer.Option(8080, "--port", min=1, max=65535),
-    no_workload: bool = flag("--no-workload", help="No background trace replay."),
-    data_dir: Path | None = typer.Option(
-        None, "--data-dir", help="Keep the database and agent dirs here (default: a temp dir, removed)."
-    ),
-    nodes_per_leaf: int = typer.Option(
-        NODES_PER_LEAF, "--nodes-per-leaf", min=1, help="Servers under one leaf switch."
-    ),
-    speed: float = typer.Option(300.0, "--speed", min=1.0, help="Trace time compression."),
-    tls: bool = flag(
-        "--tls", help="HTTPS with the demo's own CA; agents enrol for node certificates (mTLS)."
-    ),
-    gateway_port: int = typer.Option(8081, "--gateway-port", min=1, max=65535, help="The inference gateway."),
-    no_service: bool = flag("--no-service", help="No inference service (and no gateway)."),
-) -> None:
-    """A whole simulated fleet on this machine. Ctrl-C stops everything.
-
-    The server on SQLite, agents with simulated H100s, a replay of the bundled Philly
-    sample, an inference service behind a gateway, the fleet page and an admin token."""
-    from gpufleet.demo import DemoOptions, run_demo
-
-    code = run_demo(
-        DemoOptions(
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            port=port,
-            workload=not no_workload,
-            data_dir=data_dir,
-            nodes_per_leaf=nodes_per_leaf,
-            speed=speed,
-            admin_token=os.environ.get("GPUFLEET_ADMIN_TOKEN") or None,
-            tls=tls,
-            gateway_port=gateway_port,
-            service=not no_service,
-        )
-    )
-    raise typer.Exit(code)
-
-
-__all__ = ["ca_init", "demo", "server"]
+__all__ = ["ca_init", "server"]

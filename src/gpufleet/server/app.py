@@ -12,6 +12,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI
 from sqlalchemy.engine import make_url
@@ -20,7 +21,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from gpufleet import __version__
 from gpufleet.api.users import Health
 from gpufleet.clock import Clock, SystemClock
-from gpufleet.pki import CertificateAuthority, PkiError
 from gpufleet.server import wiring as observability
 from gpufleet.server.config import ServerConfig
 from gpufleet.server.decide.health import HealthMonitor
@@ -59,6 +59,9 @@ from gpufleet.server.store.pgnotify import PgNotify
 from gpufleet.server.store.telemetry import RecordingTelemetryStore
 from gpufleet.server.store.tokenkey import TokenHasher, check_key, load_hasher
 from gpufleet.server.store.writer import GroupCommitWriter
+
+if TYPE_CHECKING:
+    from gpufleet.pki import CertificateAuthority
 
 
 def token_hasher(config: ServerConfig) -> TokenHasher:
@@ -155,6 +158,17 @@ class Relays:
 
     def wake_here(self, loop: str) -> None:
         (self.replicas if loop == "replicas" else self.sched).wake_here()
+
+
+def _load_ca(directory: Path) -> CertificateAuthority:
+    """The cluster CA of ``--ca-dir``. ``gpufleet.pki`` (and with it ``cryptography``, some
+    7 MB) is imported only by a server that has one (issue 35)."""
+    from gpufleet.pki import CertificateAuthority, PkiError
+
+    try:
+        return CertificateAuthority.load_or_create(directory)
+    except (PkiError, OSError) as exc:
+        raise StartupError(f"--ca-dir {directory}: {exc}") from None
 
 
 def _sqlite_lock(url: str) -> SqliteLock | None:
@@ -285,10 +299,7 @@ def create_app(
     app.state.parts = parts
     app.state.hot = hot
     app.state.bell = bell
-    try:
-        app.state.ca = None if config.ca_dir is None else CertificateAuthority.load_or_create(config.ca_dir)
-    except (PkiError, OSError) as exc:
-        raise StartupError(f"--ca-dir {config.ca_dir}: {exc}") from None
+    app.state.ca = None if config.ca_dir is None else _load_ca(config.ca_dir)
     install_handlers(app)
     app.add_middleware(jobs.SubmitShortcut)  # innermost: POST /v1/jobs to its route, unrouted
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import ssl
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.concurrency import run_in_threadpool
@@ -32,7 +32,6 @@ from gpufleet.api.nodes import (
     SyncReply,
     WaitReply,
 )
-from gpufleet.pki import PeerIdentity, node_identity
 from gpufleet.server.errors import ProblemError
 from gpufleet.server.http.audit import Actor, note_actor
 from gpufleet.server.http.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
@@ -43,6 +42,9 @@ from gpufleet.server.services.auth import hash_token, hasher_for
 from gpufleet.server.store.agentstate import AgentState, NodeCred
 from gpufleet.server.store.dispatch import NodeBell
 from gpufleet.tlsproto import peer_certificate
+
+if TYPE_CHECKING:
+    from gpufleet.pki import PeerIdentity
 
 router = APIRouter(tags=["nodes"])
 
@@ -115,6 +117,8 @@ async def _actor(
 @functools.lru_cache(maxsize=4096)
 def _peer(pem: str) -> PeerIdentity | None:
     """The node a (TLS-verified) client certificate names; parsed once per certificate."""
+    from gpufleet.pki import node_identity  # (only with TLS: see app._load_ca)
+
     return node_identity(ssl.PEM_cert_to_DER_cert(pem))
 
 

@@ -37,17 +37,20 @@ from __future__ import annotations
 import secrets
 import time
 from functools import partial
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Update, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.api.credentials import CertificateOut, NodeCredentialList, NodeCredentialOut, RevokedOut
 from gpufleet.api.nodes import JoinTokenOut
-from gpufleet.pki import CertificateAuthority, PkiError
 from gpufleet.server.problems import Failure, conflict, forbidden, invalid, not_found, unauthorized
 from gpufleet.server.services.auth import Principal, hash_token
 from gpufleet.server.store.agentstate import CredCache, NodeCred, Revocations
 from gpufleet.server.store.db import Database
+
+if TYPE_CHECKING:
+    from gpufleet.pki import CertificateAuthority
 from gpufleet.server.store.models import NodeCertificate, NodeCredential
 from gpufleet.server.store.pages import cut, id_cursor
 from gpufleet.server.store.tokenkey import TokenHasher, load_hasher
@@ -178,6 +181,8 @@ def issue_certificate(
     transaction: an expired or spent token gets no certificate (401)."""
     if ca is None:
         return conflict("this server has no certificate authority: start it with --tls-cert (and --ca-dir)")
+    from gpufleet.pki import PkiError  # (loaded: the server has a CA; see app._load_ca)
+
     try:
         issued = ca.sign_node(csr.encode(), node=node)
     except PkiError as exc:
