@@ -103,13 +103,14 @@ def test_the_victim_that_loses_least_goes(policy: str, run: tuple[RunningJob, ..
     [
         pytest.param(
             victim("a", A, every=33_000.0),
-            "preempted for job new (default); loses 1.11 GPU-h since its last checkpoint (every 33000s)",
+            "preempted for job new (default; 0.0 GPU-h attained against 111.1 GPU-h attained);"
+            " loses 1.11 GPU-h since its last checkpoint (every 33000s)",
             id="declared",
         ),
         pytest.param(
             victim("a", A, started=99_100.0, before_s=99_000.0),
-            "preempted for job new (default); loses 1.00 GPU-h since it started"
-            " (no checkpoint interval declared)",
+            "preempted for job new (default; 0.0 GPU-h attained against 111.0 GPU-h attained);"
+            " loses 1.00 GPU-h since it started (no checkpoint interval declared)",
             id="none-declared",
         ),
     ],
