@@ -484,5 +484,5 @@ def test_a_request_on_a_connection_the_replica_closed_is_resent_not_failed(
             assert sum(u.closed_unanswered for u in upstreams) >= 3  # the race did happen, often
             assert gw.metric('gpufleet_gateway_ejections_total{service="llm"}') == 0
     finally:
-        for server in servers:
-            server.close()
+        for server in servers:  # on its own loop: asyncio servers are not thread-safe
+            bg.loop.call_soon_threadsafe(server.close)
