@@ -260,7 +260,10 @@ def test_torchrun_style_script_with_scontrol_and_exported_variables(srv: Server,
 def test_sigterm_to_srun_cancels_its_step(srv: Server, pool: str) -> None:
     script = (
         "srun -N2 bash -c 'echo up; sleep 300' & pid=$!; "
-        'until pgrep -f "^sleep 300$" >/dev/null; do sleep 0.1; done; '  # its tasks run
+        # its own tasks run (another test's `sleep 300` on this machine must not count)
+        "mine() { for p in $(pgrep -f '^sleep 300$'); do "
+        'grep -qsaz "^SLURM_JOB_ID=$SLURM_JOB_ID$" /proc/$p/environ && return 0; done; return 1; }; '
+        "until mine; do sleep 0.1; done; "
         "kill -TERM $pid; wait $pid; echo rc=$?; echo script-end"
     )
     t0 = time.monotonic()
