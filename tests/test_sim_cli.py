@@ -121,3 +121,24 @@ def test_simulate_prints_lost_work_estimates_and_the_trace_facts(tmp_path: Path)
     assert summary["estimates"] == {"sjf": None, "default": None}
     bad = gpufleet(*args, "--checkpoint-every", "soon")
     assert bad.returncode == 2 and "--checkpoint-every" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_simulate_foresee_preemptions_reaches_default(tmp_path: Path) -> None:
+    """``--foresee-preemptions``: a short job behind a day-long one on the only node is
+    estimated to start when it may preempt it (600 s, default's ``min_run_s``), as it
+    does, not at the day-long job's limit (the estimate without the flag)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,user,team,submit_s,duration_s,gpus,gpus_per_node,time_limit_s,priority,gpu_type\n"
+        "0,u,t,0,20000,8,0,86400,0,\n1,u,t,50,60,8,0,60,0,\n"
+    )
+    err = []
+    for extra in ((), ("--foresee-preemptions",)):
+        out = tmp_path / f"s{len(extra)}.json"
+        args = ("simulate", "--trace", str(trace), "--nodes", "1", "--policy", "default", *extra)
+        ran = gpufleet(*args, "--json", str(out))
+        assert ran.returncode == 0, ran.stderr
+        est = json.loads(out.read_text())["estimates"]["default"]
+        assert est["estimated_jobs"] == 1
+        err.append(est["median_abs_error_s"])
+    assert err[0] > 80_000 and err[1] < 120

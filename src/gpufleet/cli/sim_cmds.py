@@ -162,6 +162,11 @@ def simulate(
     default_limit: str = typer.Option(
         "4h", "--default-time-limit", help="Assumed run time of jobs without a limit (estimates, backfill)."
     ),
+    foresee: bool = flag(
+        "--foresee-preemptions",
+        help="Estimated starts foresee preemptions (preemptive policies): a waiting job is booked "
+        "when it could preempt, not only when GPUs come free (a slower pass).",
+    ),
     quota: list[str] = typer.Option(
         [],
         "--quota",
@@ -253,7 +258,10 @@ def simulate(
             fleet,
             names,
             config,
-            policy_params={"default_time_limit_s": _duration(default_limit, "--default-time-limit")},
+            policy_params={
+                "default_time_limit_s": _duration(default_limit, "--default-time-limit"),
+                "foresee_preemptions": foresee,
+            },
             progress=lambda name, n: bar.update(tasks[name], completed=n),
             reservations=bookings,
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gpufleet.scheduler.cycle import CycleState, Shadow
 from gpufleet.scheduler.estimate import Estimator, release_events
-from gpufleet.scheduler.model import JobRequest
+from gpufleet.scheduler.model import JobRequest, RunningJob
 from gpufleet.scheduler.options import Options
 from gpufleet.scheduler.placement import choose_nodes
 
@@ -36,13 +36,17 @@ def reserve(cs: CycleState, job: JobRequest, opts: Options) -> None:
     cs.book.set_spare(spare)
 
 
-def estimator(cs: CycleState) -> Estimator:
+def estimator(cs: CycleState, *, owners: bool = False) -> Estimator:
     """Free capacity from now on, as the pass leaves it: running jobs (less those
     preempted) and jobs started in the pass end at their time limits; unused reserved
-    GPUs count busy until their window ends."""
+    GPUs count busy until their window ends. ``owners``: the estimator knows the
+    running job of each end (``Estimator.owners``, for foreseen preemptions)."""
     running = [rj for rj in cs.snap.running if rj.job.id not in cs.preempted]
-    events = release_events(cs.cap, running, cs.started.values(), cs.starts, cs.policy, cs.now)
+    of: dict[int, tuple[RunningJob, int, int]] | None = {} if owners else None
+    events = release_events(cs.cap, running, cs.started.values(), cs.starts, cs.policy, cs.now, of)
     est = Estimator(cs.cap.counts_copy(), events, cs.now)
+    if of is not None:
+        est.owners = of
     for end, nid, gpus in cs.book.hold_events():
         est.hold(nid, gpus, until=end)
     return est

@@ -13,6 +13,7 @@ a heap push, so estimating 10,000 waiting jobs costs O(n log n).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable
 
 from gpufleet.scheduler.capacity import Capacity, GroupKey
@@ -33,8 +34,10 @@ def release_events(
     starts: Iterable[Start],
     policy: Policy,
     now: float,
+    owners: dict[int, tuple[RunningJob, int, int]] | None = None,
 ) -> list[Event]:
-    """When the GPUs held now come free (``expected_end``)."""
+    """When the GPUs held now come free (``expected_end``); ``owners`` gets the running
+    job, node and GPUs of each of their events (by seq)."""
     id_of = cap.index.id_of
     events: list[Event] = []
     for rj in running:
@@ -44,6 +47,8 @@ def release_events(
             if nid is not None:
                 n = cap.countable(nid, part.gpus)
                 if n:
+                    if owners is not None:
+                        owners[len(events)] = (rj, nid, n)
                     events.append((end, nid, len(events), n))
     for job, start in zip(started, starts, strict=True):
         end = now + policy.expected_s(job, job.executed_s)
@@ -77,20 +82,36 @@ class Estimator:
         self.events = events
         self.t = now
         self.seq = len(events)
+        self.cancelled: set[int] = set()
+        """Seqs of events that will not come (their job was booked as preempted)."""
+        self.owners: dict[int, tuple[RunningJob, int, int]] = {}
+        """The running job, node and GPUs of an event, by seq (``release_events``), for ``ended``."""
+        self.ended: set[str] = set()
+        """Running jobs whose end has come in the estimate (no victims any more)."""
 
-    def earliest(self, options: list[tuple[GroupKey, Shape]]) -> tuple[GroupKey, Shape] | None:
-        """Advance the clock until one of ``options`` fits; None if it never will."""
+    def earliest(
+        self, options: list[tuple[GroupKey, Shape]], until: float = math.inf
+    ) -> tuple[GroupKey, Shape] | None:
+        """Advance the clock until one of ``options`` fits; None if it never will, or not
+        by ``until`` (the clock then stays at or before it)."""
         groups = self.cap.groups
         events = self.events
+        cancelled, owners = self.cancelled, self.owners
         while True:
             for gk, shape in options:
                 if groups[gk].fits(shape):
                     return gk, shape
-            if not events:
+            if not events or events[0][0] > until:
                 return None
             t = events[0][0]
             while events and events[0][0] <= t:
-                _, nid, _, n = heapq.heappop(events)
+                _, nid, seq, n = heapq.heappop(events)
+                if seq in cancelled:
+                    continue
+                if owners:
+                    owner = owners.pop(seq, None)
+                    if owner is not None:
+                        self.ended.add(owner[0].job.id)
                 self.cap.give(nid, n)
             if t > self.t:
                 self.t = t

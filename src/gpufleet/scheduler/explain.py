@@ -2,11 +2,12 @@
 stands once the decisions are made.
 
 Queued GPU jobs get a position, an estimated start (``estimate.py``: running jobs end at
-their time limits, waiting jobs are booked in queue order) and a reason; then come
-0-GPU jobs that found no node and held jobs (no position, no estimate), then blocked
-jobs (no position; estimated start: their predecessors' latest estimated end). Also
-the fragmentation figure of the plan. Decisions are final here: nothing in this step
-changes what starts or is preempted.
+their predicted ends or time limits, waiting jobs are booked in queue order, under a
+preemptive policy with ``foresee_preemptions`` as soon as they could preempt:
+``foresee.py``) and a reason; then come 0-GPU jobs that found no node and held jobs
+(no position, no estimate), then blocked jobs (no position; estimated start: their
+predecessors' latest estimated end). Also the fragmentation figure of the plan.
+Decisions are final here: nothing in this step changes what starts or is preempted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import heapq
 
 from gpufleet.scheduler.backfill import estimator
 from gpufleet.scheduler.cycle import CycleState, Wait
+from gpufleet.scheduler.foresee import Foresight
 from gpufleet.scheduler.model import JobRequest, PendingStatus, Status
 from gpufleet.scheduler.options import Options
 from gpufleet.scheduler.placement import describe_shape
@@ -25,12 +27,14 @@ __all__ = ["explain_waits", "fragmentation", "outside_queue"]
 
 def explain_waits(cs: CycleState, ordered: list[tuple[Key, JobRequest]]) -> tuple[PendingStatus, ...]:
     """The queue's waiting GPU jobs in order, with positions, estimated starts and reasons."""
-    est = estimator(cs)
+    foresee = cs.policy.preemptive and cs.policy.foresee_preemptions
+    est = estimator(cs, owners=foresee)
+    foresight = Foresight(cs, est) if foresee else None
     out: list[PendingStatus] = []
     slots: dict[str, list[float]] = {}  # per array held back by its limit: when a slot frees
     waits = cs.waits
     limit, expected_s = cs.policy.limit, cs.policy.expected_s
-    for _, job in ordered:
+    for key, job in ordered:
         wait = waits.get(job.id)
         if wait is None:
             continue  # started
@@ -38,11 +42,14 @@ def explain_waits(cs: CycleState, ordered: list[tuple[Key, JobRequest]]) -> tupl
         if wait.code == "JobArrayTaskLimit":
             eta = _array_slot(cs, job, slots, floor=est.t)
         elif wait.options is not None:
-            booked = est.earliest(wait.options)
-            if booked is not None:
+            run_s = limit(job) if job.predicted_s is None else expected_s(job, job.executed_s)
+            if foresight is not None and foresight.book(key, job, wait.options, run_s) is not None:
                 eta = est.t
-                run_s = limit(job) if job.predicted_s is None else expected_s(job, job.executed_s)
-                est.book(booked[0], booked[1], run_s)
+            else:
+                booked = est.earliest(wait.options)
+                if booked is not None:
+                    eta = est.t
+                    est.book(booked[0], booked[1], run_s)
         out.append(
             PendingStatus(
                 job_id=job.id,

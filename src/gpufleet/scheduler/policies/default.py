@@ -229,6 +229,15 @@ class DefaultPolicy(Policy):
         keyed.sort(key=_first)
         return keyed
 
+    def preemptible_from(self, victim: RunningJob) -> float:
+        return victim.started_at + self.min_run_s
+
+    def promoted(self, job: JobRequest, job_key: Key) -> tuple[float, Key] | None:
+        if job_key[1] < 0:
+            return None
+        at = job.queued_since + self.patience(job)
+        return None if at == math.inf else (at, (job_key[0], -1, *job_key[2:]))
+
     def victim_floor(self, job_key: Key) -> Key:
         if job_key[1] < 0:  # starving: any non-starving job of equal or lower priority
             return (job_key[0], -1, math.inf)
