@@ -312,6 +312,8 @@ def test_squeue_folds_a_waiting_array_and_r_shows_each_task(server: Server, flee
     sub = slurm("sbatch", "--parsable", "-H", "-p", pool, "-a", "0-4", "--wrap", "true", env=env)
     assert sub.returncode == 0, sub.stderr
     array = int(sub.stdout.strip())
+    held = slurm("squeue", "-h", "-p", pool, "-o", "%r", env=env).stdout
+    assert held == "JobHeldUser\n"  # submitted held: Slurm's reason, as after scontrol hold
     one = slurm("scancel", f"{array}_3", env=env)
     assert one.returncode == 0, one.stderr
     folded = slurm("squeue", "-h", "-p", pool, "-o", "%i %A %a %t", env=env).stdout

@@ -237,6 +237,8 @@ def _row(new: NewJob, team_id: int) -> dict[str, Any]:
         "error": spec.error,
         "reservation_id": spec.reservation,
         "state": str(JobState.HELD if spec.hold else JobState.PENDING),
+        # Slurm's reason for a job submitted held (sbatch -H), as a later hold writes it
+        "wait_reason": f"JobHeldUser: held by {new.actor.name}" if spec.hold else None,
         "version": 0,
         "submit_time": new.now,
         "pending_since": new.now,
