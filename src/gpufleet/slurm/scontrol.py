@@ -421,48 +421,52 @@ def _act(verb: str, rest: list[str]) -> int:
     return 1 if failed else 0
 
 
-def _whole_array(c: GpufleetClient, route: str, jid: int) -> bool:
-    """Hold or release every task of array ``jid`` in one request, as Slurm takes an
-    array's id; False when ``jid`` is no array of yours (or the server is from before
-    ``POST /v1/jobs/hold``): then it is one job's. ClientError (409) when it is an array
-    none of whose tasks could be."""
+def _array_request(c: GpufleetClient, verb: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    """``POST /v1/jobs/{verb}`` (hold, release, update) for every task of the array in
+    ``body``; None when that id is no array of yours (or the server is from before bulk
+    changes: 404/405; an id out of range: 422), so the caller acts on one job instead."""
     from gpufleet.client import BULK_TIMEOUT_S, ClientError
 
     try:
-        out = c.request("POST", f"/jobs/{route}", json={"array": jid}, timeout=BULK_TIMEOUT_S)
+        out: dict[str, Any] = c.request("POST", f"/jobs/{verb}", json=body, timeout=BULK_TIMEOUT_S)
     except ClientError as exc:
         if exc.status in (404, 405, 422):
-            return False
+            return None
         raise
-    if out.get("changed"):
-        return True
-    if out.get("skipped"):
+    return out if out.get("changed") or out.get("skipped") else None
+
+
+def _whole_array(c: GpufleetClient, route: str, jid: int) -> bool:
+    """Hold or release every task of array ``jid`` in one request, as Slurm takes an
+    array's id; False when ``jid`` is no array of yours (``_array_request``): then it is
+    one job's. ClientError (409) when it is an array none of whose tasks could be."""
+    from gpufleet.client import ClientError
+
+    out = _array_request(c, route, {"array": jid})
+    if out is None:
+        return False
+    if not out.get("changed"):
         state = "pending" if route == "hold" else "held"
         raise ClientError(f"no task of array {jid} is {state}", status=409, detail=f"Job is not {state}")
-    return False
+    return True
 
 
 def _update_array(c: GpufleetClient, jid: int, changes: dict[str, Any]) -> bool:
     """``scontrol update JobId=ARRAY``: every live task of array ``jid`` in one request
     (``POST /v1/jobs/update``); False when ``jid`` is no array of yours (then it is one
     job's, ``PATCH /v1/jobs/ID``, whose errors are Slurm's lines)."""
-    from gpufleet.client import BULK_TIMEOUT_S, ClientError
+    from gpufleet.client import ClientError
 
-    try:
-        out = c.request("POST", "/jobs/update", json={"array": jid, "set": changes}, timeout=BULK_TIMEOUT_S)
-    except ClientError as exc:
-        if exc.status in (404, 405, 422):
-            return False
-        raise
-    if out.get("changed"):
-        return True
-    if out.get("skipped"):
+    out = _array_request(c, "update", {"array": jid, "set": changes})
+    if out is None:
+        return False
+    if not out.get("changed"):
         raise ClientError(
             f"array {jid}: no task took it",
             status=409,
             detail="no task could take it (ended, or a time limit only operators raise)",
         )
-    return False
+    return True
 
 
 def _update(rest: list[str]) -> int:
