@@ -22,6 +22,7 @@ them in reverse, so the term ends and the lease is given up while NOTIFY still r
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -35,7 +36,7 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import create_engine, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from gpufleet.server.errors import Fenced
 from gpufleet.server.loops import build
@@ -109,6 +110,35 @@ def test_a_takeover_waits_for_the_fenced_write_in_flight() -> None:
             took = time.monotonic()
             t.join()
             assert done and done[0] <= took  # a's write landed under its epoch, before b's
+        finally:
+            db.dispose()
+
+
+def test_a_leader_paused_inside_its_renewal_does_not_keep_the_lease() -> None:
+    """SIGSTOP between the renewal's statements (here: the renewal run in a transaction
+    the test keeps open) left the lease row locked until the holder resumed, and no
+    server could take over. PostgreSQL ends that idle transaction after the TTL."""
+    with scratch_postgres("pausedrenewal") as url:
+        dbmod.upgrade(url)
+        db = dbmod.Database.connect(url)
+        try:
+            a, b = (Lease(db.engine, holder=h, ttl_s=1.0) for h in ("a", "b"))
+            first = a.acquire()
+            assert first == 1
+            with db.engine.connect() as paused:
+                tx = paused.begin()
+                assert a.renew(paused) == first  # a renews, then stops before its commit
+                t0 = time.monotonic()
+                took = None
+                while took is None and time.monotonic() - t0 < 15:
+                    with contextlib.suppress(OperationalError):  # the lease row is locked: lock_timeout
+                        took = b.acquire()
+                    time.sleep(0.1)
+                waited = time.monotonic() - t0
+                with pytest.raises(DBAPIError):  # a's session was ended: nothing of it lands
+                    tx.commit()
+            assert took == first + 1, took
+            assert waited < 5, waited  # the TTL and the idle limit (1 s each), not forever
         finally:
             db.dispose()
 

@@ -118,9 +118,15 @@ def test_a_node_with_invalid_rows_is_skipped_not_fatal(server: Server, team: str
             with server.client() as c:
                 ok(c.post(f"/jobs/{nudge['id']}/cancel"))
         if not skipped:
-            counts = [metric(server, f"gpufleet_scheduling_{n}") for n in ("passes", "failures")]
+            counts = [metric(server, f"gpufleet_scheduling_{n}_total") for n in ("passes", "failures")]
+            with server.client() as c:
+                servers = c.get("/fleet/servers").text  # on PostgreSQL: who leads
             lines = list(dict.fromkeys(server.stderr().splitlines()))  # each distinct line once
-            raise AssertionError(f"no pass counted it; passes, failures: {counts}\n" + "\n".join(lines[-60:]))
+            said = [ln for ln in lines if any(w in ln for w in ("leader", "scheduling", "child", "Error"))]
+            raise AssertionError(
+                f"no pass counted it; passes, failures: {counts}; servers: {servers}\n"
+                + "\n".join([*said[-40:], "-- last lines:", *lines[-30:]])
+            )
         with server.client() as c:
             assert ok(c.get(f"/jobs/{waiting['id']}"))["state"] == "PENDING"
     finally:

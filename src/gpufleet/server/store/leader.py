@@ -10,7 +10,11 @@ wrote anything. Matched, it holds the lease row's lock until its commit: a serve
 over waits for that commit (or its ``lock_timeout``), so a write either commits under the
 epoch it checked or not at all. A leader paused inside such a transaction (SIGSTOP) is cut
 off by PostgreSQL's ``idle_in_transaction_session_timeout`` (set for fenced transactions),
-which ends its session and releases the lock; its writes then never land.
+which ends its session and releases the lock; its writes then never land. The lease's own
+renewal is such a transaction too (it locks the lease row and the server's heartbeat row):
+a leader paused between its statements would hold the lease row until it resumed, and no
+server could take over (seen under ``pytest -n 2``: SIGSTOP landed inside a renewal). It
+is cut off after ``ttl_s`` idle (at least 1 s, at most ``IDLE_IN_TXN``).
 
 ``Lease`` is the SQL (the database's clock decides expiry, so servers' clocks may differ);
 ``Leadership`` is the keeper, a loop on the runner (``runner.Loop``, named ``leader``,
@@ -45,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -59,7 +63,8 @@ EPOCH = "gpufleet.epoch"
 LEASE = "leader"
 NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
 """The database's clock, in seconds since the Unix epoch (PostgreSQL)."""
-IDLE_IN_TXN = "5s"
+IDLE_IN_TXN_S = 5
+IDLE_IN_TXN = f"{IDLE_IN_TXN_S}s"
 """How long a fenced transaction may sit idle before PostgreSQL ends its session (a
 paused leader's): shorter than any lease TTL worth using."""
 
@@ -98,47 +103,59 @@ class Lease:
         server holds an unexpired lease. Raises SQLAlchemyError when the database does not
         answer (or the row is locked past ``lock_timeout``: a fenced write in flight)."""
         with self.engine.begin() as c:
-            c.exec_driver_sql("SET LOCAL lock_timeout = '2s'")
-            c.execute(  # this server's heartbeat (``gpufleet status``); a server gone an hour is forgotten
-                text(
-                    "INSERT INTO servers (id, url, version, started_at, last_seen) "
-                    f"VALUES (:me, :url, :v, :t0, {NOW}) ON CONFLICT (id) DO UPDATE SET last_seen = {NOW}"
-                ),
-                {"me": self.holder, "url": self.url[:512], "v": self.version[:64], "t0": self.started_at},
-            )
-            c.execute(text(f"DELETE FROM servers WHERE last_seen < {NOW} - 3600"))
-            c.execute(
-                text(
-                    "INSERT INTO leader_lease (name, holder, epoch, expires_at, renewed_at) "
-                    "VALUES (:name, '', 0, 0, 0) ON CONFLICT (name) DO NOTHING"
-                ),
-                {"name": LEASE},
-            )
-            row = c.execute(
-                text(
-                    "UPDATE leader_lease SET "
-                    "epoch = CASE WHEN holder = :me THEN epoch ELSE epoch + 1 END, "
-                    f"holder = :me, expires_at = {NOW} + :ttl, renewed_at = {NOW} "
-                    f"WHERE name = :name AND (holder = :me OR expires_at < {NOW}) RETURNING epoch"
-                ),
-                {"me": self.holder, "ttl": self.ttl_s, "name": LEASE},
-            ).first()
-            if row is None:
-                return None
-            epoch = int(row[0])
-            c.execute(
-                text(
-                    f"INSERT INTO leader_terms (epoch, holder, acquired_at) VALUES (:e, :me, {NOW}) "
-                    "ON CONFLICT (epoch) DO NOTHING"
-                ),
-                {"e": epoch, "me": self.holder},
-            )
-            return epoch
+            return self.renew(c)
+
+    def renew(self, c: Connection) -> int | None:
+        """``acquire``'s statements in the caller's transaction ``c`` (tests hold one open
+        to stand for a server paused inside its renewal)."""
+        self._limits(c)
+        c.execute(  # this server's heartbeat (``gpufleet status``); a server gone an hour is forgotten
+            text(
+                "INSERT INTO servers (id, url, version, started_at, last_seen) "
+                f"VALUES (:me, :url, :v, :t0, {NOW}) ON CONFLICT (id) DO UPDATE SET last_seen = {NOW}"
+            ),
+            {"me": self.holder, "url": self.url[:512], "v": self.version[:64], "t0": self.started_at},
+        )
+        c.execute(text(f"DELETE FROM servers WHERE last_seen < {NOW} - 3600"))
+        c.execute(
+            text(
+                "INSERT INTO leader_lease (name, holder, epoch, expires_at, renewed_at) "
+                "VALUES (:name, '', 0, 0, 0) ON CONFLICT (name) DO NOTHING"
+            ),
+            {"name": LEASE},
+        )
+        row = c.execute(
+            text(
+                "UPDATE leader_lease SET "
+                "epoch = CASE WHEN holder = :me THEN epoch ELSE epoch + 1 END, "
+                f"holder = :me, expires_at = {NOW} + :ttl, renewed_at = {NOW} "
+                f"WHERE name = :name AND (holder = :me OR expires_at < {NOW}) RETURNING epoch"
+            ),
+            {"me": self.holder, "ttl": self.ttl_s, "name": LEASE},
+        ).first()
+        if row is None:
+            return None
+        epoch = int(row[0])
+        c.execute(
+            text(
+                f"INSERT INTO leader_terms (epoch, holder, acquired_at) VALUES (:e, :me, {NOW}) "
+                "ON CONFLICT (epoch) DO NOTHING"
+            ),
+            {"e": epoch, "me": self.holder},
+        )
+        return epoch
+
+    def _limits(self, c: Connection) -> None:
+        """The lease transaction waits at most 2 s for the lease row, and is ended by
+        PostgreSQL once idle for the TTL (1 s to ``IDLE_IN_TXN_S``): its holder paused."""
+        idle_ms = int(1000 * min(max(self.ttl_s, 1.0), IDLE_IN_TXN_S))
+        c.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {idle_ms}")
+        c.exec_driver_sql("SET LOCAL lock_timeout = '2s'")
 
     def release(self, epoch: int) -> None:
         """Give the lease up now (a clean stop): the next server need not wait ``ttl_s``."""
         with self.engine.begin() as c:
-            c.exec_driver_sql("SET LOCAL lock_timeout = '2s'")
+            self._limits(c)
             c.execute(
                 text(
                     "UPDATE leader_lease SET expires_at = 0 "
