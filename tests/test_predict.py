@@ -133,9 +133,30 @@ def test_preemption_reason_names_the_predicted_figures() -> None:
 def test_a_starving_job_says_so_in_the_reason() -> None:
     pol = make_policy("default", starve_min_s=H, starve_factor=1.0)
     run = (running("r", {"n0": tuple(range(8))}, started=-5 * H),)
-    pend = (job("old", 8, submit=-3 * H, attained_service_s=1e6, executed_s=100.0, pending_since=-3 * H),)
+    # the same level as "r" (40 GPU-h attained each): only starving lets it preempt
+    pend = (job("old", 8, submit=-3 * H, attained_service_s=40 * H, executed_s=100.0, pending_since=-3 * H),)
     (pre,) = plan(snapshot(uniform_fleet(1), now=0.0, running_jobs=run, pending=pend), pol).preemptions
     assert "it waited 3.0 h, starving" in pre.reason
+
+
+@pytest.mark.parametrize(
+    ("victim_attained_h", "preempts"),
+    [
+        pytest.param(32.0, True, id="same-level"),  # 32 + 8 GPU-h of this run: 40, as "old"
+        pytest.param(400.0, True, id="victim-ranks-worse"),
+        pytest.param(0.0, False, id="victim-ranks-better"),  # 8 GPU-h attained
+    ],
+)
+def test_a_starving_job_preempts_only_jobs_ranked_no_better(victim_attained_h: float, preempts: bool) -> None:
+    """``starve_gap`` 0: a starving job never preempts one that ranks better than itself
+    (under a steady overload, starving jobs preempting anyone cycled the running jobs)."""
+    pol = make_policy("default", starve_min_s=H, starve_factor=1.0)
+    run = (running("r", {"n0": tuple(range(8))}, started=-H, attained_service_s=victim_attained_h * H),)
+    pend = (job("old", 8, submit=-3 * H, attained_service_s=40 * H, executed_s=100.0, pending_since=-3 * H),)
+    got = plan(snapshot(uniform_fleet(1), now=0.0, running_jobs=run, pending=pend), pol)
+    assert bool(got.preemptions) is preempts
+    if not preempts:  # it waits first in line: the GPUs go to it as they come free
+        assert [p.job_id for p in got.pending] == ["old"]
 
 
 @pytest.mark.parametrize(
