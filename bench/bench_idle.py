@@ -16,10 +16,12 @@ for ``--seconds``:
 
 Median of ``--runs`` runs per row; one row per ``--interval`` (the agents' sync interval;
 2 s is what the demo used before issue 35, 10 s a real agent's default). Target: server
-under 0.5 CPU-s/min, server and agents together under 1.
+under 0.5 CPU-s/min, server and agents together under 1. With ``--baseline SRC`` (a
+``src`` folder of another checkout) each row is measured for that code too, the runs of
+the two alternating (this machine's speed drifts), with the ratio after / before.
 
     flock /tmp/bench.lock .venv/bin/python bench/bench_idle.py [--nodes 50] [--interval 2,10]
-        [--runs 3] [--settle 20] [--seconds 60] [--profile FILE]
+        [--runs 3] [--settle 20] [--seconds 60] [--profile FILE] [--baseline /tmp/b/src]
 """
 
 from __future__ import annotations
@@ -90,18 +92,29 @@ def agents_main(url: str, nodes: int, interval: float, threads: int, work: str) 
     stop.wait()
 
 
-def start_server(tmp: Path, profile: str | None) -> Server:
+def tree_env(src: str | None) -> dict[str, str]:
+    """The environment that runs ``src``'s gpufleet (None: the installed one)."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def start_server(tmp: Path, profile: str | None, src: str | None = None) -> Server:
     db_url = f"sqlite:///{tmp / 'bench.db'}"
     subprocess.run(
         [sys.executable, "-m", "gpufleet", "db", "upgrade", "--database-url", db_url],
         check=True,
         capture_output=True,
+        env=tree_env(src),
     )
     port = _port()
     cmd = [sys.executable, "-m", "gpufleet", "server", "--port", str(port), "--database-url", db_url]
     if profile:  # every thread's calls (cProfile alone sees the main thread only)
         cmd = [sys.executable, __file__, "--profiled-server", profile, *cmd[3:]]
-    proc = subprocess.Popen(cmd, env={**os.environ, "GPUFLEET_ADMIN_TOKEN": TOKEN}, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, env={**tree_env(src), "GPUFLEET_ADMIN_TOKEN": TOKEN}, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         with contextlib.suppress(httpx.HTTPError):
@@ -184,12 +197,13 @@ class Run:
     ready: int
 
 
-def once(args: argparse.Namespace, interval: float, profile: str | None) -> Run:
+def once(args: argparse.Namespace, interval: float, profile: str | None, src: str | None = None) -> Run:
     with tempfile.TemporaryDirectory() as tmp:
-        srv = start_server(Path(tmp), profile)
+        srv = start_server(Path(tmp), profile, src)
         more = (str(args.threads), f"{tmp}/agents")
         child = subprocess.Popen(
-            [sys.executable, __file__, "--agents-child", srv.url, str(args.nodes), str(interval), *more]
+            [sys.executable, __file__, "--agents-child", srv.url, str(args.nodes), str(interval), *more],
+            env=tree_env(src),
         )
         try:
             time.sleep(args.settle)
@@ -231,28 +245,46 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=20.0)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--profile", metavar="FILE", help="cProfile the server of the first run into FILE")
+    ap.add_argument("--baseline", metavar="SRC", help="also run this src folder's code (PYTHONPATH)")
     args = ap.parse_args()
-    print(f"machine: {os.cpu_count()} CPUs; {args.nodes} idle nodes x 8 GPUs; median of {args.runs}")
-    cols = ("interval", "server", "(child)", "agents", "total", "commits", "ready", "ok")
+    trees: list[tuple[str, str | None]] = [("", None)]
+    if args.baseline:
+        trees = [("before", args.baseline), ("after", None)]
+    print(
+        f"machine: {os.cpu_count()} CPUs; {args.nodes} idle nodes x 8 GPUs; median of {args.runs}"
+        + (f"; before = {args.baseline}" if args.baseline else "")
+    )
+    cols = ("interval", "code", "server", "(child)", "agents", "total", "commits", "ready", "ok")
     print("  ".join(f"{c:>9}" for c in cols) + "   (CPU-s and commits per minute)")
     for k, interval in enumerate(float(x) for x in args.interval.split(",")):
-        runs = [once(args, interval, args.profile if k == 0 and i == 0 else None) for i in range(args.runs)]
-        cpu = statistics.median(r.server for r in runs)
-        kid = statistics.median(r.child for r in runs)
-        agt = statistics.median(r.agents for r in runs)
-        com = statistics.median(r.commits for r in runs)
-        up = min(r.ready for r in runs)
-        ok = cpu < 0.5 and cpu + agt < 1.0 and up == args.nodes
-        row = (
-            f"{interval:g}s",
-            f"{cpu:.2f}",
-            f"{kid:.2f}",
-            f"{agt:.2f}",
-            f"{cpu + agt:.2f}",
-            f"{com:.0f}",
-            up,
-        )
-        print("  ".join(f"{v:>9}" for v in (*row, "yes" if ok else "NO")), flush=True)
+        runs: dict[str, list[Run]] = {label: [] for label, _ in trees}
+        for i in range(args.runs):  # the trees alternate: a drift in speed hits both
+            for label, src in trees:
+                profile = args.profile if k == 0 and i == 0 and src is None else None
+                runs[label].append(once(args, interval, profile, src))
+        totals: dict[str, float] = {}
+        for label, _ in trees:
+            rs = runs[label]
+            cpu = statistics.median(r.server for r in rs)
+            kid = statistics.median(r.child for r in rs)
+            agt = statistics.median(r.agents for r in rs)
+            com = statistics.median(r.commits for r in rs)
+            up = min(r.ready for r in rs)
+            ok = cpu < 0.5 and cpu + agt < 1.0 and up == args.nodes
+            totals[label] = cpu
+            row = (
+                f"{interval:g}s",
+                label or "-",
+                f"{cpu:.2f}",
+                f"{kid:.2f}",
+                f"{agt:.2f}",
+                f"{cpu + agt:.2f}",
+                f"{com:.0f}",
+                up,
+            )
+            print("  ".join(f"{v:>9}" for v in (*row, "yes" if ok else "NO")), flush=True)
+        if args.baseline and totals["before"] > 0:
+            print(f"{'':>9}  server after / before: {totals['after'] / totals['before']:.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ Apache's ``mod_reqtimeout`` for the minimum body rate:
 
 =================  ====================================================================
 idle               a connection with no byte of a request for ``idle_timeout_s``
-                   (a fresh one too, not only after a response) is closed, no answer
+                   (a fresh one too, not only after a response) is closed, no answer;
+                   once it was answered, ``keepalive_s`` (nginx's ``keepalive_timeout``
+                   beside ``client_header_timeout``; default the same)
 header             the request head (line and headers) must be complete within
                    ``header_timeout_s`` of its start: 408, closed
 body               no byte of the body for ``body_timeout_s``, or less than
@@ -33,7 +35,11 @@ Decisions:
 * Time a body is not read because the application has not asked for it (uvicorn pauses
   reading above 64 KiB) is not the client's: the body clocks stop while reading is paused.
 * The phases are read from the parser's own state (httptools: its callbacks; h11: its
-  ``their_state``) on a tick of ``tick_s``, so a deadline is kept to within a tick.
+  ``their_state``). A connection's one timer fires at its phase's deadline, not on a
+  fixed tick (issue 35: 50 agents' idle long-polls ticked 100 times a second): waiting
+  for a request, at the idle or header deadline; while a body arrives, every ``tick_s``
+  (the rate floor); while the application answers, never (a finished response or new
+  bytes arm it again). A deadline is kept to within ``tick_s``.
 * The address is the peer's (``X-Forwarded-For`` is an application matter: a cap by a
   header anyone may set would be no cap). Behind a proxy every client shares its address:
   raise ``max_per_address`` there (0: no cap).
@@ -73,18 +79,27 @@ class GuardLimits:
     min_body_rate: float = 1024.0
     """Bytes a second, on average over the body so far, once ``body_grace_s`` has passed."""
     body_grace_s: float = 5.0
+    keepalive_s: float | None = None
+    """How long a connection that was answered may wait for its next request (None:
+    ``idle_timeout_s``). The API server keeps 20 s: its agents renew every 10 s on one
+    kept connection instead of a new one each time (issue 35)."""
     max_per_address: int = 256
     """Connections open at once from one address (0: no cap)."""
     tick_s: float = 0.5
 
     def __post_init__(self) -> None:
-        times = (self.idle_timeout_s, self.header_timeout_s, self.body_timeout_s, self.tick_s)
+        times = (self.idle_timeout_s, self.kept_s, self.header_timeout_s, self.body_timeout_s, self.tick_s)
         if min(times) <= 0 or self.min_body_rate < 0 or self.body_grace_s < 0 or self.max_per_address < 0:
             raise ValueError("connection timeouts must be > 0, the body rate, grace and cap >= 0")
 
+    @property
+    def kept_s(self) -> float:
+        """``keepalive_s``, or ``idle_timeout_s`` when that is None."""
+        return self.idle_timeout_s if self.keepalive_s is None else self.keepalive_s
+
     def uvicorn_options(self) -> dict[str, Any]:
         """What uvicorn itself takes: its keep-alive timeout after a response."""
-        return {"timeout_keep_alive": max(1, round(self.idle_timeout_s))}
+        return {"timeout_keep_alive": max(1, round(self.kept_s))}
 
 
 @dataclass(slots=True)
@@ -189,6 +204,8 @@ class _Guard:
     _g_head_bytes: int = 0
     _g_body_bytes: int = 0
     _g_timer: asyncio.TimerHandle | None = None
+    _g_served: bool = False
+    """A response was sent: waiting for the next request is keep-alive (``keepalive_s``)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -201,8 +218,9 @@ class _Guard:
             return
         self._g_address = address
         self.guard_stats.open_by_address[address] += 1
-        self._g_enter(HEAD, time.monotonic())
-        self._g_timer = asyncio.get_running_loop().call_later(self.guard_limits.tick_s, self._g_tick)
+        now = time.monotonic()
+        self._g_enter(HEAD, now)
+        self._g_arm(HEAD, now)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._g_timer is not None:
@@ -226,6 +244,8 @@ class _Guard:
         after = self._g_observe(now)
         if after == BODY:
             self._g_body_bytes += len(data) if before == BODY else 0
+        if after != before:
+            self._g_arm(after, now)
 
     def handle_websocket_upgrade(self, *args: Any) -> None:
         """A WebSocket is the application's business once upgraded: no more HTTP clocks."""
@@ -247,6 +267,11 @@ class _Guard:
         super().on_response_complete()  # type: ignore[misc]
         if self._g_phase_hint == APP:
             self._g_phase_hint = HEAD
+        self._g_served = True
+        transport: asyncio.Transport | None = getattr(self, "transport", None)
+        if self._g_address is not None and transport is not None and not transport.is_closing():
+            now = time.monotonic()
+            self._g_arm(self._g_observe(now), now)  # waiting for the next request: the idle clock
 
     _g_phase_hint: str = HEAD
 
@@ -275,17 +300,36 @@ class _Guard:
         if transport is None or transport.is_closing():
             return
         now = time.monotonic()
-        reason = self._g_overdue(self._g_observe(now), now)
+        phase = self._g_observe(now)
+        reason = self._g_overdue(phase, now)
         if reason is not None:
             self._g_expire(reason, transport)
             return
-        self._g_timer = asyncio.get_running_loop().call_later(self.guard_limits.tick_s, self._g_tick)
+        self._g_arm(phase, now)
+
+    def _g_idle_s(self) -> float:
+        return self.guard_limits.kept_s if self._g_served else self.guard_limits.idle_timeout_s
+
+    def _g_arm(self, phase: str, now: float) -> None:
+        """The timer set for ``phase``'s next check (none while the application answers)."""
+        if self._g_timer is not None:
+            self._g_timer.cancel()
+            self._g_timer = None
+        lim = self.guard_limits
+        if phase == HEAD:
+            limit = lim.header_timeout_s if self._g_head_bytes else self._g_idle_s()
+            delay = max(self._g_since + limit - now, 0.0) + 0.01  # just past it: overdue is ">"
+        elif phase == BODY:
+            delay = lim.tick_s
+        else:
+            return
+        self._g_timer = asyncio.get_running_loop().call_later(delay, self._g_tick)
 
     def _g_overdue(self, phase: str, now: float) -> str | None:
         lim = self.guard_limits
         if phase == HEAD:
             if not self._g_head_bytes:
-                return "idle" if now - self._g_since > lim.idle_timeout_s else None
+                return "idle" if now - self._g_since > self._g_idle_s() else None
             return "header" if now - self._g_since > lim.header_timeout_s else None
         if phase != BODY:
             return None

@@ -19,6 +19,8 @@ from server.playnode import metric
 
 TIMEOUT_S = 1.5
 """The server's header, body and idle timeouts here (``--header-timeout``...)."""
+KEEP_S = 4.0
+"""Its keep-alive (``--keep-alive``): how long an answered connection may wait."""
 STALLED = 8
 """Twice the user lane's seats (``--user-lane 4``, the default)."""
 
@@ -27,7 +29,7 @@ STALLED = 8
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     url = f"sqlite:///{tmp_path_factory.mktemp('edge') / 'gpufleet.db'}"
     timeouts = ("--header-timeout", str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S))
-    srv = start_server(url, extra=(*timeouts, "--idle-timeout", str(TIMEOUT_S)))
+    srv = start_server(url, extra=(*timeouts, "--idle-timeout", str(TIMEOUT_S), "--keep-alive", str(KEEP_S)))
     yield srv
     stop_server(srv)
 
@@ -137,6 +139,22 @@ def test_stalled_heads_and_idle_connections_are_closed(guarded: Server, first: b
     assert all(a == b"" if not first else a.startswith(b"HTTP/1.1 408 ") for a in answers), answers
 
 
+def test_an_answered_connection_is_kept_for_the_keep_alive_then_closed(guarded: Server) -> None:
+    """A fresh connection gets ``--idle-timeout`` for its first byte; once answered it may
+    wait ``--keep-alive`` for the next request (an agent's renewals, 10 s apart, reuse
+    one connection), and is closed after that, with no answer."""
+    with stalled(guarded, b"GET /v1/healthz HTTP/1.1\r\nHost: x\r\n\r\n", n=1) as (s,):
+        s.settimeout(5)
+        assert s.recv(4096).startswith(b"HTTP/1.1 200 ")
+        time.sleep(TIMEOUT_S + 1.0)  # past the idle timeout: still open
+        s.sendall(b"GET /v1/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 200 ")
+        start = time.monotonic()
+        assert closed_with(s, KEEP_S + 3) == b""
+        took = time.monotonic() - start
+    assert KEEP_S - 0.5 <= took < KEEP_S + 2, took
+
+
 @pytest.mark.parametrize(
     "limits",
     [
@@ -144,6 +162,7 @@ def test_stalled_heads_and_idle_connections_are_closed(guarded: Server, first: b
         pytest.param({"body_timeout_s": -1}, id="negative-body-time"),
         pytest.param({"min_body_rate": -1}, id="negative-rate"),
         pytest.param({"max_per_address": -1}, id="negative-cap"),
+        pytest.param({"keepalive_s": 0}, id="no-keep-alive-time"),
     ],
 )
 def test_guard_limits_refuse_nonsense(limits: dict[str, float]) -> None:
@@ -158,4 +177,5 @@ def test_the_guarded_protocol_is_uvicorns_own_subclass() -> None:
     stats = GuardStats()
     options = uvicorn_options(GuardLimits(idle_timeout_s=7.4), stats, base=H11Protocol)
     assert issubclass(options["http"], H11Protocol) and options["timeout_keep_alive"] == 7
+    assert uvicorn_options(GuardLimits(idle_timeout_s=5, keepalive_s=20), stats)["timeout_keep_alive"] == 20
     assert issubclass(uvicorn_options(GuardLimits(), stats)["http"], HttpToolsProtocol)

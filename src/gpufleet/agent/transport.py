@@ -32,6 +32,10 @@ from gpufleet.failover import CONNECT_TIMEOUT_S, NoAnswer, Servers, Switch, firs
 
 log = logging.getLogger("gpufleet.agent")
 
+KEEPALIVE_S = 15.0
+"""How long the agent keeps an idle connection to the server for its next sync or renewal
+(10 s apart by default): under ``gpufleet server --keep-alive`` (20 s), so the server never
+closes one as the agent sends on it."""
 SYNC_READ_S = 10.0
 """With several servers, a sync that got no answer in this long goes to the next one (a
 stopped server would otherwise hold the node for the whole read timeout, 30 s)."""
@@ -98,7 +102,11 @@ class HttpTransport:
             "transport": transport,
             "verify": verify,
         }
-        self._http = httpx.Client(timeout=self._timeout(timeout), **self._options)
+        # one kept connection for syncs and renewals (10 s apart): below the server's 20 s
+        # keep-alive (``gpufleet server --keep-alive``), above httpx's 5 s default
+        self._http = httpx.Client(
+            timeout=self._timeout(timeout), limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S), **self._options
+        )
         self._poll: httpx.Client | None = None  # the long-poll's own connection, made on first use
 
     @property

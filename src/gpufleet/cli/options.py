@@ -37,6 +37,16 @@ def idle_timeout_option() -> Any:
     )
 
 
+def keep_alive_option(default: float) -> Any:
+    """``--keep-alive``: how long an answered connection may wait for its next request."""
+    return typer.Option(
+        default,
+        "--keep-alive",
+        min=0.1,
+        help="Seconds a connection that was answered may wait for its next request.",
+    )
+
+
 def max_conns_per_address_option() -> Any:
     """``--max-conns-per-address``: the server's and the gateway's."""
     return typer.Option(
@@ -49,5 +59,6 @@ __all__ = [
     "header_timeout_option",
     "idle_timeout_option",
     "json_flag",
+    "keep_alive_option",
     "max_conns_per_address_option",
 ]

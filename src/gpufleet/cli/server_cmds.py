@@ -22,6 +22,7 @@ from gpufleet.cli.options import (
     flag,
     header_timeout_option,
     idle_timeout_option,
+    keep_alive_option,
     max_conns_per_address_option,
 )
 from gpufleet.server.decide.health import DEFAULT_FATAL_XIDS
@@ -163,6 +164,7 @@ def server(
         1024.0, "--min-body-rate", min=0.0, help="Bytes a second a body must average after 5 s (0: none)."
     ),
     idle_timeout: float = idle_timeout_option(),
+    keep_alive: float = keep_alive_option(20.0),
     max_conns_per_address: int = max_conns_per_address_option(),
     node_lane: int = typer.Option(16, "--node-lane", min=1, help="Agent requests served at once."),
     admin_lane: int = typer.Option(8, "--admin-lane", min=1, help="Operator and admin requests at once."),
@@ -362,6 +364,7 @@ def server(
             body_timeout_s=body_timeout,
             min_body_rate=min_body_rate,
             idle_timeout_s=idle_timeout,
+            keepalive_s=keep_alive,
             max_per_address=max_conns_per_address,
         ),
         trusted_proxies=tuple(trusted_proxy),
