@@ -16,7 +16,7 @@ and ``srtf-oracle`` of the same fleet.
 
     python bench/bench_predict.py --trace /work/shared/traces/philly/philly-2017-09-18_2017-10-31.csv \\
         --format philly --nodes 60,70 [--max-jobs N] [--estimates]
-    python bench/bench_predict.py --synth 20000 --nodes 40 --load 1.2
+    python bench/bench_predict.py --synth 20000 --nodes 40 --load 1.2 [--starve-gap 0]
 """
 
 from __future__ import annotations
@@ -36,11 +36,14 @@ from gpufleet.sim.trace import TraceJob
 NO_PREDICT = "default/no-predict"
 
 
-def replay(jobs: list[TraceJob], nodes: int, policy: str, config: SimConfig) -> dict[str, Any]:
+def replay(
+    jobs: list[TraceJob], nodes: int, policy: str, config: SimConfig, params: dict[str, Any] | None = None
+) -> dict[str, Any]:
     name = "default" if policy == NO_PREDICT else policy
     cfg = replace(config, predict=policy != NO_PREDICT)
     t0 = time.perf_counter()
-    summary = compare_policies(jobs, FleetSpec(nodes=nodes), [name], cfg).summary
+    mine = params if name == "default" else None  # ``DefaultPolicy``'s fields
+    summary = compare_policies(jobs, FleetSpec(nodes=nodes), [name], cfg, policy_params=mine).summary
     est = summary["estimates"][name]
     return {
         **summary["policies"][name],
@@ -63,6 +66,12 @@ def main() -> None:
     ap.add_argument("--max-jobs", type=int, default=0)
     ap.add_argument("--policies", default=f"las,{NO_PREDICT},default,srtf-oracle")
     ap.add_argument("--estimates", action="store_true", help="measure the estimated starts too (slower)")
+    ap.add_argument(
+        "--starve-gap",
+        type=float,
+        default=None,
+        help="default's starve_gap (levels; default -inf: a starving job preempts any non-starving one)",
+    )
     args = ap.parse_args()
     sizes = [int(n) for n in args.nodes.split(",")]
     if args.synth:
@@ -77,14 +86,16 @@ def main() -> None:
         jobs = jobs[: args.max_jobs]
     config = SimConfig(estimate_starts=args.estimates)  # checkpoint every 30 min, 60 s restarts
     policies = args.policies.split(",")
-    print(f"trace: {source}, {len(jobs)} jobs; lost-work model on (checkpoint every 30 min)")
+    gap = "" if args.starve_gap is None else f"; default's starve_gap {args.starve_gap:g}"
+    print(f"trace: {source}, {len(jobs)} jobs; lost-work model on (checkpoint every 30 min){gap}")
     head = (
         f"{'nodes':>5} {'load':>5} {'policy':<20} {'mean JCT h':>10} {'p99 queue h':>11} {'lost GPU-h':>10} "
         f"{'est err p50':>11} {'x las':>6} {'x oracle':>8} {'sim s':>6}"
     )
     print(head)
     for nodes in sizes:
-        rows = {p: replay(jobs, nodes, p, config) for p in policies}
+        params = None if args.starve_gap is None else {"starve_gap": args.starve_gap}
+        rows = {p: replay(jobs, nodes, p, config, params) for p in policies}
         load = offered_load(jobs, nodes * 8)
         las = rows.get("las", {}).get("avg_jct_s")
         oracle = rows.get("srtf-oracle", {}).get("avg_jct_s")

@@ -147,16 +147,20 @@ def test_a_starving_job_says_so_in_the_reason() -> None:
         pytest.param(0.0, False, id="victim-ranks-better"),  # 8 GPU-h attained
     ],
 )
-def test_a_starving_job_preempts_only_jobs_ranked_no_better(victim_attained_h: float, preempts: bool) -> None:
+def test_with_starve_gap_0_a_starving_job_preempts_only_jobs_ranked_no_better(
+    victim_attained_h: float, preempts: bool
+) -> None:
     """``starve_gap`` 0: a starving job never preempts one that ranks better than itself
-    (under a steady overload, starving jobs preempting anyone cycled the running jobs)."""
-    pol = make_policy("default", starve_min_s=H, starve_factor=1.0)
+    (by default, -inf, it preempts any job that is not starving itself)."""
+    default = make_policy("default", starve_min_s=H, starve_factor=1.0)
+    pol = make_policy("default", starve_min_s=H, starve_factor=1.0, starve_gap=0)
     run = (running("r", {"n0": tuple(range(8))}, started=-H, attained_service_s=victim_attained_h * H),)
     pend = (job("old", 8, submit=-3 * H, attained_service_s=40 * H, executed_s=100.0, pending_since=-3 * H),)
     got = plan(snapshot(uniform_fleet(1), now=0.0, running_jobs=run, pending=pend), pol)
     assert bool(got.preemptions) is preempts
     if not preempts:  # it waits first in line: the GPUs go to it as they come free
         assert [p.job_id for p in got.pending] == ["old"]
+    assert plan(snapshot(uniform_fleet(1), now=0.0, running_jobs=run, pending=pend), default).preemptions
 
 
 @pytest.mark.parametrize(

@@ -26,10 +26,10 @@ Design, and why:
   sides' figures (``preempt_words``).
 * **No starvation, without churn.** A job waiting longer than ``starve_factor`` x the
   time it has already run (and at least ``starve_min_s``) jumps to the front: it takes
-  GPUs as they come free before anyone else, and may preempt jobs that rank no better
-  than itself (``starve_gap``), never one probably nearer its end: under a steady
-  overload, starving jobs allowed to preempt anyone cycled the running jobs (each victim
-  starved in turn and preempted the next) and doubled mean JCT. Once
+  GPUs as they come free before anyone else, and may preempt any job that is not
+  starving itself (``starve_gap`` narrows that to jobs that rank no better: under a
+  steady synthetic overload that halved mean JCT, on the real Philly trace it did not
+  pay). Once
   started it is protected for ``starve_protect_s`` or ``protect_growth`` x what it had
   run before, whichever is longer: a long wide job promoted again and again gets longer
   runs each time (its protected runs double), instead of being cycled every hour.
@@ -86,13 +86,17 @@ class DefaultPolicy(Policy):
     the time it had run before that start, whichever is longer."""
     width_aware: bool = True
     tie_break: str = "submit"
-    starve_gap: float = 0
+    starve_gap: float = -math.inf
     """A starving job preempts non-starving jobs of its priority at least this many levels
-    below its own: 0, none that ranks better than it (a job probably nearer its end);
-    -inf: any. Issue 33's replays: with -inf, under a steady 1.2 overload (synthetic 20k
-    jobs, 40 x 8) starving jobs cycled the running ones (each victim starved in its turn
-    and preempted the next): mean JCT 8.29 h, 1.21x ``las``; with 0, 4.06 h (0.59x);
-    Philly at 60 and 70 nodes 2 % and 1 % worse than with -inf."""
+    below its own (-inf, the default: any; 0: none that ranks better than it, a job
+    probably nearer its end). Issue 33's replays (lost work since a 30-min checkpoint):
+    under a steady 1.2 overload of ``trace synth`` jobs (20k, 40 x 8) starving jobs that
+    may preempt anyone cycle the running ones (each victim starves in turn and preempts
+    the next): mean JCT 8.29 h (``las`` 6.83 h), with 0 3.93 h. On the real Philly trace
+    at load 1.21 (60 x 8), 0 is worse: 7.14 h against 6.99 h, and estimated starts go
+    from a median error of 184 % to 8,725 % of the wait (starving jobs pile up at the
+    front of the queue, while the jobs behind them start by preempting long ones, which
+    the estimate does not foresee). Measured with ``bench/bench_predict.py --starve-gap``."""
 
     @cached_property
     def boundaries(self) -> tuple[float, ...]:
