@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,89 +59,86 @@ def _terms(url: str) -> list[tuple[int, str]]:
         engine.dispose()
 
 
-def test_the_lease_has_one_holder_and_the_fence_refuses_old_epochs() -> None:
-    with scratch_postgres("lease") as url:
+@contextlib.contextmanager
+def _database(label: str) -> Iterator[tuple[str, dbmod.Database]]:
+    """A PostgreSQL database of its own at the schema, and a ``Database`` on it."""
+    with scratch_postgres(label) as url:
         dbmod.upgrade(url)
         db = dbmod.Database.connect(url)
         try:
-            a, b = (Lease(db.engine, holder=h, ttl_s=1.0) for h in ("a", "b"))
-            first = a.acquire()
-            assert first == 1 and b.acquire() is None
-            assert a.acquire() == first  # a renewal keeps the epoch
-            with db.fenced(PgFence("a", first)).write() as s:
-                assert s.info[EPOCH] == first
-            time.sleep(1.2)  # a's lease expires: b takes it with the next epoch
-            second = b.acquire()
-            assert second == first + 1
-            with pytest.raises(Fenced), db.fenced(PgFence("a", first)).write() as s:
-                s.execute(text("INSERT INTO servers (id, started_at, last_seen) VALUES ('stale', 0, 0)"))
-            with db.read() as s:  # refused before anything was written
-                assert s.execute(text("SELECT count(*) FROM servers WHERE id = 'stale'")).scalar_one() == 0
-            assert a.acquire() is None
-            b.release(second)  # a clean stop: the next holder need not wait for the expiry
-            assert a.acquire() == second + 1
-            assert _terms(url) == [(1, "a"), (2, "b"), (3, "a")]
+            yield url, db
         finally:
             db.dispose()
+
+
+def test_the_lease_has_one_holder_and_the_fence_refuses_old_epochs() -> None:
+    with _database("lease") as (url, db):
+        a, b = (Lease(db.engine, holder=h, ttl_s=1.0) for h in ("a", "b"))
+        first = a.acquire()
+        assert first == 1 and b.acquire() is None
+        assert a.acquire() == first  # a renewal keeps the epoch
+        with db.fenced(PgFence("a", first)).write() as s:
+            assert s.info[EPOCH] == first
+        time.sleep(1.2)  # a's lease expires: b takes it with the next epoch
+        second = b.acquire()
+        assert second == first + 1
+        with pytest.raises(Fenced), db.fenced(PgFence("a", first)).write() as s:
+            s.execute(text("INSERT INTO servers (id, started_at, last_seen) VALUES ('stale', 0, 0)"))
+        with db.read() as s:  # refused before anything was written
+            assert s.execute(text("SELECT count(*) FROM servers WHERE id = 'stale'")).scalar_one() == 0
+        assert a.acquire() is None
+        b.release(second)  # a clean stop: the next holder need not wait for the expiry
+        assert a.acquire() == second + 1
+        assert _terms(url) == [(1, "a"), (2, "b"), (3, "a")]
 
 
 def test_a_takeover_waits_for_the_fenced_write_in_flight() -> None:
-    with scratch_postgres("fence") as url:
-        dbmod.upgrade(url)
-        db = dbmod.Database.connect(url)
-        try:
-            a, b = (Lease(db.engine, holder=h, ttl_s=0.5) for h in ("a", "b"))
-            epoch = a.acquire()
-            assert epoch is not None
-            inside = threading.Event()
-            done: list[float] = []
+    with _database("fence") as (_, db):
+        a, b = (Lease(db.engine, holder=h, ttl_s=0.5) for h in ("a", "b"))
+        epoch = a.acquire()
+        assert epoch is not None
+        inside = threading.Event()
+        done: list[float] = []
 
-            def slow_write() -> None:
-                with db.fenced(PgFence("a", epoch)).write() as s:
-                    inside.set()
-                    time.sleep(1.0)  # the lease expires meanwhile
-                    s.execute(text("INSERT INTO servers (id, started_at, last_seen) VALUES ('late', 0, 0)"))
-                done.append(time.monotonic())
+        def slow_write() -> None:
+            with db.fenced(PgFence("a", epoch)).write() as s:
+                inside.set()
+                time.sleep(1.0)  # the lease expires meanwhile
+                s.execute(text("INSERT INTO servers (id, started_at, last_seen) VALUES ('late', 0, 0)"))
+            done.append(time.monotonic())
 
-            t = threading.Thread(target=slow_write)
-            t.start()
-            assert inside.wait(5)
-            time.sleep(0.6)
-            assert b.acquire() == epoch + 1  # blocked on the lease row until a's commit
-            took = time.monotonic()
-            t.join()
-            assert done and done[0] <= took  # a's write landed under its epoch, before b's
-        finally:
-            db.dispose()
+        t = threading.Thread(target=slow_write)
+        t.start()
+        assert inside.wait(5)
+        time.sleep(0.6)
+        assert b.acquire() == epoch + 1  # blocked on the lease row until a's commit
+        took = time.monotonic()
+        t.join()
+        assert done and done[0] <= took  # a's write landed under its epoch, before b's
 
 
 def test_a_leader_paused_inside_its_renewal_does_not_keep_the_lease() -> None:
     """SIGSTOP between the renewal's statements (here: the renewal run in a transaction
     the test keeps open) left the lease row locked until the holder resumed, and no
     server could take over. PostgreSQL ends that idle transaction after the TTL."""
-    with scratch_postgres("pausedrenewal") as url:
-        dbmod.upgrade(url)
-        db = dbmod.Database.connect(url)
-        try:
-            a, b = (Lease(db.engine, holder=h, ttl_s=1.0) for h in ("a", "b"))
-            first = a.acquire()
-            assert first == 1
-            with db.engine.connect() as paused:
-                tx = paused.begin()
-                assert a.renew(paused) == first  # a renews, then stops before its commit
-                t0 = time.monotonic()
-                took = None
-                while took is None and time.monotonic() - t0 < 15:
-                    with contextlib.suppress(OperationalError):  # the lease row is locked: lock_timeout
-                        took = b.acquire()
-                    time.sleep(0.1)
-                waited = time.monotonic() - t0
-                with pytest.raises(DBAPIError):  # a's session was ended: nothing of it lands
-                    tx.commit()
-            assert took == first + 1, took
-            assert waited < 5, waited  # the TTL and the idle limit (1 s each), not forever
-        finally:
-            db.dispose()
+    with _database("pausedrenewal") as (_, db):
+        a, b = (Lease(db.engine, holder=h, ttl_s=1.0) for h in ("a", "b"))
+        first = a.acquire()
+        assert first == 1
+        with db.engine.connect() as paused:
+            tx = paused.begin()
+            assert a.renew(paused) == first  # a renews, then stops before its commit
+            t0 = time.monotonic()
+            took = None
+            while took is None and time.monotonic() - t0 < 15:
+                with contextlib.suppress(OperationalError):  # the lease row is locked: lock_timeout
+                    took = b.acquire()
+                time.sleep(0.1)
+            waited = time.monotonic() - t0
+            with pytest.raises(DBAPIError):  # a's session was ended: nothing of it lands
+                tx.commit()
+        assert took == first + 1, took
+        assert waited < 5, waited  # the TTL and the idle limit (1 s each), not forever
 
 
 def test_a_second_server_on_one_sqlite_file_refuses_to_start(tmp_path: Path) -> None:
