@@ -139,16 +139,38 @@ def test_stalled_heads_and_idle_connections_are_closed(guarded: Server, first: b
     assert all(a == b"" if not first else a.startswith(b"HTTP/1.1 408 ") for a in answers), answers
 
 
+def _response(s: socket.socket) -> bytes:
+    """One whole HTTP response from ``s`` (its head and ``content-length`` bytes of body:
+    they may come in separate reads)."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = s.recv(4096)
+        assert chunk, got
+        got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    size = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < size:
+        chunk = s.recv(4096)
+        assert chunk, got
+        body += chunk
+    assert len(body) == size, body  # nothing after it: the next read is the next answer's
+    return head
+
+
 def test_an_answered_connection_is_kept_for_the_keep_alive_then_closed(guarded: Server) -> None:
     """A fresh connection gets ``--idle-timeout`` for its first byte; once answered it may
     wait ``--keep-alive`` for the next request (an agent's renewals, 10 s apart, reuse
     one connection), and is closed after that, with no answer."""
     with stalled(guarded, b"GET /v1/healthz HTTP/1.1\r\nHost: x\r\n\r\n", n=1) as (s,):
         s.settimeout(5)
-        assert s.recv(4096).startswith(b"HTTP/1.1 200 ")
+        assert _response(s).startswith(b"HTTP/1.1 200 ")
         time.sleep(TIMEOUT_S + 1.0)  # past the idle timeout: still open
         s.sendall(b"GET /v1/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert s.recv(4096).startswith(b"HTTP/1.1 200 ")
+        assert _response(s).startswith(b"HTTP/1.1 200 ")
         start = time.monotonic()
         assert closed_with(s, KEEP_S + 3) == b""
         took = time.monotonic() - start
