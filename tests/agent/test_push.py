@@ -66,7 +66,9 @@ class Running:
 
     def __enter__(self) -> Agent:
         self.thread.start()
-        deadline = time.monotonic() + 10
+        # the set-up, not the promise under test: at the end of a loaded CI run this once
+        # took over 10 s (registered, second sync not yet); a failed long-poll retries in 1, 2, 4 s
+        deadline = time.monotonic() + 30
         while self.agent.stats.syncs < 2:  # registered, and the first long-poll answered
             assert time.monotonic() < deadline, self.agent.stats
             time.sleep(0.02)
