@@ -13,7 +13,7 @@ off by PostgreSQL's ``idle_in_transaction_session_timeout`` (set for fenced tran
 which ends its session and releases the lock; its writes then never land. The lease's own
 renewal is such a transaction too (it locks the lease row and the server's heartbeat row):
 a leader paused between its statements would hold the lease row until it resumed, and no
-server could take over (seen under ``pytest -n 2``: SIGSTOP landed inside a renewal). It
+server could take over (the likely cause of a three-server test failing under CI). It
 is cut off after ``ttl_s`` idle (at least 1 s, at most ``IDLE_IN_TXN``).
 
 ``Lease`` is the SQL (the database's clock decides expiry, so servers' clocks may differ);
