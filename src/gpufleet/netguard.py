@@ -237,6 +237,7 @@ class _Guard:
     def data_received(self, data: bytes) -> None:
         now = time.monotonic()
         before = self._g_observe(now)
+        first_head = before == HEAD and not self._g_head_bytes
         super().data_received(data)  # type: ignore[misc]
         self._g_read_at = now
         if before == HEAD:
@@ -244,7 +245,7 @@ class _Guard:
         after = self._g_observe(now)
         if after == BODY:
             self._g_body_bytes += len(data) if before == BODY else 0
-        if after != before:
+        if after != before or (first_head and after == HEAD):  # the header deadline is sooner
             self._g_arm(after, now)
 
     def handle_websocket_upgrade(self, *args: Any) -> None:

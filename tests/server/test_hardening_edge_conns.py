@@ -175,6 +175,14 @@ def test_an_answered_connection_is_kept_for_the_keep_alive_then_closed(guarded: 
         assert closed_with(s, KEEP_S + 3) == b""
         took = time.monotonic() - start
     assert KEEP_S - 0.5 <= took < KEEP_S + 2, took
+    # a head begun on a kept connection has --header-timeout, not what is left of the keep-alive
+    with stalled(guarded, b"GET /v1/healthz HTTP/1.1\r\nHost: x\r\n\r\n", n=1) as (s,):
+        s.settimeout(5)
+        assert _response(s).startswith(b"HTTP/1.1 200 ")
+        s.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n")
+        start = time.monotonic()
+        closed_with(s, KEEP_S + 3)
+        assert time.monotonic() - start < TIMEOUT_S + 1.5
 
 
 @pytest.mark.parametrize(
