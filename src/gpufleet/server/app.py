@@ -301,6 +301,7 @@ def create_app(
     app.state.bell = bell
     app.state.ca = None if config.ca_dir is None else _load_ca(config.ca_dir)
     install_handlers(app)
+    app.add_middleware(agents.AgentShortcut)  # innermost: an idle node's renewal and long-poll
     app.add_middleware(jobs.SubmitShortcut)  # innermost: POST /v1/jobs to its route, unrouted
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(audit.AuditMiddleware, audit=audit_log, now=clock.now)  # inside admission

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -28,7 +28,7 @@ from gpufleet.server.errors import (
 if TYPE_CHECKING:
     from fastapi import FastAPI, Query, Request
     from fastapi import Path as PathParam
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("gpufleet.server")
@@ -119,6 +119,21 @@ def _cut(part: Any) -> Any:
 def _where(loc: Any) -> str:
     parts = [str(p) for p in loc if p != "body"] if isinstance(loc, list | tuple) else []
     return ".".join(parts) or "body"
+
+
+def exception_handler(
+    request: Request, exc: Exception
+) -> Callable[[Request, Exception], Awaitable[Response]] | None:
+    """The app's handler for ``exc``'s class or nearest base; none for a bare
+    ``Exception`` (that one answers outside all middleware, and re-raises for the log)."""
+    handlers = request.app.exception_handlers
+    for cls in type(exc).__mro__:
+        if cls is Exception:
+            return None
+        if cls in handlers:
+            handler: Callable[[Request, Exception], Awaitable[Response]] = handlers[cls]
+            return handler
+    return None
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -14,13 +14,19 @@ is looked at or bound to it.
 from __future__ import annotations
 
 import functools
+import re
 import ssl
 import time
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpufleet.api.base import NODE_NAME, Reply
 from gpufleet.api.credentials import CertificateIn, CertificateOut, NodeCredentialList, RevokedOut
 from gpufleet.api.nodes import (
     FleetSummary,
@@ -35,7 +41,7 @@ from gpufleet.api.nodes import (
 from gpufleet.server.errors import ProblemError
 from gpufleet.server.http.audit import Actor, note_actor
 from gpufleet.server.http.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
-from gpufleet.server.problems import unwrap
+from gpufleet.server.problems import exception_handler, unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.services import fleet, nodecreds, renew, steps, sync
 from gpufleet.server.services.auth import hash_token, hasher_for
@@ -273,3 +279,177 @@ async def wait_node(
 @router.get("/fleet/summary", response_model=FleetSummary, tags=["fleet"])
 def fleet_summary(parts: PartsDep, hot: HotDep, me: Me) -> FleetSummary:
     return fleet.summary(db=parts.db, hot=hot, live_since=parts.live_since())
+
+
+# -- the idle fleet's two requests, unrouted ---------------------------------------------
+
+RENEW = next(r for r in router.routes if getattr(r, "path", None) == "/nodes/{name}/renew")
+WAIT = next(r for r in router.routes if getattr(r, "path", None) == "/nodes/{name}/wait")
+_NAME = re.compile(NODE_NAME.removeprefix("^").removesuffix("$"))
+"""``NODE_NAME`` for ``fullmatch``: its ``$`` would let a name end in a newline."""
+_TIMEOUT = re.compile(r"[0-9]{1,2}(?:\.[0-9]{1,20})?")
+_NODES = "/v1/nodes/"
+
+
+class AgentShortcut:
+    """Answers an idle node's two periodic requests, ``POST /v1/nodes/{name}/renew`` and
+    ``GET /v1/nodes/{name}/wait``, without FastAPI's route matching, dependency solving and
+    response-model validation. At rest they are nearly all a fleet's requests, and that
+    machinery was most of the server's CPU at rest (``bench/bench_idle.py``, py-spy: 60 of
+    115 busy samples in a 50-node fleet; the renewal itself 10).
+
+    Only the ordinary request is answered here: a valid node name, for a renewal a JSON
+    body that ``NodeRenew`` validates, for a long-poll at most one ``seen`` (64 characters)
+    and one plain-decimal ``timeout`` within ``[0, WAIT_MAX_S]``. Anything else goes on, its
+    body replayed, to the router and the route, which answer it as they always did (422 and
+    the rest). The caller is checked by the routes' own function (``_actor``, as
+    ``sync_actor``), its refusals rendered by the app's handlers, so an answer is the same
+    either way. Innermost, beside ``jobs.SubmitShortcut``: inside admission (lanes, rate
+    limits, the 401 counting), the body limit, the audit log and the latency histogram
+    (labelled by the route set here, as the router would)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"] if scope["type"] == "http" else ""
+        if path.startswith(_NODES):
+            name, _, action = path[len(_NODES) :].partition("/")
+            method = scope["method"]
+            if action == "renew" and method == "POST" and _NAME.fullmatch(name):
+                await self._renew(name, scope, receive, send)
+                return
+            if action == "wait" and method == "GET" and _NAME.fullmatch(name):
+                await self._wait(name, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _renew(self, name: str, scope: Scope, receive: Receive, send: Send) -> None:
+        body, receive = await _whole_body(receive)
+        lease = _lease(scope, body)
+        if lease is None:
+            await self.app(scope, receive, send)  # the route's validation answers
+            return
+
+        async def answer(request: Request, parts: Parts, hot: AgentState, actor: sync.AgentActor) -> Response:
+            bell: NodeBell = request.app.state.bell
+            out = renew.renew_node(
+                hot=hot,
+                writer=parts.writer,
+                actor=actor,
+                name=name,
+                lease=lease,
+                version=bell.version(name),
+                now=parts.now(),
+            )
+            return _json(unwrap(out))
+
+        await _serve(RENEW, name, scope, receive, send, answer)
+
+    async def _wait(self, name: str, scope: Scope, receive: Receive, send: Send) -> None:
+        query = _wait_query(scope.get("query_string", b""))
+        if query is None:
+            await self.app(scope, receive, send)
+            return
+        seen, timeout = query
+
+        async def answer(request: Request, parts: Parts, hot: AgentState, actor: sync.AgentActor) -> Response:
+            if actor.node is not None and actor.node != name:
+                raise ProblemError(403, f"this node credential belongs to node {actor.node}, not {name}")
+            bell: NodeBell = request.app.state.bell
+            return _json(WaitReply(node=name, version=await bell.wait(name, seen, timeout)))
+
+        await _serve(WAIT, name, scope, receive, send, answer)
+
+
+async def _serve(
+    route: Any,
+    name: str,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    answer: Callable[[Request, Parts, AgentState, sync.AgentActor], Awaitable[Response]],
+) -> None:
+    scope["route"] = route
+    scope["path_params"] = {"name": name}
+    request = Request(scope, receive, send)
+    try:
+        parts = await get_parts(request)
+        hot: AgentState = request.app.state.hot
+        actor = await _actor(
+            name, request, parts, hot, request.headers.get("authorization"), certificate_only=True
+        )
+        response = await answer(request, parts, hot, actor)
+    except Exception as exc:
+        handler = exception_handler(request, exc)
+        if handler is None:
+            raise  # to the server error handler (500), outside, as from any route
+        response = await handler(request, exc)
+    await response(scope, receive, send)
+
+
+def _json(reply: Reply) -> Response:
+    return Response(reply.model_dump_json(), media_type="application/json")
+
+
+async def _whole_body(receive: Receive) -> tuple[bytes, Receive]:
+    """The request's body (admission has read it already; the body limit is outside) and
+    a ``receive`` that hands it out again, then the connection's own messages."""
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(parts), _replay(b"".join(parts), message, receive)
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            body = b"".join(parts)
+            return body, _replay(body, None, receive)
+
+
+def _replay(body: bytes, last: Message | None, receive: Receive) -> Receive:
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+    if last is not None:
+        pending.append(last)
+
+    async def again() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return again
+
+
+def _lease(scope: Scope, body: bytes) -> str | None:
+    """The renewal's lease when the request is the ordinary one (JSON that ``NodeRenew``
+    takes); None: the route decides."""
+    ctype = None
+    for key, value in scope["headers"]:
+        if key == b"content-type":
+            ctype = value
+            break
+    if ctype != b"application/json" or not body:
+        return None
+    try:
+        return NodeRenew.model_validate_json(body).lease
+    except ValueError:
+        return None
+
+
+def _wait_query(raw: bytes) -> tuple[str | None, float] | None:
+    """(seen, timeout) of an ordinary long-poll's query; None: the route decides."""
+    seen: str | None = None
+    timeout = 20.0
+    got: set[str] = set()
+    for key, value in parse_qsl(raw.decode("latin-1"), keep_blank_values=True):
+        if key in got:
+            return None
+        got.add(key)
+        if key == "seen":
+            if len(value) > 64:
+                return None
+            seen = value
+        elif key == "timeout":
+            if not _TIMEOUT.fullmatch(value) or float(value) > WAIT_MAX_S:
+                return None
+            timeout = float(value)
+    return seen, timeout

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import email.message
 import json
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
@@ -24,7 +24,7 @@ from gpufleet.api.jobs import Cancelled, CancelMany, JobDetail, JobPage, JobSubm
 from gpufleet.server.http.audit import note_object
 from gpufleet.server.http.deps import Me, Parts, PartsDep, current_principal, get_parts
 from gpufleet.server.jobstate.states import JobState
-from gpufleet.server.problems import IdQuery, ObjectId, ProblemError, unwrap
+from gpufleet.server.problems import IdQuery, ObjectId, ProblemError, exception_handler, unwrap
 from gpufleet.server.services import bulkjobs, jobs, submissions
 from gpufleet.server.services.auth import Principal
 
@@ -78,7 +78,7 @@ class SubmitRoute(APIRoute):
         try:
             response = await _handle(request)
         except Exception as exc:
-            handler = _exception_handler(request, exc)
+            handler = exception_handler(request, exc)
             if handler is None:
                 raise  # to the server error handler (500), outside, as from any route
             response = await handler(request, exc)
@@ -88,21 +88,6 @@ class SubmitRoute(APIRoute):
 async def _handle(request: Request) -> Response:
     spec, parts, me = await _solve(request)
     return await submit(request, spec, parts, me)
-
-
-def _exception_handler(
-    request: Request, exc: Exception
-) -> Callable[[Request, Exception], Awaitable[Response]] | None:
-    """The app's handler for ``exc``'s class or nearest base; none for a bare
-    ``Exception`` (that one answers outside all middleware, and re-raises for the log)."""
-    handlers = request.app.exception_handlers
-    for cls in type(exc).__mro__:
-        if cls is Exception:
-            return None
-        if cls in handlers:
-            handler: Callable[[Request, Exception], Awaitable[Response]] = handlers[cls]
-            return handler
-    return None
 
 
 router.add_api_route(
