@@ -39,7 +39,9 @@ Decisions:
   fixed tick (issue 35: 50 agents' idle long-polls ticked 100 times a second): waiting
   for a request, at the idle or header deadline; while a body arrives, every ``tick_s``
   (the rate floor); while the application answers, never (a finished response or new
-  bytes arm it again). A deadline is kept to within ``tick_s``.
+  bytes arm it again). A deadline is kept to within ``tick_s``. The timer is lazy: one
+  that fires no later than a new deadline is kept and re-checks when it fires, so a
+  request on a kept-alive connection that arrives whole costs no timer operation.
 * The address is the peer's (``X-Forwarded-For`` is an application matter: a cap by a
   header anyone may set would be no cap). Behind a proxy every client shares its address:
   raise ``max_per_address`` there (0: no cap).
@@ -204,6 +206,8 @@ class _Guard:
     _g_head_bytes: int = 0
     _g_body_bytes: int = 0
     _g_timer: asyncio.TimerHandle | None = None
+    _g_due: float = 0.0
+    """When ``_g_timer`` fires (``time.monotonic``)."""
     _g_served: bool = False
     """A response was sent: waiting for the next request is keep-alive (``keepalive_s``)."""
 
@@ -243,6 +247,8 @@ class _Guard:
         if before == HEAD:
             self._g_head_bytes += len(data)
         after = self._g_observe(now)
+        if first_head and after == HEAD:
+            self._g_since = now  # the header timeout counts from the head's first byte (nginx's)
         if after == BODY:
             self._g_body_bytes += len(data) if before == BODY else 0
         if after != before or (first_head and after == HEAD):  # the header deadline is sooner
@@ -312,19 +318,26 @@ class _Guard:
         return self.guard_limits.kept_s if self._g_served else self.guard_limits.idle_timeout_s
 
     def _g_arm(self, phase: str, now: float) -> None:
-        """The timer set for ``phase``'s next check (none while the application answers)."""
-        if self._g_timer is not None:
-            self._g_timer.cancel()
-            self._g_timer = None
+        """The timer for ``phase``'s next check. Lazy: a timer that fires no later than
+        the new deadline is kept (when it fires, ``_g_tick`` checks and sets the next
+        one), so a kept-alive connection's request and response cost no timer at all;
+        only a sooner deadline (a head begun: ``--header-timeout``; a body: its ticks)
+        replaces it. While the application answers there is no deadline: a pending
+        timer lapses when it fires, and the response's end sets the idle one."""
         lim = self.guard_limits
         if phase == HEAD:
             limit = lim.header_timeout_s if self._g_head_bytes else self._g_idle_s()
-            delay = max(self._g_since + limit - now, 0.0) + 0.01  # just past it: overdue is ">"
+            due = max(self._g_since + limit, now) + 0.01  # just past it: overdue is ">"
         elif phase == BODY:
-            delay = lim.tick_s
+            due = now + lim.tick_s
         else:
             return
-        self._g_timer = asyncio.get_running_loop().call_later(delay, self._g_tick)
+        if self._g_timer is not None:
+            if self._g_due <= due:
+                return
+            self._g_timer.cancel()
+        self._g_due = due
+        self._g_timer = asyncio.get_running_loop().call_later(due - now, self._g_tick)
 
     def _g_overdue(self, phase: str, now: float) -> str | None:
         lim = self.guard_limits
