@@ -111,6 +111,8 @@ class Agent:
         """What this node cannot enforce (``Cgroups.disabled_reason``), sent with every
         sync: the page and ``gpufleet nodes`` show it."""
         self.probe = probe
+        self._sink_of: object = None
+        self._sink: LoadSink | None = None
         self.transport = transport
         self.runners = dict(runners)
         self.store = store
@@ -218,7 +220,7 @@ class Agent:
                 ended = True
             self._feed_probe()
             probing = [j for j in self.jobs.values() if j.port is not None and j.exit_code is None]
-        if self.replicas.probe(probing, simulated=isinstance(self.probe, LoadSink)):
+        if self.replicas.probe(probing, simulated=self._load_sink() is not None):
             self._news = True
         if ended:
             self._news = self._urgent = True
@@ -262,8 +264,19 @@ class Agent:
             host = f"[{host}]"  # an IPv6 address
         return f"http://{host}:{job.port}"
 
+    def _load_sink(self) -> LoadSink | None:
+        """The probe as a ``LoadSink`` (the simulated one), or None. Asked twice a tick:
+        ``isinstance`` on a runtime-checkable protocol walks its members every time (about
+        10 us), so the answer is kept for as long as the probe is the same object."""
+        probe = self.probe
+        if probe is not self._sink_of:
+            self._sink_of = probe
+            self._sink = probe if isinstance(probe, LoadSink) else None
+        return self._sink
+
     def _feed_probe(self) -> None:
-        if not isinstance(self.probe, LoadSink):
+        sink = self._load_sink()
+        if sink is None:
             return
         load: dict[int, float] = {}
         for job in self.jobs.values():
@@ -275,7 +288,7 @@ class Agent:
                 for g in job.gpus:  # a MIG slice loads its GPU
                     gpu = mig.device_gpu(g)
                     load[gpu] = max(load.get(gpu, 0.0), util)
-        self.probe.set_load(load)
+        sink.set_load(load)
 
     def running(self) -> list[LocalJob]:
         return [j for j in self.jobs.values() if j.exit_code is None]
