@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
+from gpufleet.agent.lean import lean_transport
 from gpufleet.failover import CONNECT_TIMEOUT_S, NoAnswer, Servers, Switch, first_answer, parse_urls
 
 log = logging.getLogger("gpufleet.agent")
@@ -97,17 +98,26 @@ class HttpTransport:
             verify = ssl.create_default_context(cafile=ca_file)
             if cert:
                 verify.load_cert_chain(*cert)
+        self._given = transport
+        self._verify = verify
         self._options: dict[str, Any] = {
             "headers": {"Authorization": f"Bearer {token}"} if token and not cert else {},
-            "transport": transport,
             "verify": verify,
         }
         # one kept connection for syncs and renewals (10 s apart): below the server's 20 s
         # keep-alive (``gpufleet server --keep-alive``), above httpx's 5 s default
         self._http = httpx.Client(
-            timeout=self._timeout(timeout), limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S), **self._options
+            timeout=self._timeout(timeout),
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
+            transport=self._transport(),
+            **self._options,
         )
         self._poll: httpx.Client | None = None  # the long-poll's own connection, made on first use
+
+    def _transport(self) -> httpx.BaseTransport | None:
+        """A client's transport: the one given (tests), else ``lean.py``'s where it applies
+        (every server of a cluster is reached the same way: the first URL decides)."""
+        return lean_transport(self.servers.urls[0], self._verify, KEEPALIVE_S, self._given)
 
     @property
     def url(self) -> str:
@@ -130,7 +140,7 @@ class HttpTransport:
     def wait(self, node: str, seen: str | None, timeout_s: float) -> str:
         limit = self._timeout(timeout_s + 10.0)
         if self._poll is None:
-            self._poll = httpx.Client(timeout=limit, **self._options)
+            self._poll = httpx.Client(timeout=limit, transport=self._transport(), **self._options)
         poll = self._poll
         params: dict[str, str | float] = {"timeout": timeout_s}
         if seen is not None:
