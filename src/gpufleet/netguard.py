@@ -362,9 +362,10 @@ class _Guard:
         """408 (unless the connection was idle or a response has begun), then close; the
         application reading this request's body sees the client go."""
         self.guard_stats.closed[reason] += 1
-        cycle = getattr(self, "cycle", None)
-        started = cycle is not None and getattr(cycle, "response_started", False)
-        if cycle is not None and not getattr(cycle, "response_complete", True):
+        cycle: Any = getattr(self, "cycle", None)  # the last request's: answered if it is complete
+        answering = cycle is not None and not getattr(cycle, "response_complete", True)
+        started = answering and getattr(cycle, "response_started", False)
+        if answering:
             cycle.disconnected = True  # its later sends are dropped; its receive answers disconnect
             cycle.message_event.set()
         if reason != "idle" and not started:
