@@ -203,8 +203,10 @@ class Running:
 
 
 @contextmanager
-def gateway(bg: Background, first: Feed, config: GatewayConfig | None = None) -> Iterator[Running]:
-    source = StaticSource(first)
+def gateway(
+    bg: Background, first: Feed, config: GatewayConfig | None = None, source: StaticSource | None = None
+) -> Iterator[Running]:
+    source = source or StaticSource(first)
     config = replace(config or GatewayConfig(refresh_s=0.02), metrics_tokens=frozenset({SCRAPE_DIGEST}))
     app = create_app(source, config=config)
     sock = socket.socket()
@@ -486,3 +488,39 @@ def test_a_request_on_a_connection_the_replica_closed_is_resent_not_failed(
     finally:
         for server in servers:  # on its own loop: asyncio servers are not thread-safe
             bg.loop.call_soon_threadsafe(server.close)
+
+
+class _CountedSource(StaticSource):
+    def __init__(self, feed: Feed) -> None:
+        super().__init__(feed)
+        self.loads = 0
+
+    async def load(self) -> Feed | None:
+        self.loads += 1
+        return await super().load()
+
+
+def test_a_token_made_a_moment_ago_is_taken_at_once(bg: Background, replicas: Replicas) -> None:
+    """``gpufleet service token NAME`` then a request at once: the gateway reads its feed
+    again for a token no service lists (its next refresh may be far: 60 s here), instead
+    of a 401; strangers trying tokens make it read at most every 0.25 s, and their 401
+    says the token is not the service's (not that none was sent)."""
+    first = feed(replicas, "a")
+    source = _CountedSource(first)
+    with gateway(bg, first, GatewayConfig(refresh_s=60.0), source) as gw:
+        new = "gf_svc_made_a_moment_ago_0123456789"
+        svc = first.services["llm"]
+        tokens = svc.tokens | {hashlib.sha256(new.encode()).hexdigest()}
+        source.set(replace(first, at=2.0, services={"llm": replace(svc, tokens=tokens)}))
+        r = gw.client.get("/s/llm/echo/", headers={"Authorization": f"Bearer {new}"})
+        assert r.status_code == 200, r.text
+        loads = source.loads
+        t0 = time.monotonic()
+        strangers = [{"Authorization": f"Bearer gf_stranger_{i}"} for i in range(40)]
+        answers = [gw.client.get("/s/llm/echo/", headers=h) for h in strangers]
+        took = time.monotonic() - t0
+        assert {a.status_code for a in answers} == {401}
+        assert "not a service token of llm" in answers[0].json()["detail"]
+        assert source.loads - loads <= took / 0.25 + 2, (source.loads - loads, took)
+        none = gw.client.get("/s/llm/echo/")
+        assert none.status_code == 401 and "a service token is required" in none.json()["detail"]

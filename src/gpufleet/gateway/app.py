@@ -99,6 +99,9 @@ GATEWAY_ID = f"{os.uname().nodename}:{os.getpid()}:{int(time.time())}"
 """This gateway process, as its reports name it."""
 
 
+TOKEN_MISS_READ_S = 0.25
+"""How often, at most, a token no service lists makes the gateway read its feed at once."""
+
 FAST_REFRESH_S = 0.1
 """How often the feed is read after a surge (``Gateway._poll``)."""
 FAST_FOR_S = 5.0
@@ -136,6 +139,8 @@ class Gateway:
         self._poller: asyncio.Task[None] | None = None
         self._starting: asyncio.Lock | None = None
         self._digests: dict[bytes, str] = {}
+        self._miss_read: asyncio.Future[None] | None = None
+        self._miss_read_at = -TOKEN_MISS_READ_S
         self._rid_prefix = os.urandom(6).hex()
         self._rid_count = 0
 
@@ -274,6 +279,24 @@ class Gateway:
 
     # -- the proxy ----------------------------------------------------------------------
 
+    async def _read_feed_now(self) -> bool:
+        """Read the feed at once for a bearer token no service lists: it may have been made
+        a moment ago (``gpufleet service token NAME``, then a request), and the next
+        refresh is up to ``--refresh`` away. At most one read every ``TOKEN_MISS_READ_S``
+        (strangers trying tokens cost the server at most that); requests that miss
+        meanwhile wait for the read in flight. False when no read was made for this one."""
+        task = self._miss_read
+        if task is None or task.done():
+            now = self.clock()
+            if now - self._miss_read_at < TOKEN_MISS_READ_S:
+                return False
+            self._miss_read_at = now
+            task = self._miss_read = asyncio.ensure_future(
+                load_once(self.source, self._apply, self._feed_failed)
+            )
+        await asyncio.shield(task)
+        return True
+
     def _new_request_id(self) -> bytes:
         """24 hex digits: 12 random to this process, then a count (unique without a
         ``getrandom`` call per request; a request id is no secret)."""
@@ -326,9 +349,18 @@ class Gateway:
         svc = pool.service
         proto = svc.protocol
         digest = self._digest(auth)
+        if digest and digest not in svc.tokens and await self._read_feed_now():
+            pool = self.balancer.pools.get(name)  # a token made a moment ago: the feed read again
+            if pool is None:
+                return await error(send, proto, 404, "Not Found", f"no service {name[:64]!r} here", rid)
+            svc, proto = pool.service, pool.service.protocol
+            digest = self._digest(auth)
         if digest not in svc.tokens:
             self.metrics.answered(name, 401)
-            detail = "a service token is required: Authorization: Bearer <token>"
+            if digest:
+                detail = f"not a service token of {name}: unknown, revoked or another service's"
+            else:
+                detail = "a service token is required: Authorization: Bearer <token>"
             bearer = [(b"www-authenticate", b"Bearer")]
             return await error(send, proto, 401, "Unauthorized", detail, rid, bearer)
         if svc.rate is not None:
