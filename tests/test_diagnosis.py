@@ -30,6 +30,8 @@ EXCERPTS = [
     ("nccl_system_error.log", "nccl-system-error", "unknown", "NCCL communication aborted"),
     ("xid_13.log", "xid-other", "unknown", "Graphics SM Warp Exception"),
     ("segfault.log", "segfault", "job", "Segmentation fault (core dumped)"),
+    ("not_started_output.log", "not-started", "job", "cannot open --output slurm-28.out"),
+    ("not_started_command.log", "not-started", "job", "cannot start './train.sh'"),
 ]
 
 

@@ -272,6 +272,17 @@ _NVIDIA_XID = "NVIDIA's XID catalog (docs.nvidia.com/deploy/xid-errors)"
 
 BUILTIN: tuple[Signature, ...] = (
     _builtin(
+        id="not-started",
+        pattern=r"^gpufleet: (?:cannot open --(?:output|error|input) .*: not started|cannot start ')",
+        diagnosis="the job never started: its account could not open a file it named (--output, --error, "
+        "--input) or run its command",
+        hint="the job runs as its owner's account (the demo's: nobody), which must be able to write where "
+        "--output points (slurm-%j.out in the working directory: pass --chdir or --output to a directory it "
+        "can write) and to run the command",
+        blame="job",
+        priority=97,  # above every other: a job that never started printed nothing else of its own
+    ),
+    _builtin(
         id="xid-79-fell-off-bus",
         pattern=r"Xid \([^)]*\): 79\b|has fallen off the bus",
         diagnosis="a GPU fell off the bus (XID 79): the node lost it mid-job",
