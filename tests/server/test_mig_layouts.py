@@ -300,3 +300,21 @@ def test_gpu_memory_asks_for_the_smallest_device_that_has_it(
         assert placed(server, job["id"])[0]["allocation"][0]["node"] == name
     else:
         assert got in resp.text
+
+
+def test_a_racks_gpus_count_a_mig_gpu_once(server: Server) -> None:
+    """``GET /v1/racks`` (the page's rack power table): a GPU in MIG mode is one GPU of
+    its rack, not one more per slice (a demo rack with a MIG node once showed 173 GPUs
+    on 20 nodes of 8)."""
+    pool, rack = make_pool(server), unique("rack")
+    name = unique("mig")
+    with server.client() as c:
+        ok(c.put(f"/nodes/{name}", json={"pool": pool, "rack": rack, "gpus": _gpus(name)}))
+    token = join_token(server, name)
+    slices = [_instance(name, 1, "1g.10gb", start, 1, start) for start in range(7)]
+    sync(server, name, {"gpus": _gpus(name, mig={1: slices}), "jobs": []}, token=token)
+    with server.client() as c:
+        shown = ok(c.get(f"/nodes/{name}"))
+        (got,) = [r for r in ok(c.get("/racks"))["items"] if r["rack"] == rack]
+    assert shown["gpus"][1]["mig_enabled"], shown["gpus"][1]
+    assert (got["nodes"], got["gpus"], got["busy_gpus"]) == (1, 2, 0), got

@@ -126,18 +126,22 @@ def rack_draws(s: Session, now: float, *, also: str | None = None) -> tuple[list
     model = power_model(s, now, racks_too=racks)
     draws = estimate_draw(Snapshot(now=now, fleet=fleet, running=running, power=model), racks)
     nodes: dict[str, int] = {}
-    gpus: dict[str, int] = {}
-    busy: dict[str, int] = {}
+    # physical GPUs, each once: a MIG GPU's slices and a shared GPU's units are parts of
+    # one GPU (the scheduler sees them as nodes of their own, "node-007:1g.10gb")
+    gpus: dict[str, set[tuple[str, int]]] = {}
+    busy: dict[str, set[tuple[str, int]]] = {}
     rack_of = {n.name: n.rack for n in fleet.nodes}
     for n in fleet.nodes:
-        if ":" not in n.name:  # a physical node (slice and share nodes are parts of one)
+        host = mig.physical_node(n.name)
+        if host == n.name:
             nodes[n.rack] = nodes.get(n.rack, 0) + 1
-        gpus[n.rack] = gpus.get(n.rack, 0) + len(n.gpus)
+        gpus.setdefault(n.rack, set()).update((host, mig.device_gpu(g.index)) for g in n.gpus)
     for rj in running:
         for part in rj.placement:
             rack = rack_of.get(part.node)
             if rack is not None:
-                busy[rack] = busy.get(rack, 0) + len(part.gpus)
+                host = mig.physical_node(part.node)
+                busy.setdefault(rack, set()).update((host, mig.device_gpu(g)) for g in part.gpus)
     out = []
     for rack in racks:
         row = rows.get(rack)
@@ -145,8 +149,8 @@ def rack_draws(s: Session, now: float, *, also: str | None = None) -> tuple[list
             RackOut(
                 rack=rack,
                 nodes=nodes.get(rack, 0),
-                gpus=gpus.get(rack, 0),
-                busy_gpus=busy.get(rack, 0),
+                gpus=len(gpus.get(rack, ())),
+                busy_gpus=len(busy.get(rack, ())),
                 draw_kw=round(draws.get(rack, 0.0) / 1000, 3),
                 power_kw=None if row is None else row.budget_w / 1000,
                 headroom=None if row is None else row.headroom,
