@@ -126,6 +126,9 @@ def test_an_upgrade_rolls_through_verifies_and_puts_nodes_back(server: Server, a
             steps = ["node_draining", "upgrade_upgrading", "upgrade_verifying", "upgrade_verified"]
             assert [k for k in kinds if k in steps] == steps, kinds
     assert "done" in cli(server, "upgrade", "status", str(rid))
+    listed = cli(server, "upgrade", "status", str(rid), "--all")
+    assert all(f"{name}  " in listed or f"{name} " in listed for name in names), listed
+    assert not any(name in cli(server, "upgrade", "status", str(rid)) for name in names)  # done: counted only
 
 
 @pytest.mark.parametrize(

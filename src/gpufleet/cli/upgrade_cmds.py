@@ -41,7 +41,7 @@ def _id(c: Any, rollout: int | None) -> int:
     return rollout if rollout is not None else int(c.request("GET", "/upgrades/current")["id"])
 
 
-def _show(r: dict[str, Any], *, as_json: bool) -> None:
+def _show(r: dict[str, Any], *, as_json: bool, every: bool = False) -> None:
     if as_json:
         print_json(r)
         return
@@ -58,7 +58,7 @@ def _show(r: dict[str, Any], *, as_json: bool) -> None:
     rows = [
         (m["node"], m["state"], m.get("driver"), m.get("reason"))
         for m in r["nodes"]
-        if m["state"] not in ("waiting", "done") or m.get("reason")
+        if every or m["state"] not in ("waiting", "done") or m.get("reason")
     ]
     if rows:
         print_table(("NODE", "STATE", "DRIVER", "REASON"), rows)
@@ -96,13 +96,15 @@ def start(
 @upgrade_app.command("status")
 def status(
     rollout: int | None = typer.Argument(None, help="Its id (default: the open one, else the latest)."),
+    every: bool = typer.Option(False, "--all", "-a", help="List every node, waiting and done ones too."),
     as_json: bool = json_flag(),
 ) -> None:
-    """Where an upgrade stands: each node's state, and why it paused."""
+    """Where an upgrade stands: the count of nodes in each state, the nodes under way or
+    with a reason (--all: every node), and why it paused."""
     with client() as c:
         path = "/upgrades/current" if rollout is None else f"/upgrades/{rollout}"
         r = c.request("GET", path)
-    _show(r, as_json=as_json)
+    _show(r, as_json=as_json, every=every)
 
 
 @upgrade_app.command("pause")
