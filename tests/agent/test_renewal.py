@@ -4,10 +4,13 @@ renewal does."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpufleet.agent import AgentConfig, SimSpec, SimulatedProbe, make_agent
 from gpufleet.agent.renewal import Renewals, renewed, same_telemetry
 from gpufleet.agent.transport import AgentTransportError
 
@@ -130,3 +133,48 @@ def test_a_failed_renewal_raises_and_the_next_sync_is_full() -> None:
         renewed(r, _Server(503), "n1", _body())
     assert r.lease_for(_body()) is None
     assert not r.off
+
+
+class _PushedWhileBuilding(SimulatedProbe):
+    """A probe whose sample (taken while the agent builds a sync's body) lets the
+    doorbell ring first, as a new agent's first long-poll can answer during its first
+    sync."""
+
+    ring: Any = None
+
+    def sample(self) -> Any:
+        if self.ring is not None:
+            ring, self.ring = self.ring, None
+            ring()
+        return super().sample()
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.syncs = 0
+
+    def sync(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.syncs += 1
+        return {"node": node, "jobs": []}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_push_while_a_sync_is_built_asks_for_the_next_sync(tmp_path: Path) -> None:
+    """The push may stand for a change the body being built predates: it is not wiped
+    with the flags of the sync under way (it once was, and a new agent then waited its
+    full sync interval; ``tests/agent/test_push.py``'s set-up failed now and then)."""
+    probe = _PushedWhileBuilding(node="n1", spec=SimSpec(gpus=1))
+    server = _Recorder()
+    config = AgentConfig(node="n1", work_dir=tmp_path / "n1", sync_interval_s=60.0)
+    agent = make_agent(config=config, probe=probe, transport=server)
+    agent.step()  # the first sync (due at once)
+    assert server.syncs == 1 and not agent.due(time.monotonic())
+    probe.ring = agent._ring
+    agent._ring()  # a push: sync now
+    agent.step()  # builds (the doorbell rings again meanwhile), syncs
+    assert server.syncs == 2
+    assert agent.due(time.monotonic())  # the push during the build asks for one more
+    agent.step()
+    assert server.syncs == 3 and not agent.due(time.monotonic())

@@ -480,8 +480,11 @@ class Agent:
 
     def sync_once(self) -> bool:
         quiet = not (self._news or self._urgent or self._pushed)  # else a full sync (renewal.py)
+        # a push from here on asks for the next sync: its cause may come after this body is
+        # built (the first long-poll of a new agent answers while its first sync is built)
+        self._pushed = False
         body = self.build_sync()
-        self._news = self._urgent = self._pushed = False
+        self._news = self._urgent = False
         self._last_sync = time.monotonic()
         try:
             if quiet and renewed(self.renewals, self.transport, self.config.node, body):
