@@ -93,7 +93,8 @@ def test_odd_requests_go_to_the_route(server: Server) -> None:
     token = _join(server, node)
     lease = _sync(server, node, token)
     with server.client(token) as c:
-        assert c.post(f"/nodes/{node}/renew", json={"lease": lease})
+        for _ in range(2):  # two answered here, whatever ran before on this server
+            assert c.post(f"/nodes/{node}/renew", json={"lease": lease}).status_code == 200
         for body in ({}, {"lease": ""}, {"lease": lease, "extra": 1}, {"lease": 7}, [lease]):
             resp = c.post(f"/nodes/{node}/renew", json=body)
             assert resp.status_code == 422, body

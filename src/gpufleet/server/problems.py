@@ -136,6 +136,20 @@ def exception_handler(
     return None
 
 
+async def answered(request: Request, make: Callable[[], Awaitable[Response]]) -> Response:
+    """``make()``'s response, or the one the app's handler gives for what it raised (as
+    Starlette's exception middleware would): for a route served outside the router
+    (``SubmitRoute``, ``AgentShortcut``). An exception no handler takes goes on up, to
+    the server error handler (500), outside, as from any route."""
+    try:
+        return await make()
+    except Exception as exc:
+        handler = exception_handler(request, exc)
+        if handler is None:
+            raise
+        return await handler(request, exc)
+
+
 def install_handlers(app: FastAPI) -> None:
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException

@@ -41,7 +41,7 @@ from gpufleet.api.nodes import (
 from gpufleet.server.errors import ProblemError
 from gpufleet.server.http.audit import Actor, note_actor
 from gpufleet.server.http.deps import Me, NodeNameIn, Parts, PartsDep, get_parts, get_principal
-from gpufleet.server.problems import exception_handler, unwrap
+from gpufleet.server.problems import answered, unwrap
 from gpufleet.server.routers.paging import Cursor, Limit
 from gpufleet.server.services import fleet, nodecreds, renew, steps, sync
 from gpufleet.server.services.auth import hash_token, hasher_for
@@ -242,13 +242,20 @@ async def renew_node(
 ) -> RenewReply:
     """An idle node's lease renewal (``services/renew.py``): memory only, so it is
     answered on the event loop. Who may renew: whoever may sync this node."""
+    return _renewed(request, parts, hot, actor, name, body.lease)
+
+
+def _renewed(
+    request: Request, parts: Parts, hot: AgentState, actor: sync.AgentActor, name: str, lease: str
+) -> RenewReply:
+    """The renewal, the caller checked (the route's and ``AgentShortcut``'s)."""
     bell: NodeBell = request.app.state.bell
     out = renew.renew_node(
         hot=hot,
         writer=parts.writer,
         actor=actor,
         name=name,
-        lease=body.lease,
+        lease=lease,
         version=bell.version(name),
         now=parts.now(),
     )
@@ -270,6 +277,13 @@ async def wait_node(
     differs from ``seen`` (at once if it already does), else after ``timeout`` seconds
     with the same version. It holds no lane seat and no thread while it waits. Who may
     wait: whoever may sync this node."""
+    return await _waited(request, actor, name, seen, timeout)
+
+
+async def _waited(
+    request: Request, actor: sync.AgentActor, name: str, seen: str | None, timeout: float
+) -> WaitReply:
+    """The long-poll, the caller checked (the route's and ``AgentShortcut``'s)."""
     if actor.node is not None and actor.node != name:
         raise ProblemError(403, f"this node credential belongs to node {actor.node}, not {name}")
     bell: NodeBell = request.app.state.bell
@@ -332,17 +346,7 @@ class AgentShortcut:
             return
 
         async def answer(request: Request, parts: Parts, hot: AgentState, actor: sync.AgentActor) -> Response:
-            bell: NodeBell = request.app.state.bell
-            out = renew.renew_node(
-                hot=hot,
-                writer=parts.writer,
-                actor=actor,
-                name=name,
-                lease=lease,
-                version=bell.version(name),
-                now=parts.now(),
-            )
-            return _json(unwrap(out))
+            return _json(_renewed(request, parts, hot, actor, name, lease))
 
         await _serve(RENEW, name, scope, receive, send, answer)
 
@@ -354,10 +358,7 @@ class AgentShortcut:
         seen, timeout = query
 
         async def answer(request: Request, parts: Parts, hot: AgentState, actor: sync.AgentActor) -> Response:
-            if actor.node is not None and actor.node != name:
-                raise ProblemError(403, f"this node credential belongs to node {actor.node}, not {name}")
-            bell: NodeBell = request.app.state.bell
-            return _json(WaitReply(node=name, version=await bell.wait(name, seen, timeout)))
+            return _json(await _waited(request, actor, name, seen, timeout))
 
         await _serve(WAIT, name, scope, receive, send, answer)
 
@@ -373,18 +374,16 @@ async def _serve(
     scope["route"] = route
     scope["path_params"] = {"name": name}
     request = Request(scope, receive, send)
-    try:
+
+    async def checked() -> Response:
         parts = await get_parts(request)
         hot: AgentState = request.app.state.hot
         actor = await _actor(
             name, request, parts, hot, request.headers.get("authorization"), certificate_only=True
         )
-        response = await answer(request, parts, hot, actor)
-    except Exception as exc:
-        handler = exception_handler(request, exc)
-        if handler is None:
-            raise  # to the server error handler (500), outside, as from any route
-        response = await handler(request, exc)
+        return await answer(request, parts, hot, actor)
+
+    response = await answered(request, checked)
     await response(scope, receive, send)
 
 

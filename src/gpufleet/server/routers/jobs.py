@@ -24,7 +24,7 @@ from gpufleet.api.jobs import Cancelled, CancelMany, JobDetail, JobPage, JobSubm
 from gpufleet.server.http.audit import note_object
 from gpufleet.server.http.deps import Me, Parts, PartsDep, current_principal, get_parts
 from gpufleet.server.jobstate.states import JobState
-from gpufleet.server.problems import IdQuery, ObjectId, ProblemError, exception_handler, unwrap
+from gpufleet.server.problems import IdQuery, ObjectId, ProblemError, answered, unwrap
 from gpufleet.server.services import bulkjobs, jobs, submissions
 from gpufleet.server.services.auth import Principal
 
@@ -75,13 +75,7 @@ class SubmitRoute(APIRoute):
             await super().handle(scope, receive, send)
             return
         request = Request(scope, receive, send)
-        try:
-            response = await _handle(request)
-        except Exception as exc:
-            handler = exception_handler(request, exc)
-            if handler is None:
-                raise  # to the server error handler (500), outside, as from any route
-            response = await handler(request, exc)
+        response = await answered(request, lambda: _handle(request))
         await response(scope, receive, send)
 
 
