@@ -30,6 +30,8 @@ class Doorbell:
         self.retry_max_s = retry_max_s
         self.ring = ring
         self._thread: threading.Thread | None = None
+        self.answers = 0
+        """Long-polls answered so far (tests wait for the first: the agent at rest)."""
 
     def start(self, transport: SyncTransport, stop: threading.Event) -> None:
         """Keep a long-poll open until ``stop`` (where the transport can; once)."""
@@ -62,6 +64,7 @@ class Doorbell:
                 stop.wait(min(self.retry_max_s, 0.5 * 2 ** min(failures, 6)))
                 continue
             failures = 0
+            self.answers += 1
             if version != seen:  # the first answer too: something may have changed since our last sync
                 seen = version
                 self.ring()
