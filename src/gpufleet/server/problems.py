@@ -121,7 +121,7 @@ def _where(loc: Any) -> str:
     return ".".join(parts) or "body"
 
 
-def exception_handler(
+def _exception_handler(
     request: Request, exc: Exception
 ) -> Callable[[Request, Exception], Awaitable[Response]] | None:
     """The app's handler for ``exc``'s class or nearest base; none for a bare
@@ -144,7 +144,7 @@ async def answered(request: Request, make: Callable[[], Awaitable[Response]]) ->
     try:
         return await make()
     except Exception as exc:
-        handler = exception_handler(request, exc)
+        handler = _exception_handler(request, exc)
         if handler is None:
             raise
         return await handler(request, exc)
